@@ -1,0 +1,30 @@
+// One function per verb: each adds its subcommand and flags, and sets the action to run.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "util/status.h"
+
+namespace CLI {
+class App;
+}
+
+namespace detaudit::cli {
+
+using VerbAction = std::function<int()>;
+
+void add_run_verb(CLI::App& app, VerbAction* action);
+void add_diff_verb(CLI::App& app, VerbAction* action);
+void add_show_verb(CLI::App& app, VerbAction* action);
+void add_export_verb(CLI::App& app, VerbAction* action);
+void add_catalog_verb(CLI::App& app, VerbAction* action);
+
+// Prints "detaudit: error: <message>" and returns the status's exit code.
+int report_error(const Status& status);
+
+// Installed and build trees share a layout: <prefix>/bin/detaudit, <prefix>/lib/detaudit/...
+std::string hooks_library_path();  // $DETAUDIT_HOOKS, else beside the executable
+std::string catalog_path();        // $DETAUDIT_CATALOG, else beside the executable
+
+}  // namespace detaudit::cli

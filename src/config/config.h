@@ -1,0 +1,77 @@
+// The run configuration (docs/config.md): parsed from JSON, validated with errors that name the
+// field, overridden by CLI flags, and handed to the interposer as a resolved JSON file.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "trace/format.h"
+#include "util/status.h"
+
+namespace detaudit {
+
+// A set of non-negative integers from lists and ranges: [0, "2-4", "7-"] or "all".
+class RangeSet {
+ public:
+  static Status parse(const nlohmann::json& j, const std::string& field, RangeSet* out);
+  bool all() const { return ranges_.empty(); }
+  bool contains(uint64_t v) const;
+  uint64_t max_bound() const;  // largest finite upper bound; UINT64_MAX if open or all
+  nlohmann::json to_json() const;
+
+ private:
+  std::vector<std::pair<uint64_t, uint64_t>> ranges_;  // inclusive; empty = all
+};
+
+// Glob with '*' and '?', matched against the recorded op name ("aten::index_put_").
+bool glob_match(std::string_view pattern, std::string_view text);
+
+struct TargetConfig {
+  std::vector<std::string> command;  // argv: program then arguments
+  std::map<std::string, std::string> env;
+  std::string cwd;
+};
+
+struct SelectConfig {
+  RangeSet steps, ranks;
+  std::vector<std::string> include_ops, exclude_ops;  // globs; empty include = every op
+  std::vector<trace::Phase> phases;                   // empty = every phase
+  bool wants_phase(trace::Phase p) const;
+  bool wants_op(std::string_view name) const;
+};
+
+struct DeterminismConfig {
+  std::optional<uint64_t> seed;
+  std::string algorithms;  // "on" | "warn" | "off" | "" (leave the program's choice)
+  std::optional<int> intra_op_threads;
+};
+
+struct GateConfig {
+  std::string fail_on = "any";  // "any" | "tolerance"
+  double rtol = 0, atol = 0;    // for "tolerance": statistics within atol + rtol*|a|
+};
+
+struct Config {
+  TargetConfig target;
+  int runs = 1;
+  std::string out = "audit";
+  SelectConfig select;
+  trace::DigestAlgo digest = trace::DigestAlgo::kMd5;
+  bool stats = true;
+  bool inputs = true;
+  DeterminismConfig determinism;
+  GateConfig gate;
+  std::string format = "text";  // report format when runs >= 2
+  std::string output;           // report file; empty = stdout
+};
+
+Status parse_config(const nlohmann::json& j, Config* out);
+Status load_config(const std::string& path, Config* out);
+nlohmann::json config_to_json(const Config& c);
+
+}  // namespace detaudit

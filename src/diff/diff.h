@@ -1,0 +1,31 @@
+// The comparator's entry points. DiffReport and the rest of the model live in diff/report_model.h.
+#pragma once
+
+#include <string>
+
+#include "config/config.h"
+#include "util/status.h"
+
+namespace detaudit {
+
+struct DiffReport;
+class Catalog;
+
+struct DiffOptions {
+  GateConfig gate;
+  const Catalog* catalog = nullptr;  // may be null: no explanations
+  bool progress = false;             // progress lines on stderr (a TTY)
+};
+
+// Compares two run directories stream by stream, in bounded memory.
+Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffOptions& options,
+                 DiffReport* report);
+
+// 0 identical (or divergent within tolerance), 1 divergent.
+ExitCode gate_exit_code(const DiffReport& report);
+
+enum class ReportFormat { kText, kJson, kJunit, kMarkdown };
+Status parse_report_format(const std::string& name, ReportFormat* out);
+std::string render_report(const DiffReport& report, ReportFormat format, bool color);
+
+}  // namespace detaudit

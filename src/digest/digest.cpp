@@ -1,0 +1,274 @@
+#include "digest/digest.h"
+
+#include <openssl/evp.h>
+#include <xxhash.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace detaudit {
+
+using trace::DigestAlgo;
+
+struct Hasher::State {
+  EVP_MD_CTX* evp = nullptr;
+  EVP_MD* md = nullptr;
+  XXH3_state_t* xxh = nullptr;
+};
+
+Hasher::Hasher(DigestAlgo algo) : algo_(algo), state_(std::make_unique<State>()) {
+  if (algo_ == DigestAlgo::kXxh3) {
+    state_->xxh = XXH3_createState();
+  } else {
+    // Fetched once: the implicit fetch in EVP_DigestInit_ex costs more than hashing small tensors.
+    state_->md = EVP_MD_fetch(nullptr, algo_ == DigestAlgo::kMd5 ? "MD5" : "SHA256", nullptr);
+    state_->evp = EVP_MD_CTX_new();
+  }
+  reset();
+}
+
+Hasher::~Hasher() {
+  if (state_->xxh) XXH3_freeState(state_->xxh);
+  if (state_->evp) EVP_MD_CTX_free(state_->evp);
+  if (state_->md) EVP_MD_free(state_->md);
+}
+
+void Hasher::reset() {
+  if (state_->xxh)
+    XXH3_128bits_reset(state_->xxh);
+  else
+    EVP_DigestInit_ex(state_->evp, state_->md, nullptr);
+}
+
+void Hasher::update(const void* data, size_t n) {
+  if (n == 0) return;
+  if (state_->xxh)
+    XXH3_128bits_update(state_->xxh, data, n);
+  else
+    EVP_DigestUpdate(state_->evp, data, n);
+}
+
+void Hasher::finish(uint8_t* out) {
+  if (state_->xxh) {
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits_digest(state_->xxh));
+    std::memcpy(out, c.digest, 16);
+  } else {
+    unsigned int len = 0;
+    EVP_DigestFinal_ex(state_->evp, out, &len);
+  }
+}
+
+namespace {
+
+float half_to_float(uint16_t h) {
+  uint32_t sign = uint32_t(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      exp = 127 - 15 + 1;
+      while (!(mant & 0x400)) { mant <<= 1; --exp; }
+      bits = sign | (exp << 23) | ((mant & 0x3ff) << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+float bf16_to_float(uint16_t b) {
+  uint32_t bits = uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+}  // namespace
+
+StatsAccumulator::StatsAccumulator(uint8_t dtype)
+    : min_(std::numeric_limits<double>::infinity()),
+      max_(-std::numeric_limits<double>::infinity()),
+      imin_(std::numeric_limits<int64_t>::max()),
+      imax_(std::numeric_limits<int64_t>::min()) {
+  switch (dtype) {
+    case 0: kind_ = Kind::kUnsigned; elem_size_ = 1; break;   // uint8
+    case 11: kind_ = Kind::kUnsigned; elem_size_ = 1; break;  // bool
+    case 1: kind_ = Kind::kSigned; elem_size_ = 1; break;
+    case 2: kind_ = Kind::kSigned; elem_size_ = 2; break;
+    case 3: kind_ = Kind::kSigned; elem_size_ = 4; break;
+    case 4: kind_ = Kind::kSigned; elem_size_ = 8; break;
+    case 5: kind_ = Kind::kHalf; elem_size_ = 2; break;
+    case 6: kind_ = Kind::kFloat; elem_size_ = 4; break;
+    case 7: kind_ = Kind::kDouble; elem_size_ = 8; break;
+    case 9: kind_ = Kind::kFloat; elem_size_ = 4; break;   // complex64: over components
+    case 10: kind_ = Kind::kDouble; elem_size_ = 8; break; // complex128
+    case 15: kind_ = Kind::kBFloat16; elem_size_ = 2; break;
+    default: kind_ = Kind::kNone; break;
+  }
+}
+
+namespace {
+
+// Min/max/sum over a block of floats, accumulated in float per block (vectorisable), then
+// folded into doubles by the caller.
+struct FloatBlock {
+  float mn = std::numeric_limits<float>::infinity();
+  float mx = -std::numeric_limits<float>::infinity();
+  double sum = 0, sumsq = 0;
+  uint64_t count = 0, nan = 0, inf = 0;
+};
+
+template <typename Load>
+void float_block(const uint8_t* p, size_t n, size_t elem, Load load, FloatBlock* b) {
+  constexpr size_t kInner = 256;
+  for (size_t i = 0; i < n; i += kInner) {
+    size_t m = std::min(kInner, n - i);
+    float s = 0, sq = 0, mn = b->mn, mx = b->mx;
+    uint32_t nan = 0, inf = 0;
+    for (size_t j = 0; j < m; ++j) {
+      float x = load(p + (i + j) * elem);
+      bool is_nan = x != x;
+      nan += is_nan;
+      inf += std::isinf(x);
+      float v = is_nan ? 0.f : x;
+      s += v;
+      sq += v * v;
+      mn = is_nan ? mn : (x < mn ? x : mn);
+      mx = is_nan ? mx : (x > mx ? x : mx);
+    }
+    b->mn = mn;
+    b->mx = mx;
+    b->sum += s;
+    b->sumsq += sq;
+    b->nan += nan;
+    b->inf += inf;
+    b->count += m - nan;
+  }
+}
+
+}  // namespace
+
+void StatsAccumulator::update(const void* data, size_t nbytes) {
+  if (kind_ == Kind::kNone) return;
+  const auto* p = static_cast<const uint8_t*>(data);
+  size_t n = nbytes / elem_size_;
+  switch (kind_) {
+    case Kind::kFloat:
+    case Kind::kHalf:
+    case Kind::kBFloat16: {
+      FloatBlock b;
+      if (kind_ == Kind::kFloat)
+        float_block(p, n, 4, [](const uint8_t* q) { float f; std::memcpy(&f, q, 4); return f; }, &b);
+      else if (kind_ == Kind::kHalf)
+        float_block(p, n, 2, [](const uint8_t* q) { uint16_t h; std::memcpy(&h, q, 2); return half_to_float(h); }, &b);
+      else
+        float_block(p, n, 2, [](const uint8_t* q) { uint16_t h; std::memcpy(&h, q, 2); return bf16_to_float(h); }, &b);
+      if (b.count) {
+        min_ = std::min(min_, double(b.mn));
+        max_ = std::max(max_, double(b.mx));
+      }
+      sum_ += b.sum;
+      sumsq_ += b.sumsq;
+      count_ += b.count;
+      nan_ += b.nan;
+      inf_ += b.inf;
+      break;
+    }
+    case Kind::kDouble:
+      for (size_t i = 0; i < n; ++i) {
+        double x;
+        std::memcpy(&x, p + i * 8, 8);
+        if (x != x) { ++nan_; continue; }
+        inf_ += std::isinf(x);
+        min_ = std::min(min_, x);
+        max_ = std::max(max_, x);
+        sum_ += x;
+        sumsq_ += x * x;
+        ++count_;
+      }
+      break;
+    case Kind::kSigned:
+    case Kind::kUnsigned:
+      for (size_t i = 0; i < n; ++i) {
+        int64_t v = 0;
+        const uint8_t* q = p + i * elem_size_;
+        if (kind_ == Kind::kUnsigned) {
+          v = *q;
+        } else if (elem_size_ == 1) {
+          v = int8_t(*q);
+        } else if (elem_size_ == 2) {
+          int16_t x; std::memcpy(&x, q, 2); v = x;
+        } else if (elem_size_ == 4) {
+          int32_t x; std::memcpy(&x, q, 4); v = x;
+        } else {
+          std::memcpy(&v, q, 8);
+        }
+        imin_ = std::min(imin_, v);
+        imax_ = std::max(imax_, v);
+        sum_ += double(v);
+      }
+      count_ += n;
+      break;
+    case Kind::kNone:
+      break;
+  }
+}
+
+trace::TensorStats StatsAccumulator::finish() const {
+  trace::TensorStats s;
+  s.nan = nan_;
+  s.inf = inf_;
+  if (count_ == 0) return s;
+  if (integral()) {
+    s.min = double(imin_);
+    s.max = double(imax_);
+  } else {
+    s.min = min_;
+    s.max = max_;
+    s.l2 = std::sqrt(sumsq_);
+  }
+  s.mean = sum_ / double(count_);
+  return s;
+}
+
+TensorDigester::TensorDigester(Hasher* hasher, uint8_t dtype, bool with_stats)
+    : hasher_(hasher), stats_(dtype), with_stats_(with_stats && stats_.supported()) {
+  hasher_->reset();
+}
+
+void TensorDigester::update(const void* data, size_t nbytes) {
+  constexpr size_t kBlock = 16 * 1024;
+  const auto* p = static_cast<const uint8_t*>(data);
+  bytes_ += nbytes;
+  if (!with_stats_) {
+    hasher_->update(p, nbytes);
+    return;
+  }
+  for (size_t off = 0; off < nbytes; off += kBlock) {
+    size_t n = std::min(kBlock, nbytes - off);
+    hasher_->update(p + off, n);
+    stats_.update(p + off, n);
+  }
+}
+
+void TensorDigester::finish(trace::TensorDesc* out) {
+  hasher_->finish(out->digest.data());
+  out->digest_len = uint8_t(hasher_->length());
+  out->bits &= uint8_t(~(trace::kTensorHasStats | trace::kTensorIntStats | trace::kTensorHasNanInf));
+  if (!with_stats_) return;
+  out->stats = stats_.finish();
+  out->bits |= trace::kTensorHasStats;
+  if (stats_.integral()) out->bits |= trace::kTensorIntStats;
+  if (out->stats.nan || out->stats.inf) out->bits |= trace::kTensorHasNanInf;
+}
+
+}  // namespace detaudit

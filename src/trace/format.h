@@ -1,0 +1,142 @@
+// The detaudit trace format: what one recorded stream (one thread of one process) holds.
+//
+// A trace is a concatenation of framed records, append-only, with no footer: a file cut short
+// (kill -9) stays readable up to its last whole record. docs/trace-format.md is the long form.
+//
+//   <file>      ::= <header-record> <record>*
+//   <record>    ::= <length:varint> <kind:u8> <body:byte[length-1]> <crc:u32le>
+//                   ; crc = CRC-32C of kind and body
+//   <kind>      ::= HEADER=1 | STRING=2 | STEP=3 | OP=4 | END=5
+//
+//   HEADER body ::= "DTR" <format-version:varint> <digest-algo:u8> <rank:zvarint>
+//                   <pid:varint> <process-role:str> <thread-index:varint> <unix-ns:varint>
+//   STRING body ::= <utf8:str>                      ; ids count up from 0 in file order
+//   STEP body   ::= <step:varint> <order:varint> <rng-cpu:u64le> <rng-cuda:u64le>
+//                   <intra-op-threads:varint> <determinism-bits:varint>
+//   OP body     ::= <order-delta:zvarint> <name:varint> <op-bits:u8> <depth:varint>
+//                   [<seq-nr:zvarint>]              ; if op-bits has kOpHasSeqNr
+//                   [<rng:u64le>]                   ; if op-bits has kOpHasRng
+//                   <n-in:varint> <value>{n-in} <n-out:varint> <value>{n-out}
+//   END body    ::= <ops:varint> <tensors-hashed:varint> <bytes-hashed:varint>
+//
+//   <value>     ::= NONE=0
+//                 | TENSOR_NEW=1 <tensor>           ; a tensor version first seen here
+//                 | TENSOR_REF=2 <back:varint>      ; tensor id = next-id - back (back >= 1)
+//                 | TENSOR_SKIPPED=3 <reason:varint string id>
+//                 | INT=4 <zvarint> | DOUBLE=5 <f64le> | BOOL_FALSE=6 | BOOL_TRUE=7
+//                 | STRING=8 <varint string id> | INT_LIST=9 <n:varint> <zvarint>{n}
+//                 | DOUBLE_LIST=10 <n:varint> <f64le>{n} | BOOL_LIST=11 <n:varint> <u8>{n}
+//                 | LIST=12 <n:varint> <value>{n}   ; tensor lists and other lists
+//                 | DEVICE=13 <type:u8> <index:zvarint>
+//                 | GENERATOR=14 <state-digest:u64le>
+//                 | OTHER=15 <type-name:varint string id>
+//   <tensor>    ::= <dtype:u8> <device-type:u8> <device-index:zvarint> <tensor-bits:u8>
+//                   <ndim:varint> <size:varint>{ndim} [<stride:zvarint>{ndim}]  ; unless contiguous
+//                   <digest:byte[digest-len]>
+//                   [<float-stats> | <int-stats>]   ; if tensor-bits has kTensorHasStats
+//                   [<nan:varint> <inf:varint>]     ; if tensor-bits has kTensorHasNanInf
+//                   [<base-back:varint>]            ; if provenance is VIEW: own id - base id
+//   <float-stats> ::= <min:f32> <max:f32> <mean:f32> <l2:f32>
+//   <int-stats>   ::= <min:zvarint> <max:zvarint> <mean:f32>
+//   <str>       ::= <n:varint> <byte>{n}
+//
+// Every TENSOR_NEW takes the next tensor id (0, 1, ...) of its stream, inputs before outputs.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace detaudit::trace {
+
+inline constexpr char kMagic[3] = {'D', 'T', 'R'};
+inline constexpr uint32_t kFormatVersion = 1;
+inline constexpr size_t kMaxRecordBytes = 64u << 20;  // a larger length is corruption
+// A TENSOR_REF reaches back at most this many tensor ids, so readers keep a bounded window.
+inline constexpr uint64_t kRefWindow = 1u << 16;
+
+enum class RecordKind : uint8_t { kHeader = 1, kString = 2, kStep = 3, kOp = 4, kEnd = 5 };
+
+enum class DigestAlgo : uint8_t { kMd5 = 1, kSha256 = 2, kXxh3 = 3 };
+size_t digest_length(DigestAlgo algo);
+std::string_view digest_name(DigestAlgo algo);
+bool parse_digest_name(std::string_view name, DigestAlgo* out);
+
+enum class Phase : uint8_t { kForward = 0, kBackward = 1, kOptimizer = 2, kOther = 3 };
+std::string_view phase_name(Phase phase);
+
+enum class Scope : uint8_t { kFunction = 0, kBackwardFunction = 1, kUserScope = 2, kOther = 3 };
+std::string_view scope_name(Scope scope);
+
+// op-bits: phase in bits 0-1, scope in bits 2-3.
+inline constexpr uint8_t kOpHasSeqNr = 1u << 4;
+inline constexpr uint8_t kOpHasRng = 1u << 5;
+inline constexpr uint8_t kOpIsRandom = 1u << 6;  // the op takes a Generator argument
+
+// tensor-bits, with the provenance in bits 5-6.
+inline constexpr uint8_t kTensorContiguous = 1u << 0;
+inline constexpr uint8_t kTensorUninitialized = 1u << 1;  // written by the empty family only
+inline constexpr uint8_t kTensorHasStats = 1u << 2;
+inline constexpr uint8_t kTensorHasNanInf = 1u << 3;
+inline constexpr uint8_t kTensorIntStats = 1u << 4;  // int-stats instead of float-stats
+inline constexpr int kProvenanceShift = 5;
+
+// Where a tensor version came from, as far as its stream can tell.
+enum class Provenance : uint8_t {
+  kOutput = 0,    // an output of the op that carries it
+  kExternal = 1,  // first seen as an input: data loading, from_blob, another thread
+  kView = 2,      // shares storage and version with an earlier tensor of the stream (base-back)
+};
+std::string_view provenance_name(Provenance p);
+
+// determinism-bits of a STEP record.
+inline constexpr uint32_t kDetAlgorithms = 1u << 0;
+inline constexpr uint32_t kDetWarnOnly = 1u << 1;
+inline constexpr uint32_t kDetCudnn = 1u << 2;
+inline constexpr uint32_t kBenchmarkCudnn = 1u << 3;
+inline constexpr uint32_t kAllowTf32Cublas = 1u << 4;
+inline constexpr uint32_t kAllowTf32Cudnn = 1u << 5;
+
+enum class ValueType : uint8_t {
+  kNone = 0, kTensorNew = 1, kTensorRef = 2, kTensorSkipped = 3, kInt = 4, kDouble = 5,
+  kBoolFalse = 6, kBoolTrue = 7, kString = 8, kIntList = 9, kDoubleList = 10, kBoolList = 11,
+  kList = 12, kDevice = 13, kGenerator = 14, kOther = 15,
+};
+
+// Dtype codes are c10::ScalarType's numbering, which has been stable since 1.x.
+std::string_view dtype_name(uint8_t dtype);
+bool dtype_is_floating(uint8_t dtype);
+size_t dtype_size(uint8_t dtype);  // 0 if unknown
+std::string_view device_type_name(uint8_t device_type);  // c10::DeviceType numbering
+
+using DigestBytes = std::array<uint8_t, 32>;
+
+struct TensorStats {
+  double min = 0, max = 0, mean = 0, l2 = 0;
+  uint64_t nan = 0, inf = 0;
+};
+
+// One tensor version as recorded.
+struct TensorDesc {
+  uint8_t dtype = 0;
+  uint8_t device_type = 0;
+  int32_t device_index = -1;
+  uint8_t bits = 0;
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;  // empty when contiguous
+  DigestBytes digest{};
+  uint8_t digest_len = 0;
+  TensorStats stats;
+  int64_t base_id = -1;  // for Provenance::kView
+
+  Provenance provenance() const { return Provenance((bits >> kProvenanceShift) & 3); }
+  bool uninitialized() const { return bits & kTensorUninitialized; }
+  bool has_stats() const { return bits & kTensorHasStats; }
+  uint64_t numel() const;
+  bool same_digest(const TensorDesc& other) const;
+  std::string digest_hex() const;
+};
+
+}  // namespace detaudit::trace

@@ -1,0 +1,123 @@
+// A streaming reader for one trace file: constant memory, says where and why a file is bad.
+//
+//   TraceReader r;
+//   if (Status s = r.open(path); !s.ok()) ...
+//   while (r.next() == ReadResult::kRecord)
+//     if (r.kind() == RecordKind::kOp) use(r.op());
+//   if (r.result() == ReadResult::kCorrupt) print(r.error());  // "<file>: offset N: why"
+#pragma once
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trace/records.h"
+#include "util/status.h"
+
+namespace detaudit::trace {
+
+enum class ReadResult {
+  kRecord,     // a whole, checked record is available
+  kEof,        // the file ended at a record boundary
+  kTruncated,  // the file ends inside a record: the writer was killed; all before it is good
+  kCorrupt,    // a bad checksum, length or body; error() names the offset
+};
+
+// One decoded value. Lists are flattened: a list value (kList, kIntList, kDoubleList,
+// kBoolList) has count = n and is followed by its n elements.
+struct Value {
+  ValueType type = ValueType::kNone;
+  int64_t tensor_id = -1;  // kTensorNew, kTensorRef
+  int64_t i = 0;           // kInt, kDevice index, kString/kOther/kTensorSkipped string id
+  double d = 0;            // kDouble
+  uint64_t u = 0;          // kGenerator state digest, kDevice type
+  uint64_t count = 0;      // list lengths
+};
+
+struct OpRecord {
+  uint64_t offset = 0;  // of the record in its file
+  uint64_t order = 0;   // program order within the process
+  uint64_t step = 0;
+  uint32_t name = 0;    // string id
+  Phase phase = Phase::kForward;
+  Scope scope = Scope::kFunction;
+  uint8_t bits = 0;
+  uint32_t depth = 0;
+  int64_t seq_nr = -1;
+  uint64_t rng = 0;
+  std::vector<Value> inputs, outputs;
+  std::vector<int64_t> input_tensors, output_tensors;  // ids in argument order, lists expanded
+  uint64_t args_hash = 0;  // of the non-tensor inputs, by content
+
+  bool has_rng() const { return bits & kOpHasRng; }
+  bool is_random() const { return bits & kOpIsRandom; }
+  bool has_seq_nr() const { return bits & kOpHasSeqNr; }
+};
+
+class TraceReader {
+ public:
+  TraceReader();
+  ~TraceReader();
+  TraceReader(const TraceReader&) = delete;
+  TraceReader& operator=(const TraceReader&) = delete;
+
+  // Opens the file and reads its header record.
+  Status open(const std::string& path);
+  ReadResult next();
+  ReadResult result() const { return result_; }
+  const std::string& error() const { return error_; }
+
+  RecordKind kind() const { return kind_; }
+  const StreamHeader& header() const { return header_; }
+  const StepInfo& step() const { return step_; }
+  const OpRecord& op() const { return op_; }
+  const EndInfo& end_info() const { return end_; }
+  bool saw_end() const { return saw_end_; }
+  const std::vector<StepInfo>& steps() const { return steps_; }
+
+  std::string_view string(uint64_t id) const;
+  // A tensor by id, or nullptr once it has left the reference window.
+  const TensorDesc* tensor(int64_t id) const;
+  int64_t tensors_seen() const { return next_tensor_id_; }
+
+  const std::string& path() const { return path_; }
+  uint64_t offset() const { return record_offset_; }  // of the current record
+  uint64_t bytes_read() const { return file_offset_; }
+  uint64_t file_size() const { return file_size_; }
+
+ private:
+  bool fill(size_t need);
+  ReadResult fail(ReadResult r, uint64_t offset, const std::string& why);
+  bool decode(ByteReader& r);
+  bool decode_op(ByteReader& r);
+  bool decode_values(ByteReader& r, std::vector<Value>* values, std::vector<int64_t>* tensors,
+                     uint64_t* args_hash, int depth);
+  bool decode_tensor(ByteReader& r, TensorDesc* t);
+
+  std::string path_;
+  std::FILE* file_ = nullptr;
+  uint64_t file_size_ = 0;
+  std::vector<uint8_t> buf_;
+  size_t buf_pos_ = 0, buf_len_ = 0;
+  uint64_t file_offset_ = 0;    // offset of buf_[buf_pos_]
+  uint64_t record_offset_ = 0;
+  bool eof_ = false;
+
+  ReadResult result_ = ReadResult::kRecord;
+  std::string error_;
+  RecordKind kind_ = RecordKind::kHeader;
+  StreamHeader header_;
+  StepInfo step_;
+  OpRecord op_;
+  EndInfo end_;
+  bool saw_end_ = false;
+  std::vector<StepInfo> steps_;
+  std::vector<std::string> strings_;
+  std::vector<TensorDesc> window_;
+  int64_t next_tensor_id_ = 0;
+  uint64_t last_order_ = 0;
+  size_t digest_len_ = 16;
+};
+
+}  // namespace detaudit::trace

@@ -1,0 +1,78 @@
+#include "trace/records.h"
+
+namespace detaudit::trace {
+
+void RecordEncoder::finish(std::string* out) {
+  ByteWriter w(out);
+  w.varint(scratch_.size());
+  w.raw(scratch_.data(), scratch_.size());
+  w.u32(crc32c(0, scratch_.data(), scratch_.size()));
+}
+
+void RecordEncoder::header(const StreamHeader& h, std::string* out) {
+  ByteWriter& w = begin(RecordKind::kHeader);
+  w.raw(kMagic, sizeof kMagic);
+  w.varint(h.version);
+  w.u8(uint8_t(h.algo));
+  w.zvarint(h.rank);
+  w.varint(h.pid);
+  w.str(h.process_role);
+  w.varint(h.thread_index);
+  w.varint(h.unix_ns);
+  finish(out);
+}
+
+void RecordEncoder::string(std::string_view s, std::string* out) {
+  begin(RecordKind::kString).str(s);
+  finish(out);
+}
+
+void RecordEncoder::step(const StepInfo& s, std::string* out) {
+  ByteWriter& w = begin(RecordKind::kStep);
+  w.varint(s.step);
+  w.varint(s.order);
+  w.u64(s.rng_cpu);
+  w.u64(s.rng_cuda);
+  w.varint(s.intra_op_threads);
+  w.varint(s.determinism_bits);
+  finish(out);
+}
+
+void RecordEncoder::end(const EndInfo& e, std::string* out) {
+  ByteWriter& w = begin(RecordKind::kEnd);
+  w.varint(e.ops);
+  w.varint(e.tensors_hashed);
+  w.varint(e.bytes_hashed);
+  finish(out);
+}
+
+void write_tensor(ByteWriter& w, const TensorDesc& t, uint64_t base_back) {
+  w.u8(t.dtype);
+  w.u8(t.device_type);
+  w.zvarint(t.device_index);
+  w.u8(t.bits);
+  w.varint(t.sizes.size());
+  for (int64_t s : t.sizes) w.varint(uint64_t(s));
+  if (!(t.bits & kTensorContiguous))
+    for (int64_t s : t.strides) w.zvarint(s);
+  w.raw(t.digest.data(), t.digest_len);
+  if (t.bits & kTensorHasStats) {
+    if (t.bits & kTensorIntStats) {
+      w.zvarint(int64_t(t.stats.min));
+      w.zvarint(int64_t(t.stats.max));
+      w.f32(float(t.stats.mean));
+    } else {
+      w.f32(float(t.stats.min));
+      w.f32(float(t.stats.max));
+      w.f32(float(t.stats.mean));
+      w.f32(float(t.stats.l2));
+    }
+  }
+  if (t.bits & kTensorHasNanInf) {
+    w.varint(t.stats.nan);
+    w.varint(t.stats.inf);
+  }
+  if (t.provenance() == Provenance::kView) w.varint(base_back);
+}
+
+}  // namespace detaudit::trace

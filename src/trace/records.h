@@ -1,0 +1,59 @@
+// Record bodies as structs, and the encoder that frames them (see format.h for the grammar).
+#pragma once
+
+#include <string>
+
+#include "trace/bytes.h"
+#include "trace/format.h"
+
+namespace detaudit::trace {
+
+struct StreamHeader {
+  uint32_t version = kFormatVersion;
+  DigestAlgo algo = DigestAlgo::kMd5;
+  int64_t rank = 0;
+  uint64_t pid = 0;
+  std::string process_role = "main";  // "main", or "main.0" for its first forked child, ...
+  uint64_t thread_index = 0;          // 0 for the first thread of the process that ran an op
+  uint64_t unix_ns = 0;
+};
+
+struct StepInfo {
+  uint64_t step = 0;
+  uint64_t order = 0;  // program order of the first op of the step
+  uint64_t rng_cpu = 0;
+  uint64_t rng_cuda = 0;
+  uint64_t intra_op_threads = 0;
+  uint32_t determinism_bits = 0;
+};
+
+struct EndInfo {
+  uint64_t ops = 0;
+  uint64_t tensors_hashed = 0;
+  uint64_t bytes_hashed = 0;
+};
+
+// Builds one record body in a scratch buffer, then frames it onto an output buffer.
+class RecordEncoder {
+ public:
+  ByteWriter& begin(RecordKind kind) {
+    scratch_.clear();
+    scratch_.push_back(char(kind));
+    return writer_;
+  }
+  void finish(std::string* out);
+
+  void header(const StreamHeader& h, std::string* out);
+  void string(std::string_view s, std::string* out);
+  void step(const StepInfo& s, std::string* out);
+  void end(const EndInfo& e, std::string* out);
+
+ private:
+  std::string scratch_;
+  ByteWriter writer_{&scratch_};
+};
+
+// Writes the <tensor> production of a TENSOR_NEW value (without its type byte).
+void write_tensor(ByteWriter& w, const TensorDesc& t, uint64_t base_back);
+
+}  // namespace detaudit::trace

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs what detaudit needs from Debian 12, skipping what is already there.
+set -euo pipefail
+packages=(build-essential cmake ninja-build pkg-config
+          libtorch-dev python3-torch python3-numpy
+          nlohmann-json3-dev libcli11-dev libfmt-dev libssl-dev libxxhash-dev libgtest-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "detaudit: installing ${missing[*]}" >&2
+  sudo_cmd=(); [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -q
+  "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi

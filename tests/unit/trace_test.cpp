@@ -1,0 +1,206 @@
+// The trace format round-trips, and a cut-short or corrupted file is reported, never misread.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include "digest/digest.h"
+#include "trace/reader.h"
+#include "trace/records.h"
+
+namespace detaudit::trace {
+namespace {
+
+std::string temp_path(const char* name) {
+  return std::string(::testing::TempDir()) + "/" + name;
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+TensorDesc sample_tensor(uint8_t fill) {
+  TensorDesc t;
+  t.dtype = 6;
+  t.bits = kTensorContiguous | kTensorHasStats;
+  t.sizes = {2, 3};
+  t.digest_len = 16;
+  t.digest.fill(fill);
+  t.stats.min = -1;
+  t.stats.max = 2;
+  t.stats.mean = 0.5;
+  t.stats.l2 = 3;
+  return t;
+}
+
+// Writes: header, one string, one step, one op with a new input, a new output and a ref.
+std::string sample_trace() {
+  std::string out;
+  RecordEncoder enc;
+  StreamHeader h;
+  h.rank = 1;
+  h.pid = 42;
+  enc.header(h, &out);
+  enc.string("aten::add", &out);
+  StepInfo s;
+  s.step = 3;
+  s.order = 10;
+  enc.step(s, &out);
+  ByteWriter& w = enc.begin(RecordKind::kOp);
+  w.zvarint(10);  // order delta
+  w.varint(0);    // name id
+  w.u8(uint8_t(Phase::kBackward) | kOpHasSeqNr);
+  w.varint(0);
+  w.zvarint(7);
+  w.varint(3);  // three inputs: new tensor, ref to it, an int
+  w.u8(uint8_t(ValueType::kTensorNew));
+  write_tensor(w, sample_tensor(0xab), 0);
+  w.u8(uint8_t(ValueType::kTensorRef));
+  w.varint(1);
+  w.u8(uint8_t(ValueType::kInt));
+  w.zvarint(-5);
+  w.varint(1);
+  w.u8(uint8_t(ValueType::kTensorNew));
+  write_tensor(w, sample_tensor(0xcd), 0);
+  enc.finish(&out);
+  return out;
+}
+
+TEST(TraceTest, RoundTripsEveryField) {
+  std::string path = temp_path("roundtrip.dtr");
+  write_file(path, sample_trace());
+  TraceReader r;
+  ASSERT_TRUE(r.open(path).ok()) << r.error();
+  EXPECT_EQ(r.header().rank, 1);
+  EXPECT_EQ(r.header().pid, 42u);
+  ASSERT_EQ(r.next(), ReadResult::kRecord);
+  EXPECT_EQ(r.kind(), RecordKind::kString);
+  ASSERT_EQ(r.next(), ReadResult::kRecord);
+  EXPECT_EQ(r.step().step, 3u);
+  ASSERT_EQ(r.next(), ReadResult::kRecord);
+  const OpRecord& op = r.op();
+  EXPECT_EQ(r.string(op.name), "aten::add");
+  EXPECT_EQ(op.order, 10u);
+  EXPECT_EQ(op.step, 3u);
+  EXPECT_EQ(op.phase, Phase::kBackward);
+  EXPECT_EQ(op.seq_nr, 7);
+  ASSERT_EQ(op.input_tensors.size(), 2u);
+  EXPECT_EQ(op.input_tensors[0], 0);
+  EXPECT_EQ(op.input_tensors[1], 0);
+  ASSERT_EQ(op.output_tensors.size(), 1u);
+  const TensorDesc* out = r.tensor(op.output_tensors[0]);
+  ASSERT_NE(out, nullptr);
+  EXPECT_EQ(out->digest[0], 0xcd);
+  EXPECT_EQ(out->sizes, (std::vector<int64_t>{2, 3}));
+  EXPECT_FLOAT_EQ(out->stats.mean, 0.5);
+  EXPECT_EQ(r.next(), ReadResult::kEof);
+}
+
+TEST(TraceTest, EveryCutReadsCleanlyUpToTheLastWholeRecord) {
+  std::string bytes = sample_trace();
+  std::string path = temp_path("cut.dtr");
+  for (size_t cut = 12; cut < bytes.size(); ++cut) {
+    write_file(path, bytes.substr(0, cut));
+    TraceReader r;
+    if (!r.open(path).ok()) continue;  // cut inside the header: an error, not a misread
+    ReadResult res;
+    while ((res = r.next()) == ReadResult::kRecord) {
+    }
+    EXPECT_TRUE(res == ReadResult::kTruncated || res == ReadResult::kEof) << cut;
+    if (res == ReadResult::kTruncated) {
+      EXPECT_NE(r.error().find("offset"), std::string::npos);
+    }
+  }
+}
+
+TEST(TraceTest, CorruptByteNamesFileAndOffset) {
+  std::string bytes = sample_trace();
+  bytes[bytes.size() - 10] ^= 0x40;  // inside the op record
+  std::string path = temp_path("corrupt.dtr");
+  write_file(path, bytes);
+  TraceReader r;
+  ASSERT_TRUE(r.open(path).ok());
+  ReadResult res;
+  while ((res = r.next()) == ReadResult::kRecord) {
+  }
+  ASSERT_EQ(res, ReadResult::kCorrupt);
+  EXPECT_NE(r.error().find(path), std::string::npos);
+  EXPECT_NE(r.error().find("checksum"), std::string::npos);
+}
+
+TEST(TraceTest, NotATraceIsRejectedAtOpen) {
+  std::string path = temp_path("garbage.dtr");
+  write_file(path, "hello, this is not a trace at all");
+  TraceReader r;
+  EXPECT_FALSE(r.open(path).ok());
+}
+
+TEST(DigestTest, KnownVectors) {
+  for (auto [algo, hex] : {std::pair{DigestAlgo::kMd5, "900150983cd24fb0d6963f7d28e17f72"},
+                           std::pair{DigestAlgo::kSha256,
+                                     "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"}}) {
+    Hasher h(algo);
+    h.update("abc", 3);
+    TensorDesc t;
+    h.finish(t.digest.data());
+    t.digest_len = uint8_t(h.length());
+    EXPECT_EQ(t.digest_hex(), hex);
+  }
+}
+
+TEST(DigestTest, ChunkingDoesNotChangeTheDigest) {
+  std::vector<float> data(100000);
+  for (size_t i = 0; i < data.size(); ++i) data[i] = float(i % 977) * 0.25f - 7.f;
+  for (DigestAlgo algo : {DigestAlgo::kMd5, DigestAlgo::kSha256, DigestAlgo::kXxh3}) {
+    Hasher h(algo);
+    TensorDesc whole, pieces;
+    TensorDigester a(&h, 6, true);
+    a.update(data.data(), data.size() * 4);
+    a.finish(&whole);
+    TensorDigester b(&h, 6, true);
+    for (size_t i = 0; i < data.size(); i += 333)
+      b.update(&data[i], std::min<size_t>(333, data.size() - i) * 4);
+    b.finish(&pieces);
+    EXPECT_TRUE(whole.same_digest(pieces)) << digest_name(algo);
+    EXPECT_DOUBLE_EQ(whole.stats.min, pieces.stats.min);
+  }
+}
+
+TEST(StatsTest, FloatStatsSkipNanAndCountInf) {
+  float data[] = {1.f, -2.f, NAN, 4.f, INFINITY};
+  StatsAccumulator s(6);
+  s.update(data, sizeof data);
+  TensorStats st = s.finish();
+  EXPECT_EQ(st.nan, 1u);
+  EXPECT_EQ(st.inf, 1u);
+  EXPECT_EQ(st.min, -2);
+  EXPECT_TRUE(std::isinf(st.max));
+}
+
+TEST(StatsTest, IntegerAndBoolStats) {
+  int64_t v[] = {5, -3, 10};
+  StatsAccumulator s(4);
+  s.update(v, sizeof v);
+  TensorStats st = s.finish();
+  EXPECT_EQ(st.min, -3);
+  EXPECT_EQ(st.max, 10);
+  EXPECT_DOUBLE_EQ(st.mean, 4);
+  uint8_t b[] = {1, 0, 1, 1};
+  StatsAccumulator sb(11);
+  sb.update(b, sizeof b);
+  EXPECT_DOUBLE_EQ(sb.finish().mean, 0.75);
+}
+
+TEST(StatsTest, HalfAndBFloat16) {
+  uint16_t half[] = {0x3c00, 0xc000};   // 1.0, -2.0
+  uint16_t bf16[] = {0x3f80, 0x4040};   // 1.0, 3.0
+  StatsAccumulator h(5), b(15);
+  h.update(half, sizeof half);
+  b.update(bf16, sizeof bf16);
+  EXPECT_EQ(h.finish().min, -2);
+  EXPECT_EQ(b.finish().max, 3);
+}
+
+}  // namespace
+}  // namespace detaudit::trace
