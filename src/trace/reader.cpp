@@ -109,9 +109,13 @@ ReadResult TraceReader::next() {
   ByteReader r(body, length);
   buf_pos_ += n + length + 4;
   file_offset_ += n + length + 4;
-  if (!decode(r) || r.failed())
-    return fail(ReadResult::kCorrupt, record_offset_,
-                fmt::format("undecodable record of kind {}", int(kind_)));
+  op_.name = UINT32_MAX;
+  if (!decode(r) || r.failed()) {
+    std::string what = fmt::format("undecodable record of kind {}", int(kind_));
+    if (kind_ == RecordKind::kOp && op_.name < strings_.size())
+      what += fmt::format(" (op {})", strings_[op_.name]);
+    return fail(ReadResult::kCorrupt, record_offset_, what);
+  }
   return result_ = ReadResult::kRecord;
 }
 

@@ -1,0 +1,91 @@
+// A small C++ libtorch training program: a CNN with convolutions, batchnorm, pooling, linear and
+// dropout layers, trained with SGD on synthetic data. detaudit records it unchanged; the one
+// detaudit line is the optional step marker.
+//
+//   train_cnn [--steps N] [--threads N] [--batch N] [--race] [--params-out FILE]
+//
+// --race adds a gather from a large parameter (w[idx] with repeated indices) whose backward,
+// index_put_(accumulate=True), races on float atomics with more than one intra-op thread.
+#include <detaudit/marker.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+namespace {
+
+struct Net : torch::nn::Module {
+  Net() {
+    conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 16, 3).padding(1)));
+    bn1 = register_module("bn1", torch::nn::BatchNorm2d(16));
+    conv2 = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)));
+    bn2 = register_module("bn2", torch::nn::BatchNorm2d(32));
+    fc1 = register_module("fc1", torch::nn::Linear(32 * 8 * 8, 64));
+    fc2 = register_module("fc2", torch::nn::Linear(64, 10));
+    drop = register_module("drop", torch::nn::Dropout(0.2));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::max_pool2d(torch::relu(bn1(conv1(x))), 2);
+    x = torch::avg_pool2d(torch::relu(bn2(conv2(x))), 2);
+    x = drop(torch::relu(fc1(x.flatten(1))));
+    return fc2(x);
+  }
+  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
+  torch::nn::BatchNorm2d bn1{nullptr}, bn2{nullptr};
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  torch::nn::Dropout drop{nullptr};
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int steps = 3, threads = 0, batch = 16;
+  bool race = false;
+  std::string params_out;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--steps" && i + 1 < argc) steps = std::stoi(argv[++i]);
+    else if (a == "--threads" && i + 1 < argc) threads = std::stoi(argv[++i]);
+    else if (a == "--batch" && i + 1 < argc) batch = std::stoi(argv[++i]);
+    else if (a == "--race") race = true;
+    else if (a == "--params-out" && i + 1 < argc) params_out = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: train_cnn [--steps N] [--threads N] [--batch N] [--race] [--params-out FILE]\n");
+      return 2;
+    }
+  }
+  if (threads > 0) torch::set_num_threads(threads);
+  torch::manual_seed(0);
+  auto net = std::make_shared<Net>();
+  torch::Tensor table = torch::randn({1 << 17}, torch::requires_grad());
+  std::vector<torch::Tensor> params = net->parameters();
+  if (race) params.push_back(table);
+  torch::optim::SGD optimizer(params, torch::optim::SGDOptions(0.01).momentum(0.9));
+
+  torch::Tensor images = torch::randn({batch, 3, 32, 32});
+  torch::Tensor labels = torch::randint(0, 10, {batch});
+  torch::Tensor index = torch::randint(0, 1 << 12, {1 << 17});  // many repeats
+  for (int step = 0; step < steps; ++step) {
+    DETAUDIT_STEP();
+    optimizer.zero_grad();
+    torch::Tensor loss = torch::nll_loss(torch::log_softmax(net->forward(images), 1), labels);
+    if (race) loss = loss + table.index({index}).pow(2).mean();
+    loss.backward();
+    {
+      DETAUDIT_OPTIMIZER();
+      optimizer.step();
+    }
+    std::printf("step %d loss %.6f\n", step, loss.item<double>());
+  }
+  if (!params_out.empty()) {
+    // The exact bits of every parameter, for bit-identity checks.
+    std::ofstream out(params_out, std::ios::binary);
+    for (const torch::Tensor& p : params) {
+      torch::Tensor c = p.detach().contiguous();
+      out.write(static_cast<const char*>(c.data_ptr()), std::streamsize(c.nbytes()));
+    }
+  }
+  return 0;
+}

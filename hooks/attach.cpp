@@ -1,0 +1,115 @@
+// Attaches the recorder to a process: runs at load time under LD_PRELOAD, registers the
+// RecordFunction callback, and makes sure recorded bytes reach disk at exit, at _exit (forked
+// DataLoader workers leave through os._exit), and on a crash.
+#include <ATen/record_function.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+
+#include "environment.h"
+#include "recorder.h"
+#include "run_layout.h"
+
+namespace detaudit::hooks {
+namespace {
+
+std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
+  if (ThreadRecorder* t = ThreadRecorder::current()) t->on_start(fn);
+  return nullptr;
+}
+
+void on_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  if (ThreadRecorder* t = ThreadRecorder::current()) t->on_end(fn);
+}
+
+void write_status(const std::string& text) {
+  ProcessRecorder& proc = ProcessRecorder::instance();
+  std::string path = proc.streams_dir() + "/" + layout::process_name(proc.rank(), proc.role()) +
+                     layout::kStatusExt;
+  std::ofstream(path) << text << "\n";
+}
+
+void flush_everything() {
+  static std::atomic<bool> done{false};
+  if (!ProcessRecorder::instance().active() || done.exchange(true)) return;
+  ProcessRecorder::instance().finish_all();
+}
+
+struct sigaction g_previous[32];
+const int kFatalSignals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGTERM};
+
+void on_fatal_signal(int sig) {
+  // Save what this thread recorded up to its last whole record, then die as we would have.
+  if (ThreadRecorder* t = ThreadRecorder::current()) StreamWriter::instance().crash_flush(t->stream());
+  sigaction(sig, &g_previous[sig], nullptr);
+  raise(sig);
+}
+
+void install_signal_handlers() {
+  for (int sig : kFatalSignals) {
+    struct sigaction current;
+    sigaction(sig, nullptr, &current);
+    // Leave handlers the program installed alone; chain only to the default action.
+    if (current.sa_handler != SIG_DFL) continue;
+    struct sigaction sa;
+    std::memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_fatal_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESETHAND | SA_NODEFER;
+    sigaction(sig, &sa, &g_previous[sig]);
+  }
+}
+
+void atfork_prepare() { ProcessRecorder::instance().before_fork(); }
+void atfork_child() { ProcessRecorder::instance().after_fork_child(); }
+
+bool load_config(Config* config, std::string* error) {
+  const char* path = std::getenv(layout::kEnvConfig);
+  if (!path) return true;  // defaults
+  Status s = detaudit::load_config(path, config);
+  if (!s.ok()) *error = s.message();
+  return s.ok();
+}
+
+__attribute__((constructor)) void attach() {
+  const char* run_dir = std::getenv(layout::kEnvRunDir);
+  if (!run_dir || !*run_dir) return;  // loaded, not asked to record
+  Config config;
+  std::string error;
+  ProcessRecorder& proc = ProcessRecorder::instance();
+  if (!load_config(&config, &error)) {
+    std::fprintf(stderr, "detaudit: error: %s; recording is off for this process\n", error.c_str());
+    return;
+  }
+  std::string applied = apply_determinism(config.determinism);
+  if (!proc.init(run_dir, config, &error)) {
+    if (!error.empty()) std::fprintf(stderr, "detaudit: error: %s\n", error.c_str());
+    return;
+  }
+  at::addGlobalCallback(at::RecordFunctionCallback(on_op_start, on_op_end)
+                            .needsInputs(true)
+                            .needsOutputs(true));
+  pthread_atfork(atfork_prepare, nullptr, atfork_child);
+  std::atexit(flush_everything);
+  install_signal_handlers();
+  write_status("attached libtorch " + torch_version() + " pid " + std::to_string(::getpid()) +
+               (applied.empty() ? "" : " applied" + applied));
+}
+
+}  // namespace
+}  // namespace detaudit::hooks
+
+// Forked DataLoader workers end with os._exit(), which skips atexit: flush there too.
+extern "C" [[noreturn]] void _exit(int status) {
+  detaudit::hooks::flush_everything();
+  using ExitFn = void (*)(int);
+  static ExitFn real = reinterpret_cast<ExitFn>(dlsym(RTLD_NEXT, "_exit"));
+  real(status);
+  __builtin_unreachable();
+}

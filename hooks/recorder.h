@@ -1,0 +1,222 @@
+// The interposer's recorder: RecordFunction callbacks that turn each op into one OP record.
+//
+// ProcessRecorder holds what one process shares (config, step, program order, rank and role).
+// ThreadRecorder holds one thread's stream: its buffer, its string table and its tensor cache,
+// so the op path takes no lock. An op's inputs are described when it starts (an in-place op is
+// about to change them) and its record is written when it ends.
+#pragma once
+
+#include <ATen/record_function.h>
+#include <c10/core/UndefinedTensorImpl.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "config/config.h"
+#include "digest/digest.h"
+#include "stream_writer.h"
+#include "trace/records.h"
+
+namespace detaudit::hooks {
+
+class ThreadRecorder;
+
+class ProcessRecorder {
+ public:
+  static ProcessRecorder& instance();
+
+  // Reads the resolved config and prepares the streams directory; false if not recording.
+  bool init(const std::string& run_dir, const Config& config, std::string* error);
+  bool active() const { return active_; }
+  const Config& config() const { return config_; }
+  const std::string& streams_dir() const { return streams_dir_; }
+  long rank() const { return rank_; }
+  const std::string& role() const { return role_; }
+  bool is_python() const { return is_python_; }
+
+  uint64_t next_order() { return order_.fetch_add(1, std::memory_order_relaxed) + 1; }
+  uint64_t step() const { return step_.load(std::memory_order_relaxed); }
+  bool step_selected() const { return step_selected_.load(std::memory_order_relaxed); }
+  void mark_step_end() { step_pending_.store(true, std::memory_order_relaxed); }
+  // Called at the start of each top-level op: begins the next step if one ended.
+  void maybe_advance_step();
+  trace::StepInfo step_info() const;
+
+  uint32_t new_thread_index() { return next_thread_.fetch_add(1); }
+  void register_thread(ThreadRecorder* t);
+  void unregister_thread(ThreadRecorder* t);
+  // At exit: close every stream with an END record and wait for the writer.
+  void finish_all();
+  void write_environment_once();
+
+  // In a forked child: a new role, a fresh order, no inherited threads.
+  void after_fork_child();
+  void before_fork() { ++forks_; }
+
+ private:
+  ProcessRecorder() = default;
+  void refresh_step_state(uint64_t step);
+
+  bool active_ = false;
+  Config config_;
+  std::string streams_dir_;
+  long rank_ = 0;
+  std::string role_ = "main";
+  bool is_python_ = false;
+  int forks_ = 0;
+  std::atomic<uint64_t> order_{0};
+  std::atomic<uint64_t> step_{0};
+  std::atomic<bool> step_pending_{false};
+  std::atomic<bool> step_selected_{true};
+  std::atomic<uint64_t> step_rng_{0};
+  std::atomic<uint32_t> next_thread_{0};
+  std::atomic<bool> env_written_{false};
+  std::mutex threads_mu_;  // taken once per thread, never per op
+  std::vector<ThreadRecorder*> threads_;
+};
+
+class ThreadRecorder {
+ public:
+  static ThreadRecorder* current();  // this thread's, created on first use
+  ~ThreadRecorder();
+
+  void on_start(const at::RecordFunction& fn);
+  void on_end(const at::RecordFunction& fn);
+  // Writes the END record and hands everything over.
+  void finish();
+  StreamBuffer* stream() { return &stream_; }
+
+ private:
+  enum class Marker : uint8_t { kNone, kOptimizerStep, kOptimizerOther, kStep, kBackwardNode };
+
+  struct OpInfo {
+    uint32_t name_id = 0;
+    bool selected = true;
+    bool is_view = false;
+    bool is_random = false;
+    bool is_empty_family = false;
+    bool writes = false;  // writes an argument in place (`Tensor(a!)`)
+  };
+
+  // The last recorded write to a storage. A write through any alias (e.g. `p.data.add_()`, whose
+  // version counter is not p's) bumps `writes`, which retires every cache entry on the storage.
+  struct StorageEntry {
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage{c10::intrusive_ptr<c10::StorageImpl>()};
+    uint64_t writes = 0;
+    uint32_t version = 0;  // of the tensor last written here
+    int64_t id = -1;       // its tensor id, once written
+  };
+
+  // One tensor version this stream has described.
+  using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+  struct CacheEntry {
+    WeakImpl impl{c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>()};
+    uint32_t version = 0;
+    int64_t id = -1;             // -1: described, not written yet
+    uint64_t external_serial = 0;  // for tensors that entered from outside: valid in this op only
+    StorageEntry* storage = nullptr;
+    uint64_t storage_writes = 0;
+    int64_t base_id = -1;  // for views
+    uint64_t written_order = 0;  // order of the op that described it
+    trace::TensorDesc desc;
+  };
+
+  // A tensor argument captured when the op started, written when it ends.
+  struct Snapshot {
+    const c10::TensorImpl* key = nullptr;
+    uint32_t version = 0;
+    bool cacheable = false;
+    uint64_t storage_writes = 0;
+    int64_t base_id = -1;
+    trace::TensorDesc desc;
+  };
+
+  // Encoded inputs: raw bytes, or a pointer to a snapshot.
+  struct Item {
+    bool is_tensor;
+    uint32_t begin, end;  // bytes range, or snapshot index in begin
+  };
+
+  struct Frame {
+    uint64_t handle = 0;
+    Marker marker = Marker::kNone;
+    bool recorded = false;
+    bool backward = false;
+    uint64_t order = 0, step = 0;
+    uint32_t name_id = 0;
+    uint8_t bits = 0;
+    uint32_t depth = 0;
+    int64_t seq_nr = -1;
+    uint64_t rng = 0;
+    const OpInfo* info = nullptr;
+    size_t items_begin = 0, items_end = 0, bytes_begin = 0, snaps_begin = 0;
+  };
+
+  ThreadRecorder();
+  void open_stream();
+  void reset_after_fork();
+  const OpInfo& op_info(const at::RecordFunction& fn);
+  uint32_t intern(std::string_view s);
+  trace::Phase current_phase() const;
+
+  void capture_value(const c10::IValue& v);
+  void capture_tensor(const at::Tensor& t);
+  void flush_bytes_item();
+  void emit_tensor(const Snapshot& s, trace::ByteWriter& w);
+  // TENSOR_NEW with the next id; a view whose base is out of reach is written as external.
+  int64_t write_new(trace::ByteWriter& w, const trace::TensorDesc& desc, int64_t base_id);
+  void emit_output(const c10::IValue& v, trace::ByteWriter& w, const Frame& f);
+  void emit_output_tensor(const at::Tensor& t, trace::ByteWriter& w, const Frame& f);
+  void emit_string_records();
+  void write_record(const Frame& f, const at::RecordFunction& fn);
+  void after_record();
+  uint64_t rng_state(const at::RecordFunction& fn);
+  void clear_caches();
+  StorageEntry* storage_of(const at::Tensor& t);
+  // The cache entry for this tensor's current version, or nullptr.
+  CacheEntry* lookup(const at::Tensor& t, uint32_t version, bool allow_external);
+
+  pid_t pid_;
+  bool busy_ = false;  // set while the recorder itself runs tensor ops
+  bool stream_open_ = false;
+  uint32_t thread_index_ = 0;
+  StreamBuffer stream_;
+  trace::RecordEncoder encoder_;         // op records
+  trace::RecordEncoder string_encoder_;  // string records, written while an op body is open
+  std::string body_;  // the record being built
+
+  std::unordered_map<std::string, OpInfo> ops_;
+  std::unordered_map<std::string, uint32_t> strings_;
+  std::vector<std::string> pending_strings_;  // interned, not yet written
+
+  std::unordered_map<const c10::TensorImpl*, CacheEntry> cache_;
+  std::unordered_map<const c10::StorageImpl*, StorageEntry> storages_;
+  int64_t next_tensor_id_ = 0;
+  uint64_t top_level_serial_ = 0;
+
+  std::vector<Frame> frames_;
+  size_t depth_ = 0;     // open frames, markers included
+  size_t op_depth_ = 0;  // open op frames: the depth recorded in OP records
+  std::vector<Item> items_;
+  std::vector<Snapshot> snaps_;
+  size_t snaps_top_ = 0;
+  std::string bytes_;          // non-tensor input bytes of open frames
+  size_t bytes_item_start_ = 0;
+
+  int backward_depth_ = 0;
+  int optimizer_depth_ = 0;
+  bool backward_seen_in_step_ = false;
+  uint64_t last_step_written_ = UINT64_MAX;
+  uint64_t last_order_written_ = 0;
+  uint64_t records_since_handover_ = 0;
+  uint64_t last_handover_ns_ = 0;
+
+  std::unique_ptr<Hasher> hasher_;
+  trace::EndInfo totals_;
+};
+
+}  // namespace detaudit::hooks

@@ -1,0 +1,118 @@
+#include "stream_writer.h"
+
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+
+namespace detaudit::hooks {
+namespace {
+
+void write_all(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return;  // a full disk must not take the training run down
+    }
+    p += w;
+    n -= size_t(w);
+  }
+}
+
+void sleep_ms(long ms) {
+  timespec ts{0, ms * 1000000L};
+  nanosleep(&ts, nullptr);  // async-signal-safe, unlike std::this_thread::sleep_for
+}
+
+}  // namespace
+
+StreamWriter& StreamWriter::instance() {
+  // Never destroyed: op threads and exit handlers may still call it during static destruction.
+  static StreamWriter* writer = new StreamWriter();
+  return *writer;
+}
+
+void StreamWriter::ensure_thread() {
+  bool expected = false;
+  if (started_.compare_exchange_strong(expected, true)) std::thread([this] { run(); }).detach();
+}
+
+void StreamWriter::hand_over(StreamBuffer* stream) {
+  if (stream->bytes.empty() || stream->fd < 0) return;
+  auto* chunk = new Chunk{stream->fd, std::move(stream->bytes), nullptr};
+  stream->bytes.clear();
+  stream->bytes.reserve(chunk->bytes.capacity());
+  stream->committed.store(0, std::memory_order_release);
+  chunk->next = head_.load(std::memory_order_relaxed);
+  while (!head_.compare_exchange_weak(chunk->next, chunk, std::memory_order_release,
+                                      std::memory_order_relaxed)) {
+  }
+  pushed_.fetch_add(1, std::memory_order_release);
+  ensure_thread();
+}
+
+size_t StreamWriter::write_pending() {
+  Chunk* list = head_.exchange(nullptr, std::memory_order_acquire);
+  // The stack is newest first; reverse it so each stream's chunks land in order.
+  Chunk* ordered = nullptr;
+  while (list) {
+    Chunk* next = list->next;
+    list->next = ordered;
+    ordered = list;
+    list = next;
+  }
+  size_t n = 0;
+  while (ordered) {
+    Chunk* next = ordered->next;
+    write_all(ordered->fd, ordered->bytes.data(), ordered->bytes.size());
+    delete ordered;
+    ordered = next;
+    ++n;
+  }
+  written_.fetch_add(n, std::memory_order_release);
+  return n;
+}
+
+void StreamWriter::run() {
+  for (;;) {
+    size_t n = write_pending();
+    if (StreamBuffer* crashed = crash_request_.load(std::memory_order_acquire)) {
+      write_pending();
+      write_all(crashed->fd, crashed->bytes.data(),
+                crashed->committed.load(std::memory_order_acquire));
+      crash_request_.store(nullptr, std::memory_order_release);
+      crash_done_.store(true, std::memory_order_release);
+    }
+    if (n == 0) sleep_ms(2);
+  }
+}
+
+void StreamWriter::drain() {
+  ensure_thread();
+  uint64_t target = pushed_.load(std::memory_order_acquire);
+  for (int i = 0; i < 5000 && written_.load(std::memory_order_acquire) < target; ++i) sleep_ms(1);
+}
+
+void StreamWriter::crash_flush(StreamBuffer* stream) {
+  if (!started_.load()) {
+    // No writer thread yet: write directly, we are the only writer of this file.
+    if (stream && stream->fd >= 0)
+      write_all(stream->fd, stream->bytes.data(), stream->committed.load());
+    return;
+  }
+  crash_done_.store(false);
+  crash_request_.store(stream, std::memory_order_release);
+  for (int i = 0; i < 1000 && !crash_done_.load(std::memory_order_acquire); ++i) sleep_ms(1);
+}
+
+void StreamWriter::reset_after_fork() {
+  head_.store(nullptr);  // the parent writes its own chunks; leaking the child's copy is fine
+  pushed_.store(0);
+  written_.store(0);
+  crash_request_.store(nullptr);
+  started_.store(false);
+}
+
+}  // namespace detaudit::hooks

@@ -1,0 +1,53 @@
+// Moves finished trace bytes from op threads to disk without a lock or a write on the op thread.
+//
+// Each recording thread appends whole records to its own buffer and hands full buffers over as
+// chunks through a lock-free stack; one background thread writes them to the stream's file.
+// A thread that crashes asks the writer to save the committed part of its buffer as well.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <thread>
+
+namespace detaudit::hooks {
+
+// One stream's file and the bytes its thread has not handed over yet.
+struct StreamBuffer {
+  int fd = -1;
+  std::string bytes;                    // whole records only, at chunk boundaries
+  std::atomic<size_t> committed{0};     // bytes.size() after the last whole record
+};
+
+class StreamWriter {
+ public:
+  static StreamWriter& instance();
+
+  // Hands the buffer's bytes to the writer thread; the buffer is left empty.
+  void hand_over(StreamBuffer* stream);
+  // Writes everything handed over so far and waits for it (at exit, never on the op path).
+  void drain();
+  // From a fatal-signal handler on the crashing thread: save its committed bytes, wait briefly.
+  void crash_flush(StreamBuffer* stream);
+  // In a forked child: forget the parent's queue and thread.
+  void reset_after_fork();
+
+ private:
+  struct Chunk {
+    int fd;
+    std::string bytes;
+    Chunk* next;
+  };
+  StreamWriter() = default;
+  void ensure_thread();
+  void run();
+  size_t write_pending();
+
+  std::atomic<Chunk*> head_{nullptr};
+  std::atomic<uint64_t> pushed_{0}, written_{0};
+  std::atomic<StreamBuffer*> crash_request_{nullptr};
+  std::atomic<bool> crash_done_{false};
+  std::atomic<bool> started_{false};
+};
+
+}  // namespace detaudit::hooks

@@ -1,0 +1,115 @@
+#include "tensor_digest.h"
+
+#include <xxhash.h>
+
+#include <cstring>
+
+namespace detaudit::hooks {
+
+const char* unhashable_reason(const at::Tensor& t) {
+  if (t.is_sparse() || t.layout() != at::kStrided) return "sparse or non-strided layout";
+  if (t.is_quantized()) return "quantized";
+  if (t.is_meta()) return "meta tensor (no data)";
+  if (t.is_nested()) return "nested tensor";
+  if (t.is_mkldnn()) return "mkldnn tensor";
+  if (!t.has_storage()) return "no storage";
+  if (trace::dtype_size(uint8_t(t.scalar_type())) == 0) return "unsupported dtype";
+  return nullptr;
+}
+
+namespace {
+
+// Feeds the elements of a non-contiguous tensor in logical order, gathering short runs into a
+// staging buffer so the hash sees large updates.
+void feed_strided(const at::Tensor& t, TensorDigester* digester) {
+  const size_t esize = size_t(t.element_size());
+  const auto* base = static_cast<const char*>(t.data_ptr());
+  std::vector<int64_t> sizes, strides;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) == 1) continue;
+    sizes.push_back(t.size(d));
+    strides.push_back(t.stride(d));
+  }
+  if (sizes.empty()) {
+    digester->update(base, esize);
+    return;
+  }
+  const size_t inner = size_t(sizes.back());
+  const bool inner_contiguous = strides.back() == 1;
+  const int outer_dims = int(sizes.size()) - 1;
+  std::vector<int64_t> index(size_t(outer_dims), 0);
+  thread_local std::vector<char> staging(64 * 1024);
+  size_t used = 0;
+  auto flush = [&] {
+    digester->update(staging.data(), used);
+    used = 0;
+  };
+  for (;;) {
+    int64_t offset = 0;
+    for (int d = 0; d < outer_dims; ++d) offset += index[size_t(d)] * strides[size_t(d)];
+    const char* row = base + offset * int64_t(esize);
+    if (inner_contiguous) {
+      size_t bytes = inner * esize;
+      if (bytes >= staging.size()) {
+        flush();
+        digester->update(row, bytes);
+      } else {
+        if (used + bytes > staging.size()) flush();
+        std::memcpy(staging.data() + used, row, bytes);
+        used += bytes;
+      }
+    } else {
+      for (size_t i = 0; i < inner; ++i) {
+        if (used + esize > staging.size()) flush();
+        std::memcpy(staging.data() + used, row + int64_t(i) * strides.back() * int64_t(esize), esize);
+        used += esize;
+      }
+    }
+    int d = outer_dims - 1;
+    for (; d >= 0; --d) {
+      if (++index[size_t(d)] < sizes[size_t(d)]) break;
+      index[size_t(d)] = 0;
+    }
+    if (d < 0) break;
+  }
+  flush();
+}
+
+}  // namespace
+
+uint64_t describe_tensor(const at::Tensor& tensor, Hasher* hasher, bool with_stats,
+                         trace::TensorDesc* desc) {
+  desc->dtype = uint8_t(tensor.scalar_type());
+  desc->device_type = uint8_t(tensor.device().type());
+  desc->device_index = tensor.device().index();
+  desc->sizes.assign(tensor.sizes().begin(), tensor.sizes().end());
+  const bool contiguous = tensor.is_contiguous();
+  desc->bits = contiguous ? trace::kTensorContiguous : 0;
+  if (contiguous)
+    desc->strides.clear();
+  else
+    desc->strides.assign(tensor.strides().begin(), tensor.strides().end());
+
+  // The slow, synchronising path for device tensors; the CPU path never copies.
+  at::Tensor t = tensor;
+  if (!t.device().is_cpu()) t = t.to(at::kCPU);
+  if (t.is_conj()) t = t.resolve_conj();
+  if (t.is_neg()) t = t.resolve_neg();
+
+  TensorDigester digester(hasher, desc->dtype, with_stats);
+  if (t.numel() > 0) {
+    if (t.is_contiguous())
+      digester.update(t.data_ptr(), size_t(t.numel()) * size_t(t.element_size()));
+    else
+      feed_strided(t, &digester);
+  }
+  digester.finish(desc);
+  return digester.bytes();
+}
+
+uint64_t generator_digest(const at::Generator& gen) {
+  at::Tensor state = gen.get_state();
+  return XXH3_64bits(state.data_ptr(), size_t(state.numel()) * size_t(state.element_size()));
+}
+
+}  // namespace detaudit::hooks

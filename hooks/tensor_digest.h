@@ -1,0 +1,22 @@
+// Describes one at::Tensor for the trace: dtype, device, shape, and a digest plus statistics of
+// its logical contents (non-contiguous tensors in logical order, so layout never changes a digest).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include "digest/digest.h"
+#include "trace/format.h"
+
+namespace detaudit::hooks {
+
+// Why a tensor cannot be hashed (sparse, quantized, meta, ...), or nullptr if it can.
+const char* unhashable_reason(const at::Tensor& t);
+
+// Fills everything but the provenance bits. Returns the number of bytes hashed.
+uint64_t describe_tensor(const at::Tensor& t, Hasher* hasher, bool with_stats,
+                         trace::TensorDesc* desc);
+
+// A 64-bit digest of a generator's full state (engine and cached normal samples).
+uint64_t generator_digest(const at::Generator& gen);
+
+}  // namespace detaudit::hooks
