@@ -18,7 +18,7 @@ def main():
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    x = torch.randn(1 << 21)  # 2M float32 values: the reduction splits across threads
+    x = torch.randn(5_000_000)  # 5M float32 values: the reduction splits across threads
     w = torch.nn.Parameter(torch.randn(256, 256))
     a = torch.randn(512, 256)
     opt = torch.optim.SGD([w], lr=1e-3)
