@@ -67,7 +67,8 @@ std::string report_path(const std::string& output, int index, int runs) {
       .string();
 }
 
-int diff_pairs(const Config& config, const std::vector<std::string>& dirs) {
+int diff_pairs(const Config& config, const std::vector<std::string>& dirs,
+               const std::vector<bool>& recorded) {
   ReportFormat format;
   if (Status s = parse_report_format(config.format, &format); !s.ok()) return report_error(s);
   DiffOptions options;
@@ -76,6 +77,15 @@ int diff_pairs(const Config& config, const std::vector<std::string>& dirs) {
   // catalog: wired in at merge (DiffOptions::catalog from catalog_path()).
   int worst = 0;
   for (size_t i = 1; i < dirs.size(); ++i) {
+    if (!recorded[0] || !recorded[i]) {
+      // Already explained above by print_run_problem; a diff would only repeat it.
+      worst = std::max(worst, report_error(Status::error(
+                                  fmt::format("cannot diff run-0 with run-{}: run-{} recorded no "
+                                              "trace",
+                                              i, recorded[0] ? i : 0),
+                                  ExitCode::kBadInput)));
+      continue;
+    }
     DiffReport report;
     if (Status s = diff_runs(dirs[0], dirs[i], options, &report); !s.ok()) {
       worst = std::max(worst, report_error(s));
@@ -129,11 +139,13 @@ int run_main(const RunArgs& args) {
 
   bool any_failed = false;
   std::vector<std::string> dirs;
+  std::vector<bool> recorded;
   for (int i = 0; i < config.runs; ++i) {
     run::RunOutcome outcome;
     if (Status s = run::execute_run(config, options, i, &outcome); !s.ok())
       return report_error(s);
     dirs.push_back(outcome.dir);
+    recorded.push_back(!outcome.streams.empty());
     print_run_problem(outcome, i);
     any_failed = any_failed || !outcome.result.succeeded();
     if (int sig = run::interrupted()) {
@@ -145,7 +157,7 @@ int run_main(const RunArgs& args) {
 
   int code = 0;
   if (config.runs >= 2) {
-    code = diff_pairs(config, dirs);
+    code = diff_pairs(config, dirs, recorded);
   } else {
     // risk report: wired in at merge
     fmt::print(stderr, "detaudit: recorded {}\n", dirs[0]);

@@ -116,8 +116,9 @@ void print_summary(const summary::RunSummary& s) {
     } else if (!st.cut_reason.empty()) {
       fmt::print("  {:<14} cut short: {}\n", "", st.cut_reason);
     } else {
-      fmt::print("  {:<14} cut short: no END record after {} ops (the program was killed?)\n", "",
-                 st.ops);
+      fmt::print("  {:<14} cut short: no END record after {} ops{} (the program was killed?)\n",
+                 "", st.ops,
+                 st.step_records ? fmt::format(", in step {}", st.last_step) : std::string());
     }
   }
   if (s.streams.empty()) fmt::print("  (none: the interposer recorded nothing)\n");
