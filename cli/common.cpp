@@ -1,0 +1,39 @@
+// Shared by the verbs: error printing, and where the interposer and catalog live.
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "cli/verbs.h"
+
+namespace detaudit::cli {
+namespace {
+
+// <prefix> of <prefix>/bin/detaudit, for the build tree and the install tree alike.
+std::filesystem::path prefix_dir() {
+  std::error_code ec;
+  std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return ".";
+  return exe.parent_path().parent_path();
+}
+
+}  // namespace
+
+int report_error(const Status& status) {
+  fmt::print(stderr, "detaudit: error: {}\n", status.message());
+  return int(status.code());
+}
+
+std::string hooks_library_path() {
+  if (const char* env = std::getenv("DETAUDIT_HOOKS"); env && *env) return env;
+  return (prefix_dir() / DETAUDIT_LIB_SUBDIR / "libdetaudit_hooks.so").string();
+}
+
+std::string catalog_path() {
+  if (const char* env = std::getenv("DETAUDIT_CATALOG"); env && *env) return env;
+  return (prefix_dir() / DETAUDIT_SHARE_SUBDIR / "catalog.json").string();
+}
+
+}  // namespace detaudit::cli

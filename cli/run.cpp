@@ -1,0 +1,214 @@
+// `detaudit run`: records the program N times under the interposer, then diffs run-0 with each
+// other run. Flags override the config; the work is in src/run/session.h.
+//
+//   detaudit run --runs 2 --out audit/ -- /usr/bin/python3 train.py
+//   detaudit run --config config.json --steps 0-3
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+
+#include "cli/verbs.h"
+#include "config/config.h"
+#include "diff/diff.h"
+#include "diff/report_model.h"
+#include "run/session.h"
+
+namespace detaudit::cli {
+namespace {
+
+struct RunArgs {
+  std::vector<std::function<void()>> finish;  // copy given flags into `flags` after parsing
+  std::string config_path;
+  bool force = false;
+  bool quiet = false;
+  run::RunFlags flags;
+};
+
+// Every option that overrides the config is read only when given, so the config's value stands.
+template <typename T>
+void optional_flag(CLI::App* sub, RunArgs* args, const std::string& name,
+                   std::optional<T>* target, const std::string& help) {
+  auto holder = std::make_shared<T>();
+  CLI::Option* opt = sub->add_option(name, *holder, help);
+  args->finish.push_back([opt, holder, target] {
+    if (opt->count() > 0) *target = *holder;
+  });
+}
+
+void print_run_problem(const run::RunOutcome& o, int index) {
+  if (!o.result.succeeded())
+    fmt::print(stderr, "detaudit: run-{} failed ({}): {}; what it recorded is kept\n", index,
+               o.result.describe(), o.dir);
+  if (!o.streams.empty()) return;
+  if (o.statuses.empty()) {
+    fmt::print(stderr,
+               "detaudit: run-{} recorded no trace and the interposer left no status in "
+               "{}/streams: it was not loaded (static binary, or LD_PRELOAD cleared?)\n",
+               index, o.dir);
+    return;
+  }
+  for (const auto& [process, status] : o.statuses)
+    fmt::print(stderr, "detaudit: run-{} recorded no trace; {}: {}\n", index, process, status);
+}
+
+// Where the report of pair (0, i) goes: --output as given for one pair, else one file per pair.
+std::string report_path(const std::string& output, int index, int runs) {
+  if (output.empty() || runs <= 2) return output;
+  std::filesystem::path p(output);
+  return (p.parent_path() / fmt::format("{}.run-{}{}", p.stem().string(), index,
+                                        p.extension().string()))
+      .string();
+}
+
+int diff_pairs(const Config& config, const std::vector<std::string>& dirs,
+               const std::vector<bool>& recorded) {
+  ReportFormat format;
+  if (Status s = parse_report_format(config.format, &format); !s.ok()) return report_error(s);
+  DiffOptions options;
+  options.gate = config.gate;
+  options.progress = isatty(STDERR_FILENO);
+  // catalog: wired in at merge (DiffOptions::catalog from catalog_path()).
+  int worst = 0;
+  for (size_t i = 1; i < dirs.size(); ++i) {
+    if (!recorded[0] || !recorded[i]) {
+      // Already explained above by print_run_problem; a diff would only repeat it.
+      worst = std::max(worst, report_error(Status::error(
+                                  fmt::format("cannot diff run-0 with run-{}: run-{} recorded no "
+                                              "trace",
+                                              i, recorded[0] ? i : 0),
+                                  ExitCode::kBadInput)));
+      continue;
+    }
+    DiffReport report;
+    if (Status s = diff_runs(dirs[0], dirs[i], options, &report); !s.ok()) {
+      worst = std::max(worst, report_error(s));
+      continue;
+    }
+    std::string path = report_path(config.output, int(i), config.runs);
+    if (path.empty()) {
+      if (dirs.size() > 2) fmt::print("== run-0 vs run-{}\n", i);
+      bool color = format == ReportFormat::kText && isatty(STDOUT_FILENO);
+      fmt::print("{}", render_report(report, format, color));
+    } else {
+      std::ofstream out(path);
+      out << render_report(report, format, false);
+      if (!out) {
+        worst = std::max(worst, report_error(Status::error(
+                                    fmt::format("cannot write report {}", path),
+                                    ExitCode::kBadInput)));
+        continue;
+      }
+      fmt::print(stderr, "detaudit: report for run-0 vs run-{} written to {}\n", i, path);
+    }
+    worst = std::max(worst, int(gate_exit_code(report)));
+  }
+  return worst;
+}
+
+int run_main(const RunArgs& args) {
+  Config config;
+  if (!args.config_path.empty())
+    if (Status s = load_config(args.config_path, &config); !s.ok()) return report_error(s);
+  if (Status s = run::apply_run_flags(args.flags, &config); !s.ok()) return report_error(s);
+  if (Status s = run::validate_for_run(config); !s.ok()) return report_error(s);
+
+  run::RunOptions options;
+  options.hooks_library = hooks_library_path();
+  options.version = DETAUDIT_VERSION;
+  options.force = args.force;
+  options.echo = !args.quiet;
+  if (access(options.hooks_library.c_str(), R_OK) != 0)
+    return report_error(Status::error(fmt::format(
+        "interposer library not found: {} (build it with -DDETAUDIT_BUILD_HOOKS=ON, or point "
+        "$DETAUDIT_HOOKS at it)",
+        options.hooks_library)));
+  if (run::is_python_command(config.target.command))
+    if (Status s = run::check_torch_match(config, options.hooks_library); !s.ok())
+      return report_error(s);
+
+  for (int i = 0; i < config.runs; ++i)
+    if (Status s = run::check_run_dir(run::run_dir_path(config, i), args.force); !s.ok())
+      return report_error(s);
+
+  bool any_failed = false;
+  std::vector<std::string> dirs;
+  std::vector<bool> recorded;
+  for (int i = 0; i < config.runs; ++i) {
+    run::RunOutcome outcome;
+    if (Status s = run::execute_run(config, options, i, &outcome); !s.ok())
+      return report_error(s);
+    dirs.push_back(outcome.dir);
+    recorded.push_back(!outcome.streams.empty());
+    print_run_problem(outcome, i);
+    any_failed = any_failed || !outcome.result.succeeded();
+    if (int sig = run::interrupted()) {
+      fmt::print(stderr, "detaudit: stopped by {} after run-{}; no further runs, no diff\n",
+                 run::signal_name(sig), i);
+      return int(ExitCode::kTargetFailed);
+    }
+  }
+
+  int code = 0;
+  if (config.runs >= 2) {
+    code = diff_pairs(config, dirs, recorded);
+  } else {
+    // risk report: wired in at merge
+    fmt::print(stderr, "detaudit: recorded {}\n", dirs[0]);
+  }
+  if (any_failed) return int(ExitCode::kTargetFailed);
+  return code;
+}
+
+}  // namespace
+
+void add_run_verb(CLI::App& app, VerbAction* action) {
+  auto args = std::make_shared<RunArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "run", "Record the program N times under the interposer, then diff the runs");
+  sub->footer(
+      "Examples:\n"
+      "  detaudit run --runs 2 --out audit/ -- /usr/bin/python3 train.py\n"
+      "  detaudit run --config config.json --steps 0-3\n"
+      "Flags override the config file (docs/config.md). Put the program after \"--\".");
+  run::RunFlags& f = args->flags;
+  sub->add_option("--config", args->config_path, "JSON config (docs/config.md)")
+      ->check(CLI::ExistingFile);
+  optional_flag(sub, args.get(), "--runs", &f.runs, "how many times to run the program (default 1)");
+  optional_flag(sub, args.get(), "--out", &f.out, "directory for run-0/, run-1/, ... (default audit)");
+  optional_flag(sub, args.get(), "--steps", &f.steps, "steps to record: \"0-3,7,10-\" or \"all\"");
+  optional_flag(sub, args.get(), "--ops", &f.ops, "ops to record, comma-separated globs (\"aten::*mm*\")");
+  optional_flag(sub, args.get(), "--exclude-ops", &f.exclude_ops, "ops not to record, comma-separated globs");
+  optional_flag(sub, args.get(), "--phases", &f.phases, "forward,backward,optimizer (default all)");
+  optional_flag(sub, args.get(), "--ranks", &f.ranks, "ranks to record: \"0,2-3\" or \"all\"");
+  optional_flag(sub, args.get(), "--digest", &f.digest, "md5 (default), sha256 or xxh3");
+  sub->add_flag("--no-stats", f.no_stats, "do not record min/max/mean/L2 of tensors");
+  sub->add_flag("--no-inputs", f.no_inputs, "record op outputs only");
+  optional_flag(sub, args.get(), "--seed", &f.seed, "seed torch, numpy and random at startup");
+  optional_flag(sub, args.get(), "--deterministic", &f.deterministic,
+                "torch.use_deterministic_algorithms: on, warn or off");
+  optional_flag(sub, args.get(), "--threads", &f.threads, "intra-op threads (torch.set_num_threads)");
+  optional_flag(sub, args.get(), "--format", &f.format, "report format: text, json, junit or markdown");
+  optional_flag(sub, args.get(), "--output", &f.output, "write the report to this file");
+  optional_flag(sub, args.get(), "--fail-on", &f.fail_on, "any (default) or tolerance");
+  optional_flag(sub, args.get(), "--rtol", &f.rtol, "relative tolerance for --fail-on tolerance");
+  optional_flag(sub, args.get(), "--atol", &f.atol, "absolute tolerance for --fail-on tolerance");
+  sub->add_option("--env", f.env, "K=V for the program's environment (repeatable)")
+      ->allow_extra_args(false);
+  optional_flag(sub, args.get(), "--cwd", &f.cwd, "the program's working directory");
+  sub->add_flag("--force", args->force, "replace run directories that already hold a run");
+  sub->add_flag("-q,--quiet", args->quiet, "do not echo the program's output (still logged)");
+  sub->add_option("command", f.command, "the program and its arguments, after \"--\"");
+  sub->callback([args, action] {
+    for (auto& f : args->finish) f();
+    *action = [args] { return run_main(*args); };
+  });
+}
+
+}  // namespace detaudit::cli

@@ -1,0 +1,332 @@
+// Implements one `detaudit run` apart from flag parsing and printing (see session.h).
+#include "run/session.h"
+
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "run_layout.h"
+
+namespace detaudit::run {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::string item;
+  std::istringstream in(s);
+  while (std::getline(in, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+// Parses a one-field patch over the config; the error names the flag, then the field.
+Status patch(const char* flag, const json& j, Config* config) {
+  Status s = parse_config(j, config);
+  if (!s.ok()) return Status::error(fmt::format("{}: {}", flag, s.message()), s.code());
+  return Status();
+}
+
+json range_patch(const std::string& s) {
+  if (s == "all") return "all";
+  json list = json::array();
+  for (const auto& item : split_commas(s)) list.push_back(item);
+  return list;
+}
+
+Status write_json_file(const std::string& path, const json& j) {
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << j.dump(2) << "\n";
+    if (!out)
+      return Status::error(fmt::format("cannot write {}", path), ExitCode::kBadInput);
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);  // whole or absent, never half-written
+  if (ec)
+    return Status::error(fmt::format("cannot write {}: {}", path, ec.message()),
+                         ExitCode::kBadInput);
+  return Status();
+}
+
+std::string first_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+std::string hostname() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "";
+  return buf;
+}
+
+std::string real_path(const std::string& p) {
+  std::error_code ec;
+  fs::path r = fs::canonical(p, ec);
+  return ec ? p : r.string();
+}
+
+}  // namespace
+
+Status apply_run_flags(const RunFlags& f, Config* c) {
+  if (f.runs) {
+    if (Status s = patch("--runs", {{"runs", *f.runs}}, c); !s.ok()) return s;
+  }
+  if (f.out)
+    if (Status s = patch("--out", {{"out", *f.out}}, c); !s.ok()) return s;
+  if (f.steps)
+    if (Status s = patch("--steps", {{"select", {{"steps", range_patch(*f.steps)}}}}, c); !s.ok())
+      return s;
+  if (f.ranks)
+    if (Status s = patch("--ranks", {{"select", {{"ranks", range_patch(*f.ranks)}}}}, c); !s.ok())
+      return s;
+  if (f.ops)
+    if (Status s = patch("--ops", {{"select", {{"ops", {{"include", split_commas(*f.ops)}}}}}}, c);
+        !s.ok())
+      return s;
+  if (f.exclude_ops)
+    if (Status s = patch("--exclude-ops",
+                         {{"select", {{"ops", {{"exclude", split_commas(*f.exclude_ops)}}}}}}, c);
+        !s.ok())
+      return s;
+  if (f.phases) {
+    json phases = *f.phases == "all" ? json("all") : json(split_commas(*f.phases));
+    if (Status s = patch("--phases", {{"select", {{"phases", phases}}}}, c); !s.ok()) return s;
+  }
+  if (f.digest)
+    if (Status s = patch("--digest", {{"digest", *f.digest}}, c); !s.ok()) return s;
+  if (f.no_stats) c->stats = false;
+  if (f.no_inputs) c->inputs = false;
+  if (f.seed) c->determinism.seed = *f.seed;
+  if (f.deterministic)
+    if (Status s = patch("--deterministic", {{"determinism", {{"algorithms", *f.deterministic}}}},
+                         c);
+        !s.ok())
+      return s;
+  if (f.threads)
+    if (Status s = patch("--threads", {{"determinism", {{"intra_op_threads", *f.threads}}}}, c);
+        !s.ok())
+      return s;
+  if (f.format)
+    if (Status s = patch("--format", {{"report", {{"format", *f.format}}}}, c); !s.ok()) return s;
+  if (f.output)
+    if (Status s = patch("--output", {{"report", {{"output", *f.output}}}}, c); !s.ok()) return s;
+  if (f.fail_on)
+    if (Status s = patch("--fail-on", {{"gate", {{"fail_on", *f.fail_on}}}}, c); !s.ok()) return s;
+  if (f.rtol)
+    if (Status s = patch("--rtol", {{"gate", {{"rtol", *f.rtol}}}}, c); !s.ok()) return s;
+  if (f.atol)
+    if (Status s = patch("--atol", {{"gate", {{"atol", *f.atol}}}}, c); !s.ok()) return s;
+  for (const auto& kv : f.env) {
+    size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0)
+      return Status::error(fmt::format("--env: expected K=V, got \"{}\"", kv));
+    c->target.env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  if (f.cwd) c->target.cwd = *f.cwd;
+  if (!f.command.empty()) c->target.command = f.command;
+  return Status();
+}
+
+Status validate_for_run(const Config& c) {
+  if (c.target.command.empty())
+    return Status::error(
+        "no program to run: give it after \"--\" (detaudit run -- python3 train.py) or as "
+        "field \"target.command\" of the config");
+  return Status();
+}
+
+std::string run_dir_path(const Config& c, int index) {
+  return (fs::path(c.out) / fmt::format("run-{}", index)).string();
+}
+
+Status check_run_dir(const std::string& dir, bool force) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return Status();
+  if (!fs::is_directory(dir, ec))
+    return Status::error(fmt::format("{} exists and is not a directory", dir));
+  if (!force && !fs::is_empty(dir, ec))
+    return Status::error(fmt::format(
+        "{} already holds a run; choose another --out or pass --force to replace it", dir));
+  return Status();
+}
+
+Status prepare_run_dir(const std::string& dir, bool force) {
+  if (Status s = check_run_dir(dir, force); !s.ok()) return s;
+  std::error_code ec;
+  if (fs::exists(dir, ec)) {
+    if (!fs::is_empty(dir, ec)) {
+      fs::remove_all(dir, ec);
+      if (ec)
+        return Status::error(fmt::format("cannot remove {}: {}", dir, ec.message()),
+                             ExitCode::kBadInput);
+    }
+  }
+  fs::create_directories(fs::path(dir) / layout::kStreamsDir, ec);
+  if (ec)
+    return Status::error(fmt::format("cannot create {}: {}", dir, ec.message()),
+                         ExitCode::kBadInput);
+  return Status();
+}
+
+std::vector<std::string> target_environment(const Config& c, const std::string& hooks_library,
+                                            const std::string& run_dir_abs) {
+  std::map<std::string, std::string> vars;
+  std::vector<std::string> order;  // keep the parent's order, for a readable environment
+  auto set = [&](const std::string& k, const std::string& v) {
+    if (!vars.count(k)) order.push_back(k);
+    vars[k] = v;
+  };
+  for (const auto& kv : current_environment()) {
+    size_t eq = kv.find('=');
+    if (eq != std::string::npos) set(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  for (const auto& [k, v] : c.target.env) set(k, v);
+  std::string preload = hooks_library;
+  if (vars.count("LD_PRELOAD") && !vars["LD_PRELOAD"].empty())
+    preload += ":" + vars["LD_PRELOAD"];
+  set("LD_PRELOAD", preload);
+  set(layout::kEnvRunDir, run_dir_abs);
+  set(layout::kEnvConfig, (fs::path(run_dir_abs) / layout::kConfigJson).string());
+  std::vector<std::string> env;
+  for (const auto& k : order) env.push_back(k + "=" + vars[k]);
+  return env;
+}
+
+bool is_python_command(const std::vector<std::string>& command) {
+  if (command.empty()) return false;
+  return fs::path(command[0]).filename().string().rfind("python", 0) == 0;
+}
+
+std::string torch_release(const std::string& version) {
+  size_t n = 0;
+  while (n < version.size() && (std::isdigit(static_cast<unsigned char>(version[n])) ||
+                                version[n] == '.'))
+    ++n;
+  std::string r = version.substr(0, n);
+  while (!r.empty() && r.back() == '.') r.pop_back();
+  return r;
+}
+
+Status check_torch_match(const Config& c, const std::string& hooks_library) {
+  std::string version_file =
+      (fs::path(hooks_library).parent_path() / "detaudit_hooks.version").string();
+  std::ifstream in(version_file);
+  if (!in) return Status();  // an older or hand-placed hooks build: nothing to compare with
+  std::string built_version, built_lib;
+  in >> built_version >> built_lib;
+  if (built_version.empty()) return Status();
+
+  // The probe runs with the target's environment minus the interposer.
+  std::vector<std::string> env;
+  for (const auto& kv : target_environment(c, hooks_library, "/nonexistent"))
+    if (kv.rfind("LD_PRELOAD=", 0) != 0 && kv.rfind("DETAUDIT_", 0) != 0) env.push_back(kv);
+  std::string out;
+  int exit_code = 0;
+  Status s = capture_output(
+      {c.target.command[0], "-c",
+       "import torch,sys;print(torch.__version__);print(torch.__file__)"},
+      env, c.target.cwd, &out, &exit_code);
+  if (!s.ok()) return s;
+  if (exit_code != 0) return Status();  // no torch at all: the program will say so itself
+  std::istringstream lines(out);
+  std::string py_version, py_file;
+  std::getline(lines, py_version);
+  std::getline(lines, py_file);
+
+  // A wheel bundles its own libtorch under torch/lib; Debian's links to the system one.
+  std::string py_lib = (fs::path(py_file).parent_path() / "lib" / "libtorch_cpu.so").string();
+  bool lib_differs = !built_lib.empty() && fs::exists(py_lib) && fs::exists(built_lib) &&
+                     real_path(py_lib) != real_path(built_lib);
+  if (torch_release(py_version) == torch_release(built_version) && !lib_differs) return Status();
+  return Status::error(fmt::format(
+      "libtorch mismatch: the hooks {} were built against torch {} ({}), but {} imports torch {} "
+      "({}); rebuild the hooks against that torch: cmake -S . -B build "
+      "-DCMAKE_PREFIX_PATH=$({} -c 'import torch;print(torch.utils.cmake_prefix_path)') && "
+      "cmake --build build",
+      hooks_library, built_version, built_lib.empty() ? "?" : built_lib, c.target.command[0],
+      py_version, fs::exists(py_lib) ? real_path(py_lib) : py_file, c.target.command[0]));
+}
+
+std::vector<std::string> list_stream_files(const std::string& run_dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (fs::directory_iterator it(fs::path(run_dir) / layout::kStreamsDir, ec), end;
+       !ec && it != end; it.increment(ec))
+    if (it->path().extension() == layout::kTraceExt) names.push_back(it->path().filename());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::vector<std::pair<std::string, std::string>> read_stream_statuses(const std::string& run_dir) {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(fs::path(run_dir) / layout::kStreamsDir, ec), end;
+       !ec && it != end; it.increment(ec))
+    if (it->path().extension() == layout::kStatusExt)
+      out.emplace_back(it->path().stem().string(), first_line(it->path().string()));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+Status execute_run(const Config& c, const RunOptions& options, int index, RunOutcome* outcome) {
+  *outcome = RunOutcome{};
+  std::string dir = run_dir_path(c, index);
+  if (Status s = prepare_run_dir(dir, options.force); !s.ok()) return s;
+  outcome->dir = fs::absolute(dir).lexically_normal().string();
+  std::string abs_dir = outcome->dir;
+  if (Status s = write_json_file((fs::path(abs_dir) / layout::kConfigJson).string(),
+                                 config_to_json(c));
+      !s.ok())
+    return s;
+
+  std::error_code ec;
+  std::string cwd = c.target.cwd.empty() ? fs::current_path(ec).string()
+                                         : fs::absolute(c.target.cwd, ec).string();
+  json record = {{"detaudit_version", options.version},
+                 {"run", index},
+                 {"command", c.target.command},
+                 {"cwd", cwd},
+                 {"env", c.target.env},
+                 {"hostname", hostname()},
+                 {"hooks_library", options.hooks_library},
+                 {"finished", false}};
+  // Written before the launch too, so a run whose supervisor was killed still says what it was.
+  std::string run_json = (fs::path(abs_dir) / layout::kRunJson).string();
+  if (Status s = write_json_file(run_json, record); !s.ok()) return s;
+
+  LaunchSpec spec;
+  spec.argv = c.target.command;
+  spec.env = target_environment(c, options.hooks_library, abs_dir);
+  spec.cwd = c.target.cwd;
+  spec.log_path = (fs::path(abs_dir) / layout::kOutputLog).string();
+  spec.echo = options.echo;
+  if (Status s = launch_and_wait(spec, &outcome->result); !s.ok()) return s;
+
+  const LaunchResult& r = outcome->result;
+  outcome->streams = list_stream_files(abs_dir);
+  outcome->statuses = read_stream_statuses(abs_dir);
+  record["finished"] = true;
+  record["start_time"] = r.start_time;
+  record["duration_s"] = r.duration_s;
+  record["exit_code"] = r.signal ? json(nullptr) : json(r.exit_code);
+  record["signal"] = r.signal ? json(signal_name(r.signal)) : json(nullptr);
+  record["succeeded"] = r.succeeded();
+  record["streams"] = outcome->streams;
+  json statuses = json::object();
+  for (const auto& [process, status] : outcome->statuses) statuses[process] = status;
+  record["statuses"] = statuses;
+  return write_json_file(run_json, record);
+}
+
+}  // namespace detaudit::run

@@ -1,0 +1,94 @@
+// One `detaudit run`: flags over the config, run directories, the audited program's environment,
+// the libtorch version check, and run.json. The CLI file only parses flags and prints.
+//
+//   Config c;  load_config(path, &c);  apply_run_flags(flags, &c);  validate_for_run(c);
+//   for (int i = 0; i < c.runs; ++i) execute_run(c, options, i, &outcome);
+#pragma once
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "config/config.h"
+#include "run/launcher.h"
+#include "util/status.h"
+
+namespace detaudit::run {
+
+// `detaudit run` flags; each one set overrides the config field it names.
+struct RunFlags {
+  std::optional<int> runs;
+  std::optional<std::string> out;
+  std::optional<std::string> steps, ranks;  // "0-3,5,7-"
+  std::optional<std::string> ops, exclude_ops, phases;  // comma-separated
+  std::optional<std::string> digest;
+  bool no_stats = false, no_inputs = false;
+  std::optional<uint64_t> seed;
+  std::optional<std::string> deterministic;  // on|warn|off
+  std::optional<int> threads;
+  std::optional<std::string> format, output, fail_on;
+  std::optional<double> rtol, atol;
+  std::vector<std::string> env;  // K=V
+  std::optional<std::string> cwd;
+  std::vector<std::string> command;  // after "--"
+};
+
+// Applies the flags through the config parser, so flags and config share one set of checks;
+// an error starts with the flag ("--steps: field \"select.steps[0]\": ...").
+Status apply_run_flags(const RunFlags& flags, Config* config);
+
+// What `run` needs beyond a valid config: a command.
+Status validate_for_run(const Config& config);
+
+// "<out>/run-<i>"
+std::string run_dir_path(const Config& config, int index);
+
+// Creates the run directory. A non-empty existing one is refused unless `force`, which empties it
+// first: traces of an earlier run must never mix with this one's.
+Status prepare_run_dir(const std::string& dir, bool force);
+// The same check without touching anything, so `run` can refuse before launching run-0.
+Status check_run_dir(const std::string& dir, bool force);
+
+// The audited program's environment: ours, then target.env, then the interposer's variables
+// (LD_PRELOAD gets the hooks library prepended).
+std::vector<std::string> target_environment(const Config& config, const std::string& hooks_library,
+                                            const std::string& run_dir_abs);
+
+// True for a Python interpreter: argv[0]'s basename starts with "python".
+bool is_python_command(const std::vector<std::string>& command);
+
+// For Python targets: fails (kUsage) when the interpreter's torch is not the libtorch the hooks
+// were built against (read from <hooks dir>/detaudit_hooks.version; absent: no check).
+Status check_torch_match(const Config& config, const std::string& hooks_library);
+
+// The torch release without pre-release or local parts: "1.13.0a0" -> "1.13.0".
+std::string torch_release(const std::string& version);
+
+struct RunOutcome {
+  std::string dir;  // absolute
+  LaunchResult result;
+  std::vector<std::string> streams;  // trace files found after the run, by name
+  std::vector<std::pair<std::string, std::string>> statuses;  // process -> interposer status
+};
+
+struct RunOptions {
+  std::string hooks_library;
+  std::string version;  // detaudit's
+  bool force = false;
+  bool echo = true;     // the target's output also reaches our terminal
+};
+
+// Prepares run `index`, writes its config.json, runs the program and writes run.json. An error
+// means the run could not happen; a program that failed is reported in the outcome.
+Status execute_run(const Config& config, const RunOptions& options, int index,
+                   RunOutcome* outcome);
+
+// Trace files (streams/*.dtr) of a run directory, sorted by name.
+std::vector<std::string> list_stream_files(const std::string& run_dir);
+// streams/*.status of a run directory: (process, first line), sorted by process.
+std::vector<std::pair<std::string, std::string>> read_stream_statuses(const std::string& run_dir);
+
+}  // namespace detaudit::run

@@ -1,0 +1,302 @@
+// Streams over a run's traces for `show` and `export` (see summary.h).
+#include "summary/summary.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include "run_layout.h"
+
+namespace detaudit::summary {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using trace::ReadResult;
+using trace::RecordKind;
+using trace::TraceReader;
+using trace::Value;
+using trace::ValueType;
+
+json header_json(const trace::StreamHeader& h) {
+  return {{"version", h.version},           {"digest", std::string(trace::digest_name(h.algo))},
+          {"rank", h.rank},                 {"pid", h.pid},
+          {"process_role", h.process_role}, {"thread_index", h.thread_index},
+          {"unix_ns", h.unix_ns}};
+}
+
+std::string hex64(uint64_t v) { return fmt::format("{:016x}", v); }
+
+json tensor_json(const TraceReader& r, const Value& v) {
+  json j = {{"tensor", v.tensor_id}, {"new", v.type == ValueType::kTensorNew}};
+  const trace::TensorDesc* t = r.tensor(v.tensor_id);
+  if (!t) return j;  // left the reference window; its id still matches its first appearance
+  j["dtype"] = std::string(trace::dtype_name(t->dtype));
+  j["device"] = t->device_index >= 0 ? fmt::format("{}:{}", trace::device_type_name(t->device_type),
+                                                   t->device_index)
+                                     : std::string(trace::device_type_name(t->device_type));
+  j["shape"] = t->sizes;
+  j["strides"] = t->strides.empty() ? json(nullptr) : json(t->strides);
+  j["digest"] = t->digest_hex();
+  if (t->has_stats()) {
+    json stats = {{"min", t->stats.min}, {"max", t->stats.max}, {"mean", t->stats.mean}};
+    if (!(t->bits & trace::kTensorIntStats)) stats["l2"] = t->stats.l2;
+    j["stats"] = stats;
+  } else {
+    j["stats"] = nullptr;
+  }
+  if (t->bits & trace::kTensorHasNanInf) {
+    j["nan"] = t->stats.nan;
+    j["inf"] = t->stats.inf;
+  }
+  j["provenance"] = std::string(trace::provenance_name(t->provenance()));
+  if (t->base_id >= 0) j["base"] = t->base_id;
+  if (t->uninitialized()) j["uninitialized"] = true;
+  return j;
+}
+
+// Converts values[*i] (and, for a list, its elements) and advances *i past them.
+json value_json(const TraceReader& r, const std::vector<Value>& values, size_t* i) {
+  const Value& v = values[(*i)++];
+  switch (v.type) {
+    case ValueType::kNone: return nullptr;
+    case ValueType::kTensorNew:
+    case ValueType::kTensorRef: return tensor_json(r, v);
+    case ValueType::kTensorSkipped: return {{"skipped", std::string(r.string(uint64_t(v.i)))}};
+    case ValueType::kInt: return v.i;
+    case ValueType::kDouble: return v.d;
+    case ValueType::kBoolFalse: return false;
+    case ValueType::kBoolTrue: return true;
+    case ValueType::kString: return std::string(r.string(uint64_t(v.i)));
+    case ValueType::kDevice:
+      return v.i >= 0 ? fmt::format("{}:{}", trace::device_type_name(uint8_t(v.u)), v.i)
+                      : std::string(trace::device_type_name(uint8_t(v.u)));
+    case ValueType::kGenerator: return {{"generator", hex64(v.u)}};
+    case ValueType::kOther: return {{"other", std::string(r.string(uint64_t(v.i)))}};
+    case ValueType::kIntList:
+    case ValueType::kDoubleList:
+    case ValueType::kBoolList:
+    case ValueType::kList: {
+      json list = json::array();
+      for (uint64_t k = 0; k < v.count && *i < values.size(); ++k)
+        list.push_back(value_json(r, values, i));
+      return list;
+    }
+  }
+  return nullptr;
+}
+
+json step_json(const trace::StepInfo& s) {
+  return {{"step", s.step},
+          {"order", s.order},
+          {"rng_cpu", hex64(s.rng_cpu)},
+          {"rng_cuda", hex64(s.rng_cuda)},
+          {"intra_op_threads", s.intra_op_threads},
+          {"determinism_bits", s.determinism_bits}};
+}
+
+json op_json(const TraceReader& r) {
+  const trace::OpRecord& op = r.op();
+  json j = {{"offset", op.offset},
+            {"order", op.order},
+            {"step", op.step},
+            {"name", std::string(r.string(op.name))},
+            {"phase", std::string(trace::phase_name(op.phase))},
+            {"scope", std::string(trace::scope_name(op.scope))},
+            {"depth", op.depth},
+            {"seq_nr", op.has_seq_nr() ? json(op.seq_nr) : json(nullptr)},
+            {"rng", op.has_rng() ? json(hex64(op.rng)) : json(nullptr)},
+            {"random", op.is_random()}};
+  j["inputs"] = values_to_json(r, op.inputs);
+  j["outputs"] = values_to_json(r, op.outputs);
+  return j;
+}
+
+Status corrupt(const TraceReader& r) { return Status::error(r.error(), ExitCode::kBadInput); }
+
+}  // namespace
+
+json values_to_json(const TraceReader& r, const std::vector<Value>& values) {
+  json out = json::array();
+  size_t i = 0;
+  while (i < values.size()) out.push_back(value_json(r, values, &i));
+  return out;
+}
+
+Status find_streams(const std::string& run_dir, const std::string& stream,
+                    std::vector<std::pair<std::string, std::string>>* out) {
+  out->clear();
+  std::error_code ec;
+  if (!fs::is_directory(run_dir, ec))
+    return Status::error(fmt::format("{}: not a run directory", run_dir), ExitCode::kBadInput);
+  fs::path streams = fs::path(run_dir) / layout::kStreamsDir;
+  for (fs::directory_iterator it(streams, ec), end; !ec && it != end; it.increment(ec))
+    if (it->path().extension() == layout::kTraceExt)
+      out->emplace_back(it->path().stem().string(), it->path().string());
+  std::sort(out->begin(), out->end());
+  if (stream.empty()) return Status();
+  std::string want = stream;
+  if (fs::path(want).extension() == layout::kTraceExt) want = fs::path(want).stem().string();
+  std::string known;
+  for (const auto& s : *out) {
+    if (s.first == want) {
+      auto keep = s;
+      out->assign(1, keep);
+      return Status();
+    }
+    known += (known.empty() ? "" : ", ") + s.first;
+  }
+  return Status::error(fmt::format("{}: no stream named {} (streams: {})", run_dir, stream,
+                                   known.empty() ? "none" : known));
+}
+
+Status summarize_run(const std::string& run_dir, const std::string& stream, RunSummary* out) {
+  *out = RunSummary{};
+  out->dir = run_dir;
+  std::vector<std::pair<std::string, std::string>> files;
+  if (Status s = find_streams(run_dir, stream, &files); !s.ok()) return s;
+
+  std::ifstream run_json(fs::path(run_dir) / layout::kRunJson);
+  if (run_json) {
+    json j = json::parse(run_json, nullptr, false);
+    out->run_json = j.is_discarded() ? json(nullptr) : j;
+  }
+  std::error_code ec;
+  for (fs::directory_iterator it(fs::path(run_dir) / layout::kStreamsDir, ec), end;
+       !ec && it != end; it.increment(ec)) {
+    if (it->path().extension() != layout::kStatusExt) continue;
+    std::ifstream in(it->path());
+    std::string line;
+    std::getline(in, line);
+    out->statuses.emplace_back(it->path().stem().string(), line);
+  }
+  std::sort(out->statuses.begin(), out->statuses.end());
+
+  for (const auto& [name, path] : files) {
+    StreamSummary s;
+    s.name = name;
+    s.path = path;
+    TraceReader r;
+    if (Status st = r.open(path); !st.ok()) return st;
+    s.header = r.header();
+    s.bytes = r.file_size();
+    // Names are counted by string id and resolved at the end: no string copy per op.
+    std::vector<uint64_t> by_id;
+    ReadResult res;
+    while ((res = r.next()) == ReadResult::kRecord) {
+      switch (r.kind()) {
+        case RecordKind::kOp: {
+          const trace::OpRecord& op = r.op();
+          ++s.ops;
+          ++s.phase_ops[size_t(op.phase) & 3];
+          if (op.name >= by_id.size()) by_id.resize(op.name + 1);
+          ++by_id[op.name];
+          break;
+        }
+        case RecordKind::kStep:
+          if (s.step_records == 0) s.first_step = r.step().step;
+          s.last_step = std::max(s.last_step, r.step().step);
+          ++s.step_records;
+          break;
+        default:
+          break;
+      }
+    }
+    if (res == ReadResult::kCorrupt) return corrupt(r);
+    for (size_t id = 0; id < by_id.size(); ++id)
+      if (by_id[id]) s.op_counts[std::string(r.string(id))] += by_id[id];
+    s.saw_end = r.saw_end();
+    s.end = r.end_info();
+    s.cut_short = !s.saw_end;
+    if (res == ReadResult::kTruncated) s.cut_reason = r.error();
+    out->streams.push_back(std::move(s));
+  }
+  return Status();
+}
+
+std::vector<std::pair<std::string, uint64_t>> top_ops(const RunSummary& s, size_t n) {
+  std::map<std::string, uint64_t> all;
+  for (const auto& stream : s.streams)
+    for (const auto& [name, count] : stream.op_counts) all[name] += count;
+  std::vector<std::pair<std::string, uint64_t>> v(all.begin(), all.end());
+  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) {
+    return a.second != b.second ? a.second > b.second : a.first < b.first;
+  });
+  if (v.size() > n) v.resize(n);
+  return v;
+}
+
+Status for_each_step_op(const std::string& trace_path, uint64_t step,
+                        const std::function<void(const OpLine&)>& fn) {
+  TraceReader r;
+  if (Status s = r.open(trace_path); !s.ok()) return s;
+  ReadResult res;
+  bool seen = false;
+  while ((res = r.next()) == ReadResult::kRecord) {
+    if (r.kind() != RecordKind::kOp) continue;
+    const trace::OpRecord& op = r.op();
+    if (op.step != step) {
+      if (seen && op.step > step) break;  // steps only go forward within a stream
+      continue;
+    }
+    seen = true;
+    OpLine line;
+    line.order = op.order;
+    line.depth = op.depth;
+    line.name = std::string(r.string(op.name));
+    line.phase = op.phase;
+    if (!op.output_tensors.empty())
+      if (const trace::TensorDesc* t = r.tensor(op.output_tensors[0])) {
+        line.digest_prefix = t->digest_hex().substr(0, 12);
+        line.shape = t->sizes;
+      }
+    fn(line);
+  }
+  if (res == ReadResult::kCorrupt) return corrupt(r);
+  return Status();
+}
+
+Status export_run(const std::string& run_dir, const std::string& stream, std::ostream& out,
+                  std::vector<std::string>* notes) {
+  std::vector<std::pair<std::string, std::string>> files;
+  if (Status s = find_streams(run_dir, stream, &files); !s.ok()) return s;
+  for (const auto& [name, path] : files) {
+    TraceReader r;
+    if (Status s = r.open(path); !s.ok()) return s;
+    json h = header_json(r.header());
+    h["record"] = "header";
+    h["stream"] = name;
+    out << h.dump(-1, ' ', false, json::error_handler_t::replace) << '\n';
+    ReadResult res;
+    while ((res = r.next()) == ReadResult::kRecord) {
+      json j;
+      switch (r.kind()) {
+        case RecordKind::kStep: j = step_json(r.step()); j["record"] = "step"; break;
+        case RecordKind::kOp: j = op_json(r); j["record"] = "op"; break;
+        case RecordKind::kEnd:
+          j = {{"record", "end"},
+               {"ops", r.end_info().ops},
+               {"tensors_hashed", r.end_info().tensors_hashed},
+               {"bytes_hashed", r.end_info().bytes_hashed}};
+          break;
+        default: continue;  // strings are resolved inline
+      }
+      j["stream"] = name;
+      // Invalid UTF-8 in an op name must not abort the export: replace it.
+      out << j.dump(-1, ' ', false, json::error_handler_t::replace) << '\n';
+    }
+    if (res == ReadResult::kCorrupt) {
+      out.flush();
+      return corrupt(r);
+    }
+    if (res == ReadResult::kTruncated)
+      notes->push_back(fmt::format("{}: cut short (the program was killed?): {}", name, r.error()));
+    else if (!r.saw_end())
+      notes->push_back(fmt::format("{}: no END record: the program ended without closing it", name));
+  }
+  return Status();
+}
+
+}  // namespace detaudit::summary

@@ -1,0 +1,275 @@
+// The launcher keeps the target's output, its exit status and its death by signal; run
+// directories, flags and the target's environment follow docs/config.md.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "run/launcher.h"
+#include "run/session.h"
+#include "run_layout.h"
+
+namespace detaudit::run {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string temp_dir(const std::string& name) {
+  fs::path p = fs::path(::testing::TempDir()) / ("detaudit_launcher_" + name);
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST(LauncherTest, CopiesOutputAndKeepsExitCode) {
+  std::string dir = temp_dir("exit");
+  LaunchSpec spec;
+  spec.argv = {"/bin/sh", "-c", "echo out; echo err >&2; exit 3"};
+  spec.env = current_environment();
+  spec.log_path = dir + "/output.log";
+  spec.echo = false;
+  LaunchResult r;
+  Status s = launch_and_wait(spec, &r);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_EQ(r.signal, 0);
+  EXPECT_FALSE(r.succeeded());
+  EXPECT_EQ(r.describe(), "exit code 3");
+  std::string log = read_file(spec.log_path);
+  EXPECT_NE(log.find("out\n"), std::string::npos) << log;
+  EXPECT_NE(log.find("err\n"), std::string::npos) << log;
+  EXPECT_FALSE(r.start_time.empty());
+}
+
+TEST(LauncherTest, SignalKilledChild) {
+  LaunchSpec spec;
+  spec.argv = {"/bin/sh", "-c", "kill -KILL $$"};
+  spec.env = current_environment();
+  spec.echo = false;
+  LaunchResult r;
+  ASSERT_TRUE(launch_and_wait(spec, &r).ok());
+  EXPECT_EQ(r.signal, SIGKILL);
+  EXPECT_FALSE(r.succeeded());
+  EXPECT_EQ(r.describe(), "killed by SIGKILL");
+  EXPECT_EQ(signal_name(SIGSEGV), "SIGSEGV");
+}
+
+TEST(LauncherTest, MissingProgramIsAClearError) {
+  LaunchSpec spec;
+  spec.argv = {"/nonexistent/train"};
+  spec.env = current_environment();
+  LaunchResult r;
+  Status s = launch_and_wait(spec, &r);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("/nonexistent/train"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("no such program"), std::string::npos) << s.message();
+
+  spec.argv = {"detaudit-no-such-program-xyz"};
+  s = launch_and_wait(spec, &r);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("in PATH"), std::string::npos) << s.message();
+}
+
+TEST(LauncherTest, MissingWorkingDirectoryIsAClearError) {
+  LaunchSpec spec;
+  spec.argv = {"/bin/true"};
+  spec.env = current_environment();
+  spec.cwd = "/nonexistent/dir";
+  LaunchResult r;
+  Status s = launch_and_wait(spec, &r);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("/nonexistent/dir"), std::string::npos) << s.message();
+}
+
+TEST(LauncherTest, EnvironmentAndWorkingDirectoryReachTheChild) {
+  std::string dir = temp_dir("env");
+  LaunchSpec spec;
+  spec.argv = {"/bin/sh", "-c", "echo \"$DETAUDIT_T_VAR\"; pwd"};
+  spec.env = {"DETAUDIT_T_VAR=hello", "PATH=/usr/bin:/bin"};
+  spec.cwd = dir;
+  spec.log_path = dir + "/output.log";
+  spec.echo = false;
+  LaunchResult r;
+  ASSERT_TRUE(launch_and_wait(spec, &r).ok());
+  EXPECT_EQ(read_file(spec.log_path), "hello\n" + fs::canonical(dir).string() + "\n");
+}
+
+TEST(LauncherTest, LargeOutputIsNotLost) {
+  std::string dir = temp_dir("large");
+  LaunchSpec spec;
+  // 200,000 lines on stdout and stderr at once: the pump must drain both pipes.
+  spec.argv = {"/bin/sh", "-c", "seq 1 100000; seq 1 100000 >&2"};
+  spec.env = current_environment();
+  spec.log_path = dir + "/output.log";
+  spec.echo = false;
+  LaunchResult r;
+  ASSERT_TRUE(launch_and_wait(spec, &r).ok());
+  EXPECT_EQ(r.exit_code, 0);
+  std::string log = read_file(spec.log_path);
+  EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 200000);
+}
+
+TEST(LauncherTest, CaptureOutput) {
+  std::string out;
+  int code = -1;
+  ASSERT_TRUE(capture_output({"/bin/sh", "-c", "echo 1.13.0; echo /x >&2; exit 0"},
+                             current_environment(), "", &out, &code)
+                  .ok());
+  EXPECT_EQ(out, "1.13.0\n");
+  EXPECT_EQ(code, 0);
+}
+
+TEST(SessionTest, FlagsOverrideConfigAndNameTheFlag) {
+  Config c;
+  c.runs = 1;
+  RunFlags f;
+  f.runs = 3;
+  f.steps = "0-2,5";
+  f.phases = "forward,backward";
+  f.ops = "aten::*mm*";
+  f.digest = "xxh3";
+  f.no_stats = true;
+  f.seed = 9;
+  f.deterministic = "warn";
+  f.threads = 2;
+  f.env = {"A=1", "B=x=y"};
+  f.command = {"/bin/true"};
+  ASSERT_TRUE(apply_run_flags(f, &c).ok());
+  EXPECT_EQ(c.runs, 3);
+  EXPECT_TRUE(c.select.steps.contains(5));
+  EXPECT_FALSE(c.select.steps.contains(3));
+  EXPECT_FALSE(c.select.wants_phase(trace::Phase::kOptimizer));
+  EXPECT_TRUE(c.select.wants_op("aten::addmm"));
+  EXPECT_EQ(c.digest, trace::DigestAlgo::kXxh3);
+  EXPECT_FALSE(c.stats);
+  EXPECT_TRUE(c.inputs);
+  EXPECT_EQ(*c.determinism.seed, 9u);
+  EXPECT_EQ(c.determinism.algorithms, "warn");
+  EXPECT_EQ(*c.determinism.intra_op_threads, 2);
+  EXPECT_EQ(c.target.env.at("B"), "x=y");
+  EXPECT_EQ(c.target.command, std::vector<std::string>{"/bin/true"});
+
+  RunFlags bad;
+  bad.steps = "0,x";
+  Status s = apply_run_flags(bad, &c);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message().rfind("--steps: ", 0), 0u) << s.message();
+  EXPECT_NE(s.message().find("select.steps[1]"), std::string::npos) << s.message();
+  RunFlags bad_env;
+  bad_env.env = {"NOVALUE"};
+  EXPECT_FALSE(apply_run_flags(bad_env, &c).ok());
+  RunFlags bad_det;
+  bad_det.deterministic = "maybe";
+  s = apply_run_flags(bad_det, &c);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("--deterministic"), std::string::npos);
+}
+
+TEST(SessionTest, RunNeedsACommand) {
+  Config c;
+  EXPECT_FALSE(validate_for_run(c).ok());
+  c.target.command = {"python3"};
+  EXPECT_TRUE(validate_for_run(c).ok());
+}
+
+TEST(SessionTest, RefusesToOverwriteARunUnlessForced) {
+  std::string dir = temp_dir("overwrite") + "/run-0";
+  ASSERT_TRUE(prepare_run_dir(dir, false).ok());
+  EXPECT_TRUE(fs::is_directory(fs::path(dir) / layout::kStreamsDir));
+  std::ofstream(dir + "/streams/old.dtr") << "x";
+  Status s = prepare_run_dir(dir, false);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("--force"), std::string::npos);
+  ASSERT_TRUE(prepare_run_dir(dir, true).ok());
+  EXPECT_FALSE(fs::exists(dir + "/streams/old.dtr"));  // a forced run never mixes with the old one
+}
+
+TEST(SessionTest, TargetEnvironmentPrependsPreload) {
+  setenv("LD_PRELOAD", "/other.so", 1);
+  Config c;
+  c.target.env["X"] = "1";
+  auto env = target_environment(c, "/h/libdetaudit_hooks.so", "/runs/run-0");
+  unsetenv("LD_PRELOAD");
+  auto has = [&](const std::string& kv) { return std::find(env.begin(), env.end(), kv) != env.end(); };
+  EXPECT_TRUE(has("LD_PRELOAD=/h/libdetaudit_hooks.so:/other.so"));
+  EXPECT_TRUE(has("DETAUDIT_RUN_DIR=/runs/run-0"));
+  EXPECT_TRUE(has("DETAUDIT_CONFIG=/runs/run-0/config.json"));
+  EXPECT_TRUE(has("X=1"));
+}
+
+TEST(SessionTest, PythonDetectionAndTorchRelease) {
+  EXPECT_TRUE(is_python_command({"/usr/bin/python3", "t.py"}));
+  EXPECT_TRUE(is_python_command({"python3.11"}));
+  EXPECT_FALSE(is_python_command({"/bin/sh"}));
+  EXPECT_EQ(torch_release("1.13.0a0"), "1.13.0");
+  EXPECT_EQ(torch_release("2.11.0+cu130"), "2.11.0");
+}
+
+TEST(SessionTest, TorchMismatchNamesBothVersions) {
+  std::string dir = temp_dir("torch");
+  std::string hooks = dir + "/libdetaudit_hooks.so";
+  std::ofstream(hooks) << "";
+  // A fake interpreter that reports another torch.
+  std::string py = dir + "/python3";
+  std::ofstream(py) << "#!/bin/sh\necho 9.9.0\necho /fake/torch/__init__.py\n";
+  fs::permissions(py, fs::perms::owner_all);
+  Config c;
+  c.target.command = {py, "t.py"};
+  EXPECT_TRUE(check_torch_match(c, hooks).ok()) << "no version file: no check";
+  std::ofstream(dir + "/detaudit_hooks.version") << "1.13.0a0 /usr/lib/x86_64-linux-gnu/libtorch_cpu.so\n";
+  Status s = check_torch_match(c, hooks);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), ExitCode::kUsage);
+  EXPECT_NE(s.message().find("1.13.0a0"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("9.9.0"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("CMAKE_PREFIX_PATH"), std::string::npos) << s.message();
+  std::ofstream(py) << "#!/bin/sh\necho 1.13.0a0\necho /fake/torch/__init__.py\n";
+  EXPECT_TRUE(check_torch_match(c, hooks).ok());
+}
+
+TEST(SessionTest, ExecuteRunWritesRunJson) {
+  std::string out = temp_dir("execute");
+  Config c;
+  c.out = out;
+  c.target.command = {"/bin/sh", "-c", "mkdir -p \"$DETAUDIT_RUN_DIR/streams\"; "
+                                       "echo 'attached' > \"$DETAUDIT_RUN_DIR/streams/r0.main.status\"; "
+                                       "touch \"$DETAUDIT_RUN_DIR/streams/r0.main.t0.dtr\"; "
+                                       "test -f \"$DETAUDIT_CONFIG\" && exit 5"};
+  RunOptions o;
+  o.hooks_library = "/nonexistent/libdetaudit_hooks.so";  // ld.so warns and goes on
+  o.version = "test";
+  o.echo = false;
+  RunOutcome outcome;
+  Status s = execute_run(c, o, 1, &outcome);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(outcome.result.exit_code, 5) << "config.json exists before the launch";
+  EXPECT_EQ(outcome.streams, std::vector<std::string>{"r0.main.t0.dtr"});
+  ASSERT_EQ(outcome.statuses.size(), 1u);
+  EXPECT_EQ(outcome.statuses[0].second, "attached");
+  auto j = nlohmann::json::parse(read_file(outcome.dir + "/run.json"));
+  EXPECT_EQ(j["exit_code"], 5);
+  EXPECT_TRUE(j["signal"].is_null());
+  EXPECT_EQ(j["succeeded"], false);
+  EXPECT_EQ(j["run"], 1);
+  EXPECT_EQ(j["streams"][0], "r0.main.t0.dtr");
+  EXPECT_EQ(j["hooks_library"], "/nonexistent/libdetaudit_hooks.so");
+  EXPECT_TRUE(j.contains("duration_s"));
+  EXPECT_TRUE(j.contains("hostname"));
+  EXPECT_EQ(fs::path(outcome.dir).filename(), "run-1");
+  Config back;
+  ASSERT_TRUE(load_config(outcome.dir + "/config.json", &back).ok());
+  EXPECT_EQ(back.target.command, c.target.command);
+}
+
+}  // namespace
+}  // namespace detaudit::run
