@@ -197,11 +197,16 @@ void classify_divergence(const BufferedOp& a, const OpSource& sa, const Buffered
                    : "identical inputs and arguments, different outputs";
 }
 
-std::optional<CatalogRef> catalog_ref(const Catalog* catalog, const OpFacts& facts) {
+std::optional<CatalogRef> catalog_ref(const Catalog* catalog, const OpFacts& facts,
+                                      std::vector<std::string>* rejected) {
   if (!catalog) return std::nullopt;
   for (const CatalogEntry* e : catalog->lookup(facts.name)) {
+    if (std::find(rejected->begin(), rejected->end(), e->id) != rejected->end()) continue;
     CatalogMatch m = evaluate(*e, facts);
-    if (!m.applies) continue;
+    if (!m.applies) {
+      if (!m.unmet.empty()) rejected->push_back(e->id);
+      continue;
+    }
     CatalogRef r;
     r.id = e->id;
     r.op = std::string(facts.name);

@@ -31,8 +31,12 @@ bool output_deltas(const trace::OpRecord& a, const trace::TraceReader& ra,
                    const trace::OpRecord& b, const trace::TraceReader& rb, const GateConfig& gate,
                    std::vector<StatsDelta>* out);
 
-// The first catalog entry for this op whose conditions are not known to be unmet.
-std::optional<CatalogRef> catalog_ref(const Catalog* catalog, const OpFacts& facts);
+// The first catalog entry for this op whose conditions are not known to be unmet. Entries in
+// `rejected` (unmet by an inner op of the same chain, e.g. accumulate=false seen on
+// aten::_index_put_impl_) are skipped for outer ops such as IndexBackward0, whose arguments
+// cannot be checked; entries found unmet here are added to it.
+std::optional<CatalogRef> catalog_ref(const Catalog* catalog, const OpFacts& facts,
+                                      std::vector<std::string>* rejected);
 
 // Names the likely cause from the class, the catalog entry and the environment differences,
 // and the remedy.

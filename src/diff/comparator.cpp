@@ -54,6 +54,9 @@ class StreamComparator {
         }
       }
     }
+    // The loop stops at the first side to end; read the other up to its next op or its end.
+    a.fill(1);
+    b.fill(1);
     if (pending_) finish_pending();
     return finish(ra, rb);
   }
@@ -90,7 +93,8 @@ class StreamComparator {
     if (pending_) {
       if (int64_t(a.rec.depth) == need_depth_) {
         pending_->chain.insert(pending_->chain.begin(), std::string(a_->name_of(a.rec)));
-        if (!pending_->catalog) pending_->catalog = catalog_ref(options_.catalog, facts(a, *a_));
+        if (!pending_->catalog)
+          pending_->catalog = catalog_ref(options_.catalog, facts(a, *a_), &rejected_);
         --need_depth_;
       }
     } else if (differ) {
@@ -101,7 +105,8 @@ class StreamComparator {
       fd.rank = out_->rank;
       classify_divergence(a, *a_, b, *b_, options_.gate, &fd);
       fd.chain = {fd.op};
-      fd.catalog = catalog_ref(options_.catalog, facts(a, *a_));
+      rejected_.clear();
+      fd.catalog = catalog_ref(options_.catalog, facts(a, *a_), &rejected_);
       need_depth_ = int64_t(a.rec.depth) - 1;
     }
     if (pending_ && a.rec.depth == 0) finish_pending();
@@ -319,6 +324,7 @@ class StreamComparator {
   uint64_t total_bytes_ = 0;
   std::optional<FirstDivergence> pending_;
   int64_t need_depth_ = -1;
+  std::vector<std::string> rejected_;  // entries an inner op of the chain did not meet
   bool first_done_ = false;
   uint64_t param_step_ = UINT64_MAX, param_pos_ = 0;
   std::map<uint64_t, bool> params_;
