@@ -220,6 +220,13 @@ std::vector<const CatalogEntry*> Catalog::search(std::string_view query) const {
     for (const std::string& k : e.env_keys) hay += "\n" + k;
     if (q.empty() || lower(hay).find(q) != std::string::npos) r.push_back(&e);
   }
+  // Exact id or op name matches first.
+  std::stable_partition(r.begin(), r.end(), [&](const CatalogEntry* e) {
+    if (lower(e->id) == q) return true;
+    for (const std::string& op : e->ops)
+      if (lower(op) == q) return true;
+    return false;
+  });
   return r;
 }
 
