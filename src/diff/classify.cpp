@@ -148,7 +148,11 @@ void classify_divergence(const BufferedOp& a, const OpSource& sa, const Buffered
     const TensorDesc* tb =
         i < ob.output_tensors.size() ? rb.tensor(ob.output_tensors[i]) : nullptr;
     bool differs = digests_differ(ta, tb) && !ta->uninitialized() && !tb->uninitialized();
-    fd->outputs.push_back({"output", int(i), differs, side_of(ta, ra), side_of(tb, rb)});
+    TensorPair p{"output", int(i), differs, side_of(ta, ra), side_of(tb, rb)};
+    // An output's origin is the op itself; only say so when it is not plain.
+    for (TensorSide* side : {&p.a, &p.b})
+      if (side->origin == "output of an earlier op") side->origin.clear();
+    fd->outputs.push_back(std::move(p));
   }
   output_deltas(oa, ra, ob, rb, gate, &fd->magnitude);
 

@@ -30,7 +30,8 @@ void tensors(std::string* out, const Style& st, const char* title,
              const std::vector<TensorPair>& ps) {
   for (const TensorPair& p : ps) {
     std::string mark = p.differs ? st("31", "differs") : "same";
-    *out += fmt::format("    {} {} [{}] ({}):\n", title, p.index, mark, p.a.origin);
+    *out += fmt::format("    {} {} [{}]{}:\n", title, p.index, mark,
+                        p.a.origin.empty() ? "" : " (" + p.a.origin + ")");
     *out += fmt::format("      A {}\n", side_line(p.a));
     if (p.differs || !p.b.present || !p.a.present)
       *out += fmt::format("      B {}\n", side_line(p.b));
