@@ -1,0 +1,95 @@
+// `detaudit diff RUN_A RUN_B`: compares two recorded runs, prints or writes the report, and
+// exits with the gate's code (docs/exit-codes.md).
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <unistd.h>
+
+#include "catalog/catalog.h"
+#include "cli/verbs.h"
+#include "diff/diff.h"
+#include "diff/report_model.h"
+
+namespace detaudit::cli {
+namespace {
+
+struct DiffFlags {
+  std::string run_a, run_b;
+  std::string format = "text";
+  std::string output;
+  std::string fail_on = "any";
+  double rtol = 0, atol = 0;
+  std::string catalog;
+  bool no_catalog = false;
+  bool progress = false;
+};
+
+int run_diff(const DiffFlags& f) {
+  ReportFormat format;
+  if (Status s = parse_report_format(f.format, &format); !s.ok()) return report_error(s);
+  if (f.fail_on != "any" && f.fail_on != "tolerance")
+    return report_error(Status::error(
+        fmt::format("--fail-on: expected 'any' or 'tolerance', got '{}'", f.fail_on)));
+  if (f.rtol < 0 || f.atol < 0)
+    return report_error(Status::error("--rtol and --atol must not be negative"));
+
+  Catalog catalog;
+  DiffOptions options;
+  options.gate.fail_on = f.fail_on;
+  options.gate.rtol = f.rtol;
+  options.gate.atol = f.atol;
+  options.progress = f.progress && isatty(STDERR_FILENO);
+  if (!f.no_catalog) {
+    std::string path = f.catalog.empty() ? catalog_path() : f.catalog;
+    if (Status s = Catalog::load(path, &catalog); !s.ok()) {
+      // The default catalog missing is not fatal: the diff still stands, unexplained.
+      if (!f.catalog.empty()) return report_error(s);
+      fmt::print(stderr, "detaudit: warning: {} (no catalog explanations)\n", s.message());
+    } else {
+      options.catalog = &catalog;
+    }
+  }
+  DiffReport report;
+  if (Status s = diff_runs(f.run_a, f.run_b, options, &report); !s.ok()) return report_error(s);
+
+  if (f.output.empty()) {
+    bool color = format == ReportFormat::kText && isatty(STDOUT_FILENO) &&
+                 std::getenv("NO_COLOR") == nullptr;
+    fmt::print("{}", render_report(report, format, color));
+  } else {
+    std::ofstream out(f.output, std::ios::binary | std::ios::trunc);
+    out << render_report(report, format, false);
+    if (!out.good())
+      return report_error(Status::error(fmt::format("{}: cannot write the report", f.output)));
+    // Say the verdict on the terminal too, so a CI log shows it without the file.
+    fmt::print("detaudit diff: {} (report: {})\n", report.verdict, f.output);
+  }
+  return int(gate_exit_code(report));
+}
+
+}  // namespace
+
+void add_diff_verb(CLI::App& app, VerbAction* action) {
+  auto flags = std::make_shared<DiffFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "diff", "Compare two recorded runs: where they first diverged, why, and what to change");
+  cmd->add_option("RUN_A", flags->run_a, "first run directory (e.g. audit/run-0)")->required();
+  cmd->add_option("RUN_B", flags->run_b, "second run directory (e.g. audit/run-1)")->required();
+  cmd->add_option("--format", flags->format, "text, json, junit or markdown")
+      ->capture_default_str();
+  cmd->add_option("--output,-o", flags->output, "write the report to this file");
+  cmd->add_option("--fail-on", flags->fail_on,
+                  "any: every divergence fails; tolerance: only one beyond --rtol/--atol")
+      ->capture_default_str();
+  cmd->add_option("--rtol", flags->rtol, "relative tolerance on tensor statistics");
+  cmd->add_option("--atol", flags->atol, "absolute tolerance on tensor statistics");
+  cmd->add_option("--catalog", flags->catalog, "catalog JSON (default: the installed one)");
+  cmd->add_flag("--no-catalog", flags->no_catalog, "do not explain with the catalog");
+  cmd->add_flag("--progress", flags->progress, "progress lines on stderr (when a terminal)");
+  cmd->callback([flags, action] { *action = [flags] { return run_diff(*flags); }; });
+}
+
+}  // namespace detaudit::cli

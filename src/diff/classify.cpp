@@ -1,0 +1,315 @@
+// Divergence classes, side-by-side tensors, magnitudes and causes.
+#include "diff/classify.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace detaudit {
+namespace {
+
+using trace::TensorDesc;
+
+bool is_tensor(const trace::Value& v) {
+  return v.type == trace::ValueType::kTensorNew || v.type == trace::ValueType::kTensorRef;
+}
+
+// Where a tensor's contents came from, following view bases inside the stream's window.
+std::string origin_of(const TensorDesc* t, const trace::TraceReader& r, bool* external,
+                      bool* uninitialized) {
+  *external = *uninitialized = false;
+  for (int hops = 0; t && hops < 64; ++hops) {
+    if (t->uninitialized()) {
+      *uninitialized = true;
+      return hops ? "view of an uninitialized tensor (empty family)"
+                  : "uninitialized (empty family)";
+    }
+    if (t->provenance() == trace::Provenance::kExternal) {
+      *external = true;
+      return hops ? "view of an external tensor" : "external";
+    }
+    if (t->provenance() != trace::Provenance::kView) return "output of an earlier op";
+    t = r.tensor(t->base_id);
+  }
+  return "unknown (left the reference window)";
+}
+
+TensorSide side_of(const TensorDesc* t, const trace::TraceReader& r) {
+  TensorSide s;
+  if (!t) return s;
+  s.present = true;
+  s.digest = t->digest_hex();
+  s.sizes = t->sizes;
+  s.dtype = std::string(trace::dtype_name(t->dtype));
+  s.device = std::string(trace::device_type_name(t->device_type));
+  if (t->device_index >= 0) s.device += ":" + std::to_string(t->device_index);
+  s.provenance = std::string(trace::provenance_name(t->provenance()));
+  s.uninitialized = t->uninitialized();
+  s.has_stats = t->has_stats();
+  s.stats = t->stats;
+  bool ext, uninit;
+  s.origin = origin_of(t, r, &ext, &uninit);
+  return s;
+}
+
+bool within(double a, double b, const GateConfig& g) {
+  if (std::isnan(a) && std::isnan(b)) return true;
+  if (std::isinf(a) || std::isinf(b)) return a == b;
+  return std::fabs(b - a) <= g.atol + g.rtol * std::fabs(a);
+}
+
+StatsDelta delta_of(const TensorDesc& a, const TensorDesc& b, const GateConfig& g,
+                    std::string name) {
+  StatsDelta d;
+  d.tensor = std::move(name);
+  d.has_stats = a.has_stats() && b.has_stats();
+  d.nan = int64_t(b.stats.nan) - int64_t(a.stats.nan);
+  d.inf = int64_t(b.stats.inf) - int64_t(a.stats.inf);
+  if (!d.has_stats) return d;  // no statistics: never within tolerance
+  d.min = b.stats.min - a.stats.min;
+  d.max = b.stats.max - a.stats.max;
+  d.mean = b.stats.mean - a.stats.mean;
+  d.l2 = b.stats.l2 - a.stats.l2;
+  for (double v : {d.min, d.max, d.mean, d.l2})
+    if (std::isfinite(v)) d.max_abs = std::max(d.max_abs, std::fabs(v));
+  d.within_tolerance = d.nan == 0 && d.inf == 0 && within(a.stats.min, b.stats.min, g) &&
+                       within(a.stats.max, b.stats.max, g) &&
+                       within(a.stats.mean, b.stats.mean, g) && within(a.stats.l2, b.stats.l2, g);
+  return d;
+}
+
+bool digests_differ(const TensorDesc* a, const TensorDesc* b) {
+  return a && b && !a->same_digest(*b);
+}
+
+}  // namespace
+
+bool outputs_differ(const trace::OpRecord& a, const trace::TraceReader& ra,
+                    const trace::OpRecord& b, const trace::TraceReader& rb) {
+  size_t n = std::min(a.output_tensors.size(), b.output_tensors.size());
+  for (size_t i = 0; i < n; ++i) {
+    const TensorDesc* ta = ra.tensor(a.output_tensors[i]);
+    const TensorDesc* tb = rb.tensor(b.output_tensors[i]);
+    if (!ta || !tb || ta->uninitialized() || tb->uninitialized()) continue;
+    if (!ta->same_digest(*tb)) return true;
+  }
+  return false;
+}
+
+bool output_deltas(const trace::OpRecord& a, const trace::TraceReader& ra,
+                   const trace::OpRecord& b, const trace::TraceReader& rb, const GateConfig& gate,
+                   std::vector<StatsDelta>* out) {
+  bool all_within = true;
+  size_t n = std::min(a.output_tensors.size(), b.output_tensors.size());
+  for (size_t i = 0; i < n; ++i) {
+    const TensorDesc* ta = ra.tensor(a.output_tensors[i]);
+    const TensorDesc* tb = rb.tensor(b.output_tensors[i]);
+    if (!ta || !tb || ta->uninitialized() || tb->uninitialized() || ta->same_digest(*tb))
+      continue;
+    StatsDelta d = delta_of(*ta, *tb, gate, fmt::format("output {}", i));
+    all_within = all_within && d.within_tolerance;
+    if (out) out->push_back(std::move(d));
+  }
+  return all_within;
+}
+
+void classify_divergence(const BufferedOp& a, const OpSource& sa, const BufferedOp& b,
+                         const OpSource& sb, const GateConfig& gate, FirstDivergence* fd) {
+  const trace::TraceReader& ra = sa.reader();
+  const trace::TraceReader& rb = sb.reader();
+  const trace::OpRecord& oa = a.rec;
+  const trace::OpRecord& ob = b.rec;
+  fd->op = std::string(sa.name_of(oa));
+  fd->step = oa.step;
+  fd->phase = std::string(trace::phase_name(oa.phase));
+  fd->index = a.index;
+  fd->order_a = oa.order;
+  fd->order_b = ob.order;
+  fd->offset_a = oa.offset;
+  fd->offset_b = ob.offset;
+  fd->is_random = oa.is_random();
+  fd->rng_a = oa.rng;
+  fd->rng_b = ob.rng;
+  fd->args_differ = oa.args_hash != ob.args_hash;
+
+  // Tensors side by side; the first differing input decides between the input classes.
+  int first_diff_input = -1;
+  for (size_t i = 0; i < std::max(oa.input_tensors.size(), ob.input_tensors.size()); ++i) {
+    const TensorDesc* ta = i < oa.input_tensors.size() ? ra.tensor(oa.input_tensors[i]) : nullptr;
+    const TensorDesc* tb = i < ob.input_tensors.size() ? rb.tensor(ob.input_tensors[i]) : nullptr;
+    TensorPair p{"input", int(i), digests_differ(ta, tb), side_of(ta, ra), side_of(tb, rb)};
+    if (p.differs && first_diff_input < 0) first_diff_input = int(i);
+    fd->inputs.push_back(std::move(p));
+  }
+  for (size_t i = 0; i < std::max(oa.output_tensors.size(), ob.output_tensors.size()); ++i) {
+    const TensorDesc* ta =
+        i < oa.output_tensors.size() ? ra.tensor(oa.output_tensors[i]) : nullptr;
+    const TensorDesc* tb =
+        i < ob.output_tensors.size() ? rb.tensor(ob.output_tensors[i]) : nullptr;
+    bool differs = digests_differ(ta, tb) && !ta->uninitialized() && !tb->uninitialized();
+    TensorPair p{"output", int(i), differs, side_of(ta, ra), side_of(tb, rb)};
+    // An output's origin is the op itself; only say so when it is not plain.
+    for (TensorSide* side : {&p.a, &p.b})
+      if (side->origin == "output of an earlier op") side->origin.clear();
+    fd->outputs.push_back(std::move(p));
+  }
+  output_deltas(oa, ra, ob, rb, gate, &fd->magnitude);
+
+  const trace::StepInfo* step_a = sa.step_info(oa.step);
+  const trace::StepInfo* step_b = sb.step_info(ob.step);
+  bool step_rng_differs = step_a && step_b && (step_a->rng_cpu != step_b->rng_cpu ||
+                                               step_a->rng_cuda != step_b->rng_cuda);
+  bool rng_differs = oa.is_random() && ((oa.has_rng() && ob.has_rng() && oa.rng != ob.rng) ||
+                                        (!oa.has_rng() && step_rng_differs));
+  if (rng_differs) {
+    fd->divergence_class = kClassRng;
+    fd->detail = oa.has_rng()
+                     ? fmt::format("random op with different generator state: {:016x} vs {:016x}",
+                                   oa.rng, ob.rng)
+                     : fmt::format("random op in a step whose RNG state differs at its start");
+    return;
+  }
+  if (first_diff_input >= 0) {
+    const TensorDesc* ta = ra.tensor(oa.input_tensors[size_t(first_diff_input)]);
+    bool ext = false, uninit = false;
+    std::string origin = origin_of(ta, ra, &ext, &uninit);
+    if (!uninit) {  // either side: an uninitialized buffer in run B explains it too
+      const TensorDesc* tb = rb.tensor(ob.input_tensors[size_t(first_diff_input)]);
+      bool ext_b = false;
+      std::string origin_b = origin_of(tb, rb, &ext_b, &uninit);
+      if (uninit) origin = origin_b;
+    }
+    if (uninit) {
+      fd->divergence_class = kClassUninitialized;
+    } else if (ext) {
+      fd->divergence_class = kClassExternal;
+    } else {
+      fd->divergence_class = kClassInputDiffers;
+    }
+    fd->detail = fmt::format("input {} differs; it is {}", first_diff_input, origin);
+    return;
+  }
+  if (fd->args_differ) {
+    fd->divergence_class = kClassStructural;
+    fd->detail = "same inputs, different non-tensor arguments";
+    return;
+  }
+  fd->divergence_class = kClassNondeterministic;
+  fd->detail = oa.is_random()
+                   ? "identical inputs, arguments and generator state, different outputs"
+                   : "identical inputs and arguments, different outputs";
+}
+
+std::optional<CatalogRef> catalog_ref(const Catalog* catalog, const OpFacts& facts,
+                                      std::vector<std::string>* rejected) {
+  if (!catalog) return std::nullopt;
+  for (const CatalogEntry* e : catalog->lookup(facts.name)) {
+    if (std::find(rejected->begin(), rejected->end(), e->id) != rejected->end()) continue;
+    CatalogMatch m = evaluate(*e, facts);
+    if (!m.applies) {
+      if (!m.unmet.empty()) rejected->push_back(e->id);
+      continue;
+    }
+    CatalogRef r;
+    r.id = e->id;
+    r.op = std::string(facts.name);
+    r.condition = e->condition;
+    r.remedy = e->remedy;
+    r.uncertain = e->uncertain;
+    r.uncertainty = e->uncertainty;
+    r.conditions_met = m.met;
+    r.conditions_unknown = m.unknown;
+    r.sources = e->sources;
+    return r;
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+const EnvDifference* find_env(const std::vector<EnvDifference>& env,
+                              std::initializer_list<const char*> keys) {
+  // "intra_op_threads (step 3)" matches "intra_op_threads".
+  for (const EnvDifference& d : env)
+    for (std::string_view k : keys)
+      if (d.key.compare(0, k.size(), k) == 0 && (d.key.size() == k.size() || d.key[k.size()] == ' '))
+        return &d;
+  return nullptr;
+}
+
+const EnvDifference* find_env_containing(const std::vector<EnvDifference>& env,
+                                         std::initializer_list<const char*> parts) {
+  for (const EnvDifference& d : env)
+    for (const char* p : parts)
+      if (d.key.find(p) != std::string::npos) return &d;
+  return nullptr;
+}
+
+std::string describe(const EnvDifference& d) {
+  return fmt::format("{} differs: {} vs {}", d.key, d.a, d.b);
+}
+
+}  // namespace
+
+void explain_cause(const std::vector<EnvDifference>& env, FirstDivergence* fd) {
+  const std::string& cls = fd->divergence_class;
+  bool on_cpu = true;
+  for (const auto* v : {&fd->outputs, &fd->inputs})
+    for (const TensorPair& p : *v)
+      if (p.a.present && p.a.device.rfind("cpu", 0) != 0) on_cpu = false;
+
+  if (cls == kClassNondeterministic) {
+    const EnvDifference* threads =
+        find_env(env, {"intra_op_threads", "step.intra_op_threads", "env.OMP_NUM_THREADS",
+                       "env.MKL_NUM_THREADS"});
+    const EnvDifference* det = find_env_containing(env, {"determinism."});
+    if (threads && on_cpu) {
+      fd->cause = describe(*threads);
+      fd->remedy = "run every time with the same intra-op thread count "
+                   "(torch.set_num_threads / OMP_NUM_THREADS)";
+    } else if (det) {
+      fd->cause = describe(*det);
+      fd->remedy = "use the same determinism settings in every run";
+    } else if (fd->catalog) {
+      fd->cause = fmt::format("{} is a known nondeterministic op ({}): {}", fd->catalog->op,
+                              fd->catalog->id, fd->catalog->condition);
+    } else {
+      fd->cause = "the op gave different outputs for identical inputs; it is not in the catalog";
+      fd->remedy = "enable use_deterministic_algorithms(True) and check which kernel alerts";
+    }
+  } else if (cls == kClassRng) {
+    const EnvDifference* seed = find_env_containing(env, {"seed", "SEED"});
+    fd->cause = seed ? describe(*seed)
+                     : "the random generator was seeded or consumed differently before this op";
+    fd->remedy = "seed every generator at program start (torch.manual_seed, random.seed, "
+                 "np.random.seed) and consume random numbers in the same order";
+  } else if (cls == kClassExternal) {
+    const EnvDifference* hash = find_env(env, {"env.PYTHONHASHSEED"});
+    fd->cause = hash ? describe(*hash)
+                     : "data entering the program (data loading, from_blob, numpy, another "
+                       "thread) differs";
+    fd->remedy = "make the input pipeline deterministic: seed samplers, shuffles and DataLoader "
+                 "workers (worker_init_fn, generator=torch.Generator().manual_seed(s))";
+  } else if (cls == kClassUninitialized) {
+    fd->cause = "an op read memory returned by the empty family (uninitialized)";
+    fd->remedy = "initialise the buffer (torch.zeros) or enable deterministic mode with "
+                 "fill_uninitialized_memory=True";
+  } else if (cls == kClassStructural) {
+    const EnvDifference* ver = find_env(env, {"torch_version", "build_config"});
+    fd->cause = ver ? describe(*ver)
+                    : "the runs executed different ops, shapes or arguments (control flow or "
+                      "configuration differs)";
+    fd->remedy = "make control flow independent of unseeded state; compare runs of the same "
+                 "program, configuration and PyTorch build";
+  } else {
+    fd->cause = "an input produced outside the aligned ops differs (an earlier divergence in "
+                "another stream, or an unrecorded write)";
+    fd->remedy = "look at the other streams' divergences and at in-place writes by unrecorded ops";
+  }
+  if (fd->catalog && fd->remedy.empty()) fd->remedy = fd->catalog->remedy;
+  if (fd->catalog && cls == kClassNondeterministic && fd->remedy != fd->catalog->remedy)
+    fd->remedy += "; catalog: " + fd->catalog->remedy;
+}
+
+}  // namespace detaudit

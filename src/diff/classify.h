@@ -1,0 +1,45 @@
+// Why two aligned ops differ: the divergence class from inputs, arguments, RNG state and tensor
+// provenance; the tensors side by side; the statistics deltas; and the likely cause.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "catalog/catalog.h"
+#include "diff/op_source.h"
+#include "diff/report_model.h"
+
+namespace detaudit {
+
+inline constexpr const char* kClassNondeterministic = "nondeterministic-op";
+inline constexpr const char* kClassRng = "rng-state";
+inline constexpr const char* kClassExternal = "external-input";
+inline constexpr const char* kClassUninitialized = "uninitialized-memory";
+inline constexpr const char* kClassStructural = "structural";
+inline constexpr const char* kClassInputDiffers = "input-differs";
+
+// True when the outputs of two aligned ops differ, ignoring uninitialized outputs.
+bool outputs_differ(const trace::OpRecord& a, const trace::TraceReader& ra,
+                    const trace::OpRecord& b, const trace::TraceReader& rb);
+
+// Fills class, detail, tensors and magnitude of a value divergence between aligned ops.
+void classify_divergence(const BufferedOp& a, const OpSource& sa, const BufferedOp& b,
+                         const OpSource& sb, const GateConfig& gate, FirstDivergence* out);
+
+// The statistics deltas of the differing outputs; true when all are within the gate's tolerance.
+bool output_deltas(const trace::OpRecord& a, const trace::TraceReader& ra,
+                   const trace::OpRecord& b, const trace::TraceReader& rb, const GateConfig& gate,
+                   std::vector<StatsDelta>* out);
+
+// The first catalog entry for this op whose conditions are not known to be unmet. Entries in
+// `rejected` (unmet by an inner op of the same chain, e.g. accumulate=false seen on
+// aten::_index_put_impl_) are skipped for outer ops such as IndexBackward0, whose arguments
+// cannot be checked; entries found unmet here are added to it.
+std::optional<CatalogRef> catalog_ref(const Catalog* catalog, const OpFacts& facts,
+                                      std::vector<std::string>* rejected);
+
+// Names the likely cause from the class, the catalog entry and the environment differences,
+// and the remedy.
+void explain_cause(const std::vector<EnvDifference>& env, FirstDivergence* fd);
+
+}  // namespace detaudit

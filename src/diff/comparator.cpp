@@ -1,0 +1,398 @@
+// The per-stream comparison loop: lockstep while keys match, resynchronise when they do not,
+// track the first divergence with its chain of enclosing ops, and count the spread.
+#include "diff/comparator.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "diff/aligner.h"
+#include "diff/classify.h"
+#include "diff/op_source.h"
+
+namespace detaudit {
+namespace {
+
+using trace::ReadResult;
+
+bool ends_with_underscore(std::string_view s) { return !s.empty() && s.back() == '_'; }
+
+class StreamComparator {
+ public:
+  StreamComparator(const std::string& name, const DiffOptions& options,
+                   const std::vector<EnvDifference>& env, const ProgressFn& progress,
+                   StreamResult* out)
+      : name_(name), options_(options), env_(env), progress_(progress), out_(out) {}
+
+  Status run(const std::string& path_a, const std::string& path_b) {
+    trace::TraceReader ra, rb;
+    if (Status s = ra.open(path_a); !s.ok()) return s;
+    if (Status s = rb.open(path_b); !s.ok()) return s;
+    out_->rank = ra.header().rank;
+    process_ = layout_process(ra);
+    OpSource a(&ra), b(&rb);
+    a_ = &a;
+    b_ = &b;
+    total_bytes_ = ra.file_size() + rb.file_size();
+    auto last = std::chrono::steady_clock::now();
+
+    for (uint64_t n = 0;; ++n) {
+      if (a.fill(1) == 0 || b.fill(1) == 0) break;
+      if (a.at(0).key == b.at(0).key) {
+        compare_pair(a.at(0), b.at(0));
+        a.pop();
+        b.pop();
+      } else {
+        resync();
+      }
+      if (progress_ && (n & 0xfffff) == 0) {
+        auto now = std::chrono::steady_clock::now();
+        if (now - last > std::chrono::seconds(1)) {
+          last = now;
+          progress_(name_, ra.bytes_read() + rb.bytes_read(), total_bytes_);
+        }
+      }
+    }
+    // The loop stops at the first side to end; read the other up to its next op or its end.
+    a.fill(1);
+    b.fill(1);
+    if (pending_) finish_pending();
+    return finish(ra, rb);
+  }
+
+ private:
+  static std::string layout_process(const trace::TraceReader& r) {
+    return fmt::format("r{}.{}", r.header().rank, r.header().process_role);
+  }
+
+  OpFacts facts(const BufferedOp& op, const OpSource& s) const {
+    OpFacts f;
+    f.name = s.name_of(op.rec);
+    f.op = &op.rec;
+    f.reader = &s.reader();
+    if (const trace::StepInfo* st = s.step_info(op.rec.step)) f.intra_op_threads = st->intra_op_threads;
+    return f;
+  }
+
+  void compare_pair(const BufferedOp& a, const BufferedOp& b) {
+    const trace::TraceReader& ra = a_->reader();
+    const trace::TraceReader& rb = b_->reader();
+    ++out_->summary.compared;
+    bool differ = outputs_differ(a.rec, ra, b.rec, rb);
+    if (differ) {
+      ++out_->divergent_ops;
+      ++out_->summary.divergent;
+      ++out_->per_step[a.rec.step];
+      if (!output_deltas(a.rec, ra, b.rec, rb, options_.gate, nullptr))
+        out_->beyond_tolerance = true;
+    }
+    track_parameter(a, differ);
+
+    if (first_done_) return;
+    if (pending_) {
+      if (int64_t(a.rec.depth) == need_depth_) {
+        pending_->chain.insert(pending_->chain.begin(), std::string(a_->name_of(a.rec)));
+        if (!pending_->catalog)
+          pending_->catalog = catalog_ref(options_.catalog, facts(a, *a_), &rejected_);
+        --need_depth_;
+      }
+    } else if (differ) {
+      pending_.emplace();
+      FirstDivergence& fd = *pending_;
+      fd.stream = name_;
+      fd.process = process_;
+      fd.rank = out_->rank;
+      classify_divergence(a, *a_, b, *b_, options_.gate, &fd);
+      fd.chain = {fd.op};
+      rejected_.clear();
+      fd.catalog = catalog_ref(options_.catalog, facts(a, *a_), &rejected_);
+      need_depth_ = int64_t(a.rec.depth) - 1;
+    }
+    if (pending_ && a.rec.depth == 0) finish_pending();
+  }
+
+  void finish_pending() {
+    out_->first = std::move(pending_);
+    pending_.reset();
+    first_done_ = true;
+  }
+
+  // Parameters, approximately: the k-th in-place op of a step's optimizer phase.
+  void track_parameter(const BufferedOp& a, bool differ) {
+    if (a.rec.step != param_step_) {
+      param_step_ = a.rec.step;
+      param_pos_ = 0;
+    }
+    if (a.rec.phase != trace::Phase::kOptimizer || a.rec.scope != trace::Scope::kFunction) return;
+    std::string_view name = a_->name_of(a.rec);
+    if (!ends_with_underscore(name) || name == "aten::zero_") return;
+    uint64_t pos = param_pos_++;
+    if (pos >= kMaxParameters) return;
+    auto [it, added] = params_.try_emplace(pos);
+    if (added) ++out_->parameters_tracked;
+    if (differ && !it->second) {
+      it->second = true;
+      out_->parameters.push_back({name_, pos, std::string(name), a.rec.step});
+    }
+  }
+
+  void add_structural(StructuralDifference d) {
+    ++out_->structural_count;
+    ++out_->summary.structural;
+    out_->beyond_tolerance = true;
+    if (!first_done_ && !pending_) {
+      FirstDivergence fd;
+      fd.stream = name_;
+      fd.process = process_;
+      fd.rank = out_->rank;
+      fd.step = d.step;
+      fd.phase = d.phase;
+      fd.op = d.op_a.empty() ? d.op_b : d.op_a;
+      fd.chain = {fd.op};
+      fd.index = d.index_a;
+      fd.order_a = d.order_a;
+      fd.order_b = d.order_b;
+      fd.divergence_class = "structural";
+      fd.detail = d.detail;
+      out_->first = std::move(fd);
+      first_done_ = true;
+    }
+    if (out_->structural.size() < kMaxStructural) out_->structural.push_back(std::move(d));
+  }
+
+  StructuralDifference structural_at(const BufferedOp* a, const BufferedOp* b) const {
+    StructuralDifference d;
+    d.stream = name_;
+    const BufferedOp* any = a ? a : b;
+    d.step = any->rec.step;
+    d.phase = std::string(trace::phase_name(any->rec.phase));
+    if (a) {
+      d.index_a = a->index;
+      d.order_a = a->rec.order;
+      d.op_a = std::string(a_->name_of(a->rec));
+    } else {
+      d.index_a = a_->ops_read();
+    }
+    if (b) {
+      d.index_b = b->index;
+      d.order_b = b->rec.order;
+      d.op_b = std::string(b_->name_of(b->rec));
+    } else {
+      d.index_b = b_->ops_read();
+    }
+    return d;
+  }
+
+  void resync() {
+    a_->fill(kAlignWindow);
+    b_->fill(kAlignWindow);
+    StructuralDifference d = structural_at(&a_->at(0), &b_->at(0));
+    auto at = find_resync(*a_, *b_);
+    size_t i = at ? at->first : a_->size();
+    size_t j = at ? at->second : b_->size();
+    d.skipped_a = i;
+    d.skipped_b = j;
+    if (!at) {
+      out_->summary.alignment_lost = true;
+      d.detail = fmt::format("op sequences differ and do not realign within {} ops "
+                             "(skipped {} of run A, {} of run B)", kAlignWindow, i, j);
+    } else if (i == 0) {
+      d.detail = fmt::format("run B has {} extra op(s) here, starting with {}", j, d.op_b);
+      d.op_a.clear();
+    } else if (j == 0) {
+      d.detail = fmt::format("run A has {} extra op(s) here, starting with {}", i, d.op_a);
+      d.op_b.clear();
+    } else if (i == 1 && j == 1 && d.op_a == d.op_b) {
+      d.detail = fmt::format("{}: different input/output shapes or dtypes, or nesting", d.op_a);
+    } else {
+      d.detail = fmt::format("{} op(s) of run A ({}...) replaced by {} of run B ({}...)", i,
+                             d.op_a, j, d.op_b);
+    }
+    add_structural(std::move(d));
+    a_->pop(i);
+    b_->pop(j);
+  }
+
+  // Drains what one side has left after the other ended; returns how many ops.
+  uint64_t drain(OpSource& s) {
+    uint64_t n = 0;
+    for (;;) {
+      size_t k = s.fill(OpSource::kCapacity);
+      if (k == 0) break;
+      n += k;
+      s.pop(k);
+    }
+    return n;
+  }
+
+  Status check_corrupt(const OpSource& s) {
+    if (s.stop_result() == ReadResult::kCorrupt)
+      return Status::error(s.reader().error(), ExitCode::kBadInput);
+    return Status();
+  }
+
+  void note_truncated(const char* run, const trace::TraceReader& r, ReadResult res) {
+    Truncation t;
+    t.run = run;
+    t.stream = name_;
+    t.file = r.path();
+    t.offset = res == ReadResult::kTruncated ? r.offset() : r.bytes_read();
+    t.message = res == ReadResult::kTruncated
+                    ? r.error()
+                    : fmt::format("{}: offset {}: no END record: the process did not exit "
+                                  "cleanly", r.path(), t.offset);
+    t.ops_compared = out_->summary.compared;
+    out_->truncated.push_back(std::move(t));
+    out_->summary.truncated = true;
+  }
+
+  Status finish(trace::TraceReader& ra, trace::TraceReader& rb) {
+    OpSource& a = *a_;
+    OpSource& b = *b_;
+    if (Status s = check_corrupt(a); !s.ok()) return s;
+    if (Status s = check_corrupt(b); !s.ok()) return s;
+    bool cut_a = !ra.saw_end(), cut_b = !rb.saw_end();
+    bool more_a = a.size() > 0, more_b = b.size() > 0;
+    if ((more_a && cut_b) || (more_b && cut_a)) {
+      // One side stopped early because it was cut: compare up to the cut, say so.
+      uint64_t rest_a = drain(a), rest_b = drain(b);
+      if (Status s = check_corrupt(a); !s.ok()) return s;
+      if (Status s = check_corrupt(b); !s.ok()) return s;
+      (void)rest_a;
+      (void)rest_b;
+      if (cut_a && more_b) note_truncated("a", ra, a.stop_result());
+      if (cut_b && more_a) note_truncated("b", rb, b.stop_result());
+    } else if (more_a || more_b) {
+      OpSource& longer = more_a ? a : b;
+      StructuralDifference d = structural_at(more_a ? &a.at(0) : nullptr,
+                                             more_b ? &b.at(0) : nullptr);
+      uint64_t rest = drain(longer);
+      if (Status s = check_corrupt(longer); !s.ok()) return s;
+      (more_a ? d.skipped_a : d.skipped_b) = rest;
+      d.detail = fmt::format("run {} has {} more op(s) from step {} ({}): the other run ended",
+                             more_a ? "A" : "B", rest, d.step, more_a ? d.op_a : d.op_b);
+      add_structural(std::move(d));
+    } else {
+      // Both ended together; a cut inside a record still lost data.
+      bool tr_a = a.stop_result() == ReadResult::kTruncated;
+      bool tr_b = b.stop_result() == ReadResult::kTruncated;
+      if (tr_a) note_truncated("a", ra, a.stop_result());
+      if (tr_b) note_truncated("b", rb, b.stop_result());
+      if (!tr_a && !tr_b && cut_a != cut_b)
+        note_truncated(cut_a ? "a" : "b", cut_a ? ra : rb, ReadResult::kEof);
+    }
+    compare_step_settings(ra, rb);
+    out_->summary.ops_a = a.ops_read();
+    out_->summary.ops_b = b.ops_read();
+    out_->records_a = a.records_read();
+    out_->records_b = b.records_read();
+    out_->bytes = ra.bytes_read() + rb.bytes_read();
+    return Status();
+  }
+
+  // The first step whose intra-op threads or determinism bits differ between the runs.
+  void compare_step_settings(const trace::TraceReader& ra, const trace::TraceReader& rb) {
+    const auto& sa = ra.steps();
+    const auto& sb = rb.steps();
+    for (size_t i = 0; i < std::min(sa.size(), sb.size()); ++i) {
+      if (sa[i].intra_op_threads != sb[i].intra_op_threads)
+        out_->step_settings.push_back({process_, "intra_op_threads",
+                                       std::to_string(sa[i].intra_op_threads),
+                                       std::to_string(sb[i].intra_op_threads)});
+      if (sa[i].determinism_bits != sb[i].determinism_bits)
+        out_->step_settings.push_back({process_, "step.determinism_bits",
+                                       fmt::format("{:#x}", sa[i].determinism_bits),
+                                       fmt::format("{:#x}", sb[i].determinism_bits)});
+      if (!out_->step_settings.empty()) {
+        for (EnvDifference& d : out_->step_settings)
+          d.key += fmt::format(" (step {})", sa[i].step);
+        return;
+      }
+    }
+  }
+
+  static constexpr uint64_t kMaxParameters = 100000;
+
+  std::string name_, process_;
+  const DiffOptions& options_;
+  const std::vector<EnvDifference>& env_;
+  const ProgressFn& progress_;
+  StreamResult* out_;
+  OpSource* a_ = nullptr;
+  OpSource* b_ = nullptr;
+  uint64_t total_bytes_ = 0;
+  std::optional<FirstDivergence> pending_;
+  int64_t need_depth_ = -1;
+  std::vector<std::string> rejected_;  // entries an inner op of the chain did not meet
+  bool first_done_ = false;
+  uint64_t param_step_ = UINT64_MAX, param_pos_ = 0;
+  std::map<uint64_t, bool> params_;
+};
+
+}  // namespace
+
+Status compare_stream(const std::string& name, const std::string& path_a,
+                      const std::string& path_b, const DiffOptions& options,
+                      const std::vector<EnvDifference>& env, const ProgressFn& progress,
+                      StreamResult* out) {
+  out->summary.name = name;
+  out->summary.in_a = out->summary.in_b = true;
+  StreamComparator c(name, options, env, progress, out);
+  return c.run(path_a, path_b);
+}
+
+Status count_stream(const std::string& name, const std::string& path, bool in_a,
+                    StreamResult* out) {
+  out->summary.name = name;
+  out->summary.in_a = in_a;
+  out->summary.in_b = !in_a;
+  trace::TraceReader r;
+  if (Status s = r.open(path); !s.ok()) return s;
+  out->rank = r.header().rank;
+  OpSource src(&r);
+  uint64_t n = 0;
+  std::optional<BufferedOp> first;
+  for (;;) {
+    size_t k = src.fill(OpSource::kCapacity);
+    if (k == 0) break;
+    if (!first) first = src.at(0);
+    n += k;
+    src.pop(k);
+  }
+  if (src.stop_result() == ReadResult::kCorrupt)
+    return Status::error(r.error(), ExitCode::kBadInput);
+  (in_a ? out->summary.ops_a : out->summary.ops_b) = n;
+  (in_a ? out->records_a : out->records_b) = src.records_read();
+  out->bytes = r.bytes_read();
+  StructuralDifference d;
+  d.stream = name;
+  if (first) {
+    d.step = first->rec.step;
+    d.phase = std::string(trace::phase_name(first->rec.phase));
+    (in_a ? d.op_a : d.op_b) = std::string(src.name_of(first->rec));
+    (in_a ? d.order_a : d.order_b) = first->rec.order;
+  }
+  (in_a ? d.skipped_a : d.skipped_b) = n;
+  d.detail = fmt::format("stream {} exists in run {} only ({} ops)", name, in_a ? "A" : "B", n);
+  out->structural_count = 1;
+  out->summary.structural = 1;
+  out->beyond_tolerance = true;
+  FirstDivergence fd;
+  fd.stream = name;
+  fd.process = fmt::format("r{}.{}", r.header().rank, r.header().process_role);
+  fd.rank = r.header().rank;
+  fd.step = d.step;
+  fd.phase = d.phase.empty() ? "other" : d.phase;
+  fd.op = in_a ? d.op_a : d.op_b;
+  fd.chain = {fd.op};
+  fd.order_a = d.order_a;
+  fd.order_b = d.order_b;
+  fd.divergence_class = "structural";
+  fd.detail = d.detail;
+  out->first = std::move(fd);
+  out->structural.push_back(std::move(d));
+  return Status();
+}
+
+}  // namespace detaudit

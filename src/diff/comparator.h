@@ -1,0 +1,49 @@
+// Compares one stream (one thread of one process) of two runs in bounded memory: ops pair up
+// in order, differing op sequences are realigned (aligner.h), outputs are compared by digest.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "catalog/catalog.h"
+#include "diff/diff.h"
+#include "diff/report_model.h"
+
+namespace detaudit {
+
+struct StreamResult {
+  StreamSummary summary;
+  std::optional<FirstDivergence> first;  // of this stream
+  int64_t rank = 0;
+  std::vector<StructuralDifference> structural;  // the first kMaxStructural
+  uint64_t structural_count = 0;
+  uint64_t divergent_ops = 0;
+  std::map<uint64_t, uint64_t> per_step;
+  std::vector<ParameterDivergence> parameters;
+  uint64_t parameters_tracked = 0;
+  std::vector<Truncation> truncated;
+  bool beyond_tolerance = false;
+  std::vector<EnvDifference> step_settings;  // STEP records whose threads or flags differ
+  uint64_t records_a = 0, records_b = 0, bytes = 0;
+};
+
+inline constexpr size_t kMaxStructural = 20;
+
+// Progress callback: stream name, bytes read so far, total bytes.
+using ProgressFn = std::function<void(const std::string&, uint64_t, uint64_t)>;
+
+// Compares two trace files of one stream. A corrupt file is an error naming file and offset
+// (exit 3); a cut-short one is a Truncation in the result.
+Status compare_stream(const std::string& name, const std::string& path_a,
+                      const std::string& path_b, const DiffOptions& options,
+                      const std::vector<EnvDifference>& env, const ProgressFn& progress,
+                      StreamResult* out);
+
+// Reads a stream present in one run only: counts its ops, checks it is readable.
+Status count_stream(const std::string& name, const std::string& path, bool in_a,
+                    StreamResult* out);
+
+}  // namespace detaudit

@@ -1,0 +1,34 @@
+// Environment differences between two runs: each process's streams/<process>.env.json is
+// flattened to dotted keys ("determinism.deterministic_algorithms", "env.OMP_NUM_THREADS") and
+// compared key by key, leaving out volatile keys (pid, times, paths of the run directory).
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "diff/report_model.h"
+#include "util/status.h"
+
+namespace detaudit {
+
+// Flattens nested objects to dotted keys; arrays and scalars are kept as JSON text.
+void flatten_json(const nlohmann::json& j, const std::string& prefix,
+                  std::map<std::string, std::string>* out);
+
+// True for keys whose values differ between any two runs by design.
+bool volatile_env_key(const std::string& key);
+
+// Reads every <process>.env.json of a run's streams directory: process name -> flat keys.
+// A file that is not valid JSON is an error (exit 3).
+Status load_environment(const std::string& run_dir,
+                        std::map<std::string, std::map<std::string, std::string>>* out);
+
+// The differences, process by process; run directory paths are replaced before comparing.
+std::vector<EnvDifference> diff_environment(
+    const std::map<std::string, std::map<std::string, std::string>>& a, const std::string& run_a,
+    const std::map<std::string, std::map<std::string, std::string>>& b, const std::string& run_b);
+
+}  // namespace detaudit

@@ -1,0 +1,93 @@
+// Buffered op reading and alignment keys for the comparator.
+#include "diff/op_source.h"
+
+#include <algorithm>
+
+namespace detaudit {
+namespace {
+
+inline uint64_t mix(uint64_t h, uint64_t v) {
+  v *= 0x9e3779b97f4a7c15ull;
+  h ^= v ^ (v >> 29);
+  return h * 0xbf58476d1ce4e5b9ull + 0x94d049bb133111ebull;
+}
+
+uint64_t hash_name(std::string_view s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+}  // namespace
+
+OpSource::OpSource(trace::TraceReader* reader)
+    : reader_(reader), ring_(kCapacity), first_tensor_(kCapacity, 0) {}
+
+const trace::StepInfo* OpSource::step_info(uint64_t step) const {
+  const auto& steps = reader_->steps();
+  auto it = std::lower_bound(steps.begin(), steps.end(), step,
+                             [](const trace::StepInfo& s, uint64_t v) { return s.step < v; });
+  if (it != steps.end() && it->step == step) return &*it;
+  for (const trace::StepInfo& s : steps)  // steps need not be sorted (a restarted counter)
+    if (s.step == step) return &s;
+  return nullptr;
+}
+
+uint64_t OpSource::key_of(const trace::OpRecord& op) {
+  while (name_hash_.size() <= op.name) name_hash_.push_back(0);
+  uint64_t& nh = name_hash_[op.name];
+  if (nh == 0) nh = hash_name(reader_->string(op.name)) | 1;
+  uint64_t h = mix(nh, uint64_t(op.phase) | (uint64_t(op.depth) << 8));
+  for (const auto* ids : {&op.input_tensors, &op.output_tensors}) {
+    h = mix(h, ids->size());
+    for (int64_t id : *ids) {
+      const trace::TensorDesc* t = reader_->tensor(id);
+      if (!t) continue;
+      h = mix(h, t->dtype | (uint64_t(t->device_type) << 8));
+      for (int64_t s : t->sizes) h = mix(h, uint64_t(s));
+    }
+  }
+  return h;
+}
+
+bool OpSource::read_one() {
+  if (stopped_) return false;
+  for (;;) {
+    trace::ReadResult r = reader_->next();
+    if (r != trace::ReadResult::kRecord) {
+      stopped_ = true;
+      stop_result_ = r;
+      return false;
+    }
+    ++records_;
+    if (reader_->kind() != trace::RecordKind::kOp) continue;
+    size_t slot = (head_ + count_) % kCapacity;
+    BufferedOp& b = ring_[slot];
+    b.rec = reader_->op();
+    b.index = ops_read_++;
+    b.key = key_of(b.rec);
+    first_tensor_[slot] = reader_->tensors_seen();
+    ++count_;
+    return true;
+  }
+}
+
+size_t OpSource::fill(size_t n) {
+  n = std::min(n, kCapacity);
+  while (count_ < n) {
+    // Keep every buffered op's tensors inside the reader's reference window.
+    if (count_ > 0 &&
+        reader_->tensors_seen() - first_tensor_[head_] > int64_t(trace::kRefWindow / 2))
+      break;
+    if (!read_one()) break;
+  }
+  return count_;
+}
+
+void OpSource::pop(size_t n) {
+  n = std::min(n, count_);
+  head_ = (head_ + n) % kCapacity;
+  count_ -= n;
+}
+
+}  // namespace detaudit

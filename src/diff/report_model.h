@@ -1,0 +1,133 @@
+// What a diff found, independent of how it is rendered (text, JSON, JUnit, Markdown).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "trace/format.h"
+
+namespace detaudit {
+
+// One tensor as one run recorded it.
+struct TensorSide {
+  bool present = false;
+  std::string digest;  // hex
+  std::vector<int64_t> sizes;
+  std::string dtype, device, provenance;
+  bool uninitialized = false;
+  bool has_stats = false;
+  trace::TensorStats stats;
+  std::string origin;  // where its contents came from: "external", "uninitialized (aten::empty)", ...
+};
+
+// An input or output of the first divergent op, side by side.
+struct TensorPair {
+  std::string role;  // "input" or "output"
+  int index = 0;     // among the op's tensors of that role
+  bool differs = false;
+  TensorSide a, b;
+};
+
+// Statistics deltas (b - a) of one differing tensor.
+struct StatsDelta {
+  std::string tensor;  // "output 0"
+  bool has_stats = false;
+  double min = 0, max = 0, mean = 0, l2 = 0;
+  int64_t nan = 0, inf = 0;
+  double max_abs = 0;     // largest |delta| over min/max/mean/l2
+  bool within_tolerance = false;
+};
+
+struct EnvDifference {
+  std::string process;  // "r0.main"
+  std::string key;      // flattened: "determinism.deterministic_algorithms", "env.OMP_NUM_THREADS"
+  std::string a, b;     // JSON text; "(absent)" when missing
+};
+
+struct StructuralDifference {
+  std::string stream;
+  uint64_t step = 0;
+  std::string phase;
+  uint64_t index_a = 0, index_b = 0;  // op positions in the stream
+  uint64_t order_a = 0, order_b = 0;
+  std::string op_a, op_b;             // "" when that side has none there
+  uint64_t skipped_a = 0, skipped_b = 0;  // ops of each side with no counterpart
+  std::string detail;
+};
+
+struct CatalogRef {
+  std::string id, op, condition, remedy, uncertainty;
+  bool uncertain = false;
+  std::vector<std::string> conditions_met, conditions_unknown, sources;
+};
+
+struct FirstDivergence {
+  std::string stream, process;
+  int64_t rank = 0;
+  uint64_t step = 0;
+  std::string phase;
+  std::string op;                  // innermost divergent op
+  std::vector<std::string> chain;  // outermost first, ending with op
+  uint64_t index = 0;              // position of the op in run A's stream (0-based)
+  uint64_t order_a = 0, order_b = 0;
+  uint64_t offset_a = 0, offset_b = 0;
+  std::string divergence_class;    // nondeterministic-op | rng-state | external-input |
+                                   // uninitialized-memory | structural | input-differs
+  std::string detail;              // one line of evidence
+  bool args_differ = false;
+  bool is_random = false;
+  uint64_t rng_a = 0, rng_b = 0;
+  std::vector<TensorPair> inputs, outputs;
+  std::vector<StatsDelta> magnitude;
+  std::optional<CatalogRef> catalog;
+  std::string cause;   // the likely cause, when one is named
+  std::string remedy;
+};
+
+struct ParameterDivergence {
+  std::string stream;
+  uint64_t position = 0;  // k-th in-place optimizer-phase op of the step
+  std::string op;
+  uint64_t first_step = 0;
+};
+
+struct Truncation {
+  std::string run;  // "a" or "b"
+  std::string stream, file;
+  uint64_t offset = 0;
+  std::string message;
+  uint64_t ops_compared = 0;  // aligned ops of that stream compared before the cut
+};
+
+struct StreamSummary {
+  std::string name;
+  bool in_a = false, in_b = false;
+  uint64_t ops_a = 0, ops_b = 0, compared = 0, divergent = 0, structural = 0;
+  bool truncated = false;
+  bool alignment_lost = false;  // no resynchronisation found within the window
+};
+
+struct DiffReport {
+  std::string run_a, run_b;
+  std::string verdict = "identical";  // "identical" | "divergent"
+  GateConfig gate;
+  bool beyond_tolerance = false;      // some divergence exceeds the gate's rtol/atol
+  std::vector<EnvDifference> environment;
+  std::optional<FirstDivergence> first;
+  std::vector<StructuralDifference> structural;  // the first few, in stream order
+  uint64_t structural_count = 0;
+  uint64_t divergent_ops = 0;
+  std::map<uint64_t, uint64_t> divergent_ops_per_step;
+  std::vector<ParameterDivergence> parameters;  // first divergent step per parameter
+  uint64_t parameters_tracked = 0;
+  std::vector<Truncation> truncated;
+  std::vector<StreamSummary> streams;
+  uint64_t ops_compared = 0, records_a = 0, records_b = 0, bytes_read = 0;
+  double seconds = 0;
+};
+
+}  // namespace detaudit

@@ -1,0 +1,171 @@
+// The JSON report (schema in docs/report.md), and helpers shared by the renderers.
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "diff/diff.h"
+#include "report/render.h"
+
+namespace detaudit {
+namespace {
+
+using nlohmann::json;
+
+// JSON has no NaN or Inf: write them as strings.
+json num(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return v;
+}
+
+json stats_json(const trace::TensorStats& s) {
+  return json{{"min", num(s.min)}, {"max", num(s.max)}, {"mean", num(s.mean)},
+              {"l2", num(s.l2)},   {"nan", s.nan},      {"inf", s.inf}};
+}
+
+json side_json(const TensorSide& s) {
+  if (!s.present) return nullptr;
+  json j{{"digest", s.digest},         {"shape", s.sizes},
+         {"dtype", s.dtype},           {"device", s.device},
+         {"provenance", s.provenance}, {"uninitialized", s.uninitialized},
+         {"origin", s.origin}};
+  j["stats"] = s.has_stats ? stats_json(s.stats) : json(nullptr);
+  return j;
+}
+
+json pairs_json(const std::vector<TensorPair>& ps) {
+  json a = json::array();
+  for (const TensorPair& p : ps)
+    a.push_back({{"index", p.index}, {"differs", p.differs}, {"a", side_json(p.a)},
+                 {"b", side_json(p.b)}});
+  return a;
+}
+
+}  // namespace
+
+std::string shape_string(const std::vector<int64_t>& sizes) {
+  return fmt::format("[{}]", fmt::join(sizes, ", "));
+}
+
+std::string short_digest(const std::string& hex) { return hex.substr(0, 12); }
+
+std::string one_line_verdict(const DiffReport& r) {
+  if (r.verdict == "identical")
+    return fmt::format("identical: {} ops compared, bit for bit", r.ops_compared);
+  if (!r.first) return "divergent";
+  const FirstDivergence& f = *r.first;
+  return fmt::format("divergent: first at rank {} step {} {} {} ({})", f.rank, f.step, f.phase,
+                     f.op, f.divergence_class);
+}
+
+json report_to_json(const DiffReport& r) {
+  json j;
+  j["schema"] = "detaudit.diff/1";
+  j["verdict"] = r.verdict;
+  j["exit_code"] = int(gate_exit_code(r));
+  j["run_a"] = r.run_a;
+  j["run_b"] = r.run_b;
+  j["gate"] = {{"fail_on", r.gate.fail_on},
+               {"rtol", r.gate.rtol},
+               {"atol", r.gate.atol},
+               {"beyond_tolerance", r.beyond_tolerance}};
+  json env = json::array();
+  for (const EnvDifference& d : r.environment)
+    env.push_back({{"process", d.process}, {"key", d.key}, {"a", d.a}, {"b", d.b}});
+  j["environment_differences"] = env;
+
+  if (r.first) {
+    const FirstDivergence& f = *r.first;
+    json fd{{"stream", f.stream},
+            {"process", f.process},
+            {"rank", f.rank},
+            {"step", f.step},
+            {"phase", f.phase},
+            {"op", f.op},
+            {"chain", f.chain},
+            {"index", f.index},
+            {"order", {{"a", f.order_a}, {"b", f.order_b}}},
+            {"offset", {{"a", f.offset_a}, {"b", f.offset_b}}},
+            {"class", f.divergence_class},
+            {"detail", f.detail},
+            {"args_differ", f.args_differ},
+            {"random", f.is_random},
+            {"cause", f.cause.empty() ? json(nullptr) : json(f.cause)},
+            {"remedy", f.remedy},
+            {"inputs", pairs_json(f.inputs)},
+            {"outputs", pairs_json(f.outputs)}};
+    if (f.is_random) fd["rng"] = {{"a", fmt::format("{:016x}", f.rng_a)},
+                                  {"b", fmt::format("{:016x}", f.rng_b)}};
+    json mag = json::array();
+    for (const StatsDelta& d : f.magnitude)
+      mag.push_back({{"tensor", d.tensor},
+                     {"has_stats", d.has_stats},
+                     {"delta", {{"min", num(d.min)}, {"max", num(d.max)}, {"mean", num(d.mean)},
+                                {"l2", num(d.l2)}, {"nan", d.nan}, {"inf", d.inf}}},
+                     {"max_abs", num(d.max_abs)},
+                     {"within_tolerance", d.within_tolerance}});
+    fd["magnitude"] = mag;
+    if (f.catalog) {
+      const CatalogRef& c = *f.catalog;
+      fd["catalog"] = {{"id", c.id},
+                       {"op", c.op},
+                       {"condition", c.condition},
+                       {"conditions_met", c.conditions_met},
+                       {"conditions_unknown", c.conditions_unknown},
+                       {"remedy", c.remedy},
+                       {"uncertain", c.uncertain},
+                       {"uncertainty", c.uncertainty},
+                       {"sources", c.sources}};
+    } else {
+      fd["catalog"] = nullptr;
+    }
+    j["first_divergence"] = fd;
+  } else {
+    j["first_divergence"] = nullptr;
+  }
+
+  json st = json::array();
+  for (const StructuralDifference& d : r.structural)
+    st.push_back({{"stream", d.stream}, {"step", d.step}, {"phase", d.phase},
+                  {"index", {{"a", d.index_a}, {"b", d.index_b}}},
+                  {"op", {{"a", d.op_a}, {"b", d.op_b}}},
+                  {"skipped", {{"a", d.skipped_a}, {"b", d.skipped_b}}},
+                  {"detail", d.detail}});
+  j["structural_differences"] = {{"count", r.structural_count}, {"first", st}};
+
+  json per_step = json::array();
+  for (const auto& [step, n] : r.divergent_ops_per_step)
+    per_step.push_back({{"step", step}, {"divergent_ops", n}});
+  json params = json::array();
+  for (const ParameterDivergence& p : r.parameters)
+    params.push_back({{"stream", p.stream}, {"position", p.position}, {"op", p.op},
+                      {"first_step", p.first_step}});
+  j["spread"] = {{"divergent_ops", r.divergent_ops},
+                 {"per_step", per_step},
+                 {"parameters_tracked", r.parameters_tracked},
+                 {"parameters_diverged", params}};
+
+  if (r.truncated.empty()) {
+    j["truncated"] = nullptr;
+  } else {
+    json t = json::array();
+    for (const Truncation& x : r.truncated)
+      t.push_back({{"run", x.run}, {"stream", x.stream}, {"file", x.file}, {"offset", x.offset},
+                   {"ops_compared", x.ops_compared}, {"message", x.message}});
+    j["truncated"] = {{"streams", t},
+                      {"note", "the comparison stopped at the cut; ops after it were not compared"}};
+  }
+  json streams = json::array();
+  for (const StreamSummary& s : r.streams)
+    streams.push_back({{"name", s.name}, {"in_a", s.in_a}, {"in_b", s.in_b},
+                       {"ops_a", s.ops_a}, {"ops_b", s.ops_b}, {"compared", s.compared},
+                       {"divergent", s.divergent}, {"structural", s.structural},
+                       {"truncated", s.truncated}, {"alignment_lost", s.alignment_lost}});
+  j["streams"] = streams;
+  j["totals"] = {{"ops_compared", r.ops_compared}, {"records_a", r.records_a},
+                 {"records_b", r.records_b}, {"bytes_read", r.bytes_read},
+                 {"seconds", r.seconds}};
+  return j;
+}
+
+}  // namespace detaudit

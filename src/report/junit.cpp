@@ -1,0 +1,71 @@
+// JUnit XML for CI pages: one test case per compared stream, failing where it diverged.
+#include <fmt/format.h>
+
+#include "diff/diff.h"
+#include "report/render.h"
+
+namespace detaudit {
+namespace {
+
+std::string xml_escape(const std::string& s) {
+  std::string r;
+  for (char c : s) {
+    switch (c) {
+      case '&': r += "&amp;"; break;
+      case '<': r += "&lt;"; break;
+      case '>': r += "&gt;"; break;
+      case '"': r += "&quot;"; break;
+      case '\'': r += "&apos;"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20 && c != '\n' && c != '\t') r += ' ';
+        else r += c;
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+std::string render_junit(const DiffReport& r) {
+  bool fails = gate_exit_code(r) != ExitCode::kIdentical;
+  size_t failures = 0;
+  std::string cases;
+  // The verdict itself is one case, so a CI page always shows it.
+  {
+    std::string body;
+    if (fails) {
+      ++failures;
+      std::string text = render_text(r, false);
+      body = fmt::format("<failure message=\"{}\" type=\"{}\">{}</failure>",
+                         xml_escape(one_line_verdict(r)),
+                         r.first ? xml_escape(r.first->divergence_class) : "divergent",
+                         xml_escape(text));
+    }
+    cases += fmt::format("  <testcase classname=\"detaudit\" name=\"verdict\" time=\"{:.3f}\">{}"
+                         "</testcase>\n", r.seconds, body);
+  }
+  for (const StreamSummary& s : r.streams) {
+    std::string body;
+    bool bad = s.divergent || s.structural;
+    if (bad && fails) {
+      ++failures;
+      body = fmt::format("<failure message=\"{} divergent ops, {} structural differences\"/>",
+                         s.divergent, s.structural);
+    }
+    if (s.truncated) body += "<system-out>truncated: compared up to the cut</system-out>";
+    cases += fmt::format("  <testcase classname=\"detaudit.streams\" name=\"{}\">{}</testcase>\n",
+                         xml_escape(s.name), body);
+  }
+  std::string props;
+  for (const EnvDifference& d : r.environment)
+    props += fmt::format("    <property name=\"{}\" value=\"{}\"/>\n",
+                         xml_escape(d.process + " " + d.key), xml_escape(d.a + " vs " + d.b));
+  return fmt::format(
+      "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+      "<testsuites name=\"detaudit\" tests=\"{0}\" failures=\"{1}\">\n"
+      "<testsuite name=\"detaudit diff\" tests=\"{0}\" failures=\"{1}\" errors=\"0\" "
+      "time=\"{2:.3f}\">\n  <properties>\n{3}  </properties>\n{4}</testsuite>\n</testsuites>\n",
+      r.streams.size() + 1, failures, r.seconds, props, cases);
+}
+
+}  // namespace detaudit

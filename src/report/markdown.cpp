@@ -1,0 +1,82 @@
+// Markdown for CI summaries and pull-request comments.
+#include <fmt/format.h>
+
+#include "diff/diff.h"
+#include "report/render.h"
+
+namespace detaudit {
+namespace {
+
+std::string md_escape(const std::string& s) {
+  std::string r;
+  for (char c : s) {
+    if (c == '|' || c == '`') r += '\\';
+    r += c;
+  }
+  return r;
+}
+
+std::string cell(const TensorSide& s) {
+  if (!s.present) return "-";
+  std::string c = fmt::format("`{}` {} {}", short_digest(s.digest), s.dtype, shape_string(s.sizes));
+  if (s.has_stats) c += fmt::format(" mean={:.6g} l2={:.6g}", s.stats.mean, s.stats.l2);
+  return c;
+}
+
+}  // namespace
+
+std::string render_markdown(const DiffReport& r) {
+  std::string out = fmt::format("## detaudit: {}\n\n{}\n\n",
+                                r.verdict == "identical" ? "identical" : "**divergent**",
+                                md_escape(one_line_verdict(r)));
+  for (const Truncation& t : r.truncated)
+    out += fmt::format("> truncated: run {} stream `{}` stops at offset {} ({} ops compared)\n\n",
+                       t.run, t.stream, t.offset, t.ops_compared);
+  if (r.first) {
+    const FirstDivergence& f = *r.first;
+    out += "### First divergence\n\n| field | value |\n|---|---|\n";
+    out += fmt::format("| rank | {} |\n| step | {} |\n| phase | {} |\n| op | `{}` |\n", f.rank,
+                       f.step, f.phase, md_escape(fmt::format("{}", fmt::join(f.chain, " > "))));
+    out += fmt::format("| position | op #{} of `{}` |\n| class | {} |\n| detail | {} |\n",
+                       f.index, f.stream, f.divergence_class, md_escape(f.detail));
+    out += fmt::format("| catalog | {} |\n| cause | {} |\n| remedy | {} |\n\n",
+                       f.catalog ? md_escape(f.catalog->id) : "-", md_escape(f.cause),
+                       md_escape(f.remedy));
+    if (!f.inputs.empty() || !f.outputs.empty()) {
+      out += "| tensor | differs | run A | run B |\n|---|---|---|---|\n";
+      for (const auto* ps : {&f.inputs, &f.outputs})
+        for (const TensorPair& p : *ps)
+          out += fmt::format("| {} {} | {} | {} | {} |\n", p.role, p.index,
+                             p.differs ? "**yes**" : "no", cell(p.a), cell(p.b));
+      out += "\n";
+    }
+  }
+  if (!r.environment.empty()) {
+    out += "### Environment differences\n\n| process | key | run A | run B |\n|---|---|---|---|\n";
+    for (const EnvDifference& d : r.environment)
+      out += fmt::format("| {} | `{}` | {} | {} |\n", d.process, md_escape(d.key),
+                         md_escape(d.a), md_escape(d.b));
+    out += "\n";
+  }
+  if (r.structural_count) {
+    out += fmt::format("### Structural differences ({})\n\n", r.structural_count);
+    for (const StructuralDifference& d : r.structural)
+      out += fmt::format("- `{}` step {}: {}\n", d.stream, d.step, md_escape(d.detail));
+    out += "\n";
+  }
+  if (r.divergent_ops) {
+    out += fmt::format("### Spread\n\n{} divergent ops; {} of {} tracked parameters diverged.\n\n",
+                       r.divergent_ops, r.parameters.size(), r.parameters_tracked);
+    out += "| step | divergent ops |\n|---|---|\n";
+    size_t k = 0;
+    for (const auto& [step, n] : r.divergent_ops_per_step) {
+      if (++k > 20) break;
+      out += fmt::format("| {} | {} |\n", step, n);
+    }
+    out += "\n";
+  }
+  out += fmt::format("_{} ops compared in {:.2f}s_\n", r.ops_compared, r.seconds);
+  return out;
+}
+
+}  // namespace detaudit

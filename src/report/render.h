@@ -1,0 +1,22 @@
+// The report renderers behind render_report (diff/diff.h): one file per format.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "diff/report_model.h"
+
+namespace detaudit {
+
+std::string render_text(const DiffReport& r, bool color);
+nlohmann::json report_to_json(const DiffReport& r);  // the schema of docs/report.md
+std::string render_junit(const DiffReport& r);
+std::string render_markdown(const DiffReport& r);
+
+// Shared helpers.
+std::string shape_string(const std::vector<int64_t>& sizes);
+std::string short_digest(const std::string& hex);  // first 12 hex digits
+std::string one_line_verdict(const DiffReport& r);
+
+}  // namespace detaudit

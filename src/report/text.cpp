@@ -1,0 +1,135 @@
+// The human report: one screen, verdict first, then the first divergence side by side.
+#include <fmt/format.h>
+
+#include "diff/diff.h"
+#include "report/render.h"
+
+namespace detaudit {
+namespace {
+
+struct Style {
+  bool on;
+  std::string operator()(const char* code, const std::string& s) const {
+    return on ? fmt::format("\x1b[{}m{}\x1b[0m", code, s) : s;
+  }
+};
+
+std::string side_line(const TensorSide& s) {
+  if (!s.present) return "-";
+  std::string line = fmt::format("{} {} {} {}", short_digest(s.digest), s.dtype,
+                                 shape_string(s.sizes), s.device);
+  if (s.uninitialized) line += " uninitialized";
+  if (s.has_stats)
+    line += fmt::format(" min={:.6g} max={:.6g} mean={:.6g} l2={:.6g}", s.stats.min, s.stats.max,
+                        s.stats.mean, s.stats.l2);
+  if (s.stats.nan || s.stats.inf) line += fmt::format(" nan={} inf={}", s.stats.nan, s.stats.inf);
+  return line;
+}
+
+void tensors(std::string* out, const Style& st, const char* title,
+             const std::vector<TensorPair>& ps) {
+  for (const TensorPair& p : ps) {
+    std::string mark = p.differs ? st("31", "differs") : "same";
+    *out += fmt::format("    {} {} [{}]{}:\n", title, p.index, mark,
+                        p.a.origin.empty() ? "" : " (" + p.a.origin + ")");
+    *out += fmt::format("      A {}\n", side_line(p.a));
+    if (p.differs || !p.b.present || !p.a.present)
+      *out += fmt::format("      B {}\n", side_line(p.b));
+  }
+}
+
+}  // namespace
+
+std::string render_text(const DiffReport& r, bool color) {
+  Style st{color};
+  std::string out;
+  bool same = r.verdict == "identical";
+  out += fmt::format("{} {}\n", st(same ? "1;32" : "1;31", same ? "IDENTICAL" : "DIVERGENT"),
+                     one_line_verdict(r));
+  out += fmt::format("  A: {}\n  B: {}\n", r.run_a, r.run_b);
+  if (!same && r.gate.fail_on == "tolerance")
+    out += fmt::format("  gate: tolerance rtol={} atol={}: {}\n", r.gate.rtol, r.gate.atol,
+                       r.beyond_tolerance ? "beyond tolerance (fails)" : "within tolerance");
+  for (const Truncation& t : r.truncated)
+    out += st("33", fmt::format("  truncated: run {} stream {} stops at offset {} after {} "
+                                "compared ops: {}\n", t.run, t.stream, t.offset, t.ops_compared,
+                                t.message));
+
+  if (!r.environment.empty()) {
+    out += st("1", "\nEnvironment differences\n");
+    size_t shown = 0;
+    for (const EnvDifference& d : r.environment) {
+      if (++shown > 12) {
+        out += fmt::format("  ... {} more\n", r.environment.size() - 12);
+        break;
+      }
+      out += fmt::format("  {} {}: {} vs {}\n", d.process, d.key, d.a, d.b);
+    }
+  }
+
+  if (r.first) {
+    const FirstDivergence& f = *r.first;
+    out += st("1", "\nFirst divergence\n");
+    out += fmt::format("  where: rank {} ({}), step {}, {} phase, op #{} of stream {}\n", f.rank,
+                       f.process, f.step, f.phase, f.index, f.stream);
+    out += fmt::format("  op:    {}\n", st("1", fmt::format("{}", fmt::join(f.chain, " > "))));
+    out += fmt::format("  class: {} - {}\n", st("35", f.divergence_class), f.detail);
+    if (f.is_random) out += fmt::format("  rng:   {:016x} vs {:016x}\n", f.rng_a, f.rng_b);
+    if (!f.inputs.empty() || !f.outputs.empty()) {
+      out += "  tensors (A, then B where it differs):\n";
+      tensors(&out, st, "input", f.inputs);
+      tensors(&out, st, "output", f.outputs);
+    }
+    for (const StatsDelta& d : f.magnitude) {
+      if (!d.has_stats) {
+        out += fmt::format("  magnitude: {}: no statistics recorded\n", d.tensor);
+        continue;
+      }
+      out += fmt::format("  magnitude: {}: dmin={:.3g} dmax={:.3g} dmean={:.3g} dl2={:.3g}",
+                         d.tensor, d.min, d.max, d.mean, d.l2);
+      if (d.nan || d.inf) out += fmt::format(" dnan={} dinf={}", d.nan, d.inf);
+      out += "\n";
+    }
+    if (f.catalog) {
+      out += fmt::format("  catalog: {} ({}){}\n", f.catalog->id, f.catalog->condition,
+                         f.catalog->uncertain ? " [uncertain: " + f.catalog->uncertainty + "]"
+                                              : "");
+      if (!f.catalog->conditions_met.empty())
+        out += fmt::format("    conditions met: {}\n", fmt::join(f.catalog->conditions_met, "; "));
+    }
+    if (!f.cause.empty()) out += fmt::format("  cause:  {}\n", st("1;33", f.cause));
+    if (!f.remedy.empty()) out += fmt::format("  remedy: {}\n", st("32", f.remedy));
+  }
+
+  if (r.structural_count) {
+    out += st("1", fmt::format("\nStructural differences ({})\n", r.structural_count));
+    for (size_t i = 0; i < r.structural.size() && i < 5; ++i) {
+      const StructuralDifference& d = r.structural[i];
+      out += fmt::format("  {} step {} op #{}/#{}: {}\n", d.stream, d.step, d.index_a, d.index_b,
+                         d.detail);
+    }
+  }
+  if (r.divergent_ops) {
+    out += st("1", "\nSpread\n");
+    out += fmt::format("  {} divergent ops; by step:", r.divergent_ops);
+    size_t k = 0;
+    for (const auto& [step, n] : r.divergent_ops_per_step) {
+      if (++k > 10) {
+        out += " ...";
+        break;
+      }
+      out += fmt::format(" {}:{}", step, n);
+    }
+    out += "\n";
+    if (r.parameters_tracked)
+      out += fmt::format("  parameters (optimizer in-place ops): {} of {} diverged{}\n",
+                         r.parameters.size(), r.parameters_tracked,
+                         r.parameters.empty()
+                             ? ""
+                             : fmt::format(", first at step {}", r.parameters.front().first_step));
+  }
+  out += fmt::format("\n{} ops compared in {:.2f}s\n", r.ops_compared, r.seconds);
+  return out;
+}
+
+}  // namespace detaudit

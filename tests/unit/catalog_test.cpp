@@ -1,0 +1,165 @@
+// configs/catalog.json loads, every entry keeps its sources, remedy and uncertainty, lookups
+// and conditions work on recorded ops, and the single-run risk report finds what ran.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <set>
+
+#include "catalog/catalog.h"
+#include "diff/risk.h"
+#include "trace_builder.h"
+
+namespace detaudit {
+namespace {
+
+using namespace detaudit::testing;
+
+std::string catalog_file() { return std::string(DETAUDIT_SOURCE_DIR) + "/configs/catalog.json"; }
+
+const Catalog& catalog() {
+  static Catalog c = [] {
+    Catalog c;
+    Status s = Catalog::load(catalog_file(), &c);
+    EXPECT_TRUE(s.ok()) << s.message();
+    return c;
+  }();
+  return c;
+}
+
+TEST(CatalogTest, EveryEntryHasSourcesRemedyAndUncertainty) {
+  std::ifstream in(catalog_file());
+  nlohmann::json j = nlohmann::json::parse(in);
+  ASSERT_GT(j["entries"].size(), 50u);
+  for (const auto& e : j["entries"]) {
+    SCOPED_TRACE(e.value("id", "?"));
+    ASSERT_TRUE(e.contains("sources"));
+    EXPECT_FALSE(e["sources"].empty());
+    EXPECT_FALSE(e.value("remedy", "").empty());
+    EXPECT_TRUE(e.contains("uncertain") && e["uncertain"].is_boolean());
+    EXPECT_TRUE(e.contains("uncertainty"));
+    EXPECT_TRUE(e.contains("device") && e.contains("phase"));
+    EXPECT_TRUE(e.contains("deterministic_alternative"));
+    if (e["uncertain"].get<bool>()) EXPECT_FALSE(e["uncertainty"].get<std::string>().empty());
+  }
+  EXPECT_EQ(catalog().entries().size(), j["entries"].size());
+}
+
+TEST(CatalogTest, CoversEveryRowOfTheReferenceTable) {
+  std::set<int> rows;
+  for (const CatalogEntry& e : catalog().entries()) rows.insert(e.rows.begin(), e.rows.end());
+  for (int r = 1; r <= 84; ++r) EXPECT_TRUE(rows.count(r)) << "row " << r;
+  for (const char* id : {"intra-op-threads", "cublas-workspace", "cudnn-benchmark",
+                         "tf32-reduced-precision", "nccl-environment", "rng-seeding",
+                         "dataloader-workers", "pythonhashseed"})
+    EXPECT_NE(catalog().find(id), nullptr) << id;
+}
+
+TEST(CatalogTest, KeyedOnRecordedNames) {
+  for (const char* op : {"aten::index_put_", "aten::_index_put_impl_", "aten::scatter_add_",
+                         "aten::index_add_", "aten::upsample_bilinear2d_backward",
+                         "aten::_adaptive_avg_pool2d_backward", "aten::grid_sampler_2d_backward",
+                         "aten::_embedding_bag_backward", "aten::_embedding_bag_dense_backward",
+                         "torchvision::_roi_align_backward", "IndexBackward0"})
+    EXPECT_FALSE(catalog().lookup(op).empty()) << op;
+  EXPECT_TRUE(catalog().lookup("aten::relu").empty());
+}
+
+// An _index_put_impl_(self, indices, values, accumulate, unsafe) record, read back.
+struct IndexPutOp {
+  trace::TraceReader reader;
+  IndexPutOp(const std::string& name, bool accumulate, int64_t n, uint64_t threads) {
+    TraceBuilder b;
+    b.step(0, 1, threads);
+    b.op("aten::_index_put_impl_").in_new(tensor(0, {n})).in_list(1)
+        .in_new(tensor(1, {n}, Provenance::kOutput, 4)).in_new(tensor(2, {n}))
+        .in_bool(accumulate).in_bool(false).out_new(tensor(3, {n})).done();
+    std::string path = std::string(::testing::TempDir()) + "/catalog_" + name + ".dtr";
+    RunDir::write(path, b.bytes());
+    EXPECT_TRUE(reader.open(path).ok());
+    while (reader.next() == trace::ReadResult::kRecord && reader.kind() != trace::RecordKind::kOp) {
+    }
+  }
+  OpFacts facts(uint64_t threads) {
+    OpFacts f;
+    f.name = "aten::_index_put_impl_";
+    f.op = &reader.op();
+    f.reader = &reader;
+    f.intra_op_threads = threads;
+    return f;
+  }
+};
+
+TEST(CatalogTest, ConditionsAreCheckedAgainstTheRecordedArguments) {
+  const CatalogEntry* e = catalog().find("index-put-accumulate-cpu");
+  ASSERT_NE(e, nullptr);
+  IndexPutOp hit("hit", true, 65536, 2);
+  CatalogMatch m = evaluate(*e, hit.facts(2));
+  EXPECT_TRUE(m.applies);
+  EXPECT_EQ(m.unmet.size(), 0u);
+  EXPECT_GE(m.met.size(), 4u);
+
+  IndexPutOp no_acc("noacc", false, 65536, 2);
+  EXPECT_FALSE(evaluate(*e, no_acc.facts(2)).applies);
+  IndexPutOp small("small", true, 100, 2);
+  EXPECT_FALSE(evaluate(*e, small.facts(2)).applies);
+  IndexPutOp one_thread("onethread", true, 65536, 1);
+  EXPECT_FALSE(evaluate(*e, one_thread.facts(1)).applies);
+  // The CUDA entries do not apply to a CPU op.
+  EXPECT_FALSE(evaluate(*catalog().find("index-put-cuda-duplicates"), hit.facts(2)).applies);
+}
+
+TEST(CatalogTest, SearchByNameRemedyAndId) {
+  auto by_name = catalog().search("index_put");
+  EXPECT_FALSE(by_name.empty());
+  EXPECT_FALSE(catalog().search("CUBLAS_WORKSPACE_CONFIG").empty());
+  auto by_id = catalog().search("grid-sampler-2d-backward-cuda");
+  ASSERT_FALSE(by_id.empty());
+  EXPECT_EQ(by_id.front()->id, "grid-sampler-2d-backward-cuda");  // exact id first
+  EXPECT_LT(by_id.size(), 4u);
+  EXPECT_TRUE(catalog().search("no such thing anywhere").empty());
+}
+
+TEST(CatalogTest, BadCatalogsAreRejectedWithTheField) {
+  Catalog c;
+  Status s = Catalog::parse(nlohmann::json::parse(R"({"entries":[{"id":"x","ops":["a"],
+      "remedy":"r","sources":["s"]}]})"), &c);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("uncertain"), std::string::npos);
+  s = Catalog::parse(nlohmann::json::parse(R"({"entries":[{"id":"x","ops":["a"],"remedy":"r",
+      "sources":["s"],"uncertain":false,"conditions":[{"arg":1}]}]})"), &c);
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(Catalog::load("/nonexistent/catalog.json", &c).code(), ExitCode::kUsage);
+}
+
+TEST(RiskTest, ReportsCatalogOpsThatRanWithTheirConditions) {
+  RunDir run("risk/run-0");
+  TraceBuilder b;
+  for (uint64_t k = 0; k < 3; ++k) {
+    b.step(k, 1, 2);
+    b.op("aten::relu").in_new(tensor(1)).out_new(tensor(2)).done();
+    b.op("aten::_index_put_impl_").in_new(tensor(0, {65536})).in_list(1)
+        .in_new(tensor(1, {65536}, Provenance::kOutput, 4)).in_new(tensor(2, {65536}))
+        .in_bool(k != 2).in_bool(false).out_new(tensor(3, {65536})).done();
+  }
+  b.end();
+  run.add_stream("r0.main.t0", b);
+  run.env("r0.main", sample_env(2, 1));
+  RiskReport r;
+  ASSERT_TRUE(risk_report(run.path(), catalog(), &r).ok());
+  EXPECT_EQ(r.ops_scanned, 6u);
+  const RiskHit* hit = nullptr;
+  for (const RiskHit& h : r.hits)
+    if (h.entry_id == "index-put-accumulate-cpu") hit = &h;
+  ASSERT_NE(hit, nullptr);
+  EXPECT_EQ(hit->count, 2u);  // step 2 ran with accumulate=false
+  EXPECT_EQ(hit->op, "aten::_index_put_impl_");
+  bool threads = false;
+  for (const EnvironmentRisk& e : r.environment) threads |= e.entry_id == "intra-op-threads";
+  EXPECT_TRUE(threads);
+  std::string text = render_risk_report(r, false);
+  EXPECT_NE(text.find("index-put-accumulate-cpu"), std::string::npos);
+  EXPECT_EQ(risk_report_to_json(r)["ops"].size(), r.hits.size());
+}
+
+}  // namespace
+}  // namespace detaudit

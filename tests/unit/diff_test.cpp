@@ -1,0 +1,387 @@
+// The comparator on synthesized runs: each divergence class at the right op and step, the
+// alignment, the environment, truncated and corrupt input, the gate and the report formats.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "catalog/catalog.h"
+#include "diff/diff.h"
+#include "diff/report_model.h"
+#include "trace_builder.h"
+
+namespace detaudit {
+namespace {
+
+using namespace detaudit::testing;
+
+// A small training loop; the fields say where run B departs from run A.
+struct Scenario {
+  int steps = 3;
+  uint64_t threads = 2;
+  int nondet_step = -1;        // _index_put_impl_ gives a different output, same inputs
+  int rng_step = -1;           // bernoulli_ sees a different generator state
+  int external_step = -1;      // the batch entering the program differs
+  int uninit_step = -1;        // an op reads the empty buffer
+  int insert_step = -1;        // run B runs an extra aten::relu
+  int extra_steps = 0;         // run B runs more steps
+  bool accumulate = true;
+  double grad_stats_delta = 0;  // run B's gradient statistics differ by this much
+};
+
+TraceBuilder build(const Scenario& s, bool b) {
+  TraceBuilder t;
+  int64_t w = t.op("aten::ones").out_new(tensor(0x01)).done();
+  bool params_diverged = false;
+  int steps = s.steps + (b ? s.extra_steps : 0);
+  for (int k = 0; k < steps; ++k) {
+    bool here = b;  // run B differs at the scenario's step
+    t.step(uint64_t(k), 7 + uint64_t(k), s.threads);
+    // The empty family: contents differ run to run, and that is not a divergence.
+    int64_t e = t.op("aten::empty").in_int(16).out_new(uninitialized(b ? 0xEE : 0x11)).done();
+    if (k == s.uninit_step)
+      t.op("aten::add").in_ref(e).in_int(1).out_new(tensor(uint8_t(here ? 0xEF : 0x12))).done();
+    // linear > addmm, written inner first.
+    uint64_t o = t.reserve_orders(2);
+    uint8_t batch = uint8_t(0x20 + k + (here && k == s.external_step ? 0x40 : 0));
+    uint8_t y = uint8_t(batch + 1 + (params_diverged ? 0x10 : 0));
+    TensorDesc ty = tensor(y);
+    if (b && s.grad_stats_delta != 0 && k > 0) ty.digest[2] ^= 1;  // digest only: same stats
+    auto addmm = t.op("aten::addmm", Phase::kForward, 1, int64_t(o + 1));
+    addmm.in_new(tensor(batch, {4, 4}, Provenance::kExternal));
+    int64_t x = addmm.last_id();
+    addmm.in_ref(w).out_new(ty).done();
+    int64_t out = t.op("aten::linear", Phase::kForward, 0, int64_t(o)).in_ref(x).in_ref(w)
+                      .out_new(ty).done();
+    if (b && k == s.insert_step)
+      t.op("aten::relu").in_ref(out).out_new(tensor(0x77)).done();
+    uint64_t rng = 100 + uint64_t(k) + (here && k == s.rng_step ? 1000 : 0);
+    t.op("aten::bernoulli_").random(rng).in_new(tensor(0x30)).in_double(0.5).in_none()
+        .out_new(tensor(uint8_t(rng))).done();
+    // Backward: IndexBackward0 > aten::index_put_ > aten::_index_put_impl_.
+    o = t.reserve_orders(3);
+    bool nd = here && k == s.nondet_step;
+    TensorDesc grad = tensor(uint8_t(0x50 + k + (nd ? 0x80 : 0)), {65536});
+    if (here) grad.stats.mean += s.grad_stats_delta;
+    if (here && s.grad_stats_delta != 0) grad.digest[0] ^= 1;
+    auto impl = t.op("aten::_index_put_impl_", Phase::kBackward, 2, int64_t(o + 2));
+    impl.in_new(tensor(0, {65536}));
+    int64_t self = impl.last_id();
+    impl.in_list(1).in_new(tensor(0x40, {65536}, Provenance::kOutput, 4));
+    int64_t idx = impl.last_id();
+    impl.in_new(tensor(0x41, {65536}));
+    int64_t vals = impl.last_id();
+    int64_t g = impl.in_bool(s.accumulate).in_bool(false).out_new(grad).done();
+    t.op("aten::index_put_", Phase::kBackward, 1, int64_t(o + 1)).in_ref(self).in_list(1)
+        .in_ref(idx).in_ref(vals).in_bool(s.accumulate).out_ref(g).done();
+    t.op("IndexBackward0", Phase::kBackward, 0, int64_t(o), Scope::kBackwardFunction)
+        .in_ref(vals).out_ref(g).done();
+    // Optimizer: one in-place update per parameter.
+    if (nd || (here && k == s.rng_step)) params_diverged = true;
+    TensorDesc p = tensor(uint8_t(0x60 + k + (params_diverged ? 0x20 : 0)));
+    if (here && s.grad_stats_delta != 0) p.digest[1] ^= 1;  // a last-bit change
+    w = t.op("aten::add_", Phase::kOptimizer).in_ref(w).in_ref(g).in_double(-0.1)
+            .out_new(p).done();
+  }
+  t.end();
+  return t;
+}
+
+struct Case {
+  RunDir a, b;
+  Case(const std::string& name, const Scenario& s)
+      : a(name + "/run-0"), b(name + "/run-1") {
+    a.add_stream("r0.main.t0", build(s, false));
+    b.add_stream("r0.main.t0", build(s, true));
+  }
+};
+
+const Catalog& catalog() {
+  static Catalog c = [] {
+    Catalog c;
+    Status s = Catalog::load(std::string(DETAUDIT_SOURCE_DIR) + "/configs/catalog.json", &c);
+    EXPECT_TRUE(s.ok()) << s.message();
+    return c;
+  }();
+  return c;
+}
+
+DiffReport diff(const Case& c, GateConfig gate = {}) {
+  DiffOptions o;
+  o.catalog = &catalog();
+  o.gate = gate;
+  DiffReport r;
+  Status s = diff_runs(c.a.path(), c.b.path(), o, &r);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return r;
+}
+
+TEST(DiffTest, IdenticalRunsWithDifferentUninitializedOutputs) {
+  Case c("identical", Scenario{});
+  DiffReport r = diff(c);
+  EXPECT_EQ(r.verdict, "identical");
+  EXPECT_FALSE(r.first.has_value());
+  EXPECT_GT(r.ops_compared, 20u);
+  EXPECT_EQ(gate_exit_code(r), ExitCode::kIdentical);
+}
+
+TEST(DiffTest, NondeterministicOpWithCatalogEntry) {
+  Scenario s;
+  s.nondet_step = 1;
+  Case c("nondet", s);
+  DiffReport r = diff(c);
+  ASSERT_EQ(r.verdict, "divergent");
+  ASSERT_TRUE(r.first);
+  const FirstDivergence& f = *r.first;
+  EXPECT_EQ(f.divergence_class, "nondeterministic-op");
+  EXPECT_EQ(f.op, "aten::_index_put_impl_");
+  EXPECT_EQ(f.step, 1u);
+  EXPECT_EQ(f.phase, "backward");
+  EXPECT_EQ(f.chain, (std::vector<std::string>{"IndexBackward0", "aten::index_put_",
+                                                "aten::_index_put_impl_"}));
+  ASSERT_TRUE(f.catalog);
+  EXPECT_EQ(f.catalog->id, "index-put-accumulate-cpu");
+  EXPECT_FALSE(f.remedy.empty());
+  EXPECT_EQ(gate_exit_code(r), ExitCode::kDivergent);
+  // Spread: the gradient ops of step 1, then the parameter from step 1 on.
+  EXPECT_EQ(r.divergent_ops_per_step.count(0), 0u);
+  EXPECT_GE(r.divergent_ops_per_step[1], 3u);
+  ASSERT_EQ(r.parameters.size(), 1u);
+  EXPECT_EQ(r.parameters[0].first_step, 1u);
+  ASSERT_FALSE(f.magnitude.empty());
+  EXPECT_TRUE(f.magnitude[0].has_stats);
+}
+
+TEST(DiffTest, AccumulateFalseIsNotTheCpuAtomicsEntry) {
+  Scenario s;
+  s.nondet_step = 0;
+  s.accumulate = false;
+  Case c("nondet_noacc", s);
+  DiffReport r = diff(c);
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->divergence_class, "nondeterministic-op");
+  EXPECT_TRUE(!r.first->catalog || r.first->catalog->id != "index-put-accumulate-cpu");
+}
+
+TEST(DiffTest, RngState) {
+  Scenario s;
+  s.rng_step = 2;
+  Case c("rng", s);
+  DiffReport r = diff(c);
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->divergence_class, "rng-state");
+  EXPECT_EQ(r.first->op, "aten::bernoulli_");
+  EXPECT_EQ(r.first->step, 2u);
+  EXPECT_NE(r.first->rng_a, r.first->rng_b);
+}
+
+TEST(DiffTest, ExternalInput) {
+  Scenario s;
+  s.external_step = 1;
+  Case c("external", s);
+  DiffReport r = diff(c);
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->divergence_class, "external-input");
+  EXPECT_EQ(r.first->op, "aten::addmm");
+  EXPECT_EQ(r.first->chain, (std::vector<std::string>{"aten::linear", "aten::addmm"}));
+  EXPECT_EQ(r.first->step, 1u);
+  ASSERT_FALSE(r.first->inputs.empty());
+  EXPECT_TRUE(r.first->inputs[0].differs);
+  EXPECT_EQ(r.first->inputs[0].a.provenance, "external");
+}
+
+TEST(DiffTest, UninitializedMemory) {
+  Scenario s;
+  s.uninit_step = 1;
+  Case c("uninit", s);
+  DiffReport r = diff(c);
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->divergence_class, "uninitialized-memory");
+  EXPECT_EQ(r.first->op, "aten::add");
+  EXPECT_EQ(r.first->step, 1u);
+}
+
+TEST(DiffTest, InsertedOpIsStructuralAndLaterOpsAreStillCompared) {
+  Scenario s;
+  s.insert_step = 1;
+  s.nondet_step = 2;
+  Case c("inserted", s);
+  DiffReport r = diff(c);
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->divergence_class, "structural");
+  EXPECT_EQ(r.first->step, 1u);
+  EXPECT_EQ(r.structural_count, 1u);
+  ASSERT_EQ(r.structural.size(), 1u);
+  EXPECT_EQ(r.structural[0].op_b, "aten::relu");
+  EXPECT_EQ(r.structural[0].skipped_a, 0u);
+  EXPECT_EQ(r.structural[0].skipped_b, 1u);
+  // After realignment the step-2 divergence is still found.
+  EXPECT_GE(r.divergent_ops_per_step[2], 3u);
+  EXPECT_EQ(r.divergent_ops_per_step.count(1), 0u);
+}
+
+TEST(DiffTest, ExtraStepIsStructuralAtItsPosition) {
+  Scenario s;
+  s.extra_steps = 1;
+  Case c("extra_step", s);
+  DiffReport r = diff(c);
+  EXPECT_EQ(r.verdict, "divergent");
+  ASSERT_EQ(r.structural.size(), 1u);
+  EXPECT_EQ(r.structural[0].step, 3u);
+  EXPECT_GT(r.structural[0].skipped_b, 0u);
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->divergence_class, "structural");
+  EXPECT_EQ(r.first->step, 3u);
+}
+
+TEST(DiffTest, StreamInOneRunOnly) {
+  Case c("lonely", Scenario{});
+  c.b.add_stream("r0.main.t1", build(Scenario{}, false));
+  DiffReport r = diff(c);
+  EXPECT_EQ(r.verdict, "divergent");
+  EXPECT_EQ(r.structural_count, 1u);
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->stream, "r0.main.t1");
+}
+
+TEST(DiffTest, ThreadCountDifferenceIsNamedAsCause) {
+  Scenario s;
+  s.nondet_step = 0;
+  s.accumulate = false;  // no catalog entry: the cause must come from the environment
+  Case c("threads", s);
+  c.a.env("r0.main", sample_env(1, 11));
+  c.b.env("r0.main", sample_env(2, 22));
+  DiffReport r = diff(c);
+  ASSERT_FALSE(r.environment.empty());
+  EXPECT_EQ(r.environment[0].key, "intra_op_threads");
+  for (const EnvDifference& d : r.environment) EXPECT_NE(d.key, "pid");
+  ASSERT_TRUE(r.first);
+  EXPECT_NE(r.first->cause.find("intra_op_threads differs: 1 vs 2"), std::string::npos)
+      << r.first->cause;
+}
+
+TEST(DiffTest, IdenticalEnvironmentsGiveNoDifferences) {
+  Case c("same_env", Scenario{});
+  c.a.env("r0.main", sample_env(2, 11));
+  c.b.env("r0.main", sample_env(2, 22));
+  DiffReport r = diff(c);
+  EXPECT_TRUE(r.environment.empty());
+}
+
+TEST(DiffTest, TruncatedStreamIsComparedUpToTheCut) {
+  Scenario s;
+  Case c("truncated", s);
+  std::string bytes = build(s, true).bytes();
+  c.b.add_bytes("r0.main.t0", bytes.substr(0, bytes.size() * 2 / 3));
+  DiffReport r = diff(c);
+  ASSERT_EQ(r.truncated.size(), 1u);
+  EXPECT_EQ(r.truncated[0].run, "b");
+  EXPECT_EQ(r.truncated[0].file, c.b.stream_path("r0.main.t0"));
+  EXPECT_GT(r.truncated[0].offset, 0u);
+  EXPECT_GT(r.truncated[0].ops_compared, 5u);
+  EXPECT_EQ(r.verdict, "identical");  // what could be compared matched
+  nlohmann::json j = nlohmann::json::parse(render_report(r, ReportFormat::kJson, false));
+  EXPECT_TRUE(j["truncated"].is_object());
+}
+
+TEST(DiffTest, CorruptStreamIsAnErrorNamingFileAndOffset) {
+  Scenario s;
+  Case c("corrupt", s);
+  std::string bytes = build(s, true).bytes();
+  bytes[bytes.size() / 2] ^= 0x5a;
+  c.b.add_bytes("r0.main.t0", bytes);
+  DiffOptions o;
+  DiffReport r;
+  Status st = diff_runs(c.a.path(), c.b.path(), o, &r);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), ExitCode::kBadInput);
+  EXPECT_NE(st.message().find(c.b.stream_path("r0.main.t0")), std::string::npos);
+  EXPECT_NE(st.message().find("offset"), std::string::npos);
+}
+
+TEST(DiffTest, MissingRunDirectoryIsBadInput) {
+  DiffOptions o;
+  DiffReport r;
+  Status st = diff_runs("/nonexistent/run-0", "/nonexistent/run-1", o, &r);
+  EXPECT_EQ(st.code(), ExitCode::kBadInput);
+}
+
+TEST(DiffTest, ToleranceGate) {
+  Scenario s;
+  s.grad_stats_delta = 1e-6;
+  Case c("tolerance", s);
+  GateConfig loose{"tolerance", 0, 1e-3};
+  DiffReport r = diff(c, loose);
+  EXPECT_EQ(r.verdict, "divergent");
+  EXPECT_FALSE(r.beyond_tolerance);
+  EXPECT_EQ(gate_exit_code(r), ExitCode::kIdentical);
+  GateConfig tight{"tolerance", 0, 1e-9};
+  EXPECT_EQ(gate_exit_code(diff(c, tight)), ExitCode::kDivergent);
+  EXPECT_EQ(gate_exit_code(diff(c, GateConfig{})), ExitCode::kDivergent);
+}
+
+TEST(DiffTest, StructuralDifferencesFailTheToleranceGate) {
+  Scenario s;
+  s.insert_step = 0;
+  Case c("tolerance_structural", s);
+  EXPECT_EQ(gate_exit_code(diff(c, GateConfig{"tolerance", 1, 1})), ExitCode::kDivergent);
+}
+
+TEST(ReportTest, EveryFormatCarriesTheKeyFields) {
+  Scenario s;
+  s.nondet_step = 1;
+  Case c("formats", s);
+  c.a.env("r0.main", sample_env(2, 1));
+  c.b.env("r0.main", sample_env(1, 2));
+  DiffReport r = diff(c);
+
+  nlohmann::json j = nlohmann::json::parse(render_report(r, ReportFormat::kJson, false));
+  EXPECT_EQ(j["verdict"], "divergent");
+  EXPECT_EQ(j["exit_code"], 1);
+  const auto& f = j["first_divergence"];
+  EXPECT_EQ(f["rank"], 0);
+  EXPECT_EQ(f["step"], 1);
+  EXPECT_EQ(f["phase"], "backward");
+  EXPECT_EQ(f["op"], "aten::_index_put_impl_");
+  EXPECT_EQ(f["class"], "nondeterministic-op");
+  EXPECT_TRUE(f["index"].is_number());
+  EXPECT_EQ(f["catalog"]["id"], "index-put-accumulate-cpu");
+  EXPECT_TRUE(f["remedy"].is_string());
+  EXPECT_FALSE(j["environment_differences"].empty());
+  EXPECT_TRUE(j["truncated"].is_null()) << j["truncated"].dump();
+
+  std::string text = render_report(r, ReportFormat::kText, false);
+  EXPECT_NE(text.find("DIVERGENT"), std::string::npos);
+  EXPECT_NE(text.find("IndexBackward0 > aten::index_put_ > aten::_index_put_impl_"),
+            std::string::npos);
+  EXPECT_EQ(text.find("\x1b["), std::string::npos);
+  EXPECT_NE(render_report(r, ReportFormat::kText, true).find("\x1b["), std::string::npos);
+
+  std::string junit = render_report(r, ReportFormat::kJunit, false);
+  EXPECT_NE(junit.find("<testsuite "), std::string::npos);
+  EXPECT_NE(junit.find("<failure"), std::string::npos);
+  EXPECT_NE(junit.find("nondeterministic-op"), std::string::npos);
+
+  std::string md = render_report(r, ReportFormat::kMarkdown, false);
+  EXPECT_NE(md.find("### First divergence"), std::string::npos);
+  EXPECT_NE(md.find("index-put-accumulate-cpu"), std::string::npos);
+}
+
+TEST(ReportTest, IdenticalJunitHasNoFailure) {
+  Case c("junit_identical", Scenario{});
+  DiffReport r = diff(c);
+  std::string junit = render_report(r, ReportFormat::kJunit, false);
+  EXPECT_EQ(junit.find("<failure"), std::string::npos);
+  nlohmann::json j = nlohmann::json::parse(render_report(r, ReportFormat::kJson, false));
+  EXPECT_EQ(j["verdict"], "identical");
+  EXPECT_TRUE(j["first_divergence"].is_null());
+}
+
+TEST(ReportTest, ParseReportFormat) {
+  ReportFormat f;
+  EXPECT_TRUE(parse_report_format("junit", &f).ok());
+  EXPECT_EQ(f, ReportFormat::kJunit);
+  EXPECT_EQ(parse_report_format("xml", &f).code(), ExitCode::kUsage);
+}
+
+}  // namespace
+}  // namespace detaudit
