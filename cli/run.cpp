@@ -17,7 +17,9 @@
 #include "cli/verbs.h"
 #include "config/config.h"
 #include "diff/diff.h"
+#include "catalog/catalog.h"
 #include "diff/report_model.h"
+#include "diff/risk.h"
 #include "run/session.h"
 
 namespace detaudit::cli {
@@ -67,6 +69,15 @@ std::string report_path(const std::string& output, int index, int runs) {
       .string();
 }
 
+// The catalog explains divergences; without it detaudit still finds them, so only warn.
+bool load_catalog_or_warn(Catalog* catalog) {
+  Status s = Catalog::load(catalog_path(), catalog);
+  if (!s.ok())
+    fmt::print(stderr, "detaudit: warning: {}; divergences are reported without explanations\n",
+               s.message());
+  return s.ok();
+}
+
 int diff_pairs(const Config& config, const std::vector<std::string>& dirs,
                const std::vector<bool>& recorded) {
   ReportFormat format;
@@ -74,7 +85,8 @@ int diff_pairs(const Config& config, const std::vector<std::string>& dirs,
   DiffOptions options;
   options.gate = config.gate;
   options.progress = isatty(STDERR_FILENO);
-  // catalog: wired in at merge (DiffOptions::catalog from catalog_path()).
+  Catalog catalog;
+  if (load_catalog_or_warn(&catalog)) options.catalog = &catalog;
   int worst = 0;
   for (size_t i = 1; i < dirs.size(); ++i) {
     if (!recorded[0] || !recorded[i]) {
@@ -159,8 +171,16 @@ int run_main(const RunArgs& args) {
   if (config.runs >= 2) {
     code = diff_pairs(config, dirs, recorded);
   } else {
-    // risk report: wired in at merge
     fmt::print(stderr, "detaudit: recorded {}\n", dirs[0]);
+    // One run cannot diverge yet, but the catalog says what in it could.
+    Catalog catalog;
+    RiskReport risk;
+    if (recorded[0] && load_catalog_or_warn(&catalog)) {
+      if (Status s = risk_report(dirs[0], catalog, &risk); s.ok())
+        fmt::print("{}", render_risk_report(risk, isatty(STDOUT_FILENO)));
+      else
+        report_error(s);
+    }
   }
   if (any_failed) return int(ExitCode::kTargetFailed);
   return code;
@@ -190,7 +210,7 @@ void add_run_verb(CLI::App& app, VerbAction* action) {
   optional_flag(sub, args.get(), "--digest", &f.digest, "md5 (default), sha256 or xxh3");
   sub->add_flag("--no-stats", f.no_stats, "do not record min/max/mean/L2 of tensors");
   sub->add_flag("--no-inputs", f.no_inputs, "record op outputs only");
-  optional_flag(sub, args.get(), "--seed", &f.seed, "seed torch, numpy and random at startup");
+  optional_flag(sub, args.get(), "--seed", &f.seed, "seed torch's default generators before the first op");
   optional_flag(sub, args.get(), "--deterministic", &f.deterministic,
                 "torch.use_deterministic_algorithms: on, warn or off");
   optional_flag(sub, args.get(), "--threads", &f.threads, "intra-op threads (torch.set_num_threads)");
