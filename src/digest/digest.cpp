@@ -4,6 +4,9 @@
 #include <xxhash.h>
 
 #include <cmath>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #include <cstring>
 #include <limits>
 
@@ -118,8 +121,9 @@ StatsAccumulator::StatsAccumulator(uint8_t dtype)
 
 namespace {
 
-// Min/max/sum over a block of floats, accumulated in float per block (vectorisable), then
-// folded into doubles by the caller.
+// Min/max/sum over a block of floats, accumulated in float per short block so the compiler can
+// vectorise it, then folded into doubles. NaN and Inf are tested on the bits: std::isnan and
+// std::isinf calls keep the loop scalar.
 struct FloatBlock {
   float mn = std::numeric_limits<float>::infinity();
   float mx = -std::numeric_limits<float>::infinity();
@@ -127,31 +131,93 @@ struct FloatBlock {
   uint64_t count = 0, nan = 0, inf = 0;
 };
 
-template <typename Load>
-void float_block(const uint8_t* p, size_t n, size_t elem, Load load, FloatBlock* b) {
-  constexpr size_t kInner = 256;
-  for (size_t i = 0; i < n; i += kInner) {
-    size_t m = std::min(kInner, n - i);
-    float s = 0, sq = 0, mn = b->mn, mx = b->mx;
-    uint32_t nan = 0, inf = 0;
-    for (size_t j = 0; j < m; ++j) {
-      float x = load(p + (i + j) * elem);
-      bool is_nan = x != x;
-      nan += is_nan;
-      inf += std::isinf(x);
-      float v = is_nan ? 0.f : x;
-      s += v;
-      sq += v * v;
-      mn = is_nan ? mn : (x < mn ? x : mn);
-      mx = is_nan ? mx : (x > mx ? x : mx);
+// The scalar path, for tails and non-x86 machines.
+void float32_scalar(const float* x, size_t n, FloatBlock* b) {
+  float s = 0, sq = 0;
+  for (size_t j = 0; j < n; ++j) {
+    const float v = x[j];
+    if (v != v) {
+      ++b->nan;
+      continue;
     }
-    b->mn = mn;
-    b->mx = mx;
-    b->sum += s;
-    b->sumsq += sq;
-    b->nan += nan;
-    b->inf += inf;
-    b->count += m - nan;
+    b->inf += std::isinf(v);
+    s += v;
+    sq += v * v;
+    b->mn = std::min(b->mn, v);
+    b->mx = std::max(b->mx, v);
+    ++b->count;
+  }
+  b->sum += s;
+  b->sumsq += sq;
+}
+
+#if defined(__SSE2__)
+// Four lanes of SSE2 (the x86-64 baseline). Each lane's sums run in a fixed order, so the same
+// data always gives the same statistics, with no -ffast-math.
+void float32_block(const float* x, size_t n, FloatBlock* b) {
+  constexpr size_t kInner = 1024;  // short float sums, folded into doubles
+  const __m128 abs_mask = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
+  const __m128 inf = _mm_castsi128_ps(_mm_set1_epi32(0x7f800000));
+  __m128 mn = _mm_set1_ps(b->mn), mx = _mm_set1_ps(b->mx);
+  uint64_t vector_nans = 0;
+  size_t i = 0;
+  for (; i + 4 <= n;) {
+    const size_t end = std::min(n - n % 4, i + kInner);
+    __m128 s = _mm_setzero_ps(), sq = _mm_setzero_ps();
+    __m128i nans = _mm_setzero_si128(), infs = _mm_setzero_si128();
+    for (; i < end; i += 4) {
+      const __m128 v = _mm_loadu_ps(x + i);
+      const __m128 is_nan = _mm_cmpunord_ps(v, v);
+      const __m128 is_inf = _mm_cmpeq_ps(_mm_and_ps(v, abs_mask), inf);
+      nans = _mm_sub_epi32(nans, _mm_castps_si128(is_nan));
+      infs = _mm_sub_epi32(infs, _mm_castps_si128(is_inf));
+      const __m128 z = _mm_andnot_ps(is_nan, v);  // NaN -> 0 for the sums
+      s = _mm_add_ps(s, z);
+      sq = _mm_add_ps(sq, _mm_mul_ps(z, z));
+      // min/max skip NaN: a NaN lane compares with the running value itself.
+      mn = _mm_min_ps(mn, _mm_or_ps(_mm_and_ps(is_nan, mn), _mm_andnot_ps(is_nan, v)));
+      mx = _mm_max_ps(mx, _mm_or_ps(_mm_and_ps(is_nan, mx), _mm_andnot_ps(is_nan, v)));
+    }
+    alignas(16) float sf[4], sqf[4];
+    alignas(16) uint32_t nf[4], inff[4];
+    _mm_store_ps(sf, s);
+    _mm_store_ps(sqf, sq);
+    _mm_store_si128(reinterpret_cast<__m128i*>(nf), nans);
+    _mm_store_si128(reinterpret_cast<__m128i*>(inff), infs);
+    for (int l = 0; l < 4; ++l) {
+      b->sum += sf[l];
+      b->sumsq += sqf[l];
+      vector_nans += nf[l];
+      b->inf += inff[l];
+    }
+  }
+  alignas(16) float mnf[4], mxf[4];
+  _mm_store_ps(mnf, mn);
+  _mm_store_ps(mxf, mx);
+  for (int l = 0; l < 4; ++l) {
+    b->mn = std::min(b->mn, mnf[l]);
+    b->mx = std::max(b->mx, mxf[l]);
+  }
+  b->nan += vector_nans;
+  b->count += i - vector_nans;
+  float32_scalar(x + i, n - i, b);
+}
+#else
+void float32_block(const float* x, size_t n, FloatBlock* b) { float32_scalar(x, n, b); }
+#endif
+
+// Half and bfloat16 widen into a small float buffer, then take the float32 path.
+template <typename Widen>
+void widened_block(const uint8_t* p, size_t n, Widen widen, FloatBlock* b) {
+  float buf[512];
+  for (size_t i = 0; i < n; i += 512) {
+    const size_t m = std::min<size_t>(512, n - i);
+    for (size_t j = 0; j < m; ++j) {
+      uint16_t h;
+      std::memcpy(&h, p + 2 * (i + j), 2);
+      buf[j] = widen(h);
+    }
+    float32_block(buf, m, b);
   }
 }
 
@@ -167,11 +233,11 @@ void StatsAccumulator::update(const void* data, size_t nbytes) {
     case Kind::kBFloat16: {
       FloatBlock b;
       if (kind_ == Kind::kFloat)
-        float_block(p, n, 4, [](const uint8_t* q) { float f; std::memcpy(&f, q, 4); return f; }, &b);
+        float32_block(reinterpret_cast<const float*>(p), n, &b);  // tensor data is float-aligned
       else if (kind_ == Kind::kHalf)
-        float_block(p, n, 2, [](const uint8_t* q) { uint16_t h; std::memcpy(&h, q, 2); return half_to_float(h); }, &b);
+        widened_block(p, n, half_to_float, &b);
       else
-        float_block(p, n, 2, [](const uint8_t* q) { uint16_t h; std::memcpy(&h, q, 2); return bf16_to_float(h); }, &b);
+        widened_block(p, n, bf16_to_float, &b);
       if (b.count) {
         min_ = std::min(min_, double(b.mn));
         max_ = std::max(max_, double(b.mx));

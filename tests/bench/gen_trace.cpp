@@ -1,8 +1,8 @@
 // Writes two synthetic run directories of N ops each (a training-like mix of nested forward,
 // backward and optimizer ops; run B differs in one op near the end), for timing `detaudit diff`
 // by hand:
-//   g++ -O2 -std=c++17 -Isrc tests/bench/gen_trace.cpp src/trace/*.cpp -lfmt -o /tmp/gen_trace
-//   /tmp/gen_trace /tmp/bench 10000000 && /usr/bin/time -v detaudit diff /tmp/bench/run-0 /tmp/bench/run-1
+//   built as build/bin/bench_gen_trace; tests/bench/run.sh uses it for the diff figures
+//   bench_gen_trace /tmp/bench 10000000 && detaudit diff /tmp/bench/run-0 /tmp/bench/run-1
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>

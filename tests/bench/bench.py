@@ -1,0 +1,204 @@
+"""Times detaudit's recorder against plain runs and the peer approach, side by side in one run.
+
+For each workload (cnn, embed, lstm) in Python and C++, every mode runs as its own process, the
+modes interleaved in each repeat so drift hits them alike; the median ms/step is reported with its
+ratio to plain. Also: bytes hashed per step against the digest's raw throughput (the floor), trace
+bytes per tensor record, peak RSS; and the diff's records/s and memory on 10M-op runs.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PY = "/usr/bin/python3"
+
+MODES = [
+    ("plain", None),
+    ("loaded, recording off", {"select": {"steps": [999999999]}}),
+    ("md5 + stats", {"digest": "md5"}),
+    ("md5", {"digest": "md5", "record": {"stats": False}}),
+    ("sha256 + stats", {"digest": "sha256"}),
+    ("sha256", {"digest": "sha256", "record": {"stats": False}}),
+    ("xxh3 + stats", {"digest": "xxh3"}),
+    ("xxh3", {"digest": "xxh3", "record": {"stats": False}}),
+    ("peer: TorchDispatchMode + MD5", "peer"),
+]
+
+
+def run_measured(cmd, env):
+    """Runs cmd, returns (its JSON line, peak RSS in MB)."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate()
+    _, status, usage = os.wait4(proc.pid, 0) if proc.returncode is None else (0, 0, None)
+    if proc.returncode != 0:
+        sys.exit(f"bench: {' '.join(cmd)} failed: {err.decode()[-2000:]}")
+    return json.loads(out.decode().strip().splitlines()[-1])
+
+
+def peak_rss_mb(cmd, env):
+    pid = os.fork()
+    if pid == 0:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        os.execve(cmd[0], cmd, env)
+    _, status, usage = os.wait4(pid, 0)
+    return usage.ru_maxrss / 1024.0
+
+
+def workload_cmd(args, lang, workload, peer=False):
+    common = ["--workload", workload, "--steps", str(args.steps), "--warmup", str(args.warmup),
+              "--threads", "2"]
+    if lang == "python":
+        return [PY, os.path.join(HERE, "workloads.py")] + common + (["--peer"] if peer else [])
+    return [os.path.join(args.build, "bin", "bench_workloads")] + common
+
+
+def mode_env(args, mode_config, run_dir):
+    env = dict(os.environ)
+    if mode_config is None or mode_config == "peer":
+        return env
+    os.makedirs(run_dir, exist_ok=True)
+    config_path = os.path.join(run_dir, "config.json")
+    with open(config_path, "w") as f:
+        json.dump(mode_config, f)
+    env["LD_PRELOAD"] = os.path.join(args.build, "lib", "detaudit", "libdetaudit_hooks.so")
+    env["DETAUDIT_RUN_DIR"] = run_dir
+    env["DETAUDIT_CONFIG"] = config_path
+    return env
+
+
+def trace_stats(args, run_dir):
+    out = subprocess.run([os.path.join(args.build, "bin", "bench_trace_stats"), run_dir],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def bench_workload(args, lang, workload, raw, tmp):
+    modes = [m for m in MODES if not (m[1] == "peer" and lang == "cpp")]
+    times = {name: [] for name, _ in modes}
+    extra = {}
+    for rep in range(args.repeats):
+        for name, cfg in modes:
+            run_dir = os.path.join(tmp, f"{lang}-{workload}-{len(extra)}-{rep}-{abs(hash(name))}")
+            env = mode_env(args, cfg, run_dir)
+            cmd = workload_cmd(args, lang, workload, peer=(cfg == "peer"))
+            result = run_measured(cmd, env)
+            times[name].append(result["ms_per_step"])
+            if rep == 0:
+                info = {"rss_mb": peak_rss_mb(cmd, mode_env(args, cfg, run_dir + "-rss"))}
+                if isinstance(cfg, dict) and name != "loaded, recording off":
+                    info.update(trace_stats(args, run_dir))
+                if cfg == "peer":
+                    info["bytes_hashed_per_step"] = result["peer_bytes_per_step"]
+                extra[name] = info
+            shutil.rmtree(run_dir, ignore_errors=True)
+            shutil.rmtree(run_dir + "-rss", ignore_errors=True)
+    plain = statistics.median(times["plain"])
+    rows = []
+    total_steps = args.steps + args.warmup
+    for name, cfg in modes:
+        ms = statistics.median(times[name])
+        info = extra.get(name, {})
+        row = {"workload": f"{workload} ({lang})", "mode": name, "ms": ms, "ratio": ms / plain,
+               "rss_mb": info.get("rss_mb")}
+        if "bytes_hashed" in info:
+            per_step = info["bytes_hashed"] / total_steps
+            algo = cfg.get("digest", "md5")
+            floor_ms = per_step / (raw[algo] * 1e6) * 1e3
+            row["mb_hashed_per_step"] = per_step / 1e6
+            row["overhead_vs_floor"] = (ms - plain) / floor_ms if floor_ms > 0 else None
+            row["achieved_mbps"] = per_step / 1e6 / ((ms - plain) / 1e3) if ms > plain else None
+            row["raw_mbps"] = raw[algo]
+            row["bytes_per_tensor_record"] = info["trace_bytes"] / max(1, info["tensor_records"])
+            row["ns_per_op"] = (ms - plain) * 1e6 / (info["ops"] / total_steps) if info["ops"] else None
+            row["ops_per_step"] = info["ops"] / total_steps
+        if "bytes_hashed_per_step" in info:
+            row["mb_hashed_per_step"] = info["bytes_hashed_per_step"] / 1e6
+        rows.append(row)
+    return rows
+
+
+def bench_diff(args, n_ops, tmp):
+    d = os.path.join(tmp, f"diff-{n_ops}")
+    subprocess.run([os.path.join(args.build, "bin", "bench_gen_trace"), d, str(n_ops)], check=True,
+                   capture_output=True)
+    size = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(d) for f in fs)
+    cmd = [os.path.join(args.build, "bin", "detaudit"), "diff", f"{d}/run-0", f"{d}/run-1", "--no-catalog"]
+    t0 = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        os.execv(cmd[0], cmd)
+    _, status, usage = os.wait4(pid, 0)
+    elapsed = time.perf_counter() - t0
+    shutil.rmtree(d, ignore_errors=True)
+    records = 2 * n_ops
+    return {"ops_per_run": n_ops, "seconds": elapsed, "records_per_s": records / elapsed,
+            "mb_per_s": size / 1e6 / elapsed, "rss_mb": usage.ru_maxrss / 1024.0,
+            "exit": os.waitstatus_to_exitcode(status)}
+
+
+def fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--build", required=True)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--only", default="cnn,embed,lstm")
+    p.add_argument("--langs", default="python,cpp")
+    p.add_argument("--quick", action="store_true", help="1 repeat, 3 steps, 1M-op diff")
+    p.add_argument("--no-diff", action="store_true")
+    p.add_argument("--diff-ops", type=int, default=10_000_000)
+    p.add_argument("--json", help="also write the results here")
+    args = p.parse_args()
+    if args.quick:
+        args.repeats, args.steps, args.diff_ops = 1, 3, 1_000_000
+
+    raw = json.loads(subprocess.run([os.path.join(args.build, "bin", "bench_hash_speed")],
+                                    check=True, capture_output=True, text=True).stdout)
+    print(f"raw throughput on this machine, MB/s: {raw}", flush=True)
+    tmp = tempfile.mkdtemp(prefix="detaudit-bench-")
+    rows = []
+    try:
+        for workload in args.only.split(","):
+            for lang in args.langs.split(","):
+                rows += bench_workload(args, lang, workload, raw, tmp)
+                print(f"done {workload} ({lang})", file=sys.stderr, flush=True)
+        diffs = [] if args.no_diff else [bench_diff(args, n, tmp) for n in (args.diff_ops // 10, args.diff_ops)]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    print("\n| workload | mode | ms/step | x plain | MB hashed/step | overhead / floor | achieved MB/s (raw) | B/tensor record | ns/op | peak RSS MB |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        achieved = "-" if r.get("achieved_mbps") is None else f"{r['achieved_mbps']:.0f} ({r['raw_mbps']:.0f})"
+        print(f"| {r['workload']} | {r['mode']} | {r['ms']:.1f} | {r['ratio']:.2f} | "
+              f"{fmt(r.get('mb_hashed_per_step'), '.1f')} | {fmt(r.get('overhead_vs_floor'), '.2f')} | "
+              f"{achieved} | {fmt(r.get('bytes_per_tensor_record'), '.1f')} | {fmt(r.get('ns_per_op'), '.0f')} | "
+              f"{fmt(r.get('rss_mb'), '.0f')} |")
+    if diffs:
+        print("\n| diff: ops per run | seconds | records/s | MB/s | peak RSS MB | exit |")
+        print("|---:|---:|---:|---:|---:|---:|")
+        for d in diffs:
+            print(f"| {d['ops_per_run']:,} | {d['seconds']:.2f} | {d['records_per_s'] / 1e6:.2f}M | "
+                  f"{d['mb_per_s']:.0f} | {d['rss_mb']:.0f} | {d['exit']} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"raw": raw, "rows": rows, "diff": diffs}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""Benchmark workloads for detaudit: each times its own training steps and prints one JSON line.
+
+  workloads.py --workload cnn|embed|lstm [--steps N] [--warmup N] [--threads N] [--peer]
+
+--peer runs the steps under the peer approach: a Python TorchDispatchMode that MD5-hashes every
+op's tensor inputs and outputs (what Python-level tools do).
+"""
+import argparse
+import hashlib
+import json
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+
+class Md5EveryOp(TorchDispatchMode):
+    """The peer approach: hash every tensor an op reads or writes, at every op."""
+
+    def __init__(self):
+        super().__init__()
+        self.bytes = 0
+
+    def _hash(self, values):
+        for v in tree_flatten(values)[0]:
+            if isinstance(v, torch.Tensor) and v.layout == torch.strided and not v.is_meta:
+                data = v.detach().contiguous().view(torch.uint8).numpy().tobytes() if v.numel() else b""
+                hashlib.md5(data).digest()
+                self.bytes += len(data)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self._hash((args, kwargs))
+        out = func(*args, **(kwargs or {}))
+        self._hash(out)
+        return out
+
+
+def cnn():
+    torch.manual_seed(0)
+    layers, c = [], 3
+    for width in (32, 32, 64, 64, 128, 128):
+        layers += [nn.Conv2d(c, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU()]
+        c = width
+        if width in (32, 64):
+            layers.append(nn.MaxPool2d(2))
+    layers += [nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(128 * 16, 256), nn.ReLU(),
+               nn.Dropout(0.2), nn.Linear(256, 10)]
+    model = nn.Sequential(*layers)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x, y = torch.randn(32, 3, 64, 64), torch.randint(0, 10, (32,))
+
+    def step():
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return step
+
+
+def embed():
+    torch.manual_seed(0)
+    emb = nn.Embedding(50000, 64)
+    mlp = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 2))
+    params = list(emb.parameters()) + list(mlp.parameters())
+    opt = torch.optim.Adam(params, lr=1e-3)
+    tokens, y = torch.randint(0, 50000, (256, 32)), torch.randint(0, 2, (256,))
+
+    def step():
+        opt.zero_grad()
+        F.cross_entropy(mlp(emb(tokens).mean(1)), y).backward()
+        opt.step()
+    return step
+
+
+def lstm():
+    torch.manual_seed(0)
+    cell, head = nn.LSTMCell(16, 32), nn.Linear(32, 1)
+    opt = torch.optim.SGD(list(cell.parameters()) + list(head.parameters()), lr=0.01)
+    xs, target = torch.randn(100, 4, 16), torch.randn(4, 1)
+
+    def step():
+        opt.zero_grad()
+        h = c = torch.zeros(4, 32)
+        for x in xs:
+            h, c = cell(x, (h, c))
+        F.mse_loss(head(h), target).backward()
+        opt.step()
+    return step
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--workload", choices=["cnn", "embed", "lstm"], required=True)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--peer", action="store_true")
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    step = {"cnn": cnn, "embed": embed, "lstm": lstm}[a.workload]()
+    for _ in range(a.warmup):
+        step()
+    mode = Md5EveryOp() if a.peer else None
+    if mode:
+        mode.__enter__()
+    t0 = time.perf_counter()
+    for _ in range(a.steps):
+        step()
+    elapsed = time.perf_counter() - t0
+    if mode:
+        mode.__exit__(None, None, None)
+    print(json.dumps({"ms_per_step": 1000 * elapsed / a.steps,
+                      "peer_bytes_per_step": (mode.bytes / a.steps) if mode else 0}))
+
+
+if __name__ == "__main__":
+    main()
