@@ -49,6 +49,25 @@ bool starts_with(std::string_view s, std::string_view prefix) {
   return s.substr(0, prefix.size()) == prefix;
 }
 
+// In-place ops that change a tensor's sizes or strides, never its bytes: like views, not
+// recorded (the cache checks shape and strides, so they cannot leave a stale description).
+bool is_metadata_only(std::string_view name) {
+  return name == "aten::as_strided_" || name == "aten::detach_" || name == "aten::squeeze_" ||
+         name == "aten::unsqueeze_" || name == "aten::transpose_" || name == "aten::t_" ||
+         name == "aten::swapdims_" || name == "aten::swapaxes_";
+}
+
+// The cached description still matches the tensor's view of its storage.
+bool same_geometry(const trace::TensorDesc& d, int64_t offset, const at::Tensor& t) {
+  if (offset != t.storage_offset()) return false;
+  auto sizes = t.sizes();
+  if (d.sizes.size() != sizes.size() || !std::equal(sizes.begin(), sizes.end(), d.sizes.begin()))
+    return false;
+  if (d.bits & trace::kTensorContiguous) return t.is_contiguous();
+  auto strides = t.strides();
+  return std::equal(strides.begin(), strides.end(), d.strides.begin(), d.strides.end());
+}
+
 bool is_empty_family(std::string_view name) {
   return name == "aten::empty" || name == "aten::empty_like" || name == "aten::empty_strided" ||
          name == "aten::new_empty" || name == "aten::new_empty_strided" ||
@@ -262,6 +281,7 @@ const ThreadRecorder::OpInfo& ThreadRecorder::op_info(const at::RecordFunction& 
   info.name_id = intern(name);
   info.selected = ProcessRecorder::instance().config().select.wants_op(name);
   info.is_empty_family = is_empty_family(name);
+  info.metadata_only = is_metadata_only(name);
   if (auto op_name = fn.operator_name()) {
     if (auto handle = c10::Dispatcher::singleton().findOp(*op_name)) {
       const c10::FunctionSchema& schema = handle->schema();
@@ -285,7 +305,10 @@ const ThreadRecorder::OpInfo& ThreadRecorder::op_info(const at::RecordFunction& 
 Phase ThreadRecorder::current_phase() const {
   if (backward_depth_ > 0) return Phase::kBackward;
   const bool grad = c10::GradMode::is_enabled();
-  if (optimizer_depth_ > 0) return grad ? Phase::kForward : Phase::kOptimizer;  // LBFGS closure
+  // Inside Optimizer.step, grad-enabled work is a closure's forward pass (LBFGS).
+  if (optimizer_step_depth_ > 0 && optimizer_step_depth_ == optimizer_depth_)
+    return grad ? Phase::kForward : Phase::kOptimizer;
+  if (optimizer_depth_ > 0) return Phase::kOptimizer;  // zero_grad and the like
   // C++ programs have no optimizer marks: no-grad work after a backward is the optimizer's.
   if (!ProcessRecorder::instance().is_python() && backward_seen_in_step_ && !grad)
     return Phase::kOptimizer;
@@ -322,6 +345,7 @@ void ThreadRecorder::on_start(const at::RecordFunction& fn) {
     } else if (name == "detaudit::step") {
       f.marker = Marker::kStep;
     }
+    if (f.marker == Marker::kOptimizerStep) ++optimizer_step_depth_;
     if (f.marker == Marker::kOptimizerStep || f.marker == Marker::kOptimizerOther)
       ++optimizer_depth_;
     return;
@@ -341,7 +365,7 @@ void ThreadRecorder::on_start(const at::RecordFunction& fn) {
   }
   if (!proc.step_selected()) return;
   const OpInfo& info = op_info(fn);
-  if (info.is_view || !info.selected) return;
+  if (info.is_view || info.metadata_only || !info.selected) return;
   const Phase phase = current_phase();
   if (!proc.config().select.wants_phase(phase)) return;
 
@@ -481,14 +505,20 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t) {
       return;
     }
   }
-  // First sight of this version: it entered from outside, or is a view of a recorded tensor.
-  totals_.bytes_hashed += describe_tensor(t, hasher_.get(), ProcessRecorder::instance().config().stats, &s.desc);
-  ++totals_.tensors_hashed;
-  trace::Provenance prov = trace::Provenance::kExternal;
+  // First sight of this TensorImpl at this version. Another TensorImpl over the same bytes
+  // (autograd's saved tensors, detach()) reuses their description; otherwise hash.
   StorageEntry* st = storage_of(t);
-  if (st && st->id >= 0 && st->version == s.version) {
-    prov = trace::Provenance::kView;
-    s.base_id = st->id;
+  const bool same_bytes_known = st && st->id >= 0 && st->version == s.version;
+  trace::Provenance prov = same_bytes_known ? trace::Provenance::kView : trace::Provenance::kExternal;
+  if (same_bytes_known) s.base_id = st->id;
+  if (same_bytes_known && st->last && st->last->storage == st &&
+      st->last->storage_writes == st->writes &&
+      same_geometry(st->last->desc, st->last->storage_offset, t)) {
+    s.desc = st->last->desc;
+    s.desc.bits &= uint8_t(~(3u << trace::kProvenanceShift));
+  } else {
+    totals_.bytes_hashed += describe_tensor(t, hasher_.get(), ProcessRecorder::instance().config().stats, &s.desc);
+    ++totals_.tensors_hashed;
   }
   s.desc.bits |= uint8_t(uint8_t(prov) << trace::kProvenanceShift);
   if (!s.cacheable) return;
@@ -500,6 +530,7 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t) {
   e.external_serial = prov == trace::Provenance::kExternal ? top_level_serial_ : 0;
   e.storage = st;
   e.storage_writes = st ? st->writes : 0;
+  e.storage_offset = t.storage_offset();
   s.storage_writes = e.storage_writes;
   e.written_order = 0;  // described at a start: not proof of what any writer left
   e.base_id = s.base_id;
@@ -522,11 +553,28 @@ ThreadRecorder::CacheEntry* ThreadRecorder::lookup(const at::Tensor& t, uint32_t
   auto it = cache_.find(t.unsafeGetTensorImpl());
   if (it == cache_.end()) return nullptr;
   CacheEntry& e = it->second;
-  if (e.impl.expired() || e.version != version) return nullptr;
+  if (e.impl.expired() || e.version != version || !same_geometry(e.desc, e.storage_offset, t))
+    return nullptr;
   if (e.storage && e.storage->writes != e.storage_writes) return nullptr;
   if (e.external_serial != 0 && (!allow_external || e.external_serial != top_level_serial_))
     return nullptr;
   return &e;
+}
+
+void ThreadRecorder::describe_uninitialized(const at::Tensor& t, trace::TensorDesc* desc) {
+  desc->dtype = uint8_t(t.scalar_type());
+  desc->device_type = uint8_t(t.device().type());
+  desc->device_index = t.device().index();
+  desc->sizes.assign(t.sizes().begin(), t.sizes().end());
+  const bool contiguous = t.is_contiguous();
+  desc->bits = uint8_t((contiguous ? trace::kTensorContiguous : 0) | trace::kTensorUninitialized);
+  if (contiguous)
+    desc->strides.clear();
+  else
+    desc->strides.assign(t.strides().begin(), t.strides().end());
+  desc->digest.fill(0);
+  desc->digest_len = uint8_t(hasher_->length());
+  desc->stats = trace::TensorStats{};
 }
 
 void ThreadRecorder::clear_caches() {
@@ -616,7 +664,9 @@ void ThreadRecorder::emit_output_tensor(const at::Tensor& t, ByteWriter& w, cons
   CacheEntry* e = cacheable ? lookup(t, version, /*allow_external=*/true) : nullptr;
   // Kernels called inside other kernels write in place without bumping the version: a writing
   // op trusts only a description made after it started (by a nested op).
-  if (e && f.info->writes && e->written_order < f.order) e = nullptr;
+  // Kernels also write into tensors a nested `empty` allocated: an uninitialized description is
+  // never trusted for an output.
+  if (e && (e->desc.uninitialized() || (f.info->writes && e->written_order < f.order))) e = nullptr;
   if (e && e->id >= 0 && next_tensor_id_ - e->id <= int64_t(trace::kRefWindow)) {
     w.u8(uint8_t(ValueType::kTensorRef));
     w.varint(uint64_t(next_tensor_id_ - e->id));
@@ -624,9 +674,13 @@ void ThreadRecorder::emit_output_tensor(const at::Tensor& t, ByteWriter& w, cons
   }
   if (!e) {
     thread_local trace::TensorDesc desc;
-    totals_.bytes_hashed += describe_tensor(t, hasher_.get(), ProcessRecorder::instance().config().stats, &desc);
-    ++totals_.tensors_hashed;
-    if (f.info->is_empty_family) desc.bits |= trace::kTensorUninitialized;
+    if (f.info->is_empty_family) {
+      // Uninitialized bytes: their digest would differ run to run and mean nothing.
+      describe_uninitialized(t, &desc);
+    } else {
+      totals_.bytes_hashed += describe_tensor(t, hasher_.get(), ProcessRecorder::instance().config().stats, &desc);
+      ++totals_.tensors_hashed;
+    }
     if (cacheable) {
       if (cache_.size() >= kMaxCacheEntries) clear_caches();
       e = &cache_[impl];
@@ -636,6 +690,7 @@ void ThreadRecorder::emit_output_tensor(const at::Tensor& t, ByteWriter& w, cons
       e->storage = nullptr;
       e->base_id = -1;
       e->written_order = f.order;
+      e->storage_offset = t.storage_offset();
       e->desc = desc;
     } else {
       write_new(w, desc, -1);
@@ -648,6 +703,7 @@ void ThreadRecorder::emit_output_tensor(const at::Tensor& t, ByteWriter& w, cons
     ++st->writes;
     st->version = version;
     st->id = e->id;
+    st->last = e;
     e->storage = st;
     e->storage_writes = st->writes;
   }
@@ -719,6 +775,7 @@ void ThreadRecorder::on_end(const at::RecordFunction& fn) {
 
   switch (f.marker) {
     case Marker::kOptimizerStep:
+      --optimizer_step_depth_;
       if (--optimizer_depth_ == 0) ProcessRecorder::instance().mark_step_end();
       return;
     case Marker::kOptimizerOther:

@@ -100,15 +100,18 @@ class ThreadRecorder {
     bool is_random = false;
     bool is_empty_family = false;
     bool writes = false;  // writes an argument in place (`Tensor(a!)`)
+    bool metadata_only = false;  // in place on sizes and strides only (as_strided_, t_, ...)
   };
 
   // The last recorded write to a storage. A write through any alias (e.g. `p.data.add_()`, whose
   // version counter is not p's) bumps `writes`, which retires every cache entry on the storage.
+  struct CacheEntry;
   struct StorageEntry {
     c10::weak_intrusive_ptr<c10::StorageImpl> storage{c10::intrusive_ptr<c10::StorageImpl>()};
     uint64_t writes = 0;
     uint32_t version = 0;  // of the tensor last written here
     int64_t id = -1;       // its tensor id, once written
+    struct CacheEntry* last = nullptr;  // its description
   };
 
   // One tensor version this stream has described.
@@ -120,6 +123,7 @@ class ThreadRecorder {
     uint64_t external_serial = 0;  // for tensors that entered from outside: valid in this op only
     StorageEntry* storage = nullptr;
     uint64_t storage_writes = 0;
+    int64_t storage_offset = 0;
     int64_t base_id = -1;  // for views
     uint64_t written_order = 0;  // order of the op that described it
     trace::TensorDesc desc;
@@ -176,6 +180,7 @@ class ThreadRecorder {
   void after_record();
   uint64_t rng_state(const at::RecordFunction& fn);
   void clear_caches();
+  void describe_uninitialized(const at::Tensor& t, trace::TensorDesc* desc);
   StorageEntry* storage_of(const at::Tensor& t);
   // The cache entry for this tensor's current version, or nullptr.
   CacheEntry* lookup(const at::Tensor& t, uint32_t version, bool allow_external);
@@ -208,7 +213,8 @@ class ThreadRecorder {
   size_t bytes_item_start_ = 0;
 
   int backward_depth_ = 0;
-  int optimizer_depth_ = 0;
+  int optimizer_depth_ = 0;       // inside any optimizer mark
+  int optimizer_step_depth_ = 0;  // inside Optimizer.step, where a closure may run forward
   bool backward_seen_in_step_ = false;
   uint64_t last_step_written_ = UINT64_MAX;
   uint64_t last_order_written_ = 0;

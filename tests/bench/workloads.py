@@ -27,7 +27,7 @@ class Md5EveryOp(TorchDispatchMode):
     def _hash(self, values):
         for v in tree_flatten(values)[0]:
             if isinstance(v, torch.Tensor) and v.layout == torch.strided and not v.is_meta:
-                data = v.detach().contiguous().view(torch.uint8).numpy().tobytes() if v.numel() else b""
+                data = v.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if v.numel() else b""
                 hashlib.md5(data).digest()
                 self.bytes += len(data)
 
