@@ -159,6 +159,7 @@ void ProcessRecorder::write_environment_once() {
 
 void ProcessRecorder::after_fork_child() {
   role_ += "." + std::to_string(forks_ - 1);
+  fork_generation_.fetch_add(1);
   forks_ = 0;
   order_.store(0);
   next_thread_.store(0);
@@ -192,7 +193,8 @@ ThreadRecorder* ThreadRecorder::current() {
   return tls_recorder;
 }
 
-ThreadRecorder::ThreadRecorder() : pid_(::getpid()) {
+ThreadRecorder::ThreadRecorder()
+    : pid_(::getpid()), fork_generation_(ProcessRecorder::instance().fork_generation()) {
   hasher_ = std::make_unique<Hasher>(ProcessRecorder::instance().config().digest);
   frames_.resize(64);
   ProcessRecorder::instance().register_thread(this);
@@ -200,7 +202,7 @@ ThreadRecorder::ThreadRecorder() : pid_(::getpid()) {
 
 ThreadRecorder::~ThreadRecorder() {
   ProcessRecorder::instance().unregister_thread(this);
-  if (pid_ == ::getpid()) finish();
+  if (fork_generation_ == ProcessRecorder::instance().fork_generation()) finish();
 }
 
 void ThreadRecorder::finish() {
@@ -214,6 +216,7 @@ void ThreadRecorder::finish() {
 void ThreadRecorder::reset_after_fork() {
   // Everything here describes the parent's stream: the child starts its own.
   pid_ = ::getpid();
+  fork_generation_ = ProcessRecorder::instance().fork_generation();
   stream_.fd = -1;
   stream_.bytes.clear();
   stream_.committed.store(0);
@@ -323,7 +326,7 @@ uint64_t ThreadRecorder::rng_state(const at::RecordFunction& fn) {
 
 void ThreadRecorder::on_start(const at::RecordFunction& fn) {
   if (busy_) return;
-  if (pid_ != ::getpid()) reset_after_fork();
+  if (fork_generation_ != ProcessRecorder::instance().fork_generation()) reset_after_fork();
   ProcessRecorder& proc = ProcessRecorder::instance();
 
   if (depth_ == frames_.size()) frames_.resize(frames_.size() * 2);
@@ -511,18 +514,31 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t) {
   const bool same_bytes_known = st && st->id >= 0 && st->version == s.version;
   trace::Provenance prov = same_bytes_known ? trace::Provenance::kView : trace::Provenance::kExternal;
   if (same_bytes_known) s.base_id = st->id;
+  const trace::TensorDesc* known = nullptr;
   if (same_bytes_known && st->last && st->last->storage == st &&
       st->last->storage_writes == st->writes &&
-      same_geometry(st->last->desc, st->last->storage_offset, t)) {
-    s.desc = st->last->desc;
+      same_geometry(st->last->desc, st->last->storage_offset, t))
+    known = &st->last->desc;
+  for (size_t i = 0; st && !known && i < st->views.size(); ++i)
+    if (st->views[i].writes == st->writes && same_geometry(st->views[i].desc, st->views[i].offset, t))
+      known = &st->views[i].desc;
+  if (known) {
+    s.desc = *known;
     s.desc.bits &= uint8_t(~(3u << trace::kProvenanceShift));
   } else {
     totals_.bytes_hashed += describe_tensor(t, hasher_.get(), ProcessRecorder::instance().config().stats, &s.desc);
     ++totals_.tensors_hashed;
+    if (st) {
+      StorageEntry::View& v = st->views[st->next_view++ % st->views.size()];
+      v.writes = st->writes;
+      v.offset = t.storage_offset();
+      v.desc = s.desc;
+      v.desc.bits &= uint8_t(~(3u << trace::kProvenanceShift));
+    }
   }
   s.desc.bits |= uint8_t(uint8_t(prov) << trace::kProvenanceShift);
   if (!s.cacheable) return;
-  if (cache_.size() >= kMaxCacheEntries) clear_caches();
+  make_room();
   CacheEntry& e = cache_[impl];
   e.impl = WeakImpl(t.getIntrusivePtr());
   e.version = s.version;
@@ -575,6 +591,21 @@ void ThreadRecorder::describe_uninitialized(const at::Tensor& t, trace::TensorDe
   desc->digest.fill(0);
   desc->digest_len = uint8_t(hasher_->length());
   desc->stats = trace::TensorStats{};
+}
+
+void ThreadRecorder::make_room() {
+  if (cache_.size() < kMaxCacheEntries) return;
+  // Forget what died; the rest stays valid. Order matters: pointers between the two maps
+  // must never lead to an erased entry.
+  auto dead = [](const CacheEntry& e) {
+    return e.impl.expired() || (e.storage && e.storage->storage.expired());
+  };
+  for (auto& [impl, st] : storages_)
+    if (st.last && dead(*st.last)) st.last = nullptr;
+  for (auto it = cache_.begin(); it != cache_.end();) it = dead(it->second) ? cache_.erase(it) : std::next(it);
+  for (auto it = storages_.begin(); it != storages_.end();)
+    it = it->second.storage.expired() ? storages_.erase(it) : std::next(it);
+  if (cache_.size() >= kMaxCacheEntries * 3 / 4) clear_caches();
 }
 
 void ThreadRecorder::clear_caches() {
@@ -682,7 +713,7 @@ void ThreadRecorder::emit_output_tensor(const at::Tensor& t, ByteWriter& w, cons
       ++totals_.tensors_hashed;
     }
     if (cacheable) {
-      if (cache_.size() >= kMaxCacheEntries) clear_caches();
+      make_room();
       e = &cache_[impl];
       e->impl = WeakImpl(t.getIntrusivePtr());
       e->version = version;

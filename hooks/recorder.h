@@ -9,6 +9,7 @@
 #include <ATen/record_function.h>
 #include <c10/core/UndefinedTensorImpl.h>
 
+#include <array>
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -56,6 +57,8 @@ class ProcessRecorder {
   // In a forked child: a new role, a fresh order, no inherited threads.
   void after_fork_child();
   void before_fork() { ++forks_; }
+  // Bumped in every forked child: a thread's state from before the fork belongs to the parent.
+  uint32_t fork_generation() const { return fork_generation_.load(std::memory_order_relaxed); }
 
  private:
   ProcessRecorder() = default;
@@ -75,6 +78,7 @@ class ProcessRecorder {
   std::atomic<uint64_t> step_rng_{0};
   std::atomic<uint32_t> next_thread_{0};
   std::atomic<bool> env_written_{false};
+  std::atomic<uint32_t> fork_generation_{0};
   std::mutex threads_mu_;  // taken once per thread, never per op
   std::vector<ThreadRecorder*> threads_;
 };
@@ -112,6 +116,14 @@ class ThreadRecorder {
     uint32_t version = 0;  // of the tensor last written here
     int64_t id = -1;       // its tensor id, once written
     struct CacheEntry* last = nullptr;  // its description
+    // Other geometries of the same bytes described since the last write (w.t() each timestep).
+    struct View {
+      uint64_t writes = UINT64_MAX;
+      int64_t offset = 0;
+      trace::TensorDesc desc;
+    };
+    std::array<View, 2> views;
+    uint8_t next_view = 0;
   };
 
   // One tensor version this stream has described.
@@ -180,12 +192,14 @@ class ThreadRecorder {
   void after_record();
   uint64_t rng_state(const at::RecordFunction& fn);
   void clear_caches();
+  void make_room();  // drops dead entries when the cache is full
   void describe_uninitialized(const at::Tensor& t, trace::TensorDesc* desc);
   StorageEntry* storage_of(const at::Tensor& t);
   // The cache entry for this tensor's current version, or nullptr.
   CacheEntry* lookup(const at::Tensor& t, uint32_t version, bool allow_external);
 
   pid_t pid_;
+  uint32_t fork_generation_;
   bool busy_ = false;  // set while the recorder itself runs tensor ops
   bool stream_open_ = false;
   uint32_t thread_index_ = 0;
