@@ -53,6 +53,7 @@ bool starts_with(std::string_view s, std::string_view prefix) {
 // recorded (the cache checks shape and strides, so they cannot leave a stale description).
 bool is_metadata_only(std::string_view name) {
   return name == "aten::as_strided_" || name == "aten::detach_" || name == "aten::squeeze_" ||
+         name == "detach" || name == "detach_" ||  // autograd's schema-less kernels
          name == "aten::unsqueeze_" || name == "aten::transpose_" || name == "aten::t_" ||
          name == "aten::swapdims_" || name == "aten::swapaxes_";
 }
@@ -287,6 +288,8 @@ const ThreadRecorder::OpInfo& ThreadRecorder::op_info(const at::RecordFunction& 
   info.metadata_only = is_metadata_only(name);
   if (auto op_name = fn.operator_name()) {
     if (auto handle = c10::Dispatcher::singleton().findOp(*op_name)) {
+      info.composite = handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
+                       handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd);
       const c10::FunctionSchema& schema = handle->schema();
       // A view returns an alias it does not write: not recorded, its data is its base's.
       for (const auto& ret : schema.returns()) {
@@ -366,16 +369,27 @@ void ThreadRecorder::on_start(const at::RecordFunction& fn) {
     f.backward = true;
     ++backward_depth_;
   }
-  if (!proc.step_selected()) return;
+  if (!proc.step_selected()) {
+    unselected_since_clear_ = true;  // writes we do not see: start afresh when recording resumes
+    return;
+  }
+  if (unselected_since_clear_) {
+    clear_caches();
+    unselected_since_clear_ = false;
+  }
   const OpInfo& info = op_info(fn);
+  f.info = &info;
   if (info.is_view || info.metadata_only || !info.selected) return;
   const Phase phase = current_phase();
   if (!proc.config().select.wants_phase(phase)) return;
 
   f.recorded = true;
-  f.info = &info;
   f.order = proc.next_order();
   f.step = proc.step();
+  if (f.step != step_started_) {
+    step_started_ = f.step;
+    step_first_order_ = f.order;
+  }
   f.name_id = info.name_id;
   trace::Scope scope = fn.scope() == at::RecordScope::FUNCTION            ? trace::Scope::kFunction
                        : fn.scope() == at::RecordScope::BACKWARD_FUNCTION ? trace::Scope::kBackwardFunction
@@ -697,7 +711,9 @@ void ThreadRecorder::emit_output_tensor(const at::Tensor& t, ByteWriter& w, cons
   // op trusts only a description made after it started (by a nested op).
   // Kernels also write into tensors a nested `empty` allocated: an uninitialized description is
   // never trusted for an output.
-  if (e && (e->desc.uninitialized() || (f.info->writes && e->written_order < f.order))) e = nullptr;
+  if (e && (e->desc.uninitialized() || !f.info->composite ||
+            (f.info->writes && e->written_order < f.order)))
+    e = nullptr;
   if (e && e->id >= 0 && next_tensor_id_ - e->id <= int64_t(trace::kRefWindow)) {
     w.u8(uint8_t(ValueType::kTensorRef));
     w.varint(uint64_t(next_tensor_id_ - e->id));
@@ -751,7 +767,7 @@ void ThreadRecorder::write_record(const Frame& f, const at::RecordFunction& fn) 
   if (f.step != last_step_written_) {
     trace::StepInfo info = proc.step_info();
     info.step = f.step;
-    info.order = f.order;
+    info.order = f.step == step_started_ ? step_first_order_ : f.order;
     encoder_.step(info, &stream_.bytes);
     last_step_written_ = f.step;
     backward_seen_in_step_ = false;
@@ -826,6 +842,12 @@ void ThreadRecorder::on_end(const at::RecordFunction& fn) {
   if (f.backward) {
     --backward_depth_;
     backward_seen_in_step_ = true;
+  }
+  if (!f.recorded && f.info && f.info->writes && !f.info->metadata_only) {
+    // A write we do not record still changes bytes the cache describes.
+    for (const c10::IValue& v : fn.outputs())
+      if (v.isTensor() && v.toTensor().defined())
+        if (StorageEntry* st = storage_of(v.toTensor())) ++st->writes;
   }
   if (f.recorded) {
     busy_ = true;

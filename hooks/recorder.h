@@ -105,6 +105,10 @@ class ThreadRecorder {
     bool is_empty_family = false;
     bool writes = false;  // writes an argument in place (`Tensor(a!)`)
     bool metadata_only = false;  // in place on sizes and strides only (as_strided_, t_, ...)
+    // Implemented only through other ops (a Composite kernel): its outputs are what its nested
+    // ops described. A backend kernel may write its outputs directly after a nested op ran
+    // (addmm copies the bias with copy_, then a GEMM adds the product in place).
+    bool composite = false;
   };
 
   // The last recorded write to a storage. A write through any alias (e.g. `p.data.add_()`, whose
@@ -231,6 +235,9 @@ class ThreadRecorder {
   int optimizer_step_depth_ = 0;  // inside Optimizer.step, where a closure may run forward
   bool backward_seen_in_step_ = false;
   uint64_t last_step_written_ = UINT64_MAX;
+  uint64_t step_started_ = UINT64_MAX;   // the step of the last op started on this thread
+  uint64_t step_first_order_ = 0;        // the order of that step's first op here
+  bool unselected_since_clear_ = false;  // ops ran unrecorded: the caches may be stale
   uint64_t last_order_written_ = 0;
   uint64_t records_since_handover_ = 0;
   uint64_t last_handover_ns_ = 0;
