@@ -84,6 +84,19 @@ class RecordEdgeCases(unittest.TestCase):
         self.assertEqual(len(meta_adds), 1)
         self.assertEqual(len(skipped(meta_adds[0]["inputs"])), 2)
 
+    @unittest.expectedFailure  # interposer bug: outputs described by their nested aten::empty
+    def test_only_the_empty_family_has_uninitialized_outputs(self):
+        # torch.linspace and dequantize allocate their result with a nested aten::empty, then
+        # fill it in the kernel: their outputs carry the empty's garbage digest and its flag.
+        flagged = set()
+        for o in ops(self.records()):
+            if o["name"] in ("aten::empty", "aten::empty_like", "aten::empty_strided",
+                             "aten::new_empty", "aten::new_empty_strided"):
+                continue
+            if any(t.get("uninitialized") for t in tensors(o["outputs"])):
+                flagged.add(o["name"])
+        self.assertEqual(flagged, set())
+
     def test_sparse_ops_are_recorded(self):
         recs = self.records()
         self.assertEqual(len(ops(recs, "SparseAddmmBackward0", phase="backward")), 1)
