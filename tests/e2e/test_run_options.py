@@ -11,7 +11,8 @@ import os
 import unittest
 
 from detaudit_testlib import (PYTHON, example, export_records, in_parallel, make_temp_dir, ops,
-                              read_json, record, remove_dir, run_detaudit, steps, tensors)
+                              program, read_json, record, remove_dir, run_detaudit, steps,
+                              tensors)
 
 SGD = [PYTHON, example("train_sgd.py")]
 
@@ -26,6 +27,7 @@ class RunOptions(unittest.TestCase):
             "sha256": (["--digest", "sha256", "--steps", "1-2"], SGD + ["--steps", "4"]),
             "ops": (["--ops", "aten::add*", "--threads", "2", "--seed", "7",
                      "--deterministic", "warn"], SGD + ["--steps", "2"]),
+            "seeded": (["--runs", "2", "--seed", "7"], [PYTHON, program("print_random.py")]),
         }
         names = list(cls.jobs)
         results = in_parallel([
@@ -163,6 +165,26 @@ class RunOptions(unittest.TestCase):
         # Without the flags: one thread (Debian's default here) and no determinism.
         plain = read_json(os.path.join(self.runs["twice"][1], "streams", "r0.main.env.json"))
         self.assertFalse(plain["determinism"]["deterministic_algorithms"])
+
+    def seeded_draws(self):
+        r, run0 = self.runs["seeded"]
+        self.assertNotEqual(r.returncode, 4, r.stderr)  # both ran; the diff may differ
+        draws = []
+        for run in (run0, os.path.join(os.path.dirname(run0), "run-1")):
+            with open(os.path.join(run, "output.log")) as f:
+                draws.append(dict(l.split(" ", 1) for l in f.read().splitlines()
+                                  if l.split(" ")[0] in ("torch", "numpy", "random")))
+        self.assertEqual(len(draws[0]), 3, draws)
+        return draws
+
+    def test_seed_seeds_torch(self):
+        a, b = self.seeded_draws()
+        self.assertEqual(a["torch"], b["torch"])
+
+    @unittest.expectedFailure  # the interposer seeds torch only (hooks/environment.cpp)
+    def test_seed_seeds_numpy_and_random_as_documented(self):
+        a, b = self.seeded_draws()
+        self.assertEqual((a["numpy"], a["random"]), (b["numpy"], b["random"]))
 
 
 if __name__ == "__main__":
