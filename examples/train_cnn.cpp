@@ -2,7 +2,10 @@
 // dropout layers, trained with SGD on synthetic data. detaudit records it unchanged; the one
 // detaudit line is the optional step marker.
 //
-//   train_cnn [--steps N] [--threads N] [--batch N] [--race] [--params-out FILE]
+//   train_cnn [--steps N] [--threads N] [--batch N] [--race] [--params-out FILE] [--no-marker]
+//
+// --no-marker leaves out the detaudit step and optimizer marks: the program detaudit sees is then
+// a plain libtorch loop (recorded as one step 0).
 //
 // --race adds a gather from a large parameter (w[idx] with repeated indices) whose backward,
 // index_put_(accumulate=True), races on float atomics with more than one intra-op thread.
@@ -12,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <string>
 
 namespace {
@@ -42,7 +46,7 @@ struct Net : torch::nn::Module {
 
 int main(int argc, char** argv) {
   int steps = 3, threads = 0, batch = 16;
-  bool race = false;
+  bool race = false, marker = true;
   std::string params_out;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -51,8 +55,9 @@ int main(int argc, char** argv) {
     else if (a == "--batch" && i + 1 < argc) batch = std::stoi(argv[++i]);
     else if (a == "--race") race = true;
     else if (a == "--params-out" && i + 1 < argc) params_out = argv[++i];
+    else if (a == "--no-marker") marker = false;
     else {
-      std::fprintf(stderr, "usage: train_cnn [--steps N] [--threads N] [--batch N] [--race] [--params-out FILE]\n");
+      std::fprintf(stderr, "usage: train_cnn [--steps N] [--threads N] [--batch N] [--race] [--params-out FILE] [--no-marker]\n");
       return 2;
     }
   }
@@ -68,13 +73,16 @@ int main(int argc, char** argv) {
   torch::Tensor labels = torch::randint(0, 10, {batch});
   torch::Tensor index = torch::randint(0, 1 << 12, {1 << 17});  // many repeats
   for (int step = 0; step < steps; ++step) {
-    DETAUDIT_STEP();
+    std::optional<detaudit::StepGuard> step_mark;
+    if (marker) step_mark.emplace();  // DETAUDIT_STEP(), optional for the unmarked case
     optimizer.zero_grad();
     torch::Tensor loss = torch::nll_loss(torch::log_softmax(net->forward(images), 1), labels);
     if (race) loss = loss + table.index({index}).pow(2).mean();
     loss.backward();
-    {
+    if (marker) {
       DETAUDIT_OPTIMIZER();
+      optimizer.step();
+    } else {
       optimizer.step();
     }
     std::printf("step %d loss %.6f\n", step, loss.item<double>());

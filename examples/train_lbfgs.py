@@ -4,6 +4,7 @@ forward and backward passes.
     /usr/bin/python3 examples/train_lbfgs.py --steps 3
 """
 import argparse
+import hashlib
 
 import torch
 import torch.nn as nn
@@ -13,6 +14,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--params-out", help="write the sha256 of the final parameters here")
     args = ap.parse_args()
 
     torch.manual_seed(args.seed)
@@ -33,7 +35,14 @@ def main():
     loss = None
     for _ in range(args.steps):
         loss = opt.step(closure)
-    print(f"final loss {loss.item():.6f} after {evaluations} closure calls")
+    h = hashlib.sha256()
+    for p in net.parameters():
+        h.update(p.detach().contiguous().numpy().tobytes())
+    print(f"final loss {loss.item():.6f} after {evaluations} closure calls params sha256 "
+          f"{h.hexdigest()}")
+    if args.params_out:
+        with open(args.params_out, "w") as f:
+            f.write(h.hexdigest() + "\n")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,148 @@
+"""Shared helpers for the end-to-end tests: run the detaudit CLI, record a program under the real
+interposer, read a run back as a list of dicts (`detaudit export`), temporary directories.
+
+ctest sets DETAUDIT_BIN, DETAUDIT_BUILD_DIR and DETAUDIT_SOURCE_DIR; run by hand from
+tests/e2e/, the defaults point at <source>/build.
+
+    DETAUDIT_BIN=../../build/bin/detaudit /usr/bin/python3 -m unittest -v test_record_python
+"""
+import concurrent.futures
+import fnmatch
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+
+SOURCE_DIR = os.environ.get(
+    "DETAUDIT_SOURCE_DIR",
+    os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+BUILD_DIR = os.environ.get("DETAUDIT_BUILD_DIR", os.path.join(SOURCE_DIR, "build"))
+BIN = os.environ.get("DETAUDIT_BIN", os.path.join(BUILD_DIR, "bin", "detaudit"))
+# Debian's torch lives in the system interpreter, not in a pyenv python3 first on PATH.
+PYTHON = "/usr/bin/python3"
+EXAMPLES = os.path.join(SOURCE_DIR, "examples")
+PROGRAMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs")
+HOOKS = os.path.join(BUILD_DIR, "lib", "detaudit", "libdetaudit_hooks.so")
+
+
+def example(name):
+    return os.path.join(EXAMPLES, name)
+
+
+def program(name):
+    return os.path.join(PROGRAMS, name)
+
+
+def build_binary(name):
+    return os.path.join(BUILD_DIR, "bin", name)
+
+
+def run_detaudit(args, env=None, cwd=None, timeout=300):
+    """Runs `detaudit ARGS...`; returns the CompletedProcess (text mode, output captured)."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run([BIN] + list(args), capture_output=True, text=True, env=full_env,
+                          cwd=cwd, timeout=timeout)
+
+
+def run_program(argv, env=None, cwd=None, timeout=300):
+    """Runs a program directly (no detaudit); returns the CompletedProcess."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run(list(argv), capture_output=True, text=True, env=full_env, cwd=cwd,
+                          timeout=timeout)
+
+
+def record(out_dir, command, flags=(), env=None, cwd=None, timeout=300):
+    """`detaudit run --out OUT_DIR -q FLAGS... -- COMMAND...`.
+
+    Returns (CompletedProcess, path of run-0)."""
+    r = run_detaudit(["run", "--out", out_dir, "-q"] + list(flags) + ["--"] + list(command),
+                     env=env, cwd=cwd, timeout=timeout)
+    return r, os.path.join(out_dir, "run-0")
+
+
+def in_parallel(calls, workers=2):
+    """Runs zero-argument callables concurrently (subprocesses do the work); returns their results
+    in order. Recording several programs at once keeps the suite fast on 2 cores."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        return [f.result() for f in [pool.submit(c) for c in calls]]
+
+
+def export_records(run_dir, stream=None, check=True):
+    """Every record of a run (`detaudit export`) as a list of dicts. With check, a nonzero exit
+    raises; without, returns (records, CompletedProcess)."""
+    args = ["export", run_dir]
+    if stream:
+        args += ["--stream", stream]
+    r = run_detaudit(args)
+    records = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+    if check:
+        if r.returncode != 0:
+            raise AssertionError(f"detaudit export {run_dir} exited {r.returncode}: {r.stderr}")
+        return records
+    return records, r
+
+
+def ops(records, name=None, phase=None, stream=None):
+    """The op records, optionally only those whose name matches the glob `name`, of `phase` or of
+    `stream`."""
+    out = []
+    for rec in records:
+        if rec.get("record") != "op":
+            continue
+        if name is not None and not fnmatch.fnmatchcase(rec["name"], name):
+            continue
+        if phase is not None and rec["phase"] != phase:
+            continue
+        if stream is not None and rec["stream"] != stream:
+            continue
+        out.append(rec)
+    return out
+
+
+def steps(records, stream=None):
+    """The step records, optionally of one stream."""
+    return [r for r in records
+            if r.get("record") == "step" and (stream is None or r["stream"] == stream)]
+
+
+def tensors(values):
+    """The tensor values in an inputs/outputs list, lists flattened."""
+    out = []
+    for v in values:
+        if isinstance(v, list):
+            out.extend(tensors(v))
+        elif isinstance(v, dict) and "tensor" in v:
+            out.append(v)
+    return out
+
+
+def skipped(values):
+    """The TENSOR_SKIPPED values ({"skipped": reason}) in an inputs/outputs list."""
+    out = []
+    for v in values:
+        if isinstance(v, list):
+            out.extend(skipped(v))
+        elif isinstance(v, dict) and "skipped" in v:
+            out.append(v)
+    return out
+
+
+def stream_files(run_dir):
+    d = os.path.join(run_dir, "streams")
+    return sorted(f for f in os.listdir(d) if f.endswith(".dtr")) if os.path.isdir(d) else []
+
+
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def make_temp_dir(prefix="detaudit_e2e_"):
+    return tempfile.mkdtemp(prefix=prefix)
+
+
+def remove_dir(path):
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,89 @@
+"""Tensors the interposer cannot or must not hash naively: sparse, quantized, meta, inference-mode,
+complex, non-contiguous, and a parameter changed through `.data`. Prints MD5 digests (of the
+logical, contiguous bytes) of tensors the tests look up in the trace, and results that must not
+change under the interposer.
+
+    /usr/bin/python3 tests/e2e/programs/edge_tensors.py
+"""
+import hashlib
+
+import torch
+import torch.nn as nn
+
+
+def md5(t):
+    return hashlib.md5(t.detach().contiguous().numpy().tobytes()).hexdigest()
+
+
+def main():
+    torch.manual_seed(0)
+    results = []
+
+    # Sparse COO in the forward pass, with a backward through it.
+    i = torch.tensor([[0, 1, 3], [2, 0, 1]])
+    v = torch.tensor([1.0, -2.0, 0.5])
+    sp = torch.sparse_coo_tensor(i, v, (4, 3))
+    w = torch.randn(3, 2, requires_grad=True)
+    out = torch.sparse.mm(sp, w)
+    out.sum().backward()
+    results.append(("sparse", out.detach(), w.grad))
+
+    # Quantized.
+    q = torch.quantize_per_tensor(torch.linspace(-1, 1, 12), 0.05, 10, torch.quint8)
+    results.append(("quantized", q.dequantize() * 2))
+
+    # Meta: shapes only, no data.
+    m = torch.empty(6, 2, device="meta")
+    mm = (m + m).sum(dim=0)
+    print(f"meta shape {list(mm.shape)} device {mm.device}")
+
+    # Inference mode.
+    lin = nn.Linear(4, 3)
+    xi = torch.randn(5, 4)
+    with torch.inference_mode():
+        yi = torch.relu(lin(xi)) * 3
+    results.append(("inference", yi))
+
+    # Complex.
+    c = torch.randn(7, dtype=torch.cfloat)
+    cc = c * c.conj() + c
+    results.append(("complex", torch.view_as_real(cc)))
+
+    # Non-contiguous: a transpose, then an op that reads it.
+    a = torch.randn(11, 13)
+    at = a.t()
+    print(f"noncontig input md5 {md5(at)}")
+    nc = torch.tanh(at)
+    print(f"noncontig output md5 {md5(nc)}")
+    results.append(("noncontig", nc))
+
+    # A parameter changed behind autograd's back through .data, then used.
+    lin2 = nn.Linear(9, 2)
+    x2 = torch.randn(3, 9)
+    first = lin2(x2)
+    print(f"param before md5 {md5(lin2.weight)}")
+    lin2.weight.data.add_(1)
+    print(f"param after md5 {md5(lin2.weight)}")
+    second = lin2(x2)
+    results.append(("data", first, second))
+
+    # The same through .data of an op's output, then read by another op.
+    made = torch.tanh(torch.randn(2, 9) * 2)
+    made.data.mul_(-3)
+    print(f"made after md5 {md5(made)}")
+    third = nn.functional.linear(x2, made)
+    results.append(("made", third))
+
+    # And through NumPy, which shares the memory and knows nothing of version counters.
+    shared = torch.tanh(torch.randn(2, 9) * 2)
+    shared.numpy()[0, 0] = 42.0
+    print(f"numpy after md5 {md5(shared)}")
+    fourth = nn.functional.linear(x2, shared)
+    results.append(("numpy", fourth))
+
+    for name, *ts in results:
+        print(name, " ".join(md5(t) for t in ts))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+"""Traces survive the program's death: a target killed with SIGKILL mid-run, one that aborts and
+one that raises leave streams that read cleanly up to their last whole record; a corrupted byte is
+a one-line error naming file and offset (exit 3) from show, export and diff; a file cut
+mid-record reads up to the cut, with a message.
+
+    cd tests/e2e && /usr/bin/python3 -m unittest -v test_crash_safety
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+import unittest
+
+from detaudit_testlib import (BIN, PYTHON, example, export_records, in_parallel, make_temp_dir,
+                              ops, program, read_json, record, remove_dir, run_detaudit, steps)
+
+CRASH_AT = 2
+TRACE = os.path.join("streams", "r0.main.t0.dtr")
+
+
+class CrashSafety(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = make_temp_dir()
+        cls.jobs = {
+            "abort": [PYTHON, example("crash.py"), "--crash-at", str(CRASH_AT), "--mode", "abort"],
+            "raise": [PYTHON, example("crash.py"), "--crash-at", str(CRASH_AT), "--mode", "raise"],
+        }
+        names = list(cls.jobs)
+        results = in_parallel([lambda n=n: record(os.path.join(cls.tmp, n), cls.jobs[n])
+                               for n in names])
+        cls.runs = dict(zip(names, results))
+
+    @classmethod
+    def tearDownClass(cls):
+        remove_dir(cls.tmp)
+
+    def assert_one_line_error(self, r, code, *needles):
+        self.assertEqual(r.returncode, code, r.stdout[-2000:] + r.stderr)
+        lines = [l for l in r.stderr.splitlines() if l.startswith("detaudit: error:")]
+        self.assertEqual(len(lines), 1, r.stderr)
+        for n in needles:
+            self.assertIn(n, lines[0])
+        return lines[0]
+
+    def copy_run(self, name, to):
+        dst = os.path.join(self.tmp, to)
+        shutil.copytree(self.runs[name][1], dst)
+        return dst
+
+    # --- the program dies --------------------------------------------------------------------
+
+    def check_failed_run(self, name, ending):
+        r, run_dir = self.runs[name]
+        self.assertEqual(r.returncode, 4, r.stderr)
+        self.assertIn(f"run-0 failed ({ending})", r.stderr)
+        self.assertIn("what it recorded is kept", r.stderr)
+        self.assertTrue(os.path.isfile(os.path.join(run_dir, TRACE)))
+        run = read_json(os.path.join(run_dir, "run.json"))
+        self.assertFalse(run["succeeded"])
+        self.assertTrue(run["finished"])
+        s = run_detaudit(["show", run_dir])
+        self.assertEqual(s.returncode, 0, s.stderr)
+        self.assertIn(ending, s.stdout)
+        self.assertIn("r0.main.t0", s.stdout)
+        recs, e = export_records(run_dir, check=False)
+        self.assertEqual(e.returncode, 0, e.stderr)
+        self.assertNotIn("detaudit: error", e.stderr)
+        return run, recs
+
+    def test_exception_is_a_failed_run_with_a_complete_trace(self):
+        run, recs = self.check_failed_run("raise", "exit code 1")
+        self.assertEqual(run["exit_code"], 1)
+        self.assertEqual(recs[-1]["record"], "end")
+        self.check_ops_up_to_the_crash(recs)
+
+    def test_abort_is_a_failed_run_with_ops_up_to_the_crash(self):
+        run, recs = self.check_failed_run("abort", "killed by SIGABRT")
+        self.assertEqual(run["signal"], "SIGABRT")
+        self.check_ops_up_to_the_crash(recs)
+        # The same ops as the run that raised at the same point: nothing before the crash lost.
+        _, raised = self.check_failed_run("raise", "exit code 1")
+        self.assertEqual([o["name"] for o in ops(recs)], [o["name"] for o in ops(raised)])
+        self.assertEqual([(o["order"], o["step"]) for o in ops(recs)],
+                         [(o["order"], o["step"]) for o in ops(raised)])
+
+    def check_ops_up_to_the_crash(self, recs):
+        # crash.py trains CRASH_AT whole steps, then dies before the next forward pass.
+        self.assertEqual(len(ops(recs, "NllLossBackward0")), CRASH_AT)
+        self.assertEqual(len(ops(recs, "aten::addmm")), CRASH_AT)
+        for k in range(CRASH_AT):
+            updates = [o for o in ops(recs, "aten::add_", phase="optimizer") if o["step"] == k]
+            self.assertEqual(len(updates), 2, k)  # Linear weight and bias
+        # Its last op (written last: nested ops come first) reads the loss for the print.
+        self.assertEqual(ops(recs)[-1]["name"], "aten::item")  # the print of the last loss
+
+    def test_sigkill_mid_run_leaves_a_readable_trace(self):
+        out = os.path.join(self.tmp, "killed")
+        run_dir = os.path.join(out, "run-0")
+        proc = subprocess.Popen([BIN, "run", "--out", out, "-q", "--", PYTHON,
+                                 program("train_forever.py")],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            env_path = os.path.join(run_dir, "streams", "r0.main.env.json")
+            log = os.path.join(run_dir, "output.log")
+            deadline = time.time() + 60
+            pid = None
+            while time.time() < deadline:
+                if pid is None and os.path.exists(env_path):
+                    try:
+                        pid = read_json(env_path)["pid"]
+                    except (ValueError, KeyError):
+                        pass  # still being written
+                if pid is not None and os.path.exists(log):
+                    with open(log) as f:
+                        if "step 30 " in f.read():
+                            break
+                time.sleep(0.05)
+            self.assertIsNotNone(pid, "the target never started recording")
+            time.sleep(0.3)  # let the writer hand some steps to disk; the target keeps running
+            os.kill(pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        self.assertEqual(proc.returncode, 4, stderr)
+        self.assertIn("killed by SIGKILL", stderr)
+
+        s = run_detaudit(["show", run_dir, "--json"])
+        self.assertEqual(s.returncode, 0, s.stderr)
+        summary = json.loads(s.stdout)
+        self.assertEqual(summary["ending"], "killed by SIGKILL")
+        stream = [x for x in summary["streams"] if x["name"] == "r0.main.t0"][0]
+        self.assertFalse(stream["complete"])
+        self.assertGreaterEqual(stream["steps"], 20)
+        text = run_detaudit(["show", run_dir])
+        self.assertEqual(text.returncode, 0, text.stderr)
+        self.assertIn("cut short", text.stdout)
+
+        recs, e = export_records(run_dir, check=False)
+        self.assertEqual(e.returncode, 0, e.stderr)
+        self.assertNotIn("detaudit: error", e.stderr)
+        self.assertRegex(e.stderr, r"r0\.main\.t0: (cut short|no END record)")
+        self.assertNotEqual(recs[-1]["record"], "end")
+        self.assertEqual(len(ops(recs)), stream["ops"])
+        self.assertEqual(len(steps(recs)), stream["steps"])
+        # Whole steps up to the last one: each has its forward, backward and optimizer ops.
+        last = max(o["step"] for o in ops(recs))
+        for k in range(last):
+            phases = {o["phase"] for o in ops(recs) if o["step"] == k}
+            self.assertEqual(phases, {"forward", "backward", "optimizer"}, k)
+        # And the killed run diffs against itself up to the cut.
+        d = run_detaudit(["diff", run_dir, run_dir])
+        self.assertEqual(d.returncode, 0, d.stdout + d.stderr)
+
+    # --- a damaged trace ---------------------------------------------------------------------
+
+    def middle_op(self, run_dir):
+        recs = export_records(run_dir)
+        main = ops(recs, stream="r0.main.t0")
+        self.assertGreater(len(main), 10)
+        return main, main[len(main) // 2]
+
+    def test_corrupt_byte_is_exit_3_naming_file_and_offset(self):
+        self.assertEqual(self.runs["raise"][0].returncode, 4)
+        good = self.runs["raise"][1]
+        bad = self.copy_run("raise", "corrupt")
+        main, victim = self.middle_op(good)
+        path = os.path.join(bad, TRACE)
+        with open(path, "r+b") as f:
+            f.seek(victim["offset"] + 4)  # inside the record's body: its CRC no longer matches
+            byte = f.read(1)
+            f.seek(victim["offset"] + 4)
+            f.write(bytes([byte[0] ^ 0x5A]))
+        offset = str(victim["offset"])
+        for args in (["show", bad], ["show", bad, "--step", "0"], ["export", bad],
+                     ["diff", good, bad], ["diff", bad, good]):
+            r = run_detaudit(args)
+            line = self.assert_one_line_error(r, 3, "r0.main.t0.dtr", "offset")
+            self.assertRegex(line, rf"offset {offset}\b", args)
+        # export wrote every record before the damaged one.
+        recs, _ = export_records(bad, check=False)
+        self.assertEqual([o["offset"] for o in ops(recs)],
+                         [o["offset"] for o in main if o["offset"] < victim["offset"]])
+
+    def test_truncated_trace_reads_up_to_the_cut(self):
+        good = self.runs["raise"][1]
+        cut = self.copy_run("raise", "truncated")
+        main, victim = self.middle_op(good)
+        path = os.path.join(cut, TRACE)
+        with open(path, "r+b") as f:
+            f.truncate(victim["offset"] + 3)  # mid-record
+        before = [o["offset"] for o in main if o["offset"] < victim["offset"]]
+
+        s = run_detaudit(["show", cut])
+        self.assertEqual(s.returncode, 0, s.stderr)
+        self.assertIn("cut short", s.stdout)
+        self.assertIn(str(victim["offset"]), s.stdout)
+        j = run_detaudit(["show", cut, "--json"])
+        self.assertEqual(j.returncode, 0, j.stderr)
+        stream = json.loads(j.stdout)["streams"][0]
+        self.assertEqual(stream["ops"], len(before))
+        self.assertIn(str(victim["offset"]), stream["cut_short"])
+
+        recs, e = export_records(cut, check=False)
+        self.assertEqual(e.returncode, 0, e.stderr)
+        self.assertEqual([o["offset"] for o in ops(recs)], before)
+        notes = [l for l in e.stderr.splitlines() if "cut short" in l]
+        self.assertEqual(len(notes), 1, e.stderr)
+        self.assertIn("r0.main.t0", notes[0])
+        self.assertIn(str(victim["offset"]), notes[0])
+
+        d = run_detaudit(["diff", good, cut])
+        self.assertNotEqual(d.returncode, 3, d.stderr)
+        self.assertIn("trunc", (d.stdout + d.stderr).lower())
+
+
+if __name__ == "__main__":
+    unittest.main()

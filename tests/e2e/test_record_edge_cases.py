@@ -1,0 +1,203 @@
+"""Tensors that are hard to record: sparse, quantized, meta, inference-mode, complex and
+non-contiguous tensors, and a parameter changed through `.data`. Each is recorded (hashed, or
+TENSOR_SKIPPED with a reason), never a crash, and the program prints the same results with and
+without the interposer. Digests are of the logical element order and follow `.data` writes.
+
+    cd tests/e2e && /usr/bin/python3 -m unittest -v test_record_edge_cases
+"""
+import os
+import re
+import unittest
+
+from detaudit_testlib import (PYTHON, export_records, in_parallel, make_temp_dir, ops, program,
+                              record, remove_dir, run_program, skipped, tensors)
+
+SCRIPT = program("edge_tensors.py")
+RESULT_LINE = re.compile(r"^(sparse|quantized|inference|complex|noncontig|data|made|numpy|meta|param) ")
+KNOWN_REASONS = {"sparse or non-strided layout", "quantized", "meta tensor (no data)",
+                 "nested tensor", "mkldnn tensor", "no storage", "unsupported dtype"}
+
+
+class RecordEdgeCases(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = make_temp_dir()
+        calls = [
+            lambda: run_program([PYTHON, SCRIPT]),
+            lambda: record(os.path.join(cls.tmp, "all"), [PYTHON, SCRIPT]),
+            # Only the ops that read the parameter: the `.data` write itself goes unrecorded.
+            lambda: record(os.path.join(cls.tmp, "filtered"), [PYTHON, SCRIPT],
+                           flags=["--ops", "aten::linear,aten::tanh"]),
+        ]
+        cls.plain, cls.all, cls.filtered = in_parallel(calls)
+        cls._records = {}
+
+    @classmethod
+    def tearDownClass(cls):
+        remove_dir(cls.tmp)
+
+    def records(self, which="all"):
+        r, run_dir = getattr(self, which)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        if which not in self._records:
+            self._records[which] = export_records(run_dir)
+        return self._records[which]
+
+    def printed(self):
+        """The script's own report: {key: [md5, ...]} from the plain run."""
+        self.assertEqual(self.plain.returncode, 0, self.plain.stderr)
+        out = {}
+        for line in self.plain.stdout.splitlines():
+            if RESULT_LINE.match(line):
+                words = line.split()
+                out[" ".join(w for w in words if not re.fullmatch(r"[0-9a-f]{32}", w))] = \
+                    [w for w in words if re.fullmatch(r"[0-9a-f]{32}", w)]
+        return out
+
+    def all_digests(self, recs, where="outputs"):
+        return {t["digest"] for o in ops(recs) for t in tensors(o[where]) if "digest" in t}
+
+    def test_output_unchanged_and_no_crash(self):
+        self.records("all")
+        for which in ("all", "filtered"):
+            with open(os.path.join(getattr(self, which)[1], "output.log")) as f:
+                recorded = [l for l in f.read().splitlines() if RESULT_LINE.match(l)]
+            expected = [l for l in self.plain.stdout.splitlines() if RESULT_LINE.match(l)]
+            self.assertEqual(len(expected), 15)
+            self.assertEqual(recorded, expected, which)
+
+    def test_skipped_tensors_carry_a_reason(self):
+        recs = self.records()
+        reasons = {}
+        for o in ops(recs):
+            for v in skipped(o["inputs"]) + skipped(o["outputs"]):
+                self.assertIn(v["skipped"], KNOWN_REASONS, o["name"])
+                reasons.setdefault(v["skipped"], set()).add(o["name"])
+        self.assertIn("sparse or non-strided layout", reasons)
+        self.assertIn("quantized", reasons)
+        self.assertIn("meta tensor (no data)", reasons)
+        self.assertIn("aten::quantize_per_tensor", reasons["quantized"])
+        self.assertIn("aten::dequantize", reasons["quantized"])
+        # The meta add is recorded, with its inputs and output skipped.
+        meta_adds = [o for o in ops(recs, "aten::add")
+                     if skipped(o["outputs"]) == [{"skipped": "meta tensor (no data)"}]]
+        self.assertEqual(len(meta_adds), 1)
+        self.assertEqual(len(skipped(meta_adds[0]["inputs"])), 2)
+
+    @unittest.expectedFailure  # interposer bug: outputs described by their nested aten::empty
+    def test_only_the_empty_family_has_uninitialized_outputs(self):
+        # torch.linspace and dequantize allocate their result with a nested aten::empty, then
+        # fill it in the kernel: their outputs carry the empty's garbage digest and its flag.
+        flagged = set()
+        for o in ops(self.records()):
+            if o["name"] in ("aten::empty", "aten::empty_like", "aten::empty_strided",
+                             "aten::new_empty", "aten::new_empty_strided"):
+                continue
+            if any(t.get("uninitialized") for t in tensors(o["outputs"])):
+                flagged.add(o["name"])
+        self.assertEqual(flagged, set())
+
+    def test_sparse_ops_are_recorded(self):
+        recs = self.records()
+        self.assertEqual(len(ops(recs, "SparseAddmmBackward0", phase="backward")), 1)
+        mm = ops(recs, "aten::_sparse_mm")
+        self.assertEqual(len(mm), 1)
+        self.assertEqual(skipped(mm[0]["inputs"]), [{"skipped": "sparse or non-strided layout"}])
+        self.assertEqual(mm[0]["outputs"][0]["shape"], [4, 2])
+
+    @unittest.expectedFailure  # interposer bug: an output written after a nested op described it
+    def test_sparse_mm_output_digest_is_its_value(self):
+        out_md5 = self.printed()["sparse"][0]
+        mm = ops(self.records(), "aten::_sparse_mm")
+        self.assertEqual(mm[0]["outputs"][0]["digest"], out_md5)
+
+    @unittest.expectedFailure  # the same bug in the backward: w.grad is described as zeros
+    def test_sparse_backward_result_digest_is_its_value(self):
+        grad_md5 = self.printed()["sparse"][1]
+        backward = [o for o in ops(self.records(), "aten::mm", phase="backward")
+                    if o["outputs"][0].get("shape") == [3, 2]]
+        self.assertEqual(len(backward), 1)
+        self.assertEqual(backward[0]["outputs"][0]["digest"], grad_md5)
+
+    def test_quantized_inference_and_complex_results_are_hashed(self):
+        recs = self.records()
+        printed = self.printed()
+        digests = self.all_digests(recs)
+        self.assertIn(printed["quantized"][0], digests)
+        # view_as_real shares the complex tensor's bytes: the complex output has that digest.
+        complex_outs = {t["digest"] for o in ops(recs) for t in tensors(o["outputs"])
+                        if t.get("dtype") == "complex64"}
+        self.assertIn(printed["complex"][0], complex_outs)
+        # Inference-mode ops are recorded like any other: relu(...) * 3 is the printed tensor.
+        mul = [o for o in ops(recs, "aten::mul")
+               if o["outputs"][0].get("digest") == printed["inference"][0]]
+        self.assertEqual(len(mul), 1)
+        self.assertEqual(mul[0]["outputs"][0]["shape"], [5, 3])
+        relu_out = {o["outputs"][0].get("digest") for o in ops(recs, "aten::relu")}
+        self.assertIn(mul[0]["inputs"][0]["digest"], relu_out)
+
+    def test_non_contiguous_digest_is_that_of_the_contiguous_copy(self):
+        recs = self.records()
+        with open(os.path.join(self.all[1], "output.log")) as f:
+            log = f.read()
+        in_md5 = re.search(r"noncontig input md5 ([0-9a-f]{32})", log).group(1)
+        out_md5 = re.search(r"noncontig output md5 ([0-9a-f]{32})", log).group(1)
+        tanh = [o for o in ops(recs, "aten::tanh") if o["inputs"][0].get("shape") == [13, 11]]
+        self.assertEqual(len(tanh), 1)
+        x = tanh[0]["inputs"][0]
+        self.assertEqual(x["strides"], [1, 13])  # the transpose, described as such
+        self.assertEqual(x["digest"], in_md5)
+        self.assertEqual(tanh[0]["outputs"][0]["digest"], out_md5)
+
+    def check_data_write(self, which):
+        recs = self.records(which)
+        with open(os.path.join(getattr(self, which)[1], "output.log")) as f:
+            log = f.read()
+        before = re.search(r"param before md5 ([0-9a-f]{32})", log).group(1)
+        after = re.search(r"param after md5 ([0-9a-f]{32})", log).group(1)
+        self.assertNotEqual(before, after)
+        linears = [o for o in ops(recs, "aten::linear") if o["inputs"][1].get("shape") == [2, 9]]
+        self.assertEqual(len(linears), 4, which)
+        self.assertEqual(linears[0]["inputs"][1]["digest"], before, which)
+        self.assertEqual(linears[1]["inputs"][1]["digest"], after,
+                         f"{which}: the weight's digest after p.data.add_(1) is stale")
+        # An op's output changed through .data, then read.
+        made = re.search(r"made after md5 ([0-9a-f]{32})", log).group(1)
+        self.assertEqual(linears[2]["inputs"][1]["digest"], made,
+                         f"{which}: a tensor's digest after t.data.mul_(-3) is stale")
+
+    @unittest.expectedFailure  # interposer bug: a write through NumPy leaves a stale digest
+    def test_numpy_write_is_seen_by_the_next_op(self):
+        recs = self.records("all")
+        with open(os.path.join(self.all[1], "output.log")) as f:
+            shared = re.search(r"numpy after md5 ([0-9a-f]{32})", f.read()).group(1)
+        linears = [o for o in ops(recs, "aten::linear") if o["inputs"][1].get("shape") == [2, 9]]
+        self.assertEqual(len(linears), 4)
+        self.assertEqual(linears[3]["inputs"][1]["digest"], shared)
+
+    def test_data_write_is_seen_by_the_next_op(self):
+        self.check_data_write("all")
+
+    @unittest.expectedFailure  # interposer bug: an unrecorded .data write leaves a stale digest
+    def test_data_write_is_seen_when_the_write_is_not_recorded(self):
+        self.check_data_write("filtered")
+
+    def test_linear_output_digest_is_its_value_when_addmm_is_not_recorded(self):
+        recs = self.records("filtered")
+        linears = [o for o in ops(recs, "aten::linear") if o["inputs"][1].get("shape") == [2, 9]]
+        self.assertEqual([l["outputs"][0]["digest"] for l in linears],
+                         self.printed()["data"] + self.printed()["made"] + self.printed()["numpy"])
+
+    @unittest.expectedFailure  # interposer bug: addmm's output is described by its nested copy_
+    def test_linear_output_digest_is_its_value(self):
+        recs = self.records("all")
+        linears = [o for o in ops(recs, "aten::linear") if o["inputs"][1].get("shape") == [2, 9]]
+        self.assertEqual([l["outputs"][0]["digest"] for l in linears],
+                         self.printed()["data"] + self.printed()["made"] + self.printed()["numpy"])
+        addmm = [o for o in ops(recs, "aten::addmm") if o["outputs"][0].get("shape") == [3, 2]]
+        self.assertEqual([a["outputs"][0]["digest"] for a in addmm],
+                         self.printed()["data"] + self.printed()["made"] + self.printed()["numpy"])
+
+
+if __name__ == "__main__":
+    unittest.main()

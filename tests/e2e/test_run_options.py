@@ -1,0 +1,191 @@
+"""`detaudit run` options on a real training run: --runs 2 reports identical, show and export
+read the run, --steps and --ops select what is recorded, --digest picks the digest (and its
+length), --no-stats drops statistics, and --threads/--seed/--deterministic reach the program and
+its environment fingerprint.
+
+    cd tests/e2e && /usr/bin/python3 -m unittest -v test_run_options
+"""
+import fnmatch
+import json
+import os
+import unittest
+
+from detaudit_testlib import (PYTHON, example, export_records, in_parallel, make_temp_dir, ops,
+                              program, read_json, record, remove_dir, run_detaudit, steps,
+                              tensors)
+
+SGD = [PYTHON, example("train_sgd.py")]
+
+
+class RunOptions(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = make_temp_dir()
+        cls.jobs = {
+            "twice": (["--runs", "2"], SGD + ["--steps", "2"]),
+            "xxh3": (["--digest", "xxh3", "--no-stats"], SGD + ["--steps", "2"]),
+            "sha256": (["--digest", "sha256", "--steps", "1-2"], SGD + ["--steps", "4"]),
+            "ops": (["--ops", "aten::add*", "--threads", "2", "--seed", "7",
+                     "--deterministic", "warn"], SGD + ["--steps", "2"]),
+            "seeded": (["--runs", "2", "--seed", "7"], [PYTHON, program("print_random.py")]),
+        }
+        names = list(cls.jobs)
+        results = in_parallel([
+            lambda n=n: record(os.path.join(cls.tmp, n), cls.jobs[n][1], flags=cls.jobs[n][0])
+            for n in names])
+        cls.runs = dict(zip(names, results))
+        cls._records = {}
+
+    @classmethod
+    def tearDownClass(cls):
+        remove_dir(cls.tmp)
+
+    def records(self, name):
+        r, run_dir = self.runs[name]
+        self.assertEqual(r.returncode, 0, f"{self.jobs[name]}: {r.stdout[-3000:]} {r.stderr}")
+        if name not in self._records:
+            self._records[name] = export_records(run_dir)
+        return self._records[name]
+
+    def digests(self, recs):
+        return [t["digest"] for o in ops(recs) for t in tensors(o["inputs"] + o["outputs"])
+                if "digest" in t]
+
+    def test_two_runs_are_identical(self):
+        r, run0 = self.runs["twice"]
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("IDENTICAL", r.stdout)
+        self.assertRegex(r.stdout, r"identical: \d+ ops compared")
+        run1 = os.path.join(os.path.dirname(run0), "run-1")
+        a, b = export_records(run0), export_records(run1)
+        self.assertEqual(len(ops(a)), len(ops(b)))
+        # Every output bit for bit, apart from what the empty family leaves in uninitialized
+        # memory. (Inputs are not compared: the destination of an in-place fill_ or copy_ may be
+        # memory a kernel allocated without the dispatcher, garbage that is about to be written.)
+        def initialized(recs):
+            return [t["digest"] for o in ops(recs) for t in tensors(o["outputs"])
+                    if "digest" in t and not t.get("uninitialized")]
+        self.assertEqual(initialized(a), initialized(b))
+        self.assertGreater(len(initialized(a)), 100)
+
+    def test_show_and_export_a_real_run(self):
+        recs = self.records("twice")
+        run_dir = self.runs["twice"][1]
+        s = run_detaudit(["show", run_dir, "--json"])
+        self.assertEqual(s.returncode, 0, s.stderr)
+        summary = json.loads(s.stdout)
+        self.assertEqual(summary["ending"], "exit code 0")
+        self.assertEqual(len(summary["streams"]), 1)
+        stream = summary["streams"][0]
+        self.assertEqual(stream["name"], "r0.main.t0")
+        self.assertTrue(stream["complete"])
+        self.assertEqual(stream["ops"], len(ops(recs)))
+        self.assertEqual(stream["end"]["ops"], len(ops(recs)))
+        self.assertEqual(stream["steps"], len(steps(recs)))
+        self.assertEqual(sum(stream["ops_by_phase"].values()), len(ops(recs)))
+        for phase in ("forward", "backward", "optimizer"):
+            self.assertEqual(stream["ops_by_phase"][phase], len(ops(recs, phase=phase)), phase)
+        self.assertGreater(stream["end"]["bytes_hashed"], 0)
+        text = run_detaudit(["show", run_dir])
+        self.assertEqual(text.returncode, 0, text.stderr)
+        self.assertIn("r0.main.t0", text.stdout)
+        self.assertIn("most frequent ops", text.stdout)
+        step1 = run_detaudit(["show", run_dir, "--step", "1", "--json"])
+        self.assertEqual(step1.returncode, 0, step1.stderr)
+        listed = json.loads(step1.stdout)
+        self.assertEqual(sorted(x["order"] for x in listed),
+                         sorted(o["order"] for o in ops(recs) if o["step"] == 1))
+        # export --output writes the same lines as stdout.
+        path = os.path.join(self.tmp, "twice.jsonl")
+        e = run_detaudit(["export", run_dir, "--output", path])
+        self.assertEqual(e.returncode, 0, e.stderr)
+        with open(path) as f:
+            self.assertEqual([json.loads(l) for l in f], recs)
+
+    def test_steps_selects_steps(self):
+        recs = self.records("sha256")
+        self.assertEqual([s["step"] for s in steps(recs)], [1, 2])
+        self.assertEqual({o["step"] for o in ops(recs)}, {1, 2})
+        for k in (1, 2):
+            phases = {o["phase"] for o in ops(recs) if o["step"] == k}
+            self.assertEqual(phases, {"forward", "backward", "optimizer"}, k)
+
+    def test_sha256_digests_are_32_bytes(self):
+        recs = self.records("sha256")
+        self.assertEqual(recs[0]["digest"], "sha256")
+        ds = self.digests(recs)
+        self.assertTrue(ds)
+        for d in ds:
+            self.assertRegex(d, r"^[0-9a-f]{64}$")
+        env = read_json(os.path.join(self.runs["sha256"][1], "streams", "r0.main.env.json"))
+        self.assertEqual(env["digest"], "sha256")
+
+    def test_xxh3_digests_are_16_bytes_and_no_stats(self):
+        recs = self.records("xxh3")
+        self.assertEqual(recs[0]["digest"], "xxh3")
+        ds = self.digests(recs)
+        self.assertTrue(ds)
+        for d in ds:
+            self.assertRegex(d, r"^[0-9a-f]{32}$")
+        # Not MD5 under another name: the same run's MD5 digests differ.
+        self.assertFalse(set(ds) & set(self.digests(self.records("twice"))))
+        for o in ops(recs):
+            for t in tensors(o["inputs"] + o["outputs"]):
+                if "digest" in t:
+                    self.assertIsNone(t["stats"], o["name"])
+        # ...while the default run has them.
+        self.assertTrue(any(t.get("stats") for o in ops(self.records("twice"))
+                            for t in tensors(o["outputs"])))
+
+    def test_ops_filter(self):
+        recs = self.records("ops")
+        names = {o["name"] for o in ops(recs)}
+        self.assertIn("aten::addmm", names)
+        self.assertIn("aten::add_", names)
+        for n in names:
+            self.assertTrue(fnmatch.fnmatchcase(n, "aten::add*"), n)
+
+    def test_threads_seed_deterministic_reach_the_program(self):
+        self.records("ops")
+        streams = os.path.join(self.runs["ops"][1], "streams")
+        env = read_json(os.path.join(streams, "r0.main.env.json"))
+        self.assertEqual(env["intra_op_threads"], 2)
+        self.assertIs(env["determinism"]["deterministic_algorithms"], True)
+        self.assertIs(env["determinism"]["warn_only"], True)
+        for s in steps(self.records("ops")):
+            self.assertEqual(s["intra_op_threads"], 2)
+            self.assertEqual(s["determinism_bits"] & 3, 3)  # algorithms, warn-only
+        with open(os.path.join(streams, "r0.main.status")) as f:
+            status = f.read()
+        self.assertIn("seed=7", status)
+        self.assertIn("deterministic_algorithms=warn", status)
+        self.assertIn("intra_op_threads=2", status)
+        config = read_json(os.path.join(self.runs["ops"][1], "config.json"))
+        self.assertEqual(config["determinism"]["seed"], 7)
+        # Without the flags: one thread (Debian's default here) and no determinism.
+        plain = read_json(os.path.join(self.runs["twice"][1], "streams", "r0.main.env.json"))
+        self.assertFalse(plain["determinism"]["deterministic_algorithms"])
+
+    def seeded_draws(self):
+        r, run0 = self.runs["seeded"]
+        self.assertNotEqual(r.returncode, 4, r.stderr)  # both ran; the diff may differ
+        draws = []
+        for run in (run0, os.path.join(os.path.dirname(run0), "run-1")):
+            with open(os.path.join(run, "output.log")) as f:
+                draws.append(dict(l.split(" ", 1) for l in f.read().splitlines()
+                                  if l.split(" ")[0] in ("torch", "numpy", "random")))
+        self.assertEqual(len(draws[0]), 3, draws)
+        return draws
+
+    def test_seed_seeds_torch(self):
+        a, b = self.seeded_draws()
+        self.assertEqual(a["torch"], b["torch"])
+
+    @unittest.expectedFailure  # the interposer seeds torch only (hooks/environment.cpp)
+    def test_seed_seeds_numpy_and_random_as_documented(self):
+        a, b = self.seeded_draws()
+        self.assertEqual((a["numpy"], a["random"]), (b["numpy"], b["random"]))
+
+
+if __name__ == "__main__":
+    unittest.main()
