@@ -314,7 +314,14 @@ void explain_cause(const std::vector<EnvDifference>& env, FirstDivergence* fd) {
       fd->remedy = "enable use_deterministic_algorithms(True) and check which kernel alerts";
     }
   } else if (cls == kClassRng) {
-    const EnvDifference* seed = find_env_containing(env, {"seed", "SEED"});
+    // PYTHONHASHSEED salts str hashes; it seeds no random generator.
+    const EnvDifference* seed = nullptr;
+    for (const EnvDifference& d : env)
+      if ((d.key.find("seed") != std::string::npos || d.key.find("SEED") != std::string::npos) &&
+          d.key.find("PYTHONHASHSEED") == std::string::npos) {
+        seed = &d;
+        break;
+      }
     fd->cause = seed ? describe(*seed)
                      : "the random generator was seeded or consumed differently before this op";
     fd->remedy = "seed every generator at program start (torch.manual_seed, random.seed, "

@@ -176,6 +176,21 @@ TEST(DiffTest, RngState) {
   EXPECT_NE(r.first->rng_a, r.first->rng_b);
 }
 
+TEST(DiffTest, PythonHashSeedIsNotNamedAsTheRngCause) {
+  Scenario s;
+  s.rng_step = 1;
+  Case c("rng_hashseed", s);
+  nlohmann::json ea = sample_env(2, 11), eb = sample_env(2, 22);
+  ea["env"]["PYTHONHASHSEED"] = "0";
+  eb["env"]["PYTHONHASHSEED"] = "1";
+  c.a.env("r0.main", ea);
+  c.b.env("r0.main", eb);
+  DiffReport r = diff(c);
+  ASSERT_TRUE(r.first);
+  ASSERT_EQ(r.first->divergence_class, "rng-state");
+  EXPECT_EQ(r.first->cause.find("PYTHONHASHSEED"), std::string::npos) << r.first->cause;
+}
+
 TEST(DiffTest, ExternalInput) {
   Scenario s;
   s.external_step = 1;
