@@ -209,6 +209,8 @@ void add_run_verb(CLI::App& app, VerbAction* action) {
   optional_flag(sub, args.get(), "--ranks", &f.ranks, "ranks to record: \"0,2-3\" or \"all\"");
   optional_flag(sub, args.get(), "--digest", &f.digest, "md5 (default), sha256 or xxh3");
   sub->add_flag("--no-stats", f.no_stats, "do not record min/max/mean/L2 of tensors");
+  sub->add_flag("--rehash-inputs", f.rehash_inputs,
+                "hash every input at every top-level op (programs that write tensors through NumPy)");
   sub->add_flag("--no-inputs", f.no_inputs, "record op outputs only");
   optional_flag(sub, args.get(), "--seed", &f.seed, "seed torch's default generators before the first op");
   optional_flag(sub, args.get(), "--deterministic", &f.deterministic,

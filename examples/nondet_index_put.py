@@ -5,6 +5,7 @@ an order that changes from run to run. Runs differ often but not always.
     /usr/bin/python3 examples/nondet_index_put.py --steps 5
 """
 import argparse
+import hashlib
 
 import torch
 
@@ -24,12 +25,19 @@ def main():
     target = torch.randn(idx.numel())
     opt = torch.optim.SGD([w], lr=0.1)
     loss = torch.tensor(0.0)
-    for _ in range(args.steps):
+    # Every step's gradient, hashed: a race that changes only the last bits of a gradient can be
+    # rounded away by the update, so the final weights alone do not show whether runs differed.
+    grads = hashlib.sha256()
+    for step in range(args.steps):
         opt.zero_grad()
         loss = ((w[idx] - target) ** 2).mean()
         loss.backward()
+        grad_bytes = w.grad.numpy().tobytes()
+        grads.update(grad_bytes)
+        print(f"step {step} grad sha256 {hashlib.sha256(grad_bytes).hexdigest()}")
         opt.step()
     print(f"final loss {loss.item():.9f} w checksum {w.detach().double().sum().item():.12f}")
+    print(f"grads sha256 {grads.hexdigest()}")
 
 
 if __name__ == "__main__":

@@ -197,6 +197,7 @@ ThreadRecorder* ThreadRecorder::current() {
 ThreadRecorder::ThreadRecorder()
     : pid_(::getpid()), fork_generation_(ProcessRecorder::instance().fork_generation()) {
   hasher_ = std::make_unique<Hasher>(ProcessRecorder::instance().config().digest);
+  rehash_inputs_ = ProcessRecorder::instance().config().rehash_inputs;
   frames_.resize(64);
   ProcessRecorder::instance().register_thread(this);
 }
@@ -529,11 +530,11 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t) {
   trace::Provenance prov = same_bytes_known ? trace::Provenance::kView : trace::Provenance::kExternal;
   if (same_bytes_known) s.base_id = st->id;
   const trace::TensorDesc* known = nullptr;
-  if (same_bytes_known && st->last && st->last->storage == st &&
+  if (!rehash_inputs_ && same_bytes_known && st->last && st->last->storage == st &&
       st->last->storage_writes == st->writes &&
       same_geometry(st->last->desc, st->last->storage_offset, t))
     known = &st->last->desc;
-  for (size_t i = 0; st && !known && i < st->views.size(); ++i)
+  for (size_t i = 0; st && !rehash_inputs_ && !known && i < st->views.size(); ++i)
     if (st->views[i].writes == st->writes && same_geometry(st->views[i].desc, st->views[i].offset, t))
       known = &st->views[i].desc;
   if (known) {
@@ -561,6 +562,7 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t) {
   e.storage = st;
   e.storage_writes = st ? st->writes : 0;
   e.storage_offset = t.storage_offset();
+  e.top_level_serial = top_level_serial_;
   s.storage_writes = e.storage_writes;
   e.written_order = 0;  // described at a start: not proof of what any writer left
   e.base_id = s.base_id;
@@ -588,6 +590,8 @@ ThreadRecorder::CacheEntry* ThreadRecorder::lookup(const at::Tensor& t, uint32_t
   if (e.storage && e.storage->writes != e.storage_writes) return nullptr;
   if (e.external_serial != 0 && (!allow_external || e.external_serial != top_level_serial_))
     return nullptr;
+  // Trusting no writer outside torch: what an earlier top-level op saw is not evidence.
+  if (rehash_inputs_ && e.top_level_serial != top_level_serial_) return nullptr;
   return &e;
 }
 
@@ -737,6 +741,7 @@ void ThreadRecorder::emit_output_tensor(const at::Tensor& t, ByteWriter& w, cons
       e->storage = nullptr;
       e->base_id = -1;
       e->written_order = f.order;
+      e->top_level_serial = top_level_serial_;
       e->storage_offset = t.storage_offset();
       e->desc = desc;
     } else {

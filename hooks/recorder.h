@@ -142,6 +142,7 @@ class ThreadRecorder {
     int64_t storage_offset = 0;
     int64_t base_id = -1;  // for views
     uint64_t written_order = 0;  // order of the op that described it
+    uint64_t top_level_serial = 0;  // the top-level op during which it was described
     trace::TensorDesc desc;
   };
 
@@ -220,6 +221,7 @@ class ThreadRecorder {
   std::unordered_map<const c10::StorageImpl*, StorageEntry> storages_;
   int64_t next_tensor_id_ = 0;
   uint64_t top_level_serial_ = 0;
+  bool rehash_inputs_ = false;
 
   std::vector<Frame> frames_;
   size_t depth_ = 0;     // open frames, markers included

@@ -378,9 +378,12 @@ Status parse_config(const json& j, Config* out) {
   }
   if (j.contains("record")) {
     const json& r = j["record"];
-    if (Status s = check_object(r, "record", {"stats", "inputs"}); !s.ok()) return s;
+    if (Status s = check_object(r, "record", {"stats", "inputs", "rehash_inputs"}); !s.ok()) return s;
     if (r.contains("stats"))
       if (Status s = get_bool(r["stats"], "record.stats", &c.stats); !s.ok()) return s;
+    if (r.contains("rehash_inputs"))
+      if (Status s = get_bool(r["rehash_inputs"], "record.rehash_inputs", &c.rehash_inputs); !s.ok())
+        return s;
     if (r.contains("inputs"))
       if (Status s = get_bool(r["inputs"], "record.inputs", &c.inputs); !s.ok()) return s;
   }
@@ -447,7 +450,7 @@ json config_to_json(const Config& c) {
                  {"phases", c.select.phases.empty() ? json("all") : phases},
                  {"ranks", c.select.ranks.to_json()}};
   j["digest"] = std::string(trace::digest_name(c.digest));
-  j["record"] = {{"stats", c.stats}, {"inputs", c.inputs}};
+  j["record"] = {{"stats", c.stats}, {"inputs", c.inputs}, {"rehash_inputs", c.rehash_inputs}};
   json det;
   det["seed"] = c.determinism.seed ? json(*c.determinism.seed) : json(nullptr);
   det["algorithms"] = c.determinism.algorithms.empty() ? json(nullptr) : json(c.determinism.algorithms);

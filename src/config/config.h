@@ -64,6 +64,7 @@ struct Config {
   trace::DigestAlgo digest = trace::DigestAlgo::kMd5;
   bool stats = true;
   bool inputs = true;
+  bool rehash_inputs = false;  // trust no cached input across top-level ops
   DeterminismConfig determinism;
   GateConfig gate;
   std::string format = "text";  // report format when runs >= 2

@@ -11,10 +11,6 @@ namespace {
 
 using trace::TensorDesc;
 
-bool is_tensor(const trace::Value& v) {
-  return v.type == trace::ValueType::kTensorNew || v.type == trace::ValueType::kTensorRef;
-}
-
 // Where a tensor's contents came from, following view bases inside the stream's window.
 std::string origin_of(const TensorDesc* t, const trace::TraceReader& r, bool* external,
                       bool* uninitialized) {
@@ -81,6 +77,35 @@ StatsDelta delta_of(const TensorDesc& a, const TensorDesc& b, const GateConfig& 
 
 bool digests_differ(const TensorDesc* a, const TensorDesc* b) {
   return a && b && !a->same_digest(*b);
+}
+
+// Ops whose outputs hold exactly the values of their first input (aliases and copies).
+bool passes_values_through(std::string_view op) {
+  static const char* kOps[] = {"aten::detach_", "aten::detach",     "detach_",
+                               "detach",        "aten::alias",      "aten::lift",
+                               "aten::lift_fresh", "aten::lift_fresh_copy", "aten::clone",
+                               "aten::contiguous", "aten::_to_copy",  "aten::to"};
+  for (const char* k : kOps)
+    if (op == k) return true;
+  return false;
+}
+
+// True when an input recorded as the uninitialized output of the empty family was written
+// before this op by something the recorder does not see (torch.tensor(list) fills an
+// at::empty buffer with Python data, a numpy copy, a memcpy): the op passes its input's values
+// through, yet its output's digest is not the input's.
+bool filled_outside_recorded_ops(const trace::OpRecord& op, std::string_view name,
+                                 const trace::TraceReader& r, size_t input) {
+  if (!passes_values_through(name) || input >= op.input_tensors.size()) return false;
+  const TensorDesc* in = r.tensor(op.input_tensors[input]);
+  if (!in || !in->uninitialized()) return false;
+  for (int64_t id : op.output_tensors) {
+    const TensorDesc* out = r.tensor(id);
+    if (out && !out->uninitialized() && out->dtype == in->dtype && out->sizes == in->sizes &&
+        !out->same_digest(*in))
+      return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -179,6 +204,16 @@ void classify_divergence(const BufferedOp& a, const OpSource& sa, const Buffered
       bool ext_b = false;
       std::string origin_b = origin_of(tb, rb, &ext_b, &uninit);
       if (uninit) origin = origin_b;
+    }
+    size_t in = size_t(first_diff_input);
+    if (uninit && (filled_outside_recorded_ops(oa, fd->op, ra, in) ||
+                   filled_outside_recorded_ops(ob, sb.name_of(ob), rb, in))) {
+      fd->divergence_class = kClassExternal;
+      fd->detail = fmt::format(
+          "input {} is an empty-family buffer filled outside the recorded ops (e.g. "
+          "torch.tensor from Python data, a numpy copy), and what was written differs",
+          first_diff_input);
+      return;
     }
     if (uninit) {
       fd->divergence_class = kClassUninitialized;
@@ -279,7 +314,14 @@ void explain_cause(const std::vector<EnvDifference>& env, FirstDivergence* fd) {
       fd->remedy = "enable use_deterministic_algorithms(True) and check which kernel alerts";
     }
   } else if (cls == kClassRng) {
-    const EnvDifference* seed = find_env_containing(env, {"seed", "SEED"});
+    // PYTHONHASHSEED salts str hashes; it seeds no random generator.
+    const EnvDifference* seed = nullptr;
+    for (const EnvDifference& d : env)
+      if ((d.key.find("seed") != std::string::npos || d.key.find("SEED") != std::string::npos) &&
+          d.key.find("PYTHONHASHSEED") == std::string::npos) {
+        seed = &d;
+        break;
+      }
     fd->cause = seed ? describe(*seed)
                      : "the random generator was seeded or consumed differently before this op";
     fd->remedy = "seed every generator at program start (torch.manual_seed, random.seed, "
@@ -297,6 +339,18 @@ void explain_cause(const std::vector<EnvDifference>& env, FirstDivergence* fd) {
                  "fill_uninitialized_memory=True";
   } else if (cls == kClassStructural) {
     const EnvDifference* ver = find_env(env, {"torch_version", "build_config"});
+    const EnvDifference* threads =
+        find_env(env, {"intra_op_threads", "step.intra_op_threads", "env.OMP_NUM_THREADS",
+                       "env.MKL_NUM_THREADS"});
+    if (fd->nested && threads && !ver) {
+      // Same ops at every level both runs share; only kernels' internal ops differ, as a
+      // parallel reduction's per-thread buffers do with another thread count.
+      fd->cause = describe(*threads);
+      fd->remedy = "run every time with the same intra-op thread count "
+                   "(torch.set_num_threads / OMP_NUM_THREADS): parallel kernels split their "
+                   "work, and allocate and combine partial results, by thread count";
+      return;
+    }
     fd->cause = ver ? describe(*ver)
                     : "the runs executed different ops, shapes or arguments (control flow or "
                       "configuration differs)";

@@ -93,7 +93,7 @@ class StreamComparator {
     if (pending_) {
       if (int64_t(a.rec.depth) == need_depth_) {
         pending_->chain.insert(pending_->chain.begin(), std::string(a_->name_of(a.rec)));
-        if (!pending_->catalog)
+        if (!pending_->catalog && pending_->divergence_class != kClassStructural)
           pending_->catalog = catalog_ref(options_.catalog, facts(a, *a_), &rejected_);
         --need_depth_;
       }
@@ -137,7 +137,47 @@ class StreamComparator {
     }
   }
 
-  void add_structural(StructuralDifference d) {
+  // Where a run of skipped ops sits: the chain of its first op within the run (outermost
+  // first), the depth of the enclosing op still to come (-1: none), and whether every skipped
+  // op is nested inside ops both runs ran.
+  struct SkippedShape {
+    std::vector<std::string> chain;
+    int64_t need_depth = -1;
+    bool nested = false;
+    std::vector<std::string> outermost;  // distinct names at the smallest depth, in order
+  };
+
+  static SkippedShape shape_of(const OpSource& s, size_t n, const OpSource& other, size_t m) {
+    SkippedShape sh;
+    if (n == 0) return sh;
+    const BufferedOp& first = s.at(0);
+    sh.chain = {std::string(s.name_of(first.rec))};
+    int64_t need = int64_t(first.rec.depth) - 1;
+    uint32_t min_depth = first.rec.depth;
+    for (size_t k = 1; k < n; ++k) {
+      const BufferedOp& op = s.at(k);
+      min_depth = std::min(min_depth, op.rec.depth);
+      if (int64_t(op.rec.depth) == need) {
+        sh.chain.insert(sh.chain.begin(), std::string(s.name_of(op.rec)));
+        --need;
+      }
+    }
+    for (size_t k = 0; k < m; ++k) min_depth = std::min(min_depth, other.at(k).rec.depth);
+    sh.need_depth = need;
+    sh.nested = min_depth > 0;
+    for (size_t k = 0; k < n && sh.outermost.size() < 3; ++k) {
+      const BufferedOp& op = s.at(k);
+      std::string name(s.name_of(op.rec));
+      if (op.rec.depth == min_depth &&
+          std::find(sh.outermost.begin(), sh.outermost.end(), name) == sh.outermost.end())
+        sh.outermost.push_back(std::move(name));
+    }
+    return sh;
+  }
+
+  void add_structural(StructuralDifference d) { add_structural(std::move(d), SkippedShape()); }
+
+  void add_structural(StructuralDifference d, const SkippedShape& shape) {
     ++out_->structural_count;
     ++out_->summary.structural;
     out_->beyond_tolerance = true;
@@ -149,14 +189,21 @@ class StreamComparator {
       fd.step = d.step;
       fd.phase = d.phase;
       fd.op = d.op_a.empty() ? d.op_b : d.op_a;
-      fd.chain = {fd.op};
+      fd.chain = shape.chain.empty() ? std::vector<std::string>{fd.op} : shape.chain;
       fd.index = d.index_a;
       fd.order_a = d.order_a;
       fd.order_b = d.order_b;
-      fd.divergence_class = "structural";
+      fd.divergence_class = kClassStructural;
       fd.detail = d.detail;
-      out_->first = std::move(fd);
-      first_done_ = true;
+      fd.nested = shape.nested;
+      if (shape.need_depth >= 0) {
+        // The enclosing ops are common to both runs and end later: collect them as they come.
+        pending_ = std::move(fd);
+        need_depth_ = shape.need_depth;
+      } else {
+        out_->first = std::move(fd);
+        first_done_ = true;
+      }
     }
     if (out_->structural.size() < kMaxStructural) out_->structural.push_back(std::move(d));
   }
@@ -193,23 +240,33 @@ class StreamComparator {
     size_t j = at ? at->second : b_->size();
     d.skipped_a = i;
     d.skipped_b = j;
+    // The op reported is run A's first skipped op, or run B's when A skipped none.
+    SkippedShape shape = i > 0 ? shape_of(*a_, i, *b_, j) : shape_of(*b_, j, *a_, i);
+    std::string outermost;
+    if (!shape.outermost.empty() &&
+        !(shape.outermost.size() == 1 && shape.outermost[0] == shape.chain.back()))
+      outermost = fmt::format(" (outermost: {})", fmt::join(shape.outermost, ", "));
     if (!at) {
       out_->summary.alignment_lost = true;
       d.detail = fmt::format("op sequences differ and do not realign within {} ops "
                              "(skipped {} of run A, {} of run B)", kAlignWindow, i, j);
     } else if (i == 0) {
-      d.detail = fmt::format("run B has {} extra op(s) here, starting with {}", j, d.op_b);
+      d.detail = fmt::format("run B has {} extra op(s) here, starting with {}{}", j, d.op_b,
+                             outermost);
       d.op_a.clear();
     } else if (j == 0) {
-      d.detail = fmt::format("run A has {} extra op(s) here, starting with {}", i, d.op_a);
+      d.detail = fmt::format("run A has {} extra op(s) here, starting with {}{}", i, d.op_a,
+                             outermost);
       d.op_b.clear();
     } else if (i == 1 && j == 1 && d.op_a == d.op_b) {
       d.detail = fmt::format("{}: different input/output shapes or dtypes, or nesting", d.op_a);
     } else {
-      d.detail = fmt::format("{} op(s) of run A ({}...) replaced by {} of run B ({}...)", i,
-                             d.op_a, j, d.op_b);
+      d.detail = fmt::format("{} op(s) of run A ({}...) replaced by {} of run B ({}...){}", i,
+                             d.op_a, j, d.op_b, outermost);
     }
-    add_structural(std::move(d));
+    if (shape.nested)
+      d.detail += "; all inside ops both runs ran (their internal ops differ)";
+    add_structural(std::move(d), shape);
     a_->pop(i);
     b_->pop(j);
   }

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <map>
 
 #include "diff/classify.h"
@@ -23,6 +24,8 @@ namespace {
 Status list_streams(const std::string& run_dir, std::map<std::string, std::string>* out) {
   fs::path dir = fs::path(run_dir) / layout::kStreamsDir;
   std::error_code ec;
+  if (!fs::exists(run_dir, ec))
+    return Status::error(fmt::format("{}: no such run directory", run_dir), ExitCode::kBadInput);
   if (!fs::is_directory(run_dir, ec))
     return Status::error(fmt::format("{}: not a directory", run_dir), ExitCode::kBadInput);
   if (!fs::is_directory(dir, ec))
@@ -37,6 +40,25 @@ Status list_streams(const std::string& run_dir, std::map<std::string, std::strin
   }
   if (ec) return Status::error(fmt::format("{}: {}", dir.string(), ec.message()),
                                ExitCode::kBadInput);
+  if (out->empty()) {
+    // Nothing to compare is not "identical": the interposer recorded nothing in this run.
+    std::string why;
+    for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+      std::string name = e.path().filename().string();
+      std::string sext = layout::kStatusExt;
+      if (name.size() <= sext.size() ||
+          name.compare(name.size() - sext.size(), sext.size(), sext) != 0)
+        continue;
+      std::ifstream in(e.path());
+      std::string line;
+      std::getline(in, line);
+      why = fmt::format(" ({}: {})", name, line);
+      break;
+    }
+    return Status::error(fmt::format("{}: no trace stream in {}/ (nothing was recorded){}",
+                                     run_dir, layout::kStreamsDir, why),
+                         ExitCode::kBadInput);
+  }
   return Status();
 }
 

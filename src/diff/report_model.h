@@ -78,6 +78,7 @@ struct FirstDivergence {
   std::string divergence_class;    // nondeterministic-op | rng-state | external-input |
                                    // uninitialized-memory | structural | input-differs
   std::string detail;              // one line of evidence
+  bool nested = false;             // structural: every differing op is inside ops both runs ran
   bool args_differ = false;
   bool is_random = false;
   uint64_t rng_a = 0, rng_b = 0;

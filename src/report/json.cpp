@@ -50,6 +50,9 @@ std::string shape_string(const std::vector<int64_t>& sizes) {
 std::string short_digest(const std::string& hex) { return hex.substr(0, 12); }
 
 std::string one_line_verdict(const DiffReport& r) {
+  if (r.verdict == "identical" && !r.truncated.empty())
+    return fmt::format("identical up to the cut: {} ops compared, bit for bit, until a trace "
+                       "ended early (ops after the cut were not compared)", r.ops_compared);
   if (r.verdict == "identical")
     return fmt::format("identical: {} ops compared, bit for bit", r.ops_compared);
   if (!r.first) return "divergent";

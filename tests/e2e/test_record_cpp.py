@@ -58,7 +58,6 @@ class RecordCpp(unittest.TestCase):
         for s in steps(recs):
             self.assertIn(s["order"], {o["order"] for o in main if o["step"] == s["step"]})
 
-    @unittest.expectedFailure  # interposer bug: the STEP order is that of the first op written
     def test_step_order_is_that_of_the_steps_first_op(self):
         # trace/records.h: StepInfo.order is "program order of the first op of the step". Step
         # 1 starts with zero_grad's aten::detach_ (order N), but the STEP record carries N + 1,

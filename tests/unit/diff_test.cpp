@@ -2,6 +2,8 @@
 // alignment, the environment, truncated and corrupt input, the gate and the report formats.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include <nlohmann/json.hpp>
 
 #include "catalog/catalog.h"
@@ -174,6 +176,21 @@ TEST(DiffTest, RngState) {
   EXPECT_NE(r.first->rng_a, r.first->rng_b);
 }
 
+TEST(DiffTest, PythonHashSeedIsNotNamedAsTheRngCause) {
+  Scenario s;
+  s.rng_step = 1;
+  Case c("rng_hashseed", s);
+  nlohmann::json ea = sample_env(2, 11), eb = sample_env(2, 22);
+  ea["env"]["PYTHONHASHSEED"] = "0";
+  eb["env"]["PYTHONHASHSEED"] = "1";
+  c.a.env("r0.main", ea);
+  c.b.env("r0.main", eb);
+  DiffReport r = diff(c);
+  ASSERT_TRUE(r.first);
+  ASSERT_EQ(r.first->divergence_class, "rng-state");
+  EXPECT_EQ(r.first->cause.find("PYTHONHASHSEED"), std::string::npos) << r.first->cause;
+}
+
 TEST(DiffTest, ExternalInput) {
   Scenario s;
   s.external_step = 1;
@@ -324,6 +341,168 @@ TEST(DiffTest, StructuralDifferencesFailTheToleranceGate) {
   s.insert_step = 0;
   Case c("tolerance_structural", s);
   EXPECT_EQ(gate_exit_code(diff(c, GateConfig{"tolerance", 1, 1})), ExitCode::kDivergent);
+}
+
+// torch.tensor(list) in 1.13: aten::empty, then the list's values written without an op, then
+// aten::detach_ on the (uninitialized-marked) buffer, whose output shows what was written.
+TraceBuilder filled_buffer(uint8_t garbage, uint8_t written, bool passes_through = true) {
+  TraceBuilder t;
+  t.step(0);
+  int64_t e = t.op("aten::empty").in_int(8).out_new(uninitialized(garbage, {8})).done();
+  TensorDesc out = tensor(written, {8});
+  t.op(passes_through ? "aten::detach_" : "aten::add").in_ref(e).out_new(out).done();
+  for (int k = 0; k < 4; ++k) t.op("aten::relu").in_new(tensor(0x30)).out_new(tensor(0x31)).done();
+  t.end();
+  return t;
+}
+
+TEST(DiffTest, EmptyBufferFilledOutsideRecordedOpsIsExternalInput) {
+  RunDir a("filled/run-0"), b("filled/run-1");
+  a.add_stream("r0.main.t0", filled_buffer(0x11, 0x21));
+  b.add_stream("r0.main.t0", filled_buffer(0xEE, 0x22));
+  DiffReport r;
+  DiffOptions o;
+  ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->op, "aten::detach_");
+  EXPECT_EQ(r.first->divergence_class, "external-input") << r.first->detail;
+  EXPECT_NE(r.first->detail.find("filled outside the recorded ops"), std::string::npos);
+}
+
+TEST(DiffTest, UninitializedValuesPassedThroughStayUninitializedMemory) {
+  // detach_ returns the garbage it was given (same digest as its input): a real read of
+  // uninitialized memory, not a buffer filled from outside.
+  RunDir a("garbage/run-0"), b("garbage/run-1");
+  a.add_stream("r0.main.t0", filled_buffer(0x11, 0x11));
+  b.add_stream("r0.main.t0", filled_buffer(0xEE, 0xEE));
+  DiffReport r;
+  ASSERT_TRUE(diff_runs(a.path(), b.path(), DiffOptions{}, &r).ok());
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->divergence_class, "uninitialized-memory");
+  // And an op that computes from the buffer is a read, whatever its output.
+  RunDir c("garbage_add/run-0"), d("garbage_add/run-1");
+  c.add_stream("r0.main.t0", filled_buffer(0x11, 0x21, false));
+  d.add_stream("r0.main.t0", filled_buffer(0xEE, 0x22, false));
+  ASSERT_TRUE(diff_runs(c.path(), d.path(), DiffOptions{}, &r).ok());
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->divergence_class, "uninitialized-memory");
+}
+
+// x.sum() over a large tensor: with 2 threads the reduction allocates and copies per-thread
+// partials (two extra ops inside aten::sum), and the sum's bits change.
+TraceBuilder parallel_sum(uint64_t threads) {
+  TraceBuilder t;
+  t.step(0, 7, threads);
+  int64_t x = t.op("aten::randn").in_int(1 << 20).out_new(tensor(0x01, {1 << 20})).done();
+  uint64_t o = t.reserve_orders(threads > 1 ? 4 : 2);
+  if (threads > 1) {
+    int64_t buf = t.op("aten::empty", Phase::kForward, 2, int64_t(o + 2))
+                      .out_new(uninitialized(0x02, {2, 1})).done();
+    t.op("aten::copy_", Phase::kForward, 2, int64_t(o + 3)).in_ref(buf).in_new(tensor(0, {1, 1}))
+        .out_new(tensor(0, {2, 1})).done();
+  }
+  TensorDesc sum = tensor(uint8_t(0x10 + threads), {});
+  int64_t s = t.op("aten::sum", Phase::kForward, 1, int64_t(o + 1)).in_ref(x).out_new(sum).done();
+  t.op("aten::sum", Phase::kForward, 0, int64_t(o)).in_ref(x).out_ref(s).done();
+  for (int k = 0; k < 4; ++k)
+    t.op("aten::mul").in_ref(s).in_double(2).out_new(tensor(uint8_t(0x20 + threads), {})).done();
+  t.end();
+  return t;
+}
+
+TEST(DiffTest, KernelInternalOpsDifferingWithTheThreadCountNameTheThreads) {
+  RunDir a("par_sum/run-0"), b("par_sum/run-1");
+  a.add_stream("r0.main.t0", parallel_sum(1));
+  b.add_stream("r0.main.t0", parallel_sum(2));
+  a.env("r0.main", sample_env(1, 11));
+  b.env("r0.main", sample_env(2, 22));
+  DiffReport r;
+  ASSERT_TRUE(diff_runs(a.path(), b.path(), DiffOptions{}, &r).ok());
+  ASSERT_TRUE(r.first);
+  const FirstDivergence& f = *r.first;
+  EXPECT_EQ(f.divergence_class, "structural");
+  EXPECT_TRUE(f.nested);
+  EXPECT_EQ(f.chain, (std::vector<std::string>{"aten::sum", "aten::sum", "aten::empty"}));
+  EXPECT_NE(f.cause.find("intra_op_threads differs: 1 vs 2"), std::string::npos) << f.cause;
+  EXPECT_NE(f.remedy.find("thread"), std::string::npos) << f.remedy;
+  EXPECT_EQ(r.structural_count, 1u);
+  EXPECT_GE(r.divergent_ops, 2u);  // the sums and what follows are still compared
+}
+
+TEST(DiffTest, TopLevelStructuralDifferenceDoesNotBlameTheThreads) {
+  Scenario s;
+  s.insert_step = 1;  // run B runs an extra top-level aten::relu
+  Case c("inserted_threads", s);
+  c.a.env("r0.main", sample_env(1, 11));
+  c.b.env("r0.main", sample_env(2, 22));
+  DiffReport r = diff(c);
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->divergence_class, "structural");
+  EXPECT_FALSE(r.first->nested);
+  EXPECT_EQ(r.first->cause.find("intra_op_threads"), std::string::npos) << r.first->cause;
+}
+
+TEST(DiffTest, StructuralDetailNamesTheOutermostExtraOps) {
+  // Run B runs an extra linear (copy_ < addmm < linear, written inner first) and a tanh.
+  auto build_branch = [](bool b) {
+    TraceBuilder t;
+    t.step(0);
+    int64_t x = t.op("aten::randn").out_new(tensor(0x01)).done();
+    if (b) {
+      uint64_t o = t.reserve_orders(3);
+      t.op("aten::copy_", Phase::kForward, 2, int64_t(o + 2)).in_ref(x).out_new(tensor(0x40))
+          .done();
+      t.op("aten::addmm", Phase::kForward, 1, int64_t(o + 1)).in_ref(x).out_new(tensor(0x41))
+          .done();
+      t.op("aten::linear", Phase::kForward, 0, int64_t(o)).in_ref(x).out_new(tensor(0x41))
+          .done();
+      t.op("aten::tanh").in_ref(x).out_new(tensor(0x42)).done();
+    }
+    for (int k = 0; k < 5; ++k) t.op("aten::relu").in_ref(x).out_new(tensor(0x50)).done();
+    t.end();
+    return t;
+  };
+  RunDir a("branch/run-0"), b("branch/run-1");
+  a.add_stream("r0.main.t0", build_branch(false));
+  b.add_stream("r0.main.t0", build_branch(true));
+  DiffReport r;
+  ASSERT_TRUE(diff_runs(a.path(), b.path(), DiffOptions{}, &r).ok());
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->chain,
+            (std::vector<std::string>{"aten::linear", "aten::addmm", "aten::copy_"}));
+  ASSERT_EQ(r.structural.size(), 1u);
+  EXPECT_EQ(r.structural[0].skipped_b, 4u);
+  EXPECT_NE(r.structural[0].detail.find("outermost: aten::linear, aten::tanh"),
+            std::string::npos) << r.structural[0].detail;
+  EXPECT_EQ(r.divergent_ops, 0u);
+}
+
+TEST(DiffTest, RunDirectoryWithoutTracesIsBadInputNotIdentical) {
+  RunDir a("no_traces/run-0"), b("no_traces/run-1");
+  {
+    std::ofstream(a.path() + "/streams/r0.main.status") << "not attached: libtorch not loaded\n";
+    std::ofstream(b.path() + "/streams/r0.main.status") << "not attached: libtorch not loaded\n";
+  }
+  DiffReport r;
+  Status st = diff_runs(a.path(), b.path(), DiffOptions{}, &r);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), ExitCode::kBadInput);
+  EXPECT_NE(st.message().find(a.path()), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("no trace stream"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("not attached"), std::string::npos) << st.message();
+}
+
+TEST(ReportTest, TruncatedIdenticalVerdictSaysWhereItStopped) {
+  Scenario s;
+  Case c("truncated_text", s);
+  std::string bytes = build(s, true).bytes();
+  c.b.add_bytes("r0.main.t0", bytes.substr(0, bytes.size() / 2));
+  DiffReport r = diff(c);
+  ASSERT_EQ(r.verdict, "identical");
+  std::string text = render_report(r, ReportFormat::kText, false);
+  std::string first_line = text.substr(0, text.find('\n'));
+  EXPECT_NE(first_line.find("up to the cut"), std::string::npos) << first_line;
+  EXPECT_NE(text.find("truncated: run b"), std::string::npos) << text;
 }
 
 TEST(ReportTest, EveryFormatCarriesTheKeyFields) {
