@@ -277,17 +277,31 @@ uint32_t ThreadRecorder::intern(std::string_view s) {
 
 const ThreadRecorder::OpInfo& ThreadRecorder::op_info(const at::RecordFunction& fn) {
   const char* name = fn.name();
-  auto it = ops_.find(name);
-  if (it != ops_.end()) {
-    if (it->second.name_id == UINT32_MAX) it->second.name_id = intern(name);
-    return it->second;
+  auto fast = ops_by_name_ptr_.find(name);
+  // Other records name themselves with short-lived strings: a reused address must match too.
+  if (fast != ops_by_name_ptr_.end() && std::strcmp(fast->second->name.c_str(), name) == 0) {
+    OpInfo& info = *fast->second;
+    if (info.name_id == UINT32_MAX) info.name_id = intern(name);
+    return info;
   }
+  auto op_name = fn.operator_name();
+  std::string key = op_name ? op_name->name + "." + op_name->overload_name : std::string(name);
+  auto it = ops_.find(key);
+  if (it == ops_.end()) it = ops_.emplace(key, make_op_info(name, op_name)).first;
+  if (it->second.name_id == UINT32_MAX) it->second.name_id = intern(name);
+  ops_by_name_ptr_[name] = &it->second;
+  return it->second;
+}
+
+ThreadRecorder::OpInfo ThreadRecorder::make_op_info(const char* name,
+                                                    const c10::optional<c10::OperatorName>& op_name) {
   OpInfo info;
+  info.name = name;
   info.name_id = intern(name);
   info.selected = ProcessRecorder::instance().config().select.wants_op(name);
   info.is_empty_family = is_empty_family(name);
   info.metadata_only = is_metadata_only(name);
-  if (auto op_name = fn.operator_name()) {
+  if (op_name) {
     if (auto handle = c10::Dispatcher::singleton().findOp(*op_name)) {
       info.composite = handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
                        handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd);
@@ -306,7 +320,7 @@ const ThreadRecorder::OpInfo& ThreadRecorder::op_info(const at::RecordFunction& 
       }
     }
   }
-  return ops_.emplace(name, info).first->second;
+  return info;
 }
 
 Phase ThreadRecorder::current_phase() const {
@@ -516,7 +530,10 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t) {
   s.base_id = -1;
 
   if (s.cacheable) {
-    if (CacheEntry* e = lookup(t, s.version, /*allow_external=*/true)) {
+    CacheEntry* e = lookup(t, s.version, /*allow_external=*/true);
+    // Bytes an op reads after an `empty` were written by code outside the dispatcher
+    // (torch.tensor(list), NumPy): hash them as found.
+    if (e && !e->desc.uninitialized()) {
       s.desc = e->desc;
       s.base_id = e->base_id;
       s.storage_writes = e->storage_writes;
@@ -526,7 +543,8 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t) {
   // First sight of this TensorImpl at this version. Another TensorImpl over the same bytes
   // (autograd's saved tensors, detach()) reuses their description; otherwise hash.
   StorageEntry* st = storage_of(t);
-  const bool same_bytes_known = st && st->id >= 0 && st->version == s.version;
+  const bool same_bytes_known = st && st->id >= 0 && st->version == s.version &&
+                                !(st->last && st->last->desc.uninitialized());
   trace::Provenance prov = same_bytes_known ? trace::Provenance::kView : trace::Provenance::kExternal;
   if (same_bytes_known) s.base_id = st->id;
   const trace::TensorDesc* known = nullptr;

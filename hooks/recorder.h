@@ -98,6 +98,7 @@ class ThreadRecorder {
   enum class Marker : uint8_t { kNone, kOptimizerStep, kOptimizerOther, kStep, kBackwardNode };
 
   struct OpInfo {
+    std::string name;
     uint32_t name_id = 0;
     bool selected = true;
     bool is_view = false;
@@ -181,6 +182,7 @@ class ThreadRecorder {
   void open_stream();
   void reset_after_fork();
   const OpInfo& op_info(const at::RecordFunction& fn);
+  OpInfo make_op_info(const char* name, const c10::optional<c10::OperatorName>& op_name);
   uint32_t intern(std::string_view s);
   trace::Phase current_phase() const;
 
@@ -213,7 +215,10 @@ class ThreadRecorder {
   trace::RecordEncoder string_encoder_;  // string records, written while an op body is open
   std::string body_;  // the record being built
 
+  // By "name.overload": overloads differ (linspace is composite, linspace.out writes `out`).
   std::unordered_map<std::string, OpInfo> ops_;
+  // By name pointer, the fast path: a dispatcher op's name lives in its overload's schema.
+  std::unordered_map<const char*, OpInfo*> ops_by_name_ptr_;
   std::unordered_map<std::string, uint32_t> strings_;
   std::vector<std::string> pending_strings_;  // interned, not yet written
 
