@@ -72,12 +72,14 @@ int main(int argc, char** argv) {
   torch::Tensor images = torch::randn({batch, 3, 32, 32});
   torch::Tensor labels = torch::randint(0, 10, {batch});
   torch::Tensor index = torch::randint(0, 1 << 12, {1 << 17});  // many repeats
+  // Distinct addends per slot: with equal ones, any summation order gives the same bits.
+  torch::Tensor target = torch::randn({1 << 17});
   for (int step = 0; step < steps; ++step) {
     std::optional<detaudit::StepGuard> step_mark;
     if (marker) step_mark.emplace();  // DETAUDIT_STEP(), optional for the unmarked case
     optimizer.zero_grad();
     torch::Tensor loss = torch::nll_loss(torch::log_softmax(net->forward(images), 1), labels);
-    if (race) loss = loss + table.index({index}).pow(2).mean();
+    if (race) loss = loss + (table.index({index}) - target).pow(2).mean();
     loss.backward();
     if (marker) {
       DETAUDIT_OPTIMIZER();
