@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import unittest
 
 SOURCE_DIR = os.environ.get(
     "DETAUDIT_SOURCE_DIR",
@@ -221,3 +222,36 @@ class TempDir:
     def __exit__(self, *exc):
         remove_tmpdir(self.path)
         return False
+
+
+class RecordedRuns(unittest.TestCase):
+    """Records every job once per class, in parallel; tests read them with records(name).
+
+    A subclass defines jobs_to_record() -> {name: command} or {name: (flags, command)}."""
+
+    @classmethod
+    def jobs_to_record(cls):
+        raise NotImplementedError
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = make_temp_dir()
+        cls.jobs = cls.jobs_to_record()
+        specs = {n: j if isinstance(j, tuple) else ([], j) for n, j in cls.jobs.items()}
+        names = list(specs)
+        results = in_parallel([lambda n=n: record(os.path.join(cls.tmp, n), specs[n][1],
+                                                  flags=specs[n][0]) for n in names])
+        cls.runs = dict(zip(names, results))
+        cls._records = {}
+
+    @classmethod
+    def tearDownClass(cls):
+        remove_dir(cls.tmp)
+
+    def records(self, name):
+        """The exported records of a run; fails the test if recording or export failed."""
+        r, run_dir = self.runs[name]
+        self.assertEqual(r.returncode, 0, f"detaudit run {self.jobs[name]}: {r.stdout[-3000:]} {r.stderr}")
+        if name not in self._records:
+            self._records[name] = export_records(run_dir)
+        return self._records[name]

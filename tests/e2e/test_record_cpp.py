@@ -8,7 +8,7 @@ import collections
 import os
 import unittest
 
-from detaudit_testlib import (build_binary, export_records, in_parallel, make_temp_dir, ops,
+from detaudit_testlib import (RecordedRuns, build_binary, export_records, in_parallel, make_temp_dir, ops,
                               record, remove_dir, steps, tensors)
 
 STEPS = 3
@@ -16,31 +16,14 @@ PARAMS = 12  # conv1, bn1, conv2, bn2, fc1, fc2: weight and bias each
 LR = 0.01
 
 
-class RecordCpp(unittest.TestCase):
+class RecordCpp(RecordedRuns):
     @classmethod
-    def setUpClass(cls):
-        cls.tmp = make_temp_dir()
+    def jobs_to_record(cls):
         train_cnn = build_binary("train_cnn")
-        cls.jobs = {
+        return {
             "marked": [train_cnn, "--steps", str(STEPS)],
             "unmarked": [train_cnn, "--steps", str(STEPS), "--no-marker"],
         }
-        names = list(cls.jobs)
-        results = in_parallel([lambda n=n: record(os.path.join(cls.tmp, n), cls.jobs[n])
-                               for n in names])
-        cls.runs = dict(zip(names, results))
-        cls._records = {}
-
-    @classmethod
-    def tearDownClass(cls):
-        remove_dir(cls.tmp)
-
-    def records(self, name):
-        r, run_dir = self.runs[name]
-        self.assertEqual(r.returncode, 0, f"detaudit run {self.jobs[name]}: {r.stderr}")
-        if name not in self._records:
-            self._records[name] = export_records(run_dir)
-        return self._records[name]
 
     def parameter_updates(self, step_ops):
         # torch::optim::SGD with momentum: p.add_(buf, -lr) for each parameter.

@@ -11,7 +11,7 @@ import re
 import stat
 import unittest
 
-from detaudit_testlib import (HOOKS, PYTHON, example, export_records, in_parallel,
+from detaudit_testlib import (RecordedRuns, HOOKS, PYTHON, example, export_records, in_parallel,
                               make_temp_dir, ops, program, read_json, record, remove_dir,
                               run_detaudit, steps, stream_files, tensors)
 
@@ -26,34 +26,16 @@ SGD_PARAM_SHAPES = [[8, 3, 3, 3], [8], [16, 8, 3, 3], [16], [10, 16], [10]]
 ADAM_PARAM_COUNT = 6  # two Linear and one LayerNorm, weight and bias each
 
 
-class RecordPython(unittest.TestCase):
+class RecordPython(RecordedRuns):
     @classmethod
-    def setUpClass(cls):
-        cls.tmp = make_temp_dir()
-        cls.jobs = {
+    def jobs_to_record(cls):
+        return {
             "sgd": [PYTHON, example("train_sgd.py"), "--steps", str(SGD_STEPS)],
             "adam": [PYTHON, example("train_adam.py"), "--steps", str(ADAM_STEPS)],
             "lbfgs": [PYTHON, example("train_lbfgs.py"), "--steps", str(LBFGS_STEPS)],
             "loader": [PYTHON, example("dataloader_workers.py"), "--steps", str(LOADER_STEPS)],
             "features": [PYTHON, program("op_features.py"), "--steps", str(FEATURE_STEPS)],
         }
-        names = list(cls.jobs)
-        results = in_parallel([lambda n=n: record(os.path.join(cls.tmp, n), cls.jobs[n])
-                               for n in names])
-        cls.runs = dict(zip(names, results))
-        cls._records = {}
-
-    @classmethod
-    def tearDownClass(cls):
-        remove_dir(cls.tmp)
-
-    def records(self, name):
-        """The exported records of a run; fails the test if recording or export failed."""
-        r, run_dir = self.runs[name]
-        self.assertEqual(r.returncode, 0, f"detaudit run {self.jobs[name]}: {r.stderr}")
-        if name not in self._records:
-            self._records[name] = export_records(run_dir)
-        return self._records[name]
 
     def output_log(self, name):
         with open(os.path.join(self.runs[name][1], "output.log")) as f:

@@ -10,18 +10,17 @@ import json
 import os
 import unittest
 
-from detaudit_testlib import (PYTHON, example, export_records, in_parallel, make_temp_dir, ops,
+from detaudit_testlib import (RecordedRuns, PYTHON, example, export_records, in_parallel, make_temp_dir, ops,
                               program, read_json, record, remove_dir, run_detaudit, steps,
                               tensors)
 
 SGD = [PYTHON, example("train_sgd.py")]
 
 
-class RunOptions(unittest.TestCase):
+class RunOptions(RecordedRuns):
     @classmethod
-    def setUpClass(cls):
-        cls.tmp = make_temp_dir()
-        cls.jobs = {
+    def jobs_to_record(cls):
+        return {
             "twice": (["--runs", "2"], SGD + ["--steps", "2"]),
             "xxh3": (["--digest", "xxh3", "--no-stats"], SGD + ["--steps", "2"]),
             "sha256": (["--digest", "sha256", "--steps", "1-2"], SGD + ["--steps", "4"]),
@@ -29,23 +28,6 @@ class RunOptions(unittest.TestCase):
                      "--deterministic", "warn"], SGD + ["--steps", "2"]),
             "seeded": (["--runs", "2", "--seed", "7"], [PYTHON, program("print_random.py")]),
         }
-        names = list(cls.jobs)
-        results = in_parallel([
-            lambda n=n: record(os.path.join(cls.tmp, n), cls.jobs[n][1], flags=cls.jobs[n][0])
-            for n in names])
-        cls.runs = dict(zip(names, results))
-        cls._records = {}
-
-    @classmethod
-    def tearDownClass(cls):
-        remove_dir(cls.tmp)
-
-    def records(self, name):
-        r, run_dir = self.runs[name]
-        self.assertEqual(r.returncode, 0, f"{self.jobs[name]}: {r.stdout[-3000:]} {r.stderr}")
-        if name not in self._records:
-            self._records[name] = export_records(run_dir)
-        return self._records[name]
 
     def digests(self, recs):
         return [t["digest"] for o in ops(recs) for t in tensors(o["inputs"] + o["outputs"])
