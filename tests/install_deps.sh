@@ -13,5 +13,6 @@ if ((${#missing[@]})); then
   sudo_cmd=(); [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
   export DEBIAN_FRONTEND=noninteractive
   "${sudo_cmd[@]}" apt-get update -q
-  "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+  # With recommends: the set every test here ran against.
+  "${sudo_cmd[@]}" apt-get install -y -q "${missing[@]}"
 fi
