@@ -195,7 +195,7 @@ ThreadRecorder* ThreadRecorder::current() {
 }
 
 ThreadRecorder::ThreadRecorder()
-    : pid_(::getpid()), fork_generation_(ProcessRecorder::instance().fork_generation()) {
+    : fork_generation_(ProcessRecorder::instance().fork_generation()) {
   hasher_ = std::make_unique<Hasher>(ProcessRecorder::instance().config().digest);
   rehash_inputs_ = ProcessRecorder::instance().config().rehash_inputs;
   frames_.resize(64);
@@ -217,7 +217,6 @@ void ThreadRecorder::finish() {
 
 void ThreadRecorder::reset_after_fork() {
   // Everything here describes the parent's stream: the child starts its own.
-  pid_ = ::getpid();
   fork_generation_ = ProcessRecorder::instance().fork_generation();
   stream_.fd = -1;
   stream_.bytes.clear();
@@ -254,7 +253,7 @@ void ThreadRecorder::open_stream() {
   trace::StreamHeader h;
   h.algo = proc.config().digest;
   h.rank = proc.rank();
-  h.pid = uint64_t(pid_);
+  h.pid = uint64_t(::getpid());
   h.process_role = proc.role();
   h.thread_index = thread_index_;
   h.unix_ns = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -557,7 +556,6 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t) {
       known = &st->views[i].desc;
   if (known) {
     s.desc = *known;
-    s.desc.bits &= uint8_t(~(3u << trace::kProvenanceShift));
   } else {
     totals_.bytes_hashed += describe_tensor(t, hasher_.get(), ProcessRecorder::instance().config().stats, &s.desc);
     ++totals_.tensors_hashed;
@@ -566,25 +564,29 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t) {
       v.writes = st->writes;
       v.offset = t.storage_offset();
       v.desc = s.desc;
-      v.desc.bits &= uint8_t(~(3u << trace::kProvenanceShift));
     }
   }
-  s.desc.bits |= uint8_t(uint8_t(prov) << trace::kProvenanceShift);
+  s.desc.set_provenance(prov);
   if (!s.cacheable) return;
-  make_room();
-  CacheEntry& e = cache_[impl];
-  e.impl = WeakImpl(t.getIntrusivePtr());
-  e.version = s.version;
-  e.id = -1;
+  CacheEntry& e = remember(t, s.version, s.desc);
   e.external_serial = prov == trace::Provenance::kExternal ? top_level_serial_ : 0;
   e.storage = st;
   e.storage_writes = st ? st->writes : 0;
+  e.base_id = s.base_id;
+  s.storage_writes = e.storage_writes;
+}
+
+ThreadRecorder::CacheEntry& ThreadRecorder::remember(const at::Tensor& t, uint32_t version,
+                                                     const trace::TensorDesc& desc) {
+  make_room();
+  CacheEntry& e = cache_[t.unsafeGetTensorImpl()];
+  e = CacheEntry{};
+  e.impl = WeakImpl(t.getIntrusivePtr());
+  e.version = version;
   e.storage_offset = t.storage_offset();
   e.top_level_serial = top_level_serial_;
-  s.storage_writes = e.storage_writes;
-  e.written_order = 0;  // described at a start: not proof of what any writer left
-  e.base_id = s.base_id;
-  e.desc = s.desc;
+  e.desc = desc;
+  return e;
 }
 
 ThreadRecorder::StorageEntry* ThreadRecorder::storage_of(const at::Tensor& t) {
@@ -611,22 +613,6 @@ ThreadRecorder::CacheEntry* ThreadRecorder::lookup(const at::Tensor& t, uint32_t
   // Trusting no writer outside torch: what an earlier top-level op saw is not evidence.
   if (rehash_inputs_ && e.top_level_serial != top_level_serial_) return nullptr;
   return &e;
-}
-
-void ThreadRecorder::describe_uninitialized(const at::Tensor& t, trace::TensorDesc* desc) {
-  desc->dtype = uint8_t(t.scalar_type());
-  desc->device_type = uint8_t(t.device().type());
-  desc->device_index = t.device().index();
-  desc->sizes.assign(t.sizes().begin(), t.sizes().end());
-  const bool contiguous = t.is_contiguous();
-  desc->bits = uint8_t((contiguous ? trace::kTensorContiguous : 0) | trace::kTensorUninitialized);
-  if (contiguous)
-    desc->strides.clear();
-  else
-    desc->strides.assign(t.strides().begin(), t.strides().end());
-  desc->digest.fill(0);
-  desc->digest_len = uint8_t(hasher_->length());
-  desc->stats = trace::TensorStats{};
 }
 
 void ThreadRecorder::make_room() {
@@ -677,8 +663,7 @@ int64_t ThreadRecorder::write_new(ByteWriter& w, const trace::TensorDesc& desc, 
     trace::write_tensor(w, desc, uint64_t(id - base_id));
   } else {
     trace::TensorDesc external = desc;
-    external.bits = uint8_t((external.bits & ~(3u << trace::kProvenanceShift)) |
-                            (uint8_t(trace::Provenance::kExternal) << trace::kProvenanceShift));
+    external.set_provenance(trace::Provenance::kExternal);
     trace::write_tensor(w, external, 0);
   }
   return id;
@@ -729,10 +714,9 @@ void ThreadRecorder::emit_output_tensor(const at::Tensor& t, ByteWriter& w, cons
   const bool cacheable = !impl->is_inference();
   const uint32_t version = tensor_version(t);
   CacheEntry* e = cacheable ? lookup(t, version, /*allow_external=*/true) : nullptr;
-  // Kernels called inside other kernels write in place without bumping the version: a writing
-  // op trusts only a description made after it started (by a nested op).
-  // Kernels also write into tensors a nested `empty` allocated: an uninitialized description is
-  // never trusted for an output.
+  // A cached description stands for this output only if no kernel can have written it since:
+  // never after an `empty`, never for a backend kernel (it writes raw memory), and for a
+  // writing op only if a nested op described it after this op began.
   if (e && (e->desc.uninitialized() || !f.info->composite ||
             (f.info->writes && e->written_order < f.order)))
     e = nullptr;
@@ -745,23 +729,15 @@ void ThreadRecorder::emit_output_tensor(const at::Tensor& t, ByteWriter& w, cons
     thread_local trace::TensorDesc desc;
     if (f.info->is_empty_family) {
       // Uninitialized bytes: their digest would differ run to run and mean nothing.
-      describe_uninitialized(t, &desc);
+      describe_geometry(t, hasher_->length(), &desc);
+      desc.bits |= trace::kTensorUninitialized;
     } else {
       totals_.bytes_hashed += describe_tensor(t, hasher_.get(), ProcessRecorder::instance().config().stats, &desc);
       ++totals_.tensors_hashed;
     }
     if (cacheable) {
-      make_room();
-      e = &cache_[impl];
-      e->impl = WeakImpl(t.getIntrusivePtr());
-      e->version = version;
-      e->external_serial = 0;
-      e->storage = nullptr;
-      e->base_id = -1;
+      e = &remember(t, version, desc);
       e->written_order = f.order;
-      e->top_level_serial = top_level_serial_;
-      e->storage_offset = t.storage_offset();
-      e->desc = desc;
     } else {
       write_new(w, desc, -1);
       return;

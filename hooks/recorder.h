@@ -142,7 +142,7 @@ class ThreadRecorder {
     uint64_t storage_writes = 0;
     int64_t storage_offset = 0;
     int64_t base_id = -1;  // for views
-    uint64_t written_order = 0;  // order of the op that described it
+    uint64_t written_order = 0;  // order of the op whose output it is; 0 when seen as an input
     uint64_t top_level_serial = 0;  // the top-level op during which it was described
     trace::TensorDesc desc;
   };
@@ -200,12 +200,12 @@ class ThreadRecorder {
   uint64_t rng_state(const at::RecordFunction& fn);
   void clear_caches();
   void make_room();  // drops dead entries when the cache is full
-  void describe_uninitialized(const at::Tensor& t, trace::TensorDesc* desc);
   StorageEntry* storage_of(const at::Tensor& t);
+  // A fresh cache entry for this tensor version, described by `desc`.
+  CacheEntry& remember(const at::Tensor& t, uint32_t version, const trace::TensorDesc& desc);
   // The cache entry for this tensor's current version, or nullptr.
   CacheEntry* lookup(const at::Tensor& t, uint32_t version, bool allow_external);
 
-  pid_t pid_;
   uint32_t fork_generation_;
   bool busy_ = false;  // set while the recorder itself runs tensor ops
   bool stream_open_ = false;

@@ -77,18 +77,25 @@ void feed_strided(const at::Tensor& t, TensorDigester* digester) {
 
 }  // namespace
 
-uint64_t describe_tensor(const at::Tensor& tensor, Hasher* hasher, bool with_stats,
-                         trace::TensorDesc* desc) {
-  desc->dtype = uint8_t(tensor.scalar_type());
-  desc->device_type = uint8_t(tensor.device().type());
-  desc->device_index = tensor.device().index();
-  desc->sizes.assign(tensor.sizes().begin(), tensor.sizes().end());
-  const bool contiguous = tensor.is_contiguous();
+void describe_geometry(const at::Tensor& t, size_t digest_len, trace::TensorDesc* desc) {
+  desc->dtype = uint8_t(t.scalar_type());
+  desc->device_type = uint8_t(t.device().type());
+  desc->device_index = t.device().index();
+  desc->sizes.assign(t.sizes().begin(), t.sizes().end());
+  const bool contiguous = t.is_contiguous();
   desc->bits = contiguous ? trace::kTensorContiguous : 0;
   if (contiguous)
     desc->strides.clear();
   else
-    desc->strides.assign(tensor.strides().begin(), tensor.strides().end());
+    desc->strides.assign(t.strides().begin(), t.strides().end());
+  desc->digest.fill(0);
+  desc->digest_len = uint8_t(digest_len);
+  desc->stats = trace::TensorStats{};
+}
+
+uint64_t describe_tensor(const at::Tensor& tensor, Hasher* hasher, bool with_stats,
+                         trace::TensorDesc* desc) {
+  describe_geometry(tensor, hasher->length(), desc);
 
   // The slow, synchronising path for device tensors; the CPU path never copies.
   at::Tensor t = tensor;

@@ -12,6 +12,10 @@ namespace detaudit::hooks {
 // Why a tensor cannot be hashed (sparse, quantized, meta, ...), or nullptr if it can.
 const char* unhashable_reason(const at::Tensor& t);
 
+// dtype, device, sizes and strides (digest and statistics cleared), with no read of the data:
+// what the empty family's uninitialized outputs are described by.
+void describe_geometry(const at::Tensor& t, size_t digest_len, trace::TensorDesc* desc);
+
 // Fills everything but the provenance bits. Returns the number of bytes hashed.
 uint64_t describe_tensor(const at::Tensor& t, Hasher* hasher, bool with_stats,
                          trace::TensorDesc* desc);

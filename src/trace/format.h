@@ -132,6 +132,9 @@ struct TensorDesc {
   int64_t base_id = -1;  // for Provenance::kView
 
   Provenance provenance() const { return Provenance((bits >> kProvenanceShift) & 3); }
+  void set_provenance(Provenance p) {
+    bits = uint8_t((bits & ~(3u << kProvenanceShift)) | (uint8_t(p) << kProvenanceShift));
+  }
   bool uninitialized() const { return bits & kTensorUninitialized; }
   bool has_stats() const { return bits & kTensorHasStats; }
   uint64_t numel() const;
