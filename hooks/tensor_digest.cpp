@@ -1,5 +1,6 @@
 #include "tensor_digest.h"
 
+#include <ATen/Parallel.h>
 #include <xxhash.h>
 
 #include <cstring>
@@ -75,6 +76,12 @@ void feed_strided(const at::Tensor& t, TensorDigester* digester) {
   flush();
 }
 
+// The leaves of a large tensor go to torch's own intra-op threads: they are idle while the op's
+// thread records, and their number is the one the program chose.
+void on_torch_pool(size_t n, const std::function<void(size_t, size_t)>& fn) {
+  at::parallel_for(0, int64_t(n), 1, [&](int64_t begin, int64_t end) { fn(size_t(begin), size_t(end)); });
+}
+
 }  // namespace
 
 void describe_geometry(const at::Tensor& t, size_t digest_len, trace::TensorDesc* desc) {
@@ -106,7 +113,7 @@ uint64_t describe_tensor(const at::Tensor& tensor, Hasher* hasher, bool with_sta
   TensorDigester digester(hasher, desc->dtype, with_stats);
   if (t.numel() > 0) {
     if (t.is_contiguous())
-      digester.update(t.data_ptr(), size_t(t.numel()) * size_t(t.element_size()));
+      digester.update_all(t.data_ptr(), size_t(t.numel()) * size_t(t.element_size()), on_torch_pool);
     else
       feed_strided(t, &digester);
   }

@@ -367,34 +367,141 @@ trace::TensorStats StatsAccumulator::finish() const {
   return s;
 }
 
+void StatsAccumulator::merge(const StatsAccumulator& next) {
+  min_ = std::min(min_, next.min_);
+  max_ = std::max(max_, next.max_);
+  imin_ = std::min(imin_, next.imin_);
+  imax_ = std::max(imax_, next.imax_);
+  sum_ += next.sum_;
+  sumsq_ += next.sumsq_;
+  count_ += next.count_;
+  nan_ += next.nan_;
+  inf_ += next.inf_;
+}
+
+namespace {
+
+constexpr size_t kStatsBlock = 16 * 1024;  // divides kLeafBytes: no block straddles two leaves
+
+// One leaf, contiguous, in one call: what the streaming path computes for the same bytes.
+void digest_leaf(Hasher* h, const uint8_t* p, size_t n, bool with_stats, uint8_t* digest,
+                 StatsAccumulator* stats) {
+  h->reset();
+  for (size_t off = 0; off < n; off += kStatsBlock) {
+    const size_t m = std::min(kStatsBlock, n - off);
+    h->update(p + off, m);
+    if (with_stats) stats->update(p + off, m);
+  }
+  h->finish(digest);
+}
+
+// A hasher per thread and algorithm, for the leaves a pool thread hashes.
+Hasher& thread_hasher(DigestAlgo algo) {
+  thread_local std::unique_ptr<Hasher> hashers[4];
+  auto& h = hashers[size_t(algo) & 3];
+  if (!h || h->algo() != algo) h = std::make_unique<Hasher>(algo);
+  return *h;
+}
+
+}  // namespace
+
 TensorDigester::TensorDigester(Hasher* hasher, uint8_t dtype, bool with_stats)
-    : hasher_(hasher), stats_(dtype), with_stats_(with_stats && stats_.supported()) {
+    : hasher_(hasher), dtype_(dtype), leaf_stats_(dtype) {
+  with_stats_ = with_stats && leaf_stats_.supported();
   hasher_->reset();
 }
 
 void TensorDigester::update(const void* data, size_t nbytes) {
-  constexpr size_t kBlock = 16 * 1024;
   const auto* p = static_cast<const uint8_t*>(data);
   bytes_ += nbytes;
-  if (!with_stats_) {
-    hasher_->update(p, nbytes);
-    return;
-  }
-  for (size_t off = 0; off < nbytes; off += kBlock) {
-    size_t n = std::min(kBlock, nbytes - off);
-    hasher_->update(p + off, n);
-    stats_.update(p + off, n);
+  while (nbytes > 0) {
+    // A leaf closes only when more bytes follow: a tensor of exactly one leaf is hashed plain.
+    if (leaf_used_ == kLeafBytes) close_leaf();
+    const size_t take = std::min(nbytes, kLeafBytes - leaf_used_);
+    feed_leaf(p, take);
+    p += take;
+    nbytes -= take;
   }
 }
 
+void TensorDigester::feed_leaf(const uint8_t* p, size_t n) {
+  leaf_used_ += n;
+  hasher_->update(p, n);
+  if (!with_stats_) return;
+  if (!carry_.empty()) {
+    const size_t take = std::min(n, kStatsBlock - carry_.size());
+    carry_.insert(carry_.end(), p, p + take);
+    p += take;
+    n -= take;
+    if (carry_.size() < kStatsBlock) return;
+    leaf_stats_.update(carry_.data(), carry_.size());
+    carry_.clear();
+  }
+  for (; n >= kStatsBlock; p += kStatsBlock, n -= kStatsBlock) leaf_stats_.update(p, kStatsBlock);
+  carry_.assign(p, p + n);
+}
+
+void TensorDigester::close_leaf() {
+  if (!carry_.empty()) leaf_stats_.update(carry_.data(), carry_.size());
+  carry_.clear();
+  closed_.emplace_back(dtype_);
+  hasher_->finish(closed_.back().digest.data());
+  closed_.back().stats = leaf_stats_;
+  hasher_->reset();
+  leaf_stats_ = StatsAccumulator(dtype_);
+  leaf_used_ = 0;
+}
+
+void TensorDigester::update_all(const void* data, size_t nbytes, const ParallelFor& parallel) {
+  if (nbytes <= kLeafBytes || bytes_ != 0) {
+    update(data, nbytes);
+    return;
+  }
+  const auto* p = static_cast<const uint8_t*>(data);
+  const size_t leaves = (nbytes + kLeafBytes - 1) / kLeafBytes;
+  closed_.assign(leaves, Leaf(dtype_));
+  const DigestAlgo algo = hasher_->algo();
+  const bool with_stats = with_stats_;
+  parallel(leaves, [&](size_t begin, size_t end) {
+    Hasher& h = thread_hasher(algo);
+    for (size_t i = begin; i < end; ++i) {
+      const size_t off = i * kLeafBytes;
+      digest_leaf(&h, p + off, std::min(kLeafBytes, nbytes - off), with_stats,
+                  closed_[i].digest.data(), &closed_[i].stats);
+    }
+  });
+  bytes_ = nbytes;
+}
+
 void TensorDigester::finish(trace::TensorDesc* out) {
-  hasher_->finish(out->digest.data());
+  StatsAccumulator total(dtype_);
+  if (closed_.empty()) {
+    if (!carry_.empty()) leaf_stats_.update(carry_.data(), carry_.size());
+    carry_.clear();
+    hasher_->finish(out->digest.data());
+    total = leaf_stats_;
+  } else {
+    if (leaf_used_ > 0) close_leaf();
+    // The root: a header that no plain tensor of these bytes could collide with by accident,
+    // then the leaves' digests in order.
+    static constexpr char kTreeTag[16] = "detaudit-tree-1";
+    const uint64_t sizes[2] = {kLeafBytes, bytes_};
+    hasher_->reset();
+    hasher_->update(kTreeTag, sizeof kTreeTag);
+    hasher_->update(sizes, sizeof sizes);  // little-endian on every platform we build for
+    for (const Leaf& leaf : closed_) {
+      hasher_->update(leaf.digest.data(), hasher_->length());
+      total.merge(leaf.stats);
+    }
+    hasher_->finish(out->digest.data());
+    closed_.clear();
+  }
   out->digest_len = uint8_t(hasher_->length());
   out->bits &= uint8_t(~(trace::kTensorHasStats | trace::kTensorIntStats | trace::kTensorHasNanInf));
   if (!with_stats_) return;
-  out->stats = stats_.finish();
+  out->stats = total.finish();
   out->bits |= trace::kTensorHasStats;
-  if (stats_.integral()) out->bits |= trace::kTensorIntStats;
+  if (total.integral()) out->bits |= trace::kTensorIntStats;
   if (out->stats.nan || out->stats.inf) out->bits |= trace::kTensorHasNanInf;
 }
 

@@ -4,15 +4,24 @@
 //   TensorDigester d(DigestAlgo::kMd5, /*dtype=*/6, /*with_stats=*/true);
 //   d.update(ptr, nbytes);            // contiguous runs, in logical order
 //   d.finish(&desc);                  // fills desc.digest and desc.stats
+//
+// A tensor of up to kLeafBytes is digested as its bytes. A larger one is cut into leaves of
+// kLeafBytes, which can be hashed in parallel; its digest is the digest of a tree header and the
+// leaves' digests (docs/trace-format.md). Leaves are fixed, so the digest and the statistics do
+// not depend on the thread count or on how the bytes were fed.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <vector>
 
 #include "trace/format.h"
 
 namespace detaudit {
+
+inline constexpr size_t kLeafBytes = size_t(1) << 20;
 
 class Hasher {
  public:
@@ -41,6 +50,8 @@ class StatsAccumulator {
   bool supported() const { return kind_ != Kind::kNone; }
   bool integral() const { return kind_ == Kind::kSigned || kind_ == Kind::kUnsigned; }
   void update(const void* data, size_t nbytes);
+  // Folds in the statistics of the elements that follow this accumulator's.
+  void merge(const StatsAccumulator& next);
   trace::TensorStats finish() const;
 
  private:
@@ -52,21 +63,39 @@ class StatsAccumulator {
   int64_t imin_, imax_;
 };
 
+// Runs fn(begin, end) over disjoint ranges covering [0, n), possibly on several threads.
+using ParallelFor = std::function<void(size_t n, const std::function<void(size_t, size_t)>& fn)>;
+
 // Hash and statistics fed block by block so each block is read from cache twice, not from
-// memory twice.
+// memory twice. Statistics see fixed blocks at fixed offsets, whatever the split of the input.
 class TensorDigester {
  public:
   TensorDigester(Hasher* hasher, uint8_t dtype, bool with_stats);
   void update(const void* data, size_t nbytes);
+  // The whole tensor at once, contiguous: its leaves are hashed through `parallel`. Same digest
+  // and statistics as update(); call it instead of update(), not after.
+  void update_all(const void* data, size_t nbytes, const ParallelFor& parallel);
   // Sets digest, digest_len, stats and the stats bits of `out`.
   void finish(trace::TensorDesc* out);
   uint64_t bytes() const { return bytes_; }
 
  private:
+  struct Leaf {
+    trace::DigestBytes digest{};
+    StatsAccumulator stats;
+    explicit Leaf(uint8_t dtype) : stats(dtype) {}
+  };
+  void feed_leaf(const uint8_t* p, size_t n);  // within the current leaf
+  void close_leaf();
+
   Hasher* hasher_;
-  StatsAccumulator stats_;
+  uint8_t dtype_;
   bool with_stats_;
   uint64_t bytes_ = 0;
+  size_t leaf_used_ = 0;  // bytes in the open leaf
+  StatsAccumulator leaf_stats_;
+  std::vector<uint8_t> carry_;  // a partial statistics block
+  std::vector<Leaf> closed_;    // leaves before the open one
 };
 
 }  // namespace detaudit

@@ -52,7 +52,7 @@
 namespace detaudit::trace {
 
 inline constexpr char kMagic[3] = {'D', 'T', 'R'};
-inline constexpr uint32_t kFormatVersion = 1;
+inline constexpr uint32_t kFormatVersion = 2;
 inline constexpr size_t kMaxRecordBytes = 64u << 20;  // a larger length is corruption
 // A TENSOR_REF reaches back at most this many tensor ids, so readers keep a bounded window.
 inline constexpr uint64_t kRefWindow = 1u << 16;

@@ -51,6 +51,13 @@ Status TraceReader::open(const std::string& path) {
                          path_);
     return Status::error(error_, ExitCode::kBadInput);
   }
+  if (header_.version != kFormatVersion) {
+    // Digests of other formats are not comparable with this one's (format 2 hashes large
+    // tensors as a tree of 1 MiB leaves).
+    error_ = fmt::format("{}: trace format {}, but this detaudit reads format {}: record the run "
+                         "again with this detaudit", path_, header_.version, kFormatVersion);
+    return Status::error(error_, ExitCode::kBadInput);
+  }
   return Status();
 }
 
@@ -127,7 +134,6 @@ bool TraceReader::decode(ByteReader& r) {
       r.raw(magic, 3);
       if (std::memcmp(magic, kMagic, 3) != 0) return false;
       header_.version = uint32_t(r.varint());
-      if (header_.version > kFormatVersion) return false;
       header_.algo = DigestAlgo(r.u8());
       digest_len_ = digest_length(header_.algo);
       if (digest_len_ == 0) return false;

@@ -39,7 +39,9 @@ TEST(CatalogTest, EveryEntryHasSourcesRemedyAndUncertainty) {
     EXPECT_TRUE(e.contains("uncertainty"));
     EXPECT_TRUE(e.contains("device") && e.contains("phase"));
     EXPECT_TRUE(e.contains("deterministic_alternative"));
-    if (e["uncertain"].get<bool>()) EXPECT_FALSE(e["uncertainty"].get<std::string>().empty());
+    if (e["uncertain"].get<bool>()) {
+      EXPECT_FALSE(e["uncertainty"].get<std::string>().empty());
+    }
   }
   EXPECT_EQ(catalog().entries().size(), j["entries"].size());
 }

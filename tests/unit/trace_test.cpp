@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <thread>
 
 #include "digest/digest.h"
 #include "trace/reader.h"
@@ -244,6 +246,101 @@ TEST(StatsTest, VectorPathMatchesScalarReference) {
       }
     }
   }
+}
+
+}  // namespace
+}  // namespace detaudit::trace
+
+namespace detaudit::trace {
+namespace {
+
+TensorDesc digest_of(DigestAlgo algo, const std::vector<float>& v,
+                     const std::function<void(TensorDigester&)>& feed) {
+  Hasher h(algo);
+  TensorDigester d(&h, 6, true);
+  feed(d);
+  TensorDesc out;
+  d.finish(&out);
+  return out;
+}
+
+void expect_same(const TensorDesc& a, const TensorDesc& b, const std::string& what) {
+  EXPECT_TRUE(a.same_digest(b)) << what;
+  EXPECT_EQ(a.stats.min, b.stats.min) << what;
+  EXPECT_EQ(a.stats.max, b.stats.max) << what;
+  EXPECT_EQ(a.stats.mean, b.stats.mean) << what;  // bit for bit, not near
+  EXPECT_EQ(a.stats.l2, b.stats.l2) << what;
+  EXPECT_EQ(a.stats.nan, b.stats.nan) << what;
+}
+
+// Whatever the split of the input and the number of threads, a tensor gets one digest and one
+// set of statistics.
+TEST(DigestTreeTest, SameDigestAndStatsWhateverTheSplitAndThreads) {
+  const ParallelFor serial = [](size_t n, const std::function<void(size_t, size_t)>& fn) {
+    fn(0, n);
+  };
+  const ParallelFor three_threads = [](size_t n, const std::function<void(size_t, size_t)>& fn) {
+    std::vector<std::thread> pool;
+    for (size_t k = 0; k < 3; ++k) pool.emplace_back([&, k] { fn(n * k / 3, n * (k + 1) / 3); });
+    for (auto& t : pool) t.join();
+  };
+  const size_t leaf_floats = kLeafBytes / 4;
+  for (size_t n : {size_t(0), size_t(1000), leaf_floats, leaf_floats + 1, leaf_floats * 7 / 2}) {
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = float((i * 2654435761u) % 10007) * 1e-3f - 5.f;
+    if (n > 5000) v[n - 3000] = NAN;
+    for (DigestAlgo algo : {DigestAlgo::kMd5, DigestAlgo::kXxh3}) {
+      const std::string what = std::string(digest_name(algo)) + " n=" + std::to_string(n);
+      TensorDesc whole = digest_of(algo, v, [&](TensorDigester& d) { d.update(v.data(), n * 4); });
+      TensorDesc pieces = digest_of(algo, v, [&](TensorDigester& d) {
+        const auto* p = reinterpret_cast<const uint8_t*>(v.data());
+        for (size_t off = 0; off < n * 4; off += 4099) d.update(p + off, std::min<size_t>(4099, n * 4 - off));
+      });
+      TensorDesc one = digest_of(algo, v, [&](TensorDigester& d) { d.update_all(v.data(), n * 4, serial); });
+      TensorDesc three = digest_of(algo, v, [&](TensorDigester& d) { d.update_all(v.data(), n * 4, three_threads); });
+      expect_same(whole, pieces, what + " pieces");
+      expect_same(whole, one, what + " update_all");
+      expect_same(whole, three, what + " 3 threads");
+      if (n > 5000) {
+        EXPECT_EQ(whole.stats.nan, 1u) << what;
+      }
+    }
+  }
+}
+
+// Up to one leaf, the digest is the plain digest of the bytes (md5sum of the raw tensor); above,
+// the root hashes the tree header and the leaves' digests, as docs/trace-format.md says.
+TEST(DigestTreeTest, PlainUpToOneLeafThenTreeOfLeaves) {
+  auto plain = [](const uint8_t* p, size_t n, uint8_t* out) {
+    Hasher h(DigestAlgo::kMd5);
+    h.update(p, n);
+    h.finish(out);
+  };
+  std::vector<uint8_t> bytes(kLeafBytes * 2 + 10);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = uint8_t(i * 31 + (i >> 13));
+
+  Hasher h(DigestAlgo::kMd5);
+  TensorDigester one_leaf(&h, 0, false);
+  one_leaf.update(bytes.data(), kLeafBytes);
+  TensorDesc got;
+  one_leaf.finish(&got);
+  TensorDesc want;
+  plain(bytes.data(), kLeafBytes, want.digest.data());
+  EXPECT_TRUE(std::equal(want.digest.begin(), want.digest.begin() + 16, got.digest.begin()));
+
+  TensorDigester tree(&h, 0, false);
+  tree.update(bytes.data(), bytes.size());
+  tree.finish(&got);
+  std::string root_input("detaudit-tree-1", 16);
+  const uint64_t sizes[2] = {kLeafBytes, bytes.size()};
+  root_input.append(reinterpret_cast<const char*>(sizes), sizeof sizes);
+  for (size_t off = 0; off < bytes.size(); off += kLeafBytes) {
+    uint8_t d[16];
+    plain(bytes.data() + off, std::min(kLeafBytes, bytes.size() - off), d);
+    root_input.append(reinterpret_cast<const char*>(d), 16);
+  }
+  plain(reinterpret_cast<const uint8_t*>(root_input.data()), root_input.size(), want.digest.data());
+  EXPECT_TRUE(std::equal(want.digest.begin(), want.digest.begin() + 16, got.digest.begin()));
 }
 
 }  // namespace
