@@ -37,8 +37,8 @@ json tensor_json(const TraceReader& r, const Value& v) {
   j["device"] = t->device_index >= 0 ? fmt::format("{}:{}", trace::device_type_name(t->device_type),
                                                    t->device_index)
                                      : std::string(trace::device_type_name(t->device_type));
-  j["shape"] = t->sizes;
-  j["strides"] = t->strides.empty() ? json(nullptr) : json(t->strides);
+  j["shape"] = t->sizes.to_vector();
+  j["strides"] = t->strides.empty() ? json(nullptr) : json(t->strides.to_vector());
   j["digest"] = t->digest_hex();
   if (t->has_stats()) {
     json stats = {{"min", t->stats.min}, {"max", t->stats.max}, {"mean", t->stats.mean}};
@@ -250,7 +250,7 @@ Status for_each_step_op(const std::string& trace_path, uint64_t step,
     if (!op.output_tensors.empty())
       if (const trace::TensorDesc* t = r.tensor(op.output_tensors[0])) {
         line.digest_prefix = t->digest_hex().substr(0, 12);
-        line.shape = t->sizes;
+        line.shape = t->sizes.to_vector();
       }
     fn(line);
   }

@@ -49,6 +49,8 @@
 #include <string_view>
 #include <vector>
 
+#include "trace/dims.h"
+
 namespace detaudit::trace {
 
 inline constexpr char kMagic[3] = {'D', 'T', 'R'};
@@ -124,8 +126,8 @@ struct TensorDesc {
   uint8_t device_type = 0;
   int32_t device_index = -1;
   uint8_t bits = 0;
-  std::vector<int64_t> sizes;
-  std::vector<int64_t> strides;  // empty when contiguous
+  Dims sizes;
+  Dims strides;  // empty when contiguous
   DigestBytes digest{};
   uint8_t digest_len = 0;
   TensorStats stats;

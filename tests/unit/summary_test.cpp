@@ -19,7 +19,7 @@ TensorDesc tensor(uint8_t fill, std::vector<int64_t> sizes) {
   TensorDesc t;
   t.dtype = 6;  // float
   t.bits = kTensorContiguous | kTensorHasStats;
-  t.sizes = std::move(sizes);
+  t.sizes.assign(sizes.begin(), sizes.end());
   t.digest_len = 16;
   t.digest.fill(fill);
   t.stats.min = -1;

@@ -33,7 +33,7 @@ inline TensorDesc tensor(uint8_t fill, std::vector<int64_t> sizes = {4, 4},
   t.dtype = dtype;
   t.bits = trace::kTensorContiguous | trace::kTensorHasStats |
            uint8_t(uint8_t(prov) << trace::kProvenanceShift);
-  t.sizes = std::move(sizes);
+  t.sizes.assign(sizes.begin(), sizes.end());
   t.digest_len = 16;
   t.digest.fill(fill);
   t.stats.min = -double(fill);

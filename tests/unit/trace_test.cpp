@@ -94,7 +94,7 @@ TEST(TraceTest, RoundTripsEveryField) {
   const TensorDesc* out = r.tensor(op.output_tensors[0]);
   ASSERT_NE(out, nullptr);
   EXPECT_EQ(out->digest[0], 0xcd);
-  EXPECT_EQ(out->sizes, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(out->sizes.to_vector(), (std::vector<int64_t>{2, 3}));
   EXPECT_FLOAT_EQ(out->stats.mean, 0.5);
   EXPECT_EQ(r.next(), ReadResult::kEof);
 }
