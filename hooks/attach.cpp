@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <unordered_set>
 
 #include "environment.h"
 #include "recorder.h"
@@ -92,9 +93,16 @@ __attribute__((constructor)) void attach() {
     if (!error.empty()) std::fprintf(stderr, "detaudit: error: %s\n", error.c_str());
     return;
   }
+  // Two callbacks with one body: the marks (user scope) always, the ops only in selected steps.
   at::addGlobalCallback(at::RecordFunctionCallback(on_op_start, on_op_end)
-                            .needsInputs(true)
-                            .needsOutputs(true));
+                            .scopes({at::RecordScope::USER_SCOPE}));
+  std::unordered_set<at::RecordScope, std::hash<at::RecordScope>> op_scopes;
+  for (size_t s = 0; s < size_t(at::RecordScope::NUM_SCOPES); ++s)
+    if (at::RecordScope(s) != at::RecordScope::USER_SCOPE) op_scopes.insert(at::RecordScope(s));
+  proc.set_op_callback(at::addGlobalCallback(at::RecordFunctionCallback(on_op_start, on_op_end)
+                                                 .needsInputs(true)
+                                                 .needsOutputs(true)
+                                                 .scopes(op_scopes)));
   pthread_atfork(atfork_prepare, nullptr, atfork_child);
   std::atexit(flush_everything);
   install_signal_handlers();

@@ -112,15 +112,47 @@ bool ProcessRecorder::init(const std::string& run_dir, const Config& config, std
 }
 
 void ProcessRecorder::refresh_step_state(uint64_t step) {
-  step_selected_.store(config_.select.steps.contains(step), std::memory_order_relaxed);
+  const bool selected = config_.select.steps.contains(step);
+  step_selected_.store(selected, std::memory_order_relaxed);
   step_rng_.store(default_rng_digest(), std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(op_callback_mu_);
+  if (op_callback_ == 0 || selected == op_callback_on_.load()) return;
+  // Outside selected steps libtorch then boxes no op's inputs for us: unselected steps run at
+  // close to full speed.
+  if (selected) {
+    op_callback_epoch_.fetch_add(1, std::memory_order_release);
+    at::reenableCallback(op_callback_);
+  } else {
+    at::disableCallback(op_callback_);
+  }
+  op_callback_on_.store(selected);
+}
+
+void ProcessRecorder::set_op_callback(at::CallbackHandle handle) {
+  {
+    std::lock_guard<std::mutex> lock(op_callback_mu_);
+    op_callback_ = handle;
+  }
+  refresh_step_state(step());
+}
+
+void ProcessRecorder::mark_step_end() {
+  // With the op callback off no op is being recorded, so none can straddle the boundary.
+  if (op_callback_ != 0 && !op_callback_on_.load())
+    advance_step();
+  else
+    step_pending_.store(true, std::memory_order_relaxed);
+}
+
+void ProcessRecorder::advance_step() {
+  uint64_t s = step_.fetch_add(1, std::memory_order_relaxed) + 1;
+  refresh_step_state(s);
 }
 
 void ProcessRecorder::maybe_advance_step() {
   if (!step_pending_.load(std::memory_order_relaxed)) return;
   if (!step_pending_.exchange(false)) return;
-  uint64_t s = step_.fetch_add(1, std::memory_order_relaxed) + 1;
-  refresh_step_state(s);
+  advance_step();
 }
 
 trace::StepInfo ProcessRecorder::step_info() const {
@@ -387,9 +419,10 @@ void ThreadRecorder::on_start(const at::RecordFunction& fn) {
     unselected_since_clear_ = true;  // writes we do not see: start afresh when recording resumes
     return;
   }
-  if (unselected_since_clear_) {
+  if (unselected_since_clear_ || op_callback_epoch_ != proc.op_callback_epoch()) {
     clear_caches();
     unselected_since_clear_ = false;
+    op_callback_epoch_ = proc.op_callback_epoch();
   }
   const OpInfo& info = op_info(fn);
   f.info = &info;

@@ -42,7 +42,12 @@ class ProcessRecorder {
   uint64_t next_order() { return order_.fetch_add(1, std::memory_order_relaxed) + 1; }
   uint64_t step() const { return step_.load(std::memory_order_relaxed); }
   bool step_selected() const { return step_selected_.load(std::memory_order_relaxed); }
-  void mark_step_end() { step_pending_.store(true, std::memory_order_relaxed); }
+  // The op callback runs only in selected steps; the step and optimizer marks run always.
+  void set_op_callback(at::CallbackHandle handle);
+  // Bumped each time the op callback comes back on: the ops it missed may have changed any
+  // tensor a thread's cache describes.
+  uint64_t op_callback_epoch() const { return op_callback_epoch_.load(std::memory_order_acquire); }
+  void mark_step_end();
   // Called at the start of each top-level op: begins the next step if one ended.
   void maybe_advance_step();
   trace::StepInfo step_info() const;
@@ -62,6 +67,7 @@ class ProcessRecorder {
 
  private:
   ProcessRecorder() = default;
+  void advance_step();
   void refresh_step_state(uint64_t step);
 
   bool active_ = false;
@@ -79,6 +85,10 @@ class ProcessRecorder {
   std::atomic<uint32_t> next_thread_{0};
   std::atomic<bool> env_written_{false};
   std::atomic<uint32_t> fork_generation_{0};
+  std::mutex op_callback_mu_;
+  at::CallbackHandle op_callback_ = 0;
+  std::atomic<bool> op_callback_on_{true};
+  std::atomic<uint64_t> op_callback_epoch_{0};
   std::mutex threads_mu_;  // taken once per thread, never per op
   std::vector<ThreadRecorder*> threads_;
 };
@@ -245,6 +255,7 @@ class ThreadRecorder {
   uint64_t step_started_ = UINT64_MAX;   // the step of the last op started on this thread
   uint64_t step_first_order_ = 0;        // the order of that step's first op here
   bool unselected_since_clear_ = false;  // ops ran unrecorded: the caches may be stale
+  uint64_t op_callback_epoch_ = 0;
   uint64_t last_order_written_ = 0;
   uint64_t records_since_handover_ = 0;
   uint64_t last_handover_ns_ = 0;
