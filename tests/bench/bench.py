@@ -83,6 +83,7 @@ def trace_stats(args, run_dir):
 def bench_workload(args, lang, workload, raw, tmp):
     modes = [m for m in MODES if not (m[1] == "peer" and lang == "cpp")]
     times = {name: [] for name, _ in modes}
+    cpu_times = {name: [] for name, _ in modes}
     extra = {}
     for rep in range(args.repeats):
         for name, cfg in modes:
@@ -91,6 +92,7 @@ def bench_workload(args, lang, workload, raw, tmp):
             cmd = workload_cmd(args, lang, workload, peer=(cfg == "peer"))
             result = run_measured(cmd, env)
             times[name].append(result["ms_per_step"])
+            cpu_times[name].append(result["cpu_ms_per_step"])
             if rep == 0:
                 info = {"rss_mb": peak_rss_mb(cmd, mode_env(args, cfg, run_dir + "-rss"))}
                 if isinstance(cfg, dict) and name != "loaded, recording off":
@@ -101,13 +103,15 @@ def bench_workload(args, lang, workload, raw, tmp):
             shutil.rmtree(run_dir, ignore_errors=True)
             shutil.rmtree(run_dir + "-rss", ignore_errors=True)
     plain = statistics.median(times["plain"])
+    plain_cpu = statistics.median(cpu_times["plain"])
     rows = []
     total_steps = args.steps + args.warmup
     for name, cfg in modes:
         ms = statistics.median(times[name])
         info = extra.get(name, {})
+        cpu = statistics.median(cpu_times[name])
         row = {"workload": f"{workload} ({lang})", "mode": name, "ms": ms, "ratio": ms / plain,
-               "rss_mb": info.get("rss_mb")}
+               "cpu_ms": cpu, "cpu_ratio": cpu / plain_cpu, "rss_mb": info.get("rss_mb")}
         if "bytes_hashed" in info:
             per_step = info["bytes_hashed"] / total_steps
             algo = cfg.get("digest", "md5")
@@ -181,11 +185,12 @@ def main():
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    print("\n| workload | mode | ms/step | x plain | MB hashed/step | overhead / floor | achieved MB/s (raw) | B/tensor record | ns/op | peak RSS MB |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n| workload | mode | ms/step | x plain | CPU ms/step | CPU x plain | MB hashed/step | overhead / floor | achieved MB/s (raw) | B/tensor record | ns/op | peak RSS MB |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         achieved = "-" if r.get("achieved_mbps") is None else f"{r['achieved_mbps']:.0f} ({r['raw_mbps']:.0f})"
         print(f"| {r['workload']} | {r['mode']} | {r['ms']:.1f} | {r['ratio']:.2f} | "
+              f"{r['cpu_ms']:.1f} | {r['cpu_ratio']:.2f} | "
               f"{fmt(r.get('mb_hashed_per_step'), '.1f')} | {fmt(r.get('overhead_vs_floor'), '.2f')} | "
               f"{achieved} | {fmt(r.get('bytes_per_tensor_record'), '.1f')} | {fmt(r.get('ns_per_op'), '.0f')} | "
               f"{fmt(r.get('rss_mb'), '.0f')} |")
