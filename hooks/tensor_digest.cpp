@@ -20,14 +20,38 @@ const char* unhashable_reason(const at::Tensor& t) {
 
 namespace {
 
-// Feeds the elements of a non-contiguous tensor in logical order, gathering short runs into a
-// staging buffer so the hash sees large updates.
+// Copies n elements `stride` elements apart into out, with loads of the element's own width.
+template <typename T>
+void gather(const char* src, int64_t stride, size_t n, char* out) {
+  for (size_t i = 0; i < n; ++i) std::memcpy(out + i * sizeof(T), src + int64_t(i) * stride * int64_t(sizeof(T)), sizeof(T));
+}
+
+void gather_elements(const char* src, int64_t stride, size_t n, size_t esize, char* out) {
+  switch (esize) {
+    case 1: return gather<uint8_t>(src, stride, n, out);
+    case 2: return gather<uint16_t>(src, stride, n, out);
+    case 4: return gather<uint32_t>(src, stride, n, out);
+    case 8: return gather<uint64_t>(src, stride, n, out);
+    default:
+      for (size_t i = 0; i < n; ++i)
+        std::memcpy(out + i * esize, src + int64_t(i) * stride * int64_t(esize), esize);
+  }
+}
+
+// Feeds the elements of a non-contiguous tensor in logical order, gathered into a staging buffer
+// so the hash sees large updates.
 void feed_strided(const at::Tensor& t, TensorDigester* digester) {
   const size_t esize = size_t(t.element_size());
   const auto* base = static_cast<const char*>(t.data_ptr());
+  // Drop size-1 dimensions and merge dimensions that are contiguous with each other.
   std::vector<int64_t> sizes, strides;
   for (int64_t d = 0; d < t.dim(); ++d) {
     if (t.size(d) == 1) continue;
+    if (!sizes.empty() && strides.back() == t.stride(d) * t.size(d)) {
+      sizes.back() *= t.size(d);
+      strides.back() = t.stride(d);
+      continue;
+    }
     sizes.push_back(t.size(d));
     strides.push_back(t.stride(d));
   }
@@ -36,34 +60,31 @@ void feed_strided(const at::Tensor& t, TensorDigester* digester) {
     return;
   }
   const size_t inner = size_t(sizes.back());
-  const bool inner_contiguous = strides.back() == 1;
+  const int64_t inner_stride = strides.back();
   const int outer_dims = int(sizes.size()) - 1;
   std::vector<int64_t> index(size_t(outer_dims), 0);
-  thread_local std::vector<char> staging(64 * 1024);
-  size_t used = 0;
+  thread_local std::vector<char> staging(256 * 1024);
+  const size_t capacity = staging.size() / esize;  // elements
+  size_t used = 0;  // elements
   auto flush = [&] {
-    digester->update(staging.data(), used);
+    digester->update(staging.data(), used * esize);
     used = 0;
   };
   for (;;) {
     int64_t offset = 0;
     for (int d = 0; d < outer_dims; ++d) offset += index[size_t(d)] * strides[size_t(d)];
     const char* row = base + offset * int64_t(esize);
-    if (inner_contiguous) {
-      size_t bytes = inner * esize;
-      if (bytes >= staging.size()) {
-        flush();
-        digester->update(row, bytes);
-      } else {
-        if (used + bytes > staging.size()) flush();
-        std::memcpy(staging.data() + used, row, bytes);
-        used += bytes;
-      }
+    if (inner_stride == 1 && inner >= capacity) {
+      flush();
+      digester->update(row, inner * esize);
     } else {
-      for (size_t i = 0; i < inner; ++i) {
-        if (used + esize > staging.size()) flush();
-        std::memcpy(staging.data() + used, row + int64_t(i) * strides.back() * int64_t(esize), esize);
-        used += esize;
+      for (size_t done = 0; done < inner;) {
+        if (used == capacity) flush();
+        const size_t n = std::min(inner - done, capacity - used);
+        gather_elements(row + int64_t(done) * inner_stride * int64_t(esize), inner_stride, n, esize,
+                        staging.data() + used * esize);
+        used += n;
+        done += n;
       }
     }
     int d = outer_dims - 1;

@@ -149,6 +149,15 @@ class RecordEdgeCases(unittest.TestCase):
         self.assertEqual(x["digest"], in_md5)
         self.assertEqual(tanh[0]["outputs"][0]["digest"], out_md5)
 
+    def test_every_layout_digest_is_that_of_the_contiguous_copy(self):
+        recs = self.records()
+        with open(os.path.join(self.all[1], "output.log")) as f:
+            printed = dict(re.findall(r"layout (\w+) md5 ([0-9a-f]{32})", f.read()))
+        self.assertEqual(len(printed), 7)
+        sum_inputs = {o["inputs"][0].get("digest") for o in ops(recs, "aten::sum")}
+        for name, digest in printed.items():
+            self.assertIn(digest, sum_inputs, name)
+
     def check_data_write(self, which):
         recs = self.records(which)
         with open(os.path.join(getattr(self, which)[1], "output.log")) as f:

@@ -6,6 +6,7 @@ change under the interposer.
     /usr/bin/python3 tests/e2e/programs/edge_tensors.py
 """
 import hashlib
+import struct
 
 import torch
 import torch.nn as nn
@@ -13,6 +14,18 @@ import torch.nn as nn
 
 def md5(t):
     return hashlib.md5(t.detach().contiguous().numpy().tobytes()).hexdigest()
+
+
+def tree_md5(t):
+    """detaudit's MD5 as docs/trace-format.md defines it: plain up to 1 MiB, then a tree."""
+    data = t.detach().contiguous().numpy().tobytes()
+    leaf = 1 << 20
+    if len(data) <= leaf:
+        return hashlib.md5(data).hexdigest()
+    root = hashlib.md5(b"detaudit-tree-1\0" + struct.pack("<QQ", leaf, len(data)))
+    for off in range(0, len(data), leaf):
+        root.update(hashlib.md5(data[off:off + leaf]).digest())
+    return root.hexdigest()
 
 
 def main():
@@ -56,6 +69,21 @@ def main():
     nc = torch.tanh(at)
     print(f"noncontig output md5 {md5(nc)}")
     results.append(("noncontig", nc))
+
+    # Layouts the gather must walk in logical order, each read by aten::sum; over 1 MiB, the
+    # tree digest, through the strided path and through the parallel contiguous one.
+    layouts = {
+        "double_t": torch.randn(7, 5, dtype=torch.float64).t(),
+        "int16_perm": torch.arange(24, dtype=torch.int16).reshape(2, 3, 4).permute(2, 0, 1),
+        "int8_step": torch.arange(50, dtype=torch.int8)[::3],
+        "bool_t": (torch.randn(6, 4) > 0).t(),
+        "expand": torch.randn(3, 1).expand(3, 1000),
+        "big_t": torch.randn(1024, 600).t(),
+        "big": torch.randn(1024, 600) * 2,
+    }
+    for name, t in layouts.items():
+        torch.sum(t)
+        print(f"layout {name} md5 {tree_md5(t)}")
 
     # A parameter changed behind autograd's back through .data, then used.
     lin2 = nn.Linear(9, 2)
