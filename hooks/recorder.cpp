@@ -447,8 +447,7 @@ void ThreadRecorder::on_start(const at::RecordFunction& fn) {
   if (f.depth == 0) ++top_level_serial_;
 
   bytes_item_start_ = bytes_.size();
-  busy_ = true;
-  at::RecordFunctionGuard no_recording(false);
+  busy_ = true;  // ops the recorder runs itself (generator state, device copies) are not the program's
   try {
     if (info.is_random) {
       f.bits |= trace::kOpIsRandom | trace::kOpHasRng;
@@ -883,7 +882,6 @@ void ThreadRecorder::on_end(const at::RecordFunction& fn) {
   }
   if (f.recorded) {
     busy_ = true;
-    at::RecordFunctionGuard no_recording(false);
     try {
       write_record(f, fn);
     } catch (const std::exception& e) {

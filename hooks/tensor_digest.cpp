@@ -1,6 +1,7 @@
 #include "tensor_digest.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <xxhash.h>
 
 #include <cstring>
@@ -125,11 +126,16 @@ uint64_t describe_tensor(const at::Tensor& tensor, Hasher* hasher, bool with_sta
                          trace::TensorDesc* desc) {
   describe_geometry(tensor, hasher->length(), desc);
 
-  // The slow, synchronising path for device tensors; the CPU path never copies.
+  // The slow, synchronising path for device tensors; the CPU path never copies. The copies are
+  // ours, not the program's: no RecordFunction callback (a profiler's) should see them. The guard
+  // costs a rebuild of libtorch's thread-local callback list, so only this path pays for it.
   at::Tensor t = tensor;
-  if (!t.device().is_cpu()) t = t.to(at::kCPU);
-  if (t.is_conj()) t = t.resolve_conj();
-  if (t.is_neg()) t = t.resolve_neg();
+  if (!t.device().is_cpu() || t.is_conj() || t.is_neg()) {
+    at::RecordFunctionGuard no_recording(false);
+    if (!t.device().is_cpu()) t = t.to(at::kCPU);
+    if (t.is_conj()) t = t.resolve_conj();
+    if (t.is_neg()) t = t.resolve_neg();
+  }
 
   TensorDigester digester(hasher, desc->dtype, with_stats);
   if (t.numel() > 0) {
@@ -143,6 +149,7 @@ uint64_t describe_tensor(const at::Tensor& tensor, Hasher* hasher, bool with_sta
 }
 
 uint64_t generator_digest(const at::Generator& gen) {
+  at::RecordFunctionGuard no_recording(false);
   at::Tensor state = gen.get_state();
   return XXH3_64bits(state.data_ptr(), size_t(state.numel()) * size_t(state.element_size()));
 }

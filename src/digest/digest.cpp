@@ -381,7 +381,7 @@ void StatsAccumulator::merge(const StatsAccumulator& next) {
 
 namespace {
 
-constexpr size_t kStatsBlock = 16 * 1024;  // divides kLeafBytes: no block straddles two leaves
+constexpr size_t kStatsBlock = kStatsBlockBytes;
 
 // One leaf, contiguous, in one call: what the streaming path computes for the same bytes.
 void digest_leaf(Hasher* h, const uint8_t* p, size_t n, bool with_stats, uint8_t* digest,
@@ -428,22 +428,28 @@ void TensorDigester::feed_leaf(const uint8_t* p, size_t n) {
   leaf_used_ += n;
   hasher_->update(p, n);
   if (!with_stats_) return;
-  if (!carry_.empty()) {
-    const size_t take = std::min(n, kStatsBlock - carry_.size());
-    carry_.insert(carry_.end(), p, p + take);
+  if (carry_used_ > 0) {
+    const size_t take = std::min(n, kStatsBlock - carry_used_);
+    std::memcpy(carry_.data() + carry_used_, p, take);
+    carry_used_ += take;
     p += take;
     n -= take;
-    if (carry_.size() < kStatsBlock) return;
-    leaf_stats_.update(carry_.data(), carry_.size());
-    carry_.clear();
+    if (carry_used_ < kStatsBlock) return;
+    leaf_stats_.update(carry_.data(), carry_used_);
+    carry_used_ = 0;
   }
   for (; n >= kStatsBlock; p += kStatsBlock, n -= kStatsBlock) leaf_stats_.update(p, kStatsBlock);
-  carry_.assign(p, p + n);
+  std::memcpy(carry_.data(), p, n);
+  carry_used_ = n;
+}
+
+void TensorDigester::flush_carry() {
+  if (carry_used_ > 0) leaf_stats_.update(carry_.data(), carry_used_);
+  carry_used_ = 0;
 }
 
 void TensorDigester::close_leaf() {
-  if (!carry_.empty()) leaf_stats_.update(carry_.data(), carry_.size());
-  carry_.clear();
+  flush_carry();
   closed_.emplace_back(dtype_);
   hasher_->finish(closed_.back().digest.data());
   closed_.back().stats = leaf_stats_;
@@ -476,8 +482,7 @@ void TensorDigester::update_all(const void* data, size_t nbytes, const ParallelF
 void TensorDigester::finish(trace::TensorDesc* out) {
   StatsAccumulator total(dtype_);
   if (closed_.empty()) {
-    if (!carry_.empty()) leaf_stats_.update(carry_.data(), carry_.size());
-    carry_.clear();
+    flush_carry();
     hasher_->finish(out->digest.data());
     total = leaf_stats_;
   } else {

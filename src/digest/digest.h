@@ -11,6 +11,7 @@
 // not depend on the thread count or on how the bytes were fed.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -22,6 +23,7 @@
 namespace detaudit {
 
 inline constexpr size_t kLeafBytes = size_t(1) << 20;
+inline constexpr size_t kStatsBlockBytes = 16 * 1024;  // divides kLeafBytes: no block straddles two leaves
 
 class Hasher {
  public:
@@ -87,6 +89,7 @@ class TensorDigester {
   };
   void feed_leaf(const uint8_t* p, size_t n);  // within the current leaf
   void close_leaf();
+  void flush_carry();
 
   Hasher* hasher_;
   uint8_t dtype_;
@@ -94,7 +97,9 @@ class TensorDigester {
   uint64_t bytes_ = 0;
   size_t leaf_used_ = 0;  // bytes in the open leaf
   StatsAccumulator leaf_stats_;
-  std::vector<uint8_t> carry_;  // a partial statistics block
+  // A partial statistics block; inline, so digesting a small tensor allocates nothing.
+  std::array<uint8_t, kStatsBlockBytes> carry_;
+  size_t carry_used_ = 0;
   std::vector<Leaf> closed_;    // leaves before the open one
 };
 
