@@ -27,7 +27,7 @@ namespace {
 
 constexpr size_t kHandoverBytes = 256 * 1024;
 constexpr uint64_t kHandoverNs = 50'000'000;  // bounds what a kill -9 can lose
-constexpr size_t kMaxCacheEntries = 1 << 15;  // < kRefWindow, so references stay resolvable
+constexpr size_t kMaxCacheEntries = 1 << 16;  // swept when full: larger sweeps, fewer of them
 
 uint64_t now_ns() {
   return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -206,8 +206,9 @@ void ProcessRecorder::after_fork_child() {
 // ThreadRecorder
 
 namespace {
-thread_local ThreadRecorder* tls_recorder = nullptr;
-thread_local bool tls_destroyed = false;
+// initial-exec: read on every op, and the library is preloaded, never dlopen'ed late.
+__attribute__((tls_model("initial-exec"))) thread_local ThreadRecorder* tls_recorder = nullptr;
+__attribute__((tls_model("initial-exec"))) thread_local bool tls_destroyed = false;
 struct ThreadRecorderHolder {
   std::unique_ptr<ThreadRecorder> recorder;
   ~ThreadRecorderHolder() {

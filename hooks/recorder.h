@@ -12,6 +12,7 @@
 #include <array>
 #include <atomic>
 #include <memory>
+#include <memory_resource>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -232,8 +233,11 @@ class ThreadRecorder {
   std::unordered_map<std::string, uint32_t> strings_;
   std::vector<std::string> pending_strings_;  // interned, not yet written
 
-  std::unordered_map<const c10::TensorImpl*, CacheEntry> cache_;
-  std::unordered_map<const c10::StorageImpl*, StorageEntry> storages_;
+  // The caches gain and lose entries on most ops: their nodes come from a pool, not malloc. The
+  // pool is declared first so that it outlives them.
+  std::pmr::unsynchronized_pool_resource cache_memory_;
+  std::pmr::unordered_map<const c10::TensorImpl*, CacheEntry> cache_{&cache_memory_};
+  std::pmr::unordered_map<const c10::StorageImpl*, StorageEntry> storages_{&cache_memory_};
   int64_t next_tensor_id_ = 0;
   uint64_t top_level_serial_ = 0;
   bool rehash_inputs_ = false;

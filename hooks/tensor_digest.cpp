@@ -45,25 +45,33 @@ void feed_strided(const at::Tensor& t, TensorDigester* digester) {
   const size_t esize = size_t(t.element_size());
   const auto* base = static_cast<const char*>(t.data_ptr());
   // Drop size-1 dimensions and merge dimensions that are contiguous with each other.
-  std::vector<int64_t> sizes, strides;
+  trace::Dims sizes, strides;  // inline: small tensors are the common case here
+  sizes.resize(size_t(t.dim()));
+  strides.resize(size_t(t.dim()));
+  size_t ndim = 0;
   for (int64_t d = 0; d < t.dim(); ++d) {
     if (t.size(d) == 1) continue;
-    if (!sizes.empty() && strides.back() == t.stride(d) * t.size(d)) {
-      sizes.back() *= t.size(d);
-      strides.back() = t.stride(d);
+    if (ndim > 0 && strides[ndim - 1] == t.stride(d) * t.size(d)) {
+      sizes[ndim - 1] *= t.size(d);
+      strides[ndim - 1] = t.stride(d);
       continue;
     }
-    sizes.push_back(t.size(d));
-    strides.push_back(t.stride(d));
+    sizes[ndim] = t.size(d);
+    strides[ndim] = t.stride(d);
+    ++ndim;
   }
+  sizes.resize(ndim);
+  strides.resize(ndim);
   if (sizes.empty()) {
     digester->update(base, esize);
     return;
   }
-  const size_t inner = size_t(sizes.back());
-  const int64_t inner_stride = strides.back();
-  const int outer_dims = int(sizes.size()) - 1;
-  std::vector<int64_t> index(size_t(outer_dims), 0);
+  const size_t inner = size_t(sizes[ndim - 1]);
+  const int64_t inner_stride = strides[ndim - 1];
+  const int outer_dims = int(ndim) - 1;
+  trace::Dims index;
+  index.resize(size_t(outer_dims));
+  std::fill(index.begin(), index.end(), 0);
   thread_local std::vector<char> staging(256 * 1024);
   const size_t capacity = staging.size() / esize;  // elements
   size_t used = 0;  // elements

@@ -32,10 +32,18 @@ class Dims {
     resize(size_t(std::distance(first, last)));
     std::copy(first, last, data());
   }
+  // Keeps the first min(size(), n) values, like std::vector::resize.
   void resize(size_t n) {
+    const size_t keep = std::min(n_, n);
     if (n > kInline && n > heap_size_) {
-      heap_ = std::make_unique<int64_t[]>(n);
+      auto bigger = std::make_unique<int64_t[]>(n);
+      std::copy(data(), data() + keep, bigger.get());
+      heap_ = std::move(bigger);
       heap_size_ = n;
+    } else if (n > kInline && n_ <= kInline) {
+      std::copy(inline_, inline_ + keep, heap_.get());
+    } else if (n <= kInline && n_ > kInline) {
+      std::copy(heap_.get(), heap_.get() + keep, inline_);
     }
     n_ = n;
   }

@@ -362,3 +362,28 @@ TEST(DigestTreeTest, PlainUpToOneLeafThenTreeOfLeaves) {
 
 }  // namespace
 }  // namespace detaudit::trace
+
+namespace detaudit::trace {
+namespace {
+
+// Dims keeps its values across the inline/heap boundary, both ways, like std::vector.
+TEST(DimsTest, ResizeKeepsValuesAcrossTheInlineBoundary) {
+  Dims d = {1, 2, 3};
+  d.resize(9);
+  for (size_t i = 3; i < 9; ++i) d[i] = int64_t(i + 1);
+  EXPECT_EQ(d.to_vector(), (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9}));
+  d.resize(4);
+  EXPECT_EQ(d.to_vector(), (std::vector<int64_t>{1, 2, 3, 4}));
+  d.resize(7);
+  d[4] = d[5] = d[6] = 0;
+  EXPECT_EQ(d.to_vector(), (std::vector<int64_t>{1, 2, 3, 4, 0, 0, 0}));
+  Dims copy = d;
+  EXPECT_EQ(copy, d);
+  copy[6] = 5;
+  EXPECT_NE(copy, d);
+  copy.assign(d.begin(), d.begin() + 2);
+  EXPECT_EQ(copy.to_vector(), (std::vector<int64_t>{1, 2}));
+}
+
+}  // namespace
+}  // namespace detaudit::trace
