@@ -11,7 +11,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <unordered_set>
 
 #include "environment.h"
 #include "recorder.h"
@@ -93,16 +92,12 @@ __attribute__((constructor)) void attach() {
     if (!error.empty()) std::fprintf(stderr, "detaudit: error: %s\n", error.c_str());
     return;
   }
-  // Two callbacks with one body: the marks (user scope) always, the ops only in selected steps.
-  at::addGlobalCallback(at::RecordFunctionCallback(on_op_start, on_op_end)
-                            .scopes({at::RecordScope::USER_SCOPE}));
-  std::unordered_set<at::RecordScope, std::hash<at::RecordScope>> op_scopes;
-  for (size_t s = 0; s < size_t(at::RecordScope::NUM_SCOPES); ++s)
-    if (at::RecordScope(s) != at::RecordScope::USER_SCOPE) op_scopes.insert(at::RecordScope(s));
-  proc.set_op_callback(at::addGlobalCallback(at::RecordFunctionCallback(on_op_start, on_op_end)
-                                                 .needsInputs(true)
-                                                 .needsOutputs(true)
-                                                 .scopes(op_scopes)));
+  // Two callbacks with one body, one of them on at a time (ProcessRecorder::set_callbacks).
+  proc.set_callbacks(at::addGlobalCallback(at::RecordFunctionCallback(on_op_start, on_op_end)
+                                               .needsInputs(true)
+                                               .needsOutputs(true)),
+                     at::addGlobalCallback(at::RecordFunctionCallback(on_op_start, on_op_end)
+                                               .scopes({at::RecordScope::USER_SCOPE})));
   pthread_atfork(atfork_prepare, nullptr, atfork_child);
   std::atexit(flush_everything);
   install_signal_handlers();

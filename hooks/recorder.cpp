@@ -117,21 +117,24 @@ void ProcessRecorder::refresh_step_state(uint64_t step) {
   step_rng_.store(default_rng_digest(), std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(op_callback_mu_);
   if (op_callback_ == 0 || selected == op_callback_on_.load()) return;
-  // Outside selected steps libtorch then boxes no op's inputs for us: unselected steps run at
-  // close to full speed.
   if (selected) {
     op_callback_epoch_.fetch_add(1, std::memory_order_release);
     at::reenableCallback(op_callback_);
+    at::disableCallback(marks_callback_);
   } else {
+    at::reenableCallback(marks_callback_);
     at::disableCallback(op_callback_);
   }
   op_callback_on_.store(selected);
 }
 
-void ProcessRecorder::set_op_callback(at::CallbackHandle handle) {
+void ProcessRecorder::set_callbacks(at::CallbackHandle ops, at::CallbackHandle marks) {
   {
     std::lock_guard<std::mutex> lock(op_callback_mu_);
-    op_callback_ = handle;
+    op_callback_ = ops;
+    marks_callback_ = marks;
+    at::disableCallback(marks_callback_);  // registered enabled: now the op callback alone
+    op_callback_on_.store(true);
   }
   refresh_step_state(step());
 }

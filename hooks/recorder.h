@@ -43,8 +43,11 @@ class ProcessRecorder {
   uint64_t next_order() { return order_.fetch_add(1, std::memory_order_relaxed) + 1; }
   uint64_t step() const { return step_.load(std::memory_order_relaxed); }
   bool step_selected() const { return step_selected_.load(std::memory_order_relaxed); }
-  // The op callback runs only in selected steps; the step and optimizer marks run always.
-  void set_op_callback(at::CallbackHandle handle);
+  // One of two callbacks is on at a time. In selected steps the op callback sees every scope,
+  // marks included; elsewhere the marks callback sees the user scope only, so libtorch boxes no
+  // op's inputs. (Every enabled callback also costs libtorch a rebuild of its thread-local lists
+  // each time the autograd engine restores a thread's state: two would cost twice.)
+  void set_callbacks(at::CallbackHandle ops, at::CallbackHandle marks);
   // Bumped each time the op callback comes back on: the ops it missed may have changed any
   // tensor a thread's cache describes.
   uint64_t op_callback_epoch() const { return op_callback_epoch_.load(std::memory_order_acquire); }
@@ -87,7 +90,7 @@ class ProcessRecorder {
   std::atomic<bool> env_written_{false};
   std::atomic<uint32_t> fork_generation_{0};
   std::mutex op_callback_mu_;
-  at::CallbackHandle op_callback_ = 0;
+  at::CallbackHandle op_callback_ = 0, marks_callback_ = 0;
   std::atomic<bool> op_callback_on_{true};
   std::atomic<uint64_t> op_callback_epoch_{0};
   std::mutex threads_mu_;  // taken once per thread, never per op

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs what detaudit needs from Debian 12, skipping what is already there.
+#   tests/install_deps.sh [extra-package...]   (the benchmark adds valgrind)
 set -euo pipefail
 packages=(build-essential cmake ninja-build pkg-config
           libtorch-dev python3-torch python3-numpy
-          nlohmann-json3-dev libcli11-dev libfmt-dev libssl-dev libxxhash-dev libgtest-dev)
+          nlohmann-json3-dev libcli11-dev libfmt-dev libssl-dev libxxhash-dev libgtest-dev "$@")
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -129,6 +129,60 @@ def bench_workload(args, lang, workload, raw, tmp):
     return rows
 
 
+INSTRUCTION_MODES = ["plain", "loaded, recording off", "md5 + stats", "xxh3 + stats"]
+
+
+def callgrind_instructions(args, workload, mode_config, run_dir, steps):
+    """Instructions executed inside the C++ workload's step function, per step: exact, and unmoved
+    by other guests on a shared host, unlike time."""
+    out = os.path.join(run_dir + "-cg", "callgrind.out")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no",
+           f"--toggle-collect=*{workload}()::{{lambda()#1}}::operator()*", f"--callgrind-out-file={out}",
+           os.path.join(args.build, "bin", "bench_workloads"), "--workload", workload,
+           "--steps", str(steps), "--warmup", "1", "--threads", "2"]
+    return subprocess.Popen(cmd, env=mode_env(args, mode_config, run_dir), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL), out
+
+
+def read_callgrind_total(path):
+    with open(path) as f:
+        for line in f:
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+    sys.exit(f"bench: no instruction total in {path}")
+
+
+def bench_instructions(args, tmp):
+    """Per C++ workload and mode: instructions per step and per recorded op, two runs at a time."""
+    steps = 3
+    configs = dict(MODES)
+    jobs = []
+    for workload in [w for w in args.only.split(",") if w in ("lstm", "embed")]:
+        for name in INSTRUCTION_MODES:
+            jobs.append((workload, name, os.path.join(tmp, f"cg-{workload}-{abs(hash(name))}")))
+    results = {}
+    for i in range(0, len(jobs), 2):
+        started = [(job, *callgrind_instructions(args, job[0], configs[job[1]], job[2], steps))
+                   for job in jobs[i:i + 2]]
+        for (workload, name, run_dir), proc, out in started:
+            if proc.wait() != 0:
+                sys.exit(f"bench: callgrind failed for {workload} {name}")
+            per_step = read_callgrind_total(out) / (steps + 1)
+            ops = None
+            if isinstance(configs[name], dict) and name != "loaded, recording off":
+                ops = trace_stats(args, run_dir)["ops"] / (steps + 1)
+            results[(workload, name)] = (per_step, ops)
+            print(f"done instructions {workload} {name}", file=sys.stderr, flush=True)
+    rows = []
+    for (workload, name), (per_step, ops) in results.items():
+        plain = results[(workload, "plain")][0]
+        rows.append({"workload": f"{workload} (cpp)", "mode": name, "instructions_per_step": per_step,
+                     "ratio": per_step / plain, "ops_per_step": ops,
+                     "instructions_per_op": (per_step - plain) / ops if ops else None})
+    return rows
+
+
 def bench_diff(args, n_ops, tmp):
     d = os.path.join(tmp, f"diff-{n_ops}")
     subprocess.run([os.path.join(args.build, "bin", "bench_gen_trace"), d, str(n_ops)], check=True,
@@ -167,6 +221,8 @@ def main():
     p.add_argument("--no-diff", action="store_true")
     p.add_argument("--diff-ops", type=int, default=10_000_000)
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--instructions", action="store_true",
+                   help="also count instructions per step under callgrind (C++ lstm and embed)")
     args = p.parse_args()
     if args.quick:
         args.repeats, args.steps, args.diff_ops = 1, 3, 1_000_000
@@ -182,6 +238,7 @@ def main():
                 rows += bench_workload(args, lang, workload, raw, tmp)
                 print(f"done {workload} ({lang})", file=sys.stderr, flush=True)
         diffs = [] if args.no_diff else [bench_diff(args, n, tmp) for n in (args.diff_ops // 10, args.diff_ops)]
+        instructions = bench_instructions(args, tmp) if args.instructions else []
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -200,9 +257,15 @@ def main():
         for d in diffs:
             print(f"| {d['ops_per_run']:,} | {d['seconds']:.2f} | {d['records_per_s'] / 1e6:.2f}M | "
                   f"{d['mb_per_s']:.0f} | {d['rss_mb']:.0f} | {d['exit']} |")
+    if instructions:
+        print("\n| workload | mode | instructions/step | x plain | recorded ops/step | instructions/op |")
+        print("|---|---|---:|---:|---:|---:|")
+        for r in instructions:
+            print(f"| {r['workload']} | {r['mode']} | {r['instructions_per_step'] / 1e6:.1f}M | "
+                  f"{r['ratio']:.2f} | {fmt(r['ops_per_step'], '.0f')} | {fmt(r['instructions_per_op'], '.0f')} |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"raw": raw, "rows": rows, "diff": diffs}, f, indent=1)
+            json.dump({"raw": raw, "rows": rows, "diff": diffs, "instructions": instructions}, f, indent=1)
 
 
 if __name__ == "__main__":
