@@ -45,8 +45,7 @@ class ProcessRecorder {
   bool step_selected() const { return step_selected_.load(std::memory_order_relaxed); }
   // One of two callbacks is on at a time. In selected steps the op callback sees every scope,
   // marks included; elsewhere the marks callback sees the user scope only, so libtorch boxes no
-  // op's inputs. (Every enabled callback also costs libtorch a rebuild of its thread-local lists
-  // each time the autograd engine restores a thread's state: two would cost twice.)
+  // op's inputs.
   void set_callbacks(at::CallbackHandle ops, at::CallbackHandle marks);
   // Bumped each time the op callback comes back on: the ops it missed may have changed any
   // tensor a thread's cache describes.
