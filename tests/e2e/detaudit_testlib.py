@@ -123,26 +123,25 @@ def steps(records, stream=None):
             if r.get("record") == "step" and (stream is None or r["stream"] == stream)]
 
 
-def tensors(values):
-    """The tensor values in an inputs/outputs list, lists flattened."""
+def values_with(values, key):
+    """The dict values holding `key` in an inputs/outputs list, lists flattened."""
     out = []
     for v in values:
         if isinstance(v, list):
-            out.extend(tensors(v))
-        elif isinstance(v, dict) and "tensor" in v:
+            out.extend(values_with(v, key))
+        elif isinstance(v, dict) and key in v:
             out.append(v)
     return out
+
+
+def tensors(values):
+    """The tensor values in an inputs/outputs list, lists flattened."""
+    return values_with(values, "tensor")
 
 
 def skipped(values):
     """The TENSOR_SKIPPED values ({"skipped": reason}) in an inputs/outputs list."""
-    out = []
-    for v in values:
-        if isinstance(v, list):
-            out.extend(skipped(v))
-        elif isinstance(v, dict) and "skipped" in v:
-            out.append(v)
-    return out
+    return values_with(values, "skipped")
 
 
 def stream_files(run_dir):
