@@ -3,11 +3,13 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <thread>
 
 #include "digest/digest.h"
+#include "digest/md5_lanes.h"
 #include "trace/reader.h"
 #include "trace/records.h"
 
@@ -302,7 +304,10 @@ TEST(DigestTreeTest, SameDigestAndStatsWhateverTheSplitAndThreads) {
     for (auto& t : pool) t.join();
   };
   const size_t leaf_floats = kLeafBytes / 4;
-  for (size_t n : {size_t(0), size_t(1000), leaf_floats, leaf_floats + 1, leaf_floats * 7 / 2}) {
+  // 3.5 leaves: one vector pass of 3 MD5 leaves and a short leaf; 16: one full pass; 33.5: three
+  // passes of 11 leaves and a short leaf, spread over the threads.
+  for (size_t n : {size_t(0), size_t(1000), leaf_floats, leaf_floats + 1, leaf_floats * 7 / 2,
+                   leaf_floats * 16, leaf_floats * 67 / 2}) {
     std::vector<float> v(n);
     for (size_t i = 0; i < n; ++i) v[i] = float((i * 2654435761u) % 10007) * 1e-3f - 5.f;
     if (n > 5000) v[n - 3000] = NAN;
@@ -358,6 +363,42 @@ TEST(DigestTreeTest, PlainUpToOneLeafThenTreeOfLeaves) {
   }
   plain(reinterpret_cast<const uint8_t*>(root_input.data()), root_input.size(), want.digest.data());
   EXPECT_TRUE(std::equal(want.digest.begin(), want.digest.begin() + 16, got.digest.begin()));
+
+  // The same root when the two whole leaves go through MD5's vector lanes.
+  TensorDigester lanes(&h, 0, false);
+  lanes.update_all(bytes.data(), bytes.size(),
+                   [](size_t n, const std::function<void(size_t, size_t)>& fn) { fn(0, n); });
+  lanes.finish(&got);
+  EXPECT_TRUE(std::equal(want.digest.begin(), want.digest.begin() + 16, got.digest.begin()));
+}
+
+// Each of the 16 lanes is the MD5 of its own message, for any whole number of blocks, with
+// lanes that share their bytes too.
+TEST(Md5LanesTest, EachLaneIsTheMd5OfItsMessage) {
+  if (!Md5Lanes::available()) GTEST_SKIP() << "no AVX-512F on this CPU: the lanes are not used";
+  std::vector<uint8_t> bytes(16 * 8192);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = uint8_t((i * 2654435761u) >> 13);
+  for (size_t len : {size_t(0), size_t(64), size_t(192), size_t(8192)}) {
+    const uint8_t* lane[Md5Lanes::kLanes];
+    for (size_t l = 0; l < Md5Lanes::kLanes; ++l)
+      lane[l] = bytes.data() + (l == 5 ? 0 : l) * 8192;  // lane 5 aliases lane 0
+    Md5Lanes md5;
+    // Fed in two uneven calls, as the digester feeds statistics blocks.
+    const size_t first = len / 64 / 3 * 64;
+    md5.update(lane, first);
+    const uint8_t* rest[Md5Lanes::kLanes];
+    for (size_t l = 0; l < Md5Lanes::kLanes; ++l) rest[l] = lane[l] + first;
+    md5.update(rest, len - first);
+    uint8_t got[Md5Lanes::kLanes][16];
+    md5.finish(len, got);
+    for (size_t l = 0; l < Md5Lanes::kLanes; ++l) {
+      Hasher h(DigestAlgo::kMd5);
+      h.update(lane[l], len);
+      uint8_t want[16];
+      h.finish(want);
+      EXPECT_EQ(0, std::memcmp(want, got[l], 16)) << "lane " << l << " length " << len;
+    }
+  }
 }
 
 }  // namespace

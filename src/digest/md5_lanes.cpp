@@ -1,0 +1,164 @@
+#include "digest/md5_lanes.h"
+
+#include <cstring>
+#include <utility>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace detaudit {
+
+namespace {
+constexpr uint32_t kInit[4] = {0x67452301u, 0xefcdab89u, 0x98badcfeu, 0x10325476u};
+}  // namespace
+
+void Md5Lanes::reset() {
+  for (int w = 0; w < 4; ++w)
+    for (size_t l = 0; l < kLanes; ++l) state_[w][l] = kInit[w];
+}
+
+#if defined(__x86_64__)
+
+namespace {
+
+// RFC 1321: the sine table, the per-round rotations, and the message word each round reads.
+constexpr uint32_t kK[64] = {
+    0xd76aa478, 0xe8c7b756, 0x242070db, 0xc1bdceee, 0xf57c0faf, 0x4787c62a, 0xa8304613, 0xfd469501,
+    0x698098d8, 0x8b44f7af, 0xffff5bb1, 0x895cd7be, 0x6b901122, 0xfd987193, 0xa679438e, 0x49b40821,
+    0xf61e2562, 0xc040b340, 0x265e5a51, 0xe9b6c7aa, 0xd62f105d, 0x02441453, 0xd8a1e681, 0xe7d3fbc8,
+    0x21e1cde6, 0xc33707d6, 0xf4d50d87, 0x455a14ed, 0xa9e3e905, 0xfcefa3f8, 0x676f02d9, 0x8d2a4c8a,
+    0xfffa3942, 0x8771f681, 0x6d9d6122, 0xfde5380c, 0xa4beea44, 0x4bdecfa9, 0xf6bb4b60, 0xbebfbc70,
+    0x289b7ec6, 0xeaa127fa, 0xd4ef3085, 0x04881d05, 0xd9d4d039, 0xe6db99e5, 0x1fa27cf8, 0xc4ac5665,
+    0xf4292244, 0x432aff97, 0xab9423a7, 0xfc93a039, 0x655b59c3, 0x8f0ccc92, 0xffeff47d, 0x85845dd1,
+    0x6fa87e4f, 0xfe2ce6e0, 0xa3014314, 0x4e0811a1, 0xf7537e82, 0xbd3af235, 0x2ad7d2bb, 0xeb86d391};
+constexpr int kS[64] = {7, 12, 17, 22, 7, 12, 17, 22, 7, 12, 17, 22, 7, 12, 17, 22,
+                        5, 9,  14, 20, 5, 9,  14, 20, 5, 9,  14, 20, 5, 9,  14, 20,
+                        4, 11, 16, 23, 4, 11, 16, 23, 4, 11, 16, 23, 4, 11, 16, 23,
+                        6, 10, 15, 21, 6, 10, 15, 21, 6, 10, 15, 21, 6, 10, 15, 21};
+constexpr int message_word(int i) {
+  return i < 16 ? i : i < 32 ? (5 * i + 1) % 16 : i < 48 ? (3 * i + 5) % 16 : (7 * i) % 16;
+}
+
+#define DETAUDIT_AVX512 __attribute__((target("avx512f")))
+
+// One round on all lanes. The four boolean functions are single ternary-logic instructions:
+// F = b ? c : d, G = d ? b : c, H = b ^ c ^ d, I = c ^ (b | ~d).
+template <int I>
+DETAUDIT_AVX512 inline __attribute__((always_inline)) void round(__m512i& a, __m512i& b, __m512i& c,
+                                                                 __m512i& d, const __m512i* m) {
+  __m512i f;
+  if constexpr (I < 16)
+    f = _mm512_ternarylogic_epi32(b, c, d, 0xca);
+  else if constexpr (I < 32)
+    f = _mm512_ternarylogic_epi32(d, b, c, 0xca);
+  else if constexpr (I < 48)
+    f = _mm512_ternarylogic_epi32(b, c, d, 0x96);
+  else
+    f = _mm512_ternarylogic_epi32(b, c, d, 0x39);
+  f = _mm512_add_epi32(_mm512_add_epi32(f, a),
+                       _mm512_add_epi32(_mm512_set1_epi32(int(kK[I])), m[message_word(I)]));
+  __m512i next_b = _mm512_add_epi32(b, _mm512_rol_epi32(f, kS[I]));
+  a = d;
+  d = c;
+  c = b;
+  b = next_b;
+}
+
+template <int... I>
+DETAUDIT_AVX512 inline __attribute__((always_inline)) void all_rounds(
+    __m512i& a, __m512i& b, __m512i& c, __m512i& d, const __m512i* m,
+    std::integer_sequence<int, I...>) {
+  (round<I>(a, b, c, d, m), ...);
+}
+
+DETAUDIT_AVX512 void compress(uint32_t (*state)[Md5Lanes::kLanes], const __m512i* m) {
+  __m512i a = _mm512_load_si512(state[0]), b = _mm512_load_si512(state[1]);
+  __m512i c = _mm512_load_si512(state[2]), d = _mm512_load_si512(state[3]);
+  const __m512i a0 = a, b0 = b, c0 = c, d0 = d;
+  all_rounds(a, b, c, d, m, std::make_integer_sequence<int, 64>());
+  _mm512_store_si512(state[0], _mm512_add_epi32(a, a0));
+  _mm512_store_si512(state[1], _mm512_add_epi32(b, b0));
+  _mm512_store_si512(state[2], _mm512_add_epi32(c, c0));
+  _mm512_store_si512(state[3], _mm512_add_epi32(d, d0));
+}
+
+// Loads one 64-byte block of each lane and transposes it: m[w] holds word w of every lane.
+// Loads and shuffles, not gathers: a gather costs a memory access per lane.
+DETAUDIT_AVX512 void load_transposed(const uint8_t* const* lanes, size_t offset, __m512i* m) {
+  __m512i r[16];
+  for (int l = 0; l < 16; ++l) r[l] = _mm512_loadu_si512(lanes[l] + offset);
+  // A 16x16 transpose of 32-bit words: interleave 32-bit, then 64-bit elements, then move
+  // 128-bit chunks across registers twice.
+  __m512i t[16];
+  for (int l = 0; l < 16; l += 2) {
+    t[l] = _mm512_unpacklo_epi32(r[l], r[l + 1]);
+    t[l + 1] = _mm512_unpackhi_epi32(r[l], r[l + 1]);
+  }
+  for (int l = 0; l < 16; l += 4) {
+    r[l] = _mm512_unpacklo_epi64(t[l], t[l + 2]);
+    r[l + 1] = _mm512_unpackhi_epi64(t[l], t[l + 2]);
+    r[l + 2] = _mm512_unpacklo_epi64(t[l + 1], t[l + 3]);
+    r[l + 3] = _mm512_unpackhi_epi64(t[l + 1], t[l + 3]);
+  }
+  for (int g = 0; g < 16; g += 8) {
+    for (int k = 0; k < 4; ++k) {
+      const __m512i x = r[g + k], y = r[g + 4 + k];
+      t[g + k] = _mm512_shuffle_i32x4(x, y, 0x88);      // chunks 0, 2 of x, then of y
+      t[g + 4 + k] = _mm512_shuffle_i32x4(x, y, 0xdd);  // chunks 1, 3 of x, then of y
+    }
+  }
+  for (int k = 0; k < 8; ++k) {
+    const __m512i x = t[k], y = t[8 + k];
+    r[k] = _mm512_shuffle_i32x4(x, y, 0x88);
+    r[8 + k] = _mm512_shuffle_i32x4(x, y, 0xdd);
+  }
+  for (int w = 0; w < 16; ++w) m[w] = r[w];  // word w of lanes 0..15, in lane order
+}
+
+DETAUDIT_AVX512 void update_avx512(uint32_t (*state)[Md5Lanes::kLanes],
+                                   const uint8_t* const* lanes, size_t nbytes) {
+  __m512i m[16];
+  for (size_t off = 0; off < nbytes; off += Md5Lanes::kBlockBytes) {
+    load_transposed(lanes, off, m);
+    compress(state, m);
+  }
+}
+
+DETAUDIT_AVX512 void pad_avx512(uint32_t (*state)[Md5Lanes::kLanes], uint64_t total_bytes) {
+  // Every lane's message is a whole number of blocks: the padding is one block, the same for all.
+  __m512i m[16];
+  const uint64_t bits = total_bytes * 8;
+  m[0] = _mm512_set1_epi32(0x80);
+  for (int w = 1; w < 14; ++w) m[w] = _mm512_setzero_si512();
+  m[14] = _mm512_set1_epi32(int(uint32_t(bits)));
+  m[15] = _mm512_set1_epi32(int(uint32_t(bits >> 32)));
+  compress(state, m);
+}
+
+}  // namespace
+
+bool Md5Lanes::available() {
+  static const bool yes = __builtin_cpu_supports("avx512f");
+  return yes;
+}
+
+void Md5Lanes::update(const uint8_t* const lanes[kLanes], size_t nbytes) {
+  update_avx512(state_, lanes, nbytes);
+}
+
+void Md5Lanes::finish(uint64_t total_bytes, uint8_t digests[kLanes][16]) {
+  pad_avx512(state_, total_bytes);
+  for (size_t l = 0; l < kLanes; ++l)
+    for (int w = 0; w < 4; ++w) std::memcpy(digests[l] + 4 * w, &state_[w][l], 4);  // little-endian
+}
+
+#else
+
+bool Md5Lanes::available() { return false; }
+void Md5Lanes::update(const uint8_t* const[kLanes], size_t) {}
+void Md5Lanes::finish(uint64_t, uint8_t[kLanes][16]) {}
+
+#endif
+
+}  // namespace detaudit
