@@ -53,7 +53,9 @@ uint64_t OpSource::key_of(const trace::OpRecord& op) {
 bool OpSource::read_one() {
   if (stopped_) return false;
   for (;;) {
-    trace::ReadResult r = reader_->next();
+    const size_t slot = (head_ + count_) % kCapacity;
+    BufferedOp& b = ring_[slot];
+    trace::ReadResult r = reader_->next_into(&b.rec);  // decoded in place: no copy per op
     if (r != trace::ReadResult::kRecord) {
       stopped_ = true;
       stop_result_ = r;
@@ -61,9 +63,6 @@ bool OpSource::read_one() {
     }
     ++records_;
     if (reader_->kind() != trace::RecordKind::kOp) continue;
-    size_t slot = (head_ + count_) % kCapacity;
-    BufferedOp& b = ring_[slot];
-    b.rec = reader_->op();
     b.index = ops_read_++;
     b.key = key_of(b.rec);
     first_tensor_[slot] = reader_->tensors_seen();

@@ -83,6 +83,13 @@ ReadResult TraceReader::fail(ReadResult r, uint64_t offset, const std::string& w
   return r;
 }
 
+ReadResult TraceReader::next_into(OpRecord* op) {
+  op_out_ = op;
+  ReadResult r = next();
+  if (kind_ != RecordKind::kOp) op_out_ = &op_;  // op() stays valid after a non-op record
+  return r;
+}
+
 ReadResult TraceReader::next() {
   if (result_ != ReadResult::kRecord) return result_;
   record_offset_ = file_offset_;
@@ -116,11 +123,11 @@ ReadResult TraceReader::next() {
   ByteReader r(body, length);
   buf_pos_ += n + length + 4;
   file_offset_ += n + length + 4;
-  op_.name = UINT32_MAX;
+  op_out_->name = UINT32_MAX;
   if (!decode(r) || r.failed()) {
     std::string what = fmt::format("undecodable record of kind {}", int(kind_));
-    if (kind_ == RecordKind::kOp && op_.name < strings_.size())
-      what += fmt::format(" (op {})", strings_[op_.name]);
+    if (kind_ == RecordKind::kOp && op_out_->name < strings_.size())
+      what += fmt::format(" (op {})", strings_[op_out_->name]);
     return fail(ReadResult::kCorrupt, record_offset_, what);
   }
   return result_ = ReadResult::kRecord;
@@ -169,7 +176,7 @@ bool TraceReader::decode(ByteReader& r) {
 }
 
 bool TraceReader::decode_op(ByteReader& r) {
-  OpRecord& op = op_;
+  OpRecord& op = *op_out_;
   op.offset = record_offset_;
   op.order = last_order_ + uint64_t(r.zvarint());
   last_order_ = op.order;

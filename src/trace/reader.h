@@ -65,13 +65,16 @@ class TraceReader {
   // Opens the file and reads its header record.
   Status open(const std::string& path);
   ReadResult next();
+  // Decodes the next OP record into *op rather than into op(): a caller that keeps records (a
+  // look-ahead buffer) saves a copy. op() still refers to the last record decoded.
+  ReadResult next_into(OpRecord* op);
   ReadResult result() const { return result_; }
   const std::string& error() const { return error_; }
 
   RecordKind kind() const { return kind_; }
   const StreamHeader& header() const { return header_; }
   const StepInfo& step() const { return step_; }
-  const OpRecord& op() const { return op_; }
+  const OpRecord& op() const { return *op_out_; }
   const EndInfo& end_info() const { return end_; }
   bool saw_end() const { return saw_end_; }
   const std::vector<StepInfo>& steps() const { return steps_; }
@@ -110,6 +113,7 @@ class TraceReader {
   StreamHeader header_;
   StepInfo step_;
   OpRecord op_;
+  OpRecord* op_out_ = &op_;  // where OP records decode
   EndInfo end_;
   bool saw_end_ = false;
   std::vector<StepInfo> steps_;
