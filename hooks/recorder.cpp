@@ -69,6 +69,17 @@ bool same_geometry(const trace::TensorDesc& d, int64_t offset, const at::Tensor&
   return std::equal(strides.begin(), strides.end(), d.strides.begin(), d.strides.end());
 }
 
+// In-place ops that write every element of self and never read it.
+bool overwrites_self(std::string_view name) {
+  static const char* kOps[] = {"aten::zero_",    "aten::fill_",       "aten::copy_",
+                               "aten::normal_",  "aten::uniform_",    "aten::bernoulli_",
+                               "aten::random_",  "aten::exponential_", "aten::geometric_",
+                               "aten::log_normal_", "aten::cauchy_"};
+  for (const char* op : kOps)
+    if (name == op) return true;
+  return false;
+}
+
 bool is_empty_family(std::string_view name) {
   return name == "aten::empty" || name == "aten::empty_like" || name == "aten::empty_strided" ||
          name == "aten::new_empty" || name == "aten::new_empty_strided" ||
@@ -346,8 +357,14 @@ ThreadRecorder::OpInfo ThreadRecorder::make_op_info(const char* name,
         const auto* alias = ret.alias_info();
         if (alias && !alias->isWrite()) info.is_view = true;
       }
-      for (const auto& arg : schema.arguments()) {
-        if (arg.alias_info() && arg.alias_info()->isWrite()) info.writes = true;
+      const auto& args = schema.arguments();
+      for (size_t i = 0; i < args.size(); ++i) {
+        const c10::Argument& arg = args[i];
+        if (arg.alias_info() && arg.alias_info()->isWrite()) {
+          info.writes = true;
+          if (i < 64 && (arg.is_out() || (arg.name() == "self" && overwrites_self(name))))
+            info.overwritten_args |= uint64_t(1) << i;
+        }
         c10::TypePtr type = arg.type();
         if (type->kind() == c10::TypeKind::OptionalType)
           type = type->containedType(0);
@@ -460,7 +477,11 @@ void ThreadRecorder::on_start(const at::RecordFunction& fn) {
     if (proc.config().inputs) {
       auto inputs = fn.inputs();
       ByteWriter(&bytes_).varint(inputs.size());
-      for (const c10::IValue& v : inputs) capture_value(v);
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        capturing_overwritten_ = i < 64 && (info.overwritten_args >> i) & 1;
+        capture_value(inputs[i]);
+      }
+      capturing_overwritten_ = false;
     } else {
       ByteWriter(&bytes_).varint(0);
     }
@@ -469,6 +490,7 @@ void ThreadRecorder::on_start(const at::RecordFunction& fn) {
   } catch (const std::exception& e) {
     // Never throw into libtorch: an op we cannot describe goes unrecorded.
     report_swallowed(fn.name(), e.what());
+    capturing_overwritten_ = false;
     f.recorded = false;
     items_.resize(f.items_begin);
     bytes_.resize(f.bytes_begin);
@@ -592,6 +614,14 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t) {
       known = &st->views[i].desc;
   if (known) {
     s.desc = *known;
+  } else if (capturing_overwritten_) {
+    // Bytes the op never reads: their shape says enough. Not cached, so no later reader of this
+    // version is told "not read".
+    describe_geometry(t, hasher_->length(), &s.desc);
+    s.desc.bits |= trace::kTensorNotRead;
+    s.desc.set_provenance(prov);
+    s.cacheable = false;
+    return;
   } else {
     totals_.bytes_hashed += describe_tensor(t, hasher_.get(), ProcessRecorder::instance().config().stats, &s.desc);
     ++totals_.tensors_hashed;

@@ -123,6 +123,9 @@ class ThreadRecorder {
     // ops described. A backend kernel may write its outputs directly after a nested op ran
     // (addmm copies the bias with copy_, then a GEMM adds the product in place).
     bool composite = false;
+    // Arguments (by index, up to 64) the op overwrites without reading: out= tensors, and self
+    // of zero_, fill_, copy_ and the random fills. Their old bytes are not hashed.
+    uint64_t overwritten_args = 0;
   };
 
   // The last recorded write to a storage. A write through any alias (e.g. `p.data.add_()`, whose
@@ -243,6 +246,7 @@ class ThreadRecorder {
   int64_t next_tensor_id_ = 0;
   uint64_t top_level_serial_ = 0;
   bool rehash_inputs_ = false;
+  bool capturing_overwritten_ = false;  // the argument being captured is one the op overwrites
 
   std::vector<Frame> frames_;
   size_t depth_ = 0;     // open frames, markers included

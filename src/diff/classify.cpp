@@ -15,6 +15,7 @@ using trace::TensorDesc;
 std::string origin_of(const TensorDesc* t, const trace::TraceReader& r, bool* external,
                       bool* uninitialized) {
   *external = *uninitialized = false;
+  if (t && t->not_read()) return "not read: the op overwrites it";
   for (int hops = 0; t && hops < 64; ++hops) {
     if (t->uninitialized()) {
       *uninitialized = true;
@@ -76,7 +77,8 @@ StatsDelta delta_of(const TensorDesc& a, const TensorDesc& b, const GateConfig& 
 }
 
 bool digests_differ(const TensorDesc* a, const TensorDesc* b) {
-  return a && b && !a->same_digest(*b);
+  // An argument the op overwrote without reading has no contents to compare.
+  return a && b && !a->not_read() && !b->not_read() && !a->same_digest(*b);
 }
 
 // Ops whose outputs hold exactly the values of their first input (aliases and copies).

@@ -54,6 +54,7 @@ json tensor_json(const TraceReader& r, const Value& v) {
   j["provenance"] = std::string(trace::provenance_name(t->provenance()));
   if (t->base_id >= 0) j["base"] = t->base_id;
   if (t->uninitialized()) j["uninitialized"] = true;
+  if (t->not_read()) j["not_read"] = true;
   return j;
 }
 

@@ -31,6 +31,7 @@
 //                 | GENERATOR=14 <state-digest:u64le>
 //                 | OTHER=15 <type-name:varint string id>
 //   <tensor>    ::= <dtype:u8> <device-type:u8> <device-index:zvarint> <tensor-bits:u8>
+//                   ; tensor-bits: kTensor* below, provenance in bits 5-6
 //                   <ndim:varint> <size:varint>{ndim} [<stride:zvarint>{ndim}]  ; unless contiguous
 //                   <digest:byte[digest-len]>
 //                   [<float-stats> | <int-stats>]   ; if tensor-bits has kTensorHasStats
@@ -84,6 +85,9 @@ inline constexpr uint8_t kTensorHasStats = 1u << 2;
 inline constexpr uint8_t kTensorHasNanInf = 1u << 3;
 inline constexpr uint8_t kTensorIntStats = 1u << 4;  // int-stats instead of float-stats
 inline constexpr int kProvenanceShift = 5;
+// An argument the op overwrites without reading (zero_'s self, an out= tensor): its bytes are
+// not hashed and its digest is all zeros.
+inline constexpr uint8_t kTensorNotRead = 1u << 7;
 
 // Where a tensor version came from, as far as its stream can tell.
 enum class Provenance : uint8_t {
@@ -138,6 +142,7 @@ struct TensorDesc {
     bits = uint8_t((bits & ~(3u << kProvenanceShift)) | (uint8_t(p) << kProvenanceShift));
   }
   bool uninitialized() const { return bits & kTensorUninitialized; }
+  bool not_read() const { return bits & kTensorNotRead; }
   bool has_stats() const { return bits & kTensorHasStats; }
   uint64_t numel() const;
   bool same_digest(const TensorDesc& other) const;

@@ -208,6 +208,26 @@ class RecordEdgeCases(unittest.TestCase):
         self.assertEqual([l["outputs"][0]["digest"] for l in linears],
                          self.printed()["data"] + self.printed()["made"] + self.printed()["numpy"])
 
+    def test_overwritten_arguments_are_not_read_and_their_results_are_hashed(self):
+        recs = self.records()
+        with open(os.path.join(self.all[1], "output.log")) as f:
+            truth = dict(re.findall(r"(zero|fill|out) ([0-9a-f]{32})",
+                                    re.search(r"^overwrite .*$", f.read(), re.M).group(0)))
+        zero = [o for o in ops(recs, "aten::zero_") if o["inputs"][0].get("shape") == [3000]]
+        fill = [o for o in ops(recs, "aten::fill_") if o["inputs"][0].get("shape") == [4, 5]]
+        add_out = [o for o in ops(recs, "aten::add")
+                   if any(t.get("not_read") for t in tensors(o["inputs"]))]
+        self.assertEqual((len(zero), len(fill), len(add_out)), (1, 1, 1))
+        for op, name in ((zero[0], "zero"), (fill[0], "fill"), (add_out[0], "out")):
+            overwritten = tensors(op["inputs"])[-1 if name == "out" else 0]
+            self.assertTrue(overwritten.get("not_read"), op["name"])
+            self.assertEqual(overwritten["digest"], "0" * 32, op["name"])
+            self.assertEqual(op["outputs"][0]["digest"], truth[name], op["name"])
+        # What add reads is hashed as usual.
+        read = tensors(add_out[0]["inputs"])[0]
+        self.assertFalse(read.get("not_read"))
+        self.assertEqual(read["digest"], truth["fill"])
+
     def test_linear_output_digest_is_its_value(self):
         # The linears after .data writes and a recorded write. (The last one reads
         # a tensor written through NumPy: see the numpy_write tests.)

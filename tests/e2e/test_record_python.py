@@ -49,8 +49,9 @@ class RecordPython(RecordedRuns):
             if "dtype" not in t:
                 continue  # a reference beyond the reader's window
             self.assertRegex(t["digest"], r"^[0-9a-f]{32}$", op)
-            if t.get("uninitialized"):
-                # Uninitialized bytes are not hashed: a zero digest and no statistics.
+            if t.get("uninitialized") or t.get("not_read"):
+                # Uninitialized bytes, and bytes the op overwrites unread, are not hashed: a zero
+                # digest and no statistics.
                 self.assertEqual(t["digest"], "0" * 32, op)
                 self.assertIsNone(t["stats"], op)
             elif t["dtype"] in ("float32", "float64"):

@@ -109,6 +109,14 @@ def main():
     fourth = nn.functional.linear(x2, shared)
     results.append(("numpy", fourth))
 
+    # Ops that overwrite an argument without reading it; here its old bytes are garbage.
+    garbage = torch.empty(3000)
+    garbage.zero_()
+    filled = torch.empty(4, 5).fill_(2.5)
+    out = torch.empty(4, 5)
+    torch.add(filled, filled, out=out)
+    print(f"overwrite zero {md5(garbage)} fill {md5(filled)} out {md5(out)}")
+
     for name, *ts in results:
         print(name, " ".join(md5(t) for t in ts))
 
