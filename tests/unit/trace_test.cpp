@@ -1,5 +1,6 @@
 // The trace format round-trips, and a cut-short or corrupted file is reported, never misread.
 #include <gtest/gtest.h>
+#include <xxhash.h>
 
 #include <cmath>
 #include <cstdio>
@@ -10,6 +11,7 @@
 
 #include "digest/digest.h"
 #include "digest/md5_lanes.h"
+#include "digest/xxh3_wide.h"
 #include "trace/reader.h"
 #include "trace/records.h"
 
@@ -370,6 +372,26 @@ TEST(DigestTreeTest, PlainUpToOneLeafThenTreeOfLeaves) {
                    [](size_t n, const std::function<void(size_t, size_t)>& fn) { fn(0, n); });
   lanes.finish(&got);
   EXPECT_TRUE(std::equal(want.digest.begin(), want.digest.begin() + 16, got.digest.begin()));
+}
+
+// Hasher's XXH3 (AVX-512 where the CPU has it) gives the packaged library's digest, however the
+// bytes are fed.
+TEST(DigestTest, Xxh3IsTheLibrarysWhateverTheBuild) {
+  std::vector<uint8_t> bytes(300000);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = uint8_t((i * 2654435761u) >> 11);
+  for (size_t n : {size_t(0), size_t(1), size_t(17), size_t(240), size_t(241), size_t(1024),
+                   size_t(4099), size_t(300000)}) {
+    XXH128_canonical_t want;
+    XXH128_canonicalFromHash(&want, XXH3_128bits(bytes.data(), n));
+    for (size_t piece : {n + 1, size_t(7), size_t(1000)}) {
+      Hasher h(DigestAlgo::kXxh3);
+      for (size_t off = 0; off < n; off += piece) h.update(bytes.data() + off, std::min(piece, n - off));
+      uint8_t got[16];
+      h.finish(got);
+      EXPECT_EQ(0, std::memcmp(want.digest, got, 16)) << "n=" << n << " piece=" << piece;
+    }
+  }
+  EXPECT_EQ(xxh3_wide_available(), xxh3_wide_compiled() && __builtin_cpu_supports("avx512f"));
 }
 
 // Each of the 16 lanes is the MD5 of its own message, for any whole number of blocks, with
