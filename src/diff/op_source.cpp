@@ -50,6 +50,25 @@ uint64_t OpSource::key_of(const trace::OpRecord& op) {
   return h;
 }
 
+void OpSource::copy_output_digests(BufferedOp* b) const {
+  OutputDigests& out = b->outputs;
+  const auto& ids = b->rec.output_tensors;
+  out.present = false;
+  if (ids.size() > OutputDigests::kMax) return;
+  out.count = uint8_t(ids.size());
+  out.compared = 0;
+  out.digest_len = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const trace::TensorDesc* t = reader_->tensor(ids[i]);
+    if (!t) return;
+    if (t->uninitialized()) continue;  // outputs_differ skips it
+    out.compared |= uint8_t(1u << i);
+    out.digest_len = t->digest_len;
+    std::memcpy(out.digests[i].data(), t->digest.data(), t->digest_len);
+  }
+  out.present = true;
+}
+
 bool OpSource::read_one() {
   if (stopped_) return false;
   for (;;) {
@@ -65,6 +84,7 @@ bool OpSource::read_one() {
     if (reader_->kind() != trace::RecordKind::kOp) continue;
     b.index = ops_read_++;
     b.key = key_of(b.rec);
+    copy_output_digests(&b);
     first_tensor_[slot] = reader_->tensors_seen();
     ++count_;
     return true;

@@ -2,7 +2,9 @@
 // their alignment keys (name + phase + depth + tensor shapes and dtypes).
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -10,9 +12,33 @@
 
 namespace detaudit {
 
+// The digests of an op's outputs, copied while they were hot after decoding, so the comparator
+// need not reach back into the reader's tensor window for ops that match.
+struct OutputDigests {
+  static constexpr size_t kMax = 4;
+  bool present = false;  // false: more outputs than kMax, or one left the window
+  uint8_t count = 0;
+  uint8_t digest_len = 0;
+  uint8_t compared = 0;  // bit i: output i is compared (not uninitialized)
+  std::array<trace::DigestBytes, kMax> digests;
+
+  // True when both are present and equal output by output: outputs_differ would find no
+  // difference. False says nothing: compare the tensors.
+  bool same_as(const OutputDigests& o) const {
+    if (!present || !o.present || count != o.count || compared != o.compared ||
+        digest_len != o.digest_len)
+      return false;
+    for (size_t i = 0; i < count; ++i)
+      if ((compared >> i & 1) && std::memcmp(digests[i].data(), o.digests[i].data(), digest_len) != 0)
+        return false;
+    return true;
+  }
+};
+
 struct BufferedOp {
   uint64_t key = 0;
   uint64_t index = 0;  // position among the stream's ops
+  OutputDigests outputs;
   trace::OpRecord rec;
 };
 
@@ -44,6 +70,7 @@ class OpSource {
  private:
   bool read_one();
   uint64_t key_of(const trace::OpRecord& op);
+  void copy_output_digests(BufferedOp* b) const;
 
   trace::TraceReader* reader_;
   std::vector<BufferedOp> ring_;

@@ -233,7 +233,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="detaudit-bench-")
     rows = []
     try:
-        for workload in args.only.split(","):
+        for workload in [w for w in args.only.split(",") if w]:  # --only "": the diff alone
             for lang in args.langs.split(","):
                 rows += bench_workload(args, lang, workload, raw, tmp)
                 print(f"done {workload} ({lang})", file=sys.stderr, flush=True)

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "catalog/catalog.h"
+#include "diff/op_source.h"
 #include "diff/diff.h"
 #include "diff/report_model.h"
 #include "trace_builder.h"
@@ -560,6 +561,34 @@ TEST(ReportTest, ParseReportFormat) {
   EXPECT_TRUE(parse_report_format("junit", &f).ok());
   EXPECT_EQ(f, ReportFormat::kJunit);
   EXPECT_EQ(parse_report_format("xml", &f).code(), ExitCode::kUsage);
+}
+
+}  // namespace
+}  // namespace detaudit
+
+namespace detaudit {
+namespace {
+
+// The comparator's fast path may only say "same" when outputs_differ would find no difference.
+TEST(OutputDigestsTest, SameOnlyWhenEveryComparedDigestIsEqual) {
+  auto make = [](std::initializer_list<int> fills, uint8_t compared) {
+    OutputDigests d;
+    d.present = true;
+    d.count = uint8_t(fills.size());
+    d.digest_len = 16;
+    d.compared = compared;
+    size_t i = 0;
+    for (int f : fills) d.digests[i++].fill(uint8_t(f));
+    return d;
+  };
+  EXPECT_TRUE(make({1, 2}, 3).same_as(make({1, 2}, 3)));
+  EXPECT_FALSE(make({1, 2}, 3).same_as(make({1, 3}, 3)));   // one digest differs
+  EXPECT_FALSE(make({1, 2}, 3).same_as(make({1, 2, 3}, 7)));  // another output count
+  EXPECT_FALSE(make({1, 2}, 3).same_as(make({1, 2}, 1)));   // output 1 uninitialized in one run
+  EXPECT_TRUE(make({1, 2}, 1).same_as(make({1, 9}, 1)));    // ... in both: not compared
+  OutputDigests absent = make({1, 2}, 3);
+  absent.present = false;  // beyond the inline outputs or the window: no claim
+  EXPECT_FALSE(absent.same_as(absent));
 }
 
 }  // namespace
