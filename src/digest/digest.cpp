@@ -17,8 +17,12 @@ namespace detaudit {
 using trace::DigestAlgo;
 
 bool xxh3_wide_available() {
+#if defined(__x86_64__)
   static const bool yes = xxh3_wide_compiled() && __builtin_cpu_supports("avx512f");
   return yes;
+#else
+  return false;
+#endif
 }
 
 struct Hasher::State {
