@@ -83,14 +83,11 @@ ReadResult TraceReader::fail(ReadResult r, uint64_t offset, const std::string& w
   return r;
 }
 
-ReadResult TraceReader::next_into(OpRecord* op) {
-  op_out_ = op;
-  ReadResult r = next();
-  if (kind_ != RecordKind::kOp) op_out_ = &op_;  // op() stays valid after a non-op record
-  return r;
-}
+ReadResult TraceReader::next() { return read(&op_); }
 
-ReadResult TraceReader::next() {
+ReadResult TraceReader::next_into(OpRecord* op) { return read(op); }
+
+ReadResult TraceReader::read(OpRecord* op) {
   if (result_ != ReadResult::kRecord) return result_;
   record_offset_ = file_offset_;
   fill(10);
@@ -123,17 +120,17 @@ ReadResult TraceReader::next() {
   ByteReader r(body, length);
   buf_pos_ += n + length + 4;
   file_offset_ += n + length + 4;
-  op_out_->name = UINT32_MAX;
-  if (!decode(r) || r.failed()) {
+  op->name = UINT32_MAX;
+  if (!decode(r, op) || r.failed()) {
     std::string what = fmt::format("undecodable record of kind {}", int(kind_));
-    if (kind_ == RecordKind::kOp && op_out_->name < strings_.size())
-      what += fmt::format(" (op {})", strings_[op_out_->name]);
+    if (kind_ == RecordKind::kOp && op->name < strings_.size())
+      what += fmt::format(" (op {})", strings_[op->name]);
     return fail(ReadResult::kCorrupt, record_offset_, what);
   }
   return result_ = ReadResult::kRecord;
 }
 
-bool TraceReader::decode(ByteReader& r) {
+bool TraceReader::decode(ByteReader& r, OpRecord* op) {
   kind_ = RecordKind(r.u8());
   switch (kind_) {
     case RecordKind::kHeader: {
@@ -164,7 +161,7 @@ bool TraceReader::decode(ByteReader& r) {
       if (steps_.size() < 1000000) steps_.push_back(step_);
       return true;
     case RecordKind::kOp:
-      return decode_op(r);
+      return decode_op(r, op);
     case RecordKind::kEnd:
       end_.ops = r.varint();
       end_.tensors_hashed = r.varint();
@@ -175,8 +172,8 @@ bool TraceReader::decode(ByteReader& r) {
   return false;
 }
 
-bool TraceReader::decode_op(ByteReader& r) {
-  OpRecord& op = *op_out_;
+bool TraceReader::decode_op(ByteReader& r, OpRecord* out) {
+  OpRecord& op = *out;
   op.offset = record_offset_;
   op.order = last_order_ + uint64_t(r.zvarint());
   last_order_ = op.order;

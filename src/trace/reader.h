@@ -65,8 +65,8 @@ class TraceReader {
   // Opens the file and reads its header record.
   Status open(const std::string& path);
   ReadResult next();
-  // Decodes the next OP record into *op rather than into op(): a caller that keeps records (a
-  // look-ahead buffer) saves a copy. op() still refers to the last record decoded.
+  // Like next(), but an OP record is decoded into *op and op() is left as it was: a caller that
+  // keeps records (a look-ahead buffer) saves a copy.
   ReadResult next_into(OpRecord* op);
   ReadResult result() const { return result_; }
   const std::string& error() const { return error_; }
@@ -74,7 +74,7 @@ class TraceReader {
   RecordKind kind() const { return kind_; }
   const StreamHeader& header() const { return header_; }
   const StepInfo& step() const { return step_; }
-  const OpRecord& op() const { return *op_out_; }
+  const OpRecord& op() const { return op_; }
   const EndInfo& end_info() const { return end_; }
   bool saw_end() const { return saw_end_; }
   const std::vector<StepInfo>& steps() const { return steps_; }
@@ -92,8 +92,9 @@ class TraceReader {
  private:
   bool fill(size_t need);
   ReadResult fail(ReadResult r, uint64_t offset, const std::string& why);
-  bool decode(ByteReader& r);
-  bool decode_op(ByteReader& r);
+  ReadResult read(OpRecord* op);  // the next record; an OP record is decoded into *op
+  bool decode(ByteReader& r, OpRecord* op);
+  bool decode_op(ByteReader& r, OpRecord* out);
   bool decode_values(ByteReader& r, std::vector<Value>* values, std::vector<int64_t>* tensors,
                      uint64_t* args_hash, int depth);
   bool decode_tensor(ByteReader& r, TensorDesc* t);
@@ -113,7 +114,6 @@ class TraceReader {
   StreamHeader header_;
   StepInfo step_;
   OpRecord op_;
-  OpRecord* op_out_ = &op_;  // where OP records decode
   EndInfo end_;
   bool saw_end_ = false;
   std::vector<StepInfo> steps_;
