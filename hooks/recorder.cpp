@@ -477,11 +477,8 @@ void ThreadRecorder::on_start(const at::RecordFunction& fn) {
     if (proc.config().inputs) {
       auto inputs = fn.inputs();
       ByteWriter(&bytes_).varint(inputs.size());
-      for (size_t i = 0; i < inputs.size(); ++i) {
-        capturing_overwritten_ = i < 64 && (info.overwritten_args >> i) & 1;
-        capture_value(inputs[i]);
-      }
-      capturing_overwritten_ = false;
+      for (size_t i = 0; i < inputs.size(); ++i)
+        capture_value(inputs[i], /*overwritten=*/i < 64 && (info.overwritten_args >> i) & 1);
     } else {
       ByteWriter(&bytes_).varint(0);
     }
@@ -490,7 +487,6 @@ void ThreadRecorder::on_start(const at::RecordFunction& fn) {
   } catch (const std::exception& e) {
     // Never throw into libtorch: an op we cannot describe goes unrecorded.
     report_swallowed(fn.name(), e.what());
-    capturing_overwritten_ = false;
     f.recorded = false;
     items_.resize(f.items_begin);
     bytes_.resize(f.bytes_begin);
@@ -505,7 +501,7 @@ void ThreadRecorder::flush_bytes_item() {
   bytes_item_start_ = bytes_.size();
 }
 
-void ThreadRecorder::capture_value(const c10::IValue& v) {
+void ThreadRecorder::capture_value(const c10::IValue& v, bool overwritten) {
   ByteWriter w(&bytes_);
   if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
@@ -515,7 +511,7 @@ void ThreadRecorder::capture_value(const c10::IValue& v) {
       w.u8(uint8_t(ValueType::kTensorSkipped));
       w.varint(intern(why));
     } else {
-      capture_tensor(t);
+      capture_tensor(t, overwritten);
     }
   } else if (v.isNone()) {
     w.u8(uint8_t(ValueType::kNone));
@@ -549,17 +545,17 @@ void ThreadRecorder::capture_value(const c10::IValue& v) {
     auto list = v.toTensorList();
     w.u8(uint8_t(ValueType::kList));
     w.varint(list.size());
-    for (const at::Tensor& t : list) capture_value(t);
+    for (const at::Tensor& t : list) capture_value(t, overwritten);
   } else if (v.isList()) {
     auto list = v.toListRef();
     w.u8(uint8_t(ValueType::kList));
     w.varint(list.size());
-    for (const c10::IValue& e : list) capture_value(e);
+    for (const c10::IValue& e : list) capture_value(e, overwritten);
   } else if (v.isTuple()) {
     const auto& elems = v.toTupleRef().elements();
     w.u8(uint8_t(ValueType::kList));
     w.varint(elems.size());
-    for (const c10::IValue& e : elems) capture_value(e);
+    for (const c10::IValue& e : elems) capture_value(e, overwritten);
   } else if (v.isDevice()) {
     w.u8(uint8_t(ValueType::kDevice));
     w.u8(uint8_t(v.toDevice().type()));
@@ -573,7 +569,7 @@ void ThreadRecorder::capture_value(const c10::IValue& v) {
   }
 }
 
-void ThreadRecorder::capture_tensor(const at::Tensor& t) {
+void ThreadRecorder::capture_tensor(const at::Tensor& t, bool overwritten) {
   flush_bytes_item();
   if (snaps_top_ == snaps_.size()) snaps_.resize(snaps_.size() * 2 + 8);
   Snapshot& s = snaps_[snaps_top_];
@@ -614,7 +610,7 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t) {
       known = &st->views[i].desc;
   if (known) {
     s.desc = *known;
-  } else if (capturing_overwritten_) {
+  } else if (overwritten) {
     // Bytes the op never reads: their shape says enough. Not cached, so no later reader of this
     // version is told "not read".
     describe_geometry(t, hasher_->length(), &s.desc);

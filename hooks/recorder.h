@@ -202,8 +202,9 @@ class ThreadRecorder {
   uint32_t intern(std::string_view s);
   trace::Phase current_phase() const;
 
-  void capture_value(const c10::IValue& v);
-  void capture_tensor(const at::Tensor& t);
+  // `overwritten`: the op writes this argument without reading it (OpInfo::overwritten_args).
+  void capture_value(const c10::IValue& v, bool overwritten = false);
+  void capture_tensor(const at::Tensor& t, bool overwritten);
   void flush_bytes_item();
   void emit_tensor(const Snapshot& s, trace::ByteWriter& w);
   // TENSOR_NEW with the next id; a view whose base is out of reach is written as external.
@@ -246,7 +247,6 @@ class ThreadRecorder {
   int64_t next_tensor_id_ = 0;
   uint64_t top_level_serial_ = 0;
   bool rehash_inputs_ = false;
-  bool capturing_overwritten_ = false;  // the argument being captured is one the op overwrites
 
   std::vector<Frame> frames_;
   size_t depth_ = 0;     // open frames, markers included
