@@ -1,8 +1,6 @@
 #include "digest/digest.h"
 
 #include <openssl/evp.h>
-#include "digest/md5_lanes.h"
-#include "digest/xxh3_wide.h"
 #include <xxhash.h>
 
 #include <cmath>
@@ -12,13 +10,17 @@
 #include <cstring>
 #include <limits>
 
+#include "digest/md5_lanes.h"
+#include "digest/xxh3_wide.h"
+
 namespace detaudit {
 
 using trace::DigestAlgo;
 
 bool xxh3_wide_available() {
 #if defined(__x86_64__)
-  static const bool yes = xxh3_wide_compiled() && __builtin_cpu_supports("avx512f");
+  // The CPU first: xxh3_wide.cpp is compiled for AVX-512 throughout.
+  static const bool yes = __builtin_cpu_supports("avx512f") && xxh3_wide_compiled();
   return yes;
 #else
   return false;
@@ -502,7 +504,7 @@ void TensorDigester::update_all(const void* data, size_t nbytes, const ParallelF
     for (size_t unit = begin; unit < end; ++unit) {
       if (unit < passes) {
         const size_t from = full * unit / passes, to = full * (unit + 1) / passes;
-        digest_leaves_md5(p, from, to, with_stats);
+        digest_leaves_md5(p, from, to);
         continue;
       }
       const size_t i = first_single + (unit - passes);
@@ -514,7 +516,7 @@ void TensorDigester::update_all(const void* data, size_t nbytes, const ParallelF
   bytes_ = nbytes;
 }
 
-void TensorDigester::digest_leaves_md5(const uint8_t* p, size_t from, size_t to, bool with_stats) {
+void TensorDigester::digest_leaves_md5(const uint8_t* p, size_t from, size_t to) {
   const size_t n = to - from;
   const uint8_t* lane[Md5Lanes::kLanes];
   for (size_t l = 0; l < Md5Lanes::kLanes; ++l)  // spare lanes hash leaf `from` again, unread
@@ -523,7 +525,7 @@ void TensorDigester::digest_leaves_md5(const uint8_t* p, size_t from, size_t to,
   // Block by block, so the statistics read what the hash just brought into cache.
   for (size_t off = 0; off < kLeafBytes; off += kStatsBlock) {
     md5.update(lane, kStatsBlock);
-    for (size_t l = 0; with_stats && l < n; ++l) closed_[from + l].stats.update(lane[l], kStatsBlock);
+    for (size_t l = 0; with_stats_ && l < n; ++l) closed_[from + l].stats.update(lane[l], kStatsBlock);
     for (const uint8_t*& q : lane) q += kStatsBlock;
   }
   uint8_t digests[Md5Lanes::kLanes][16];

@@ -89,7 +89,7 @@ class TensorDigester {
   };
   void feed_leaf(const uint8_t* p, size_t n);  // within the current leaf
   // Whole leaves [from, to) of a contiguous tensor at p, at most 16, in MD5's vector lanes.
-  void digest_leaves_md5(const uint8_t* p, size_t from, size_t to, bool with_stats);
+  void digest_leaves_md5(const uint8_t* p, size_t from, size_t to);
   void close_leaf();
   void flush_carry();
 
