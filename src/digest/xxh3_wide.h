@@ -1,5 +1,5 @@
 // XXH3-128 built for AVX-512, from the packaged xxhash.h. Debian's libxxhash is built for the
-// x86-64 baseline (SSE2); the wide build hashes 25-40% faster. Same digests: XXH3 is defined
+// x86-64 baseline (SSE2); the wide build hashes 1.6-2x faster. Same digests: XXH3 is defined
 // independently of the vector width.
 //
 // Call nothing here unless xxh3_wide_available().
