@@ -69,21 +69,24 @@ bool same_geometry(const trace::TensorDesc& d, int64_t offset, const at::Tensor&
   return std::equal(strides.begin(), strides.end(), d.strides.begin(), d.strides.end());
 }
 
-// In-place ops that write every element of self and never read it.
+// In-place ops that never read self's bytes: they write every element, or only resize.
 bool overwrites_self(std::string_view name) {
   static const char* kOps[] = {"aten::zero_",    "aten::fill_",       "aten::copy_",
                                "aten::normal_",  "aten::uniform_",    "aten::bernoulli_",
                                "aten::random_",  "aten::exponential_", "aten::geometric_",
-                               "aten::log_normal_", "aten::cauchy_"};
+                               "aten::log_normal_", "aten::cauchy_", "aten::resize_",
+                               "aten::resize_as_"};
   for (const char* op : kOps)
     if (name == op) return true;
   return false;
 }
 
-bool is_empty_family(std::string_view name) {
+// Ops whose output holds bytes that no op wrote: the empty family, and resize_, which kernels
+// call on their out= buffers (growing one leaves garbage; the kernel then writes it unseen).
+bool returns_uninitialized(std::string_view name) {
   return name == "aten::empty" || name == "aten::empty_like" || name == "aten::empty_strided" ||
          name == "aten::new_empty" || name == "aten::new_empty_strided" ||
-         name == "aten::empty_permuted";
+         name == "aten::empty_permuted" || name == "aten::resize_" || name == "aten::resize_as_";
 }
 
 uint32_t tensor_version(const at::Tensor& t) {
@@ -340,12 +343,12 @@ const ThreadRecorder::OpInfo& ThreadRecorder::op_info(const at::RecordFunction& 
 }
 
 ThreadRecorder::OpInfo ThreadRecorder::make_op_info(const char* name,
-                                                    const c10::optional<c10::OperatorName>& op_name) {
+                                                    const OptionalOperatorName& op_name) {
   OpInfo info;
   info.name = name;
   info.name_id = intern(name);
   info.selected = ProcessRecorder::instance().config().select.wants_op(name);
-  info.is_empty_family = is_empty_family(name);
+  info.returns_uninitialized = returns_uninitialized(name);
   info.metadata_only = is_metadata_only(name);
   if (op_name) {
     if (auto handle = c10::Dispatcher::singleton().findOp(*op_name)) {
@@ -418,6 +421,9 @@ void ThreadRecorder::on_start(const at::RecordFunction& fn) {
     } else if (name == "detaudit::step") {
       f.marker = Marker::kStep;
     }
+    // Back-to-back step() calls (LBFGS in torch 2.x runs no op between them) still start a step.
+    if (f.marker == Marker::kOptimizerStep && optimizer_depth_ == 0 && backward_depth_ == 0)
+      proc.maybe_advance_step();
     if (f.marker == Marker::kOptimizerStep) ++optimizer_step_depth_;
     if (f.marker == Marker::kOptimizerStep || f.marker == Marker::kOptimizerOther)
       ++optimizer_depth_;
@@ -789,7 +795,7 @@ void ThreadRecorder::emit_output_tensor(const at::Tensor& t, ByteWriter& w, cons
   }
   if (!e) {
     thread_local trace::TensorDesc desc;
-    if (f.info->is_empty_family) {
+    if (f.info->returns_uninitialized) {
       // Uninitialized bytes: their digest would differ run to run and mean nothing.
       describe_geometry(t, hasher_->length(), &desc);
       desc.bits |= trace::kTensorUninitialized;

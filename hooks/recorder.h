@@ -21,6 +21,7 @@
 #include "config/config.h"
 #include "digest/digest.h"
 #include "stream_writer.h"
+#include "torch_compat.h"
 #include "trace/records.h"
 
 namespace detaudit::hooks {
@@ -116,7 +117,7 @@ class ThreadRecorder {
     bool selected = true;
     bool is_view = false;
     bool is_random = false;
-    bool is_empty_family = false;
+    bool returns_uninitialized = false;  // empty, resize_: bytes no op wrote
     bool writes = false;  // writes an argument in place (`Tensor(a!)`)
     bool metadata_only = false;  // in place on sizes and strides only (as_strided_, t_, ...)
     // Implemented only through other ops (a Composite kernel): its outputs are what its nested
@@ -124,7 +125,7 @@ class ThreadRecorder {
     // (addmm copies the bias with copy_, then a GEMM adds the product in place).
     bool composite = false;
     // Arguments (by index, up to 64) the op overwrites without reading: out= tensors, and self
-    // of zero_, fill_, copy_ and the random fills. Their old bytes are not hashed.
+    // of zero_, fill_, copy_, resize_ and the random fills. Their old bytes are not hashed.
     uint64_t overwritten_args = 0;
   };
 
@@ -198,7 +199,7 @@ class ThreadRecorder {
   void open_stream();
   void reset_after_fork();
   const OpInfo& op_info(const at::RecordFunction& fn);
-  OpInfo make_op_info(const char* name, const c10::optional<c10::OperatorName>& op_name);
+  OpInfo make_op_info(const char* name, const OptionalOperatorName& op_name);
   uint32_t intern(std::string_view s);
   trace::Phase current_phase() const;
 
