@@ -26,9 +26,17 @@ int report_error(const Status& status) {
   return int(status.code());
 }
 
-std::string hooks_library_path() {
-  if (const char* env = std::getenv("DETAUDIT_HOOKS"); env && *env) return env;
-  return (prefix_dir() / DETAUDIT_LIB_SUBDIR / "libdetaudit_hooks.so").string();
+std::string explicit_hooks_library() {
+  const char* env = std::getenv("DETAUDIT_HOOKS");
+  return env ? env : "";
+}
+
+std::string interposers_dir() { return (prefix_dir() / DETAUDIT_LIB_SUBDIR).string(); }
+
+std::string source_dir() {
+  std::error_code ec;
+  return std::filesystem::exists(DETAUDIT_SOURCE_DIR, ec) ? DETAUDIT_SOURCE_DIR
+                                                          : "<detaudit source>";
 }
 
 std::string catalog_path() {

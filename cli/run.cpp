@@ -20,6 +20,7 @@
 #include "catalog/catalog.h"
 #include "diff/report_model.h"
 #include "diff/risk.h"
+#include "run/interposer.h"
 #include "run/session.h"
 
 namespace detaudit::cli {
@@ -132,18 +133,19 @@ int run_main(const RunArgs& args) {
   if (Status s = run::validate_for_run(config); !s.ok()) return report_error(s);
 
   run::RunOptions options;
-  options.hooks_library = hooks_library_path();
   options.version = DETAUDIT_VERSION;
   options.force = args.force;
   options.echo = !args.quiet;
-  if (access(options.hooks_library.c_str(), R_OK) != 0)
-    return report_error(Status::error(fmt::format(
-        "interposer library not found: {} (build it with -DDETAUDIT_BUILD_HOOKS=ON, or point "
-        "$DETAUDIT_HOOKS at it)",
-        options.hooks_library)));
-  if (run::is_python_command(config.target.command))
-    if (Status s = run::check_torch_match(config, options.hooks_library); !s.ok())
-      return report_error(s);
+  const std::string explicit_library = explicit_hooks_library();
+  if (!explicit_library.empty() && access(explicit_library.c_str(), R_OK) != 0)
+    return report_error(Status::error(
+        fmt::format("interposer library not found: {} (unset DETAUDIT_HOOKS to use the ones "
+                    "built in {})",
+                    explicit_library, interposers_dir())));
+  if (Status s = run::choose_interposer(config, explicit_library, interposers_dir(), source_dir(),
+                                        &options.hooks_library);
+      !s.ok())
+    return report_error(s);
 
   for (int i = 0; i < config.runs; ++i)
     if (Status s = run::check_run_dir(run::run_dir_path(config, i), args.force); !s.ok())

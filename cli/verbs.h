@@ -24,7 +24,9 @@ void add_catalog_verb(CLI::App& app, VerbAction* action);
 int report_error(const Status& status);
 
 // Installed and build trees share a layout: <prefix>/bin/detaudit, <prefix>/lib/detaudit/...
-std::string hooks_library_path();  // $DETAUDIT_HOOKS, else beside the executable
+std::string explicit_hooks_library();  // $DETAUDIT_HOOKS, or empty
+std::string interposers_dir();         // <prefix>/lib/detaudit: torch/<version>/ for each torch
+std::string source_dir();              // where detaudit was built from, for build commands
 std::string catalog_path();        // $DETAUDIT_CATALOG, else beside the executable
 
 }  // namespace detaudit::cli

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Installs, builds, and audits a built-in example: a Python training script whose backward pass
-# races on float atomics (index_put_ with accumulate=True on 2 threads). Prints the verdict.
+# Installs what is missing (Debian packages, and pip's torch 2.13 in .venv), builds, and audits a
+# built-in example: a Python training script whose backward pass races on float atomics
+# (index_put_ with accumulate=True on 2 threads). Prints the verdict.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/tests/build.sh"
 out=${1:-"$root/audit"}
 set +e
 "$root/build/bin/detaudit" run --runs 2 --out "$out" --force -- \
-  /usr/bin/python3 "$root/examples/nondet_index_put.py"
+  "$root/.venv/bin/python" "$root/examples/nondet_index_put.py"
 code=$?
 set -e
 # 0 identical, 1 divergent: both are answers. Anything else is a failure.

@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
-# Installs what detaudit needs from Debian 12, skipping what is already there.
-#   tests/install_deps.sh [extra-package...]   (the benchmark adds valgrind)
+# Installs what detaudit needs on Debian 12, skipping what is already there:
+# - the build tools and libraries, from Debian;
+# - a virtual environment, <source>/.venv, with pip's torch 2.13.0 (CPU), the torch users have;
+# - with --debian-torch, Debian's libtorch 1.13 and its python3-torch: the other end of the
+#   supported range, which the tests cover too.
+#   tests/install_deps.sh [--debian-torch] [extra-debian-package...]   (the benchmark adds valgrind)
 set -euo pipefail
-packages=(build-essential cmake ninja-build pkg-config
-          libtorch-dev python3-torch python3-numpy
-          nlohmann-json3-dev libcli11-dev libfmt-dev libssl-dev libxxhash-dev libgtest-dev "$@")
+root=$(cd "$(dirname "$0")/.." && pwd)
+packages=(build-essential cmake ninja-build pkg-config python3 python3-venv
+          nlohmann-json3-dev libcli11-dev libfmt-dev libssl-dev libxxhash-dev libgtest-dev)
+for a in "$@"; do
+  case $a in
+    --debian-torch) packages+=(libtorch-dev python3-torch python3-numpy);;
+    *) packages+=("$a");;
+  esac
+done
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -16,4 +26,13 @@ if ((${#missing[@]})); then
   "${sudo_cmd[@]}" apt-get update -q
   # With recommends: the set every test here ran against.
   "${sudo_cmd[@]}" apt-get install -y -q "${missing[@]}"
+fi
+
+# Pinned: an open range would pull a CUDA build of several GB.
+venv="$root/.venv"
+if ! "$venv/bin/python" -c 'import torch, numpy; assert torch.__version__.startswith("2.13.0")' \
+     2>/dev/null; then
+  echo "detaudit: creating $venv with torch 2.13.0" >&2
+  python3 -m venv "$venv" 2>/dev/null || /usr/bin/python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check torch==2.13.0 numpy==2.4.6
 fi

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs, builds and runs every test: core unit tests and end-to-end tests on real programs.
+# Installs, builds and runs every test: core unit tests, then the end-to-end tests on real
+# programs once per torch, pip's torch 2.13 and Debian's libtorch 1.13.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-"$root/tests/build.sh"
+"$root/tests/build.sh" --debian-torch
 cd "$root/build"
 ctest --output-on-failure -j "$(nproc)" --timeout 900

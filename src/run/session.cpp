@@ -70,12 +70,6 @@ std::string hostname() {
   return buf;
 }
 
-std::string real_path(const std::string& p) {
-  std::error_code ec;
-  fs::path r = fs::canonical(p, ec);
-  return ec ? p : r.string();
-}
-
 }  // namespace
 
 Status apply_run_flags(const RunFlags& f, Config* c) {
@@ -202,61 +196,6 @@ std::vector<std::string> target_environment(const Config& c, const std::string& 
   std::vector<std::string> env;
   for (const auto& k : order) env.push_back(k + "=" + vars[k]);
   return env;
-}
-
-bool is_python_command(const std::vector<std::string>& command) {
-  if (command.empty()) return false;
-  return fs::path(command[0]).filename().string().rfind("python", 0) == 0;
-}
-
-std::string torch_release(const std::string& version) {
-  size_t n = 0;
-  while (n < version.size() && (std::isdigit(static_cast<unsigned char>(version[n])) ||
-                                version[n] == '.'))
-    ++n;
-  std::string r = version.substr(0, n);
-  while (!r.empty() && r.back() == '.') r.pop_back();
-  return r;
-}
-
-Status check_torch_match(const Config& c, const std::string& hooks_library) {
-  std::string version_file =
-      (fs::path(hooks_library).parent_path() / "detaudit_hooks.version").string();
-  std::ifstream in(version_file);
-  if (!in) return Status();  // an older or hand-placed hooks build: nothing to compare with
-  std::string built_version, built_lib;
-  in >> built_version >> built_lib;
-  if (built_version.empty()) return Status();
-
-  // The probe runs with the target's environment minus the interposer.
-  std::vector<std::string> env;
-  for (const auto& kv : target_environment(c, hooks_library, "/nonexistent"))
-    if (kv.rfind("LD_PRELOAD=", 0) != 0 && kv.rfind("DETAUDIT_", 0) != 0) env.push_back(kv);
-  std::string out;
-  int exit_code = 0;
-  Status s = capture_output(
-      {c.target.command[0], "-c",
-       "import torch,sys;print(torch.__version__);print(torch.__file__)"},
-      env, c.target.cwd, &out, &exit_code);
-  if (!s.ok()) return s;
-  if (exit_code != 0) return Status();  // no torch at all: the program will say so itself
-  std::istringstream lines(out);
-  std::string py_version, py_file;
-  std::getline(lines, py_version);
-  std::getline(lines, py_file);
-
-  // A wheel bundles its own libtorch under torch/lib; Debian's links to the system one.
-  std::string py_lib = (fs::path(py_file).parent_path() / "lib" / "libtorch_cpu.so").string();
-  bool lib_differs = !built_lib.empty() && fs::exists(py_lib) && fs::exists(built_lib) &&
-                     real_path(py_lib) != real_path(built_lib);
-  if (torch_release(py_version) == torch_release(built_version) && !lib_differs) return Status();
-  return Status::error(fmt::format(
-      "libtorch mismatch: the hooks {} were built against torch {} ({}), but {} imports torch {} "
-      "({}); rebuild the hooks against that torch: cmake -S . -B build "
-      "-DCMAKE_PREFIX_PATH=$({} -c 'import torch;print(torch.utils.cmake_prefix_path)') && "
-      "cmake --build build",
-      hooks_library, built_version, built_lib.empty() ? "?" : built_lib, c.target.command[0],
-      py_version, fs::exists(py_lib) ? real_path(py_lib) : py_file, c.target.command[0]));
 }
 
 std::vector<std::string> list_stream_files(const std::string& run_dir) {

@@ -1,5 +1,5 @@
 // One `detaudit run`: flags over the config, run directories, the audited program's environment,
-// the libtorch version check, and run.json. The CLI file only parses flags and prints.
+// and run.json; src/run/interposer.h picks the interposer. The CLI file only parses and prints.
 //
 //   Config c;  load_config(path, &c);  apply_run_flags(flags, &c);  validate_for_run(c);
 //   for (int i = 0; i < c.runs; ++i) execute_run(c, options, i, &outcome);
@@ -56,16 +56,6 @@ Status check_run_dir(const std::string& dir, bool force);
 // (LD_PRELOAD gets the hooks library prepended).
 std::vector<std::string> target_environment(const Config& config, const std::string& hooks_library,
                                             const std::string& run_dir_abs);
-
-// True for a Python interpreter: argv[0]'s basename starts with "python".
-bool is_python_command(const std::vector<std::string>& command);
-
-// For Python targets: fails (kUsage) when the interpreter's torch is not the libtorch the hooks
-// were built against (read from <hooks dir>/detaudit_hooks.version; absent: no check).
-Status check_torch_match(const Config& config, const std::string& hooks_library);
-
-// The torch release without pre-release or local parts: "1.13.0a0" -> "1.13.0".
-std::string torch_release(const std::string& version);
 
 struct RunOutcome {
   std::string dir;  // absolute

@@ -1,13 +1,16 @@
 """Shared helpers for the end-to-end tests: run the detaudit CLI, record a program under the real
 interposer, read a run back as a list of dicts (`detaudit export`), temporary directories.
 
-ctest sets DETAUDIT_BIN, DETAUDIT_BUILD_DIR and DETAUDIT_SOURCE_DIR; run by hand from
-tests/e2e/, the defaults point at <source>/build.
+ctest sets DETAUDIT_BIN, DETAUDIT_BUILD_DIR, DETAUDIT_SOURCE_DIR, and per torch DETAUDIT_PYTHON
+(the interpreter whose torch the Python programs use) and DETAUDIT_TORCH_BIN (the C++ programs
+built against that torch). Run by hand from tests/e2e/, the defaults point at <source>/build and
+<source>/.venv:
 
-    DETAUDIT_BIN=../../build/bin/detaudit /usr/bin/python3 -m unittest -v test_record_python
+    DETAUDIT_PYTHON=../../.venv/bin/python ../../.venv/bin/python -m unittest -v test_record_python
 """
 import concurrent.futures
 import fnmatch
+import glob
 import json
 import os
 import shutil
@@ -20,12 +23,37 @@ SOURCE_DIR = os.environ.get(
     os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 BUILD_DIR = os.environ.get("DETAUDIT_BUILD_DIR", os.path.join(SOURCE_DIR, "build"))
 BIN = os.environ.get("DETAUDIT_BIN", os.path.join(BUILD_DIR, "bin", "detaudit"))
-# Debian's torch lives in the system interpreter, not in a pyenv python3 first on PATH.
-PYTHON = "/usr/bin/python3"
+PYTHON = os.environ.get("DETAUDIT_PYTHON", os.path.join(SOURCE_DIR, ".venv", "bin", "python"))
+TORCH_BIN = os.environ.get("DETAUDIT_TORCH_BIN") or next(
+    iter(sorted(glob.glob(os.path.join(BUILD_DIR, "torch", "*", "bin")))), "")
 DEFAULT_TIMEOUT = 300
 EXAMPLES = os.path.join(SOURCE_DIR, "examples")
 PROGRAMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs")
-HOOKS = os.path.join(BUILD_DIR, "lib", "detaudit", "libdetaudit_hooks.so")
+
+_TORCH_PROBE = ("import torch;print(torch.__version__);print(next((l.split()[-1] for l in "
+                "open('/proc/self/maps') if '/libtorch_cpu' in l), ''))")
+
+
+def python_torch():
+    """(torch.__version__, real path of its libtorch_cpu) of PYTHON."""
+    out = subprocess.run([PYTHON, "-c", _TORCH_PROBE], capture_output=True, text=True,
+                         check=True).stdout.split("\n")
+    return out[0], os.path.realpath(out[1])
+
+
+def interposer_for_python():
+    """The interposer built for PYTHON's torch, as `detaudit run` would pick it."""
+    version, libtorch = python_torch()
+    for desc in sorted(glob.glob(os.path.join(BUILD_DIR, "lib", "detaudit", "torch", "*",
+                                              "torch.txt"))):
+        fields = dict(line.split("=", 1) for line in open(desc).read().splitlines() if "=" in line)
+        if fields.get("libtorch_cpu") == libtorch or fields.get("version") == version:
+            return os.path.join(os.path.dirname(desc), "libdetaudit_hooks.so")
+    raise AssertionError(f"no interposer in {BUILD_DIR} for torch {version} ({libtorch})")
+
+
+HOOKS = interposer_for_python()
+TORCH_VERSION = python_torch()[0]
 
 
 def example(name):
@@ -37,7 +65,8 @@ def program(name):
 
 
 def build_binary(name):
-    return os.path.join(BUILD_DIR, "bin", name)
+    """A C++ program built against the torch under test (examples/, tests/bench/)."""
+    return os.path.join(TORCH_BIN, name)
 
 
 def run_detaudit(args, env=None, cwd=None, timeout=DEFAULT_TIMEOUT, check=None):

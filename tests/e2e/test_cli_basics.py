@@ -1,7 +1,7 @@
 """CLI paths that need no interposer: help, config and flag errors, a missing or mismatched
 interposer, refusing to overwrite a run, and a failing program (with a stand-in hooks file).
 
-    DETAUDIT_BIN=build/bin/detaudit /usr/bin/python3 -m unittest -v test_cli_basics
+    DETAUDIT_BIN=build/bin/detaudit .venv/bin/python -m unittest -v test_cli_basics
 """
 import json
 import os
@@ -10,7 +10,7 @@ import subprocess
 import tempfile
 import unittest
 
-BIN = os.environ.get("DETAUDIT_BIN", "detaudit")
+from detaudit_testlib import BIN, PYTHON, TORCH_VERSION
 
 
 def run(args, env=None, cwd=None):
@@ -98,11 +98,12 @@ class CliBasics(unittest.TestCase):
         self.assertFalse(os.path.exists(self.tmp + "/a"))
 
     def test_mismatched_torch_is_refused(self):
-        with open(os.path.join(self.hooks_dir, "detaudit_hooks.version"), "w") as f:
-            f.write("0.1.0 /nonexistent/libtorch_cpu.so\n")
-        r = run(["run", "--out", self.tmp + "/a", "--", "/usr/bin/python3", "-c", "pass"],
-                env=self.env)
-        self.assert_one_line_error(r, 2, "libtorch mismatch", "0.1.0", "CMAKE_PREFIX_PATH")
+        with open(os.path.join(self.hooks_dir, "torch.txt"), "w") as f:
+            f.write("version=0.1.0\ncxx11_abi=1\nlibtorch_cpu=/nonexistent/libtorch_cpu.so\n")
+        r = run(["run", "--out", self.tmp + "/a", "--", PYTHON, "-c", "pass"], env=self.env)
+        self.assert_one_line_error(r, 2, f"imports torch {TORCH_VERSION}", "only for torch 0.1.0",
+                                   f"-DDETAUDIT_TORCH={PYTHON}")
+        self.assertFalse(os.path.exists(self.tmp + "/a"))
 
     def test_failing_program_exits_4_and_keeps_the_run(self):
         out = os.path.join(self.tmp, "audit")

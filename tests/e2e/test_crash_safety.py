@@ -3,7 +3,7 @@ one that raises leave streams that read cleanly up to their last whole record; a
 a one-line error naming file and offset (exit 3) from show, export and diff; a file cut
 mid-record reads up to the cut, with a message.
 
-    cd tests/e2e && /usr/bin/python3 -m unittest -v test_crash_safety
+    cd tests/e2e && ../../.venv/bin/python -m unittest -v test_crash_safety
 """
 import json
 import os

@@ -2,7 +2,7 @@
 steps are bit-identical with and without the interposer (Python and C++), compared as exact
 bytes or their SHA-256.
 
-    cd tests/e2e && /usr/bin/python3 -m unittest -v test_no_changed_results
+    cd tests/e2e && ../../.venv/bin/python -m unittest -v test_no_changed_results
 """
 import os
 import unittest

@@ -2,7 +2,7 @@
 DETAUDIT_STEP() and its optimizer with DETAUDIT_OPTIMIZER(); with --no-marker it is a plain
 libtorch loop, recorded as one step 0.
 
-    cd tests/e2e && /usr/bin/python3 -m unittest -v test_record_cpp
+    cd tests/e2e && ../../.venv/bin/python -m unittest -v test_record_cpp
 """
 import collections
 import os

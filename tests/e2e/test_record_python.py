@@ -3,7 +3,7 @@ and optimizer op with digests and statistics, steps from the optimizers' own mar
 sequence numbers, RNG digests of random ops, views left out, uninitialized outputs flagged,
 non-tensor arguments, DataLoader worker streams and the environment fingerprint.
 
-    cd tests/e2e && /usr/bin/python3 -m unittest -v test_record_python
+    cd tests/e2e && ../../.venv/bin/python -m unittest -v test_record_python
 """
 import collections
 import os
@@ -11,7 +11,7 @@ import re
 import stat
 import unittest
 
-from detaudit_testlib import (RecordedRuns, HOOKS, PYTHON, example, export_records, in_parallel,
+from detaudit_testlib import (RecordedRuns, HOOKS, PYTHON, SOURCE_DIR, example, export_records, in_parallel,
                               make_temp_dir, ops, program, read_json, record, remove_dir,
                               run_detaudit, steps, stream_files, tensors)
 
@@ -209,9 +209,10 @@ class RecordPython(RecordedRuns):
         for var in ("OMP_NUM_THREADS", "PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "LD_PRELOAD"):
             self.assertIn(var, env["env"])
         self.assertIn("libdetaudit_hooks.so", env["env"]["LD_PRELOAD"])
-        with open(os.path.join(os.path.dirname(HOOKS), "detaudit_hooks.version")) as f:
-            built = f.read().split()[0]
-        self.assertEqual(env["torch_version"], built)
+        # The interposer's libtorch: torch.txt has the Python's version, "2.13.0+cpu".
+        with open(os.path.join(os.path.dirname(HOOKS), "torch.txt")) as f:
+            built = dict(l.split("=", 1) for l in f.read().splitlines())["version"]
+        self.assertEqual(env["torch_version"], re.match(r"\d+\.\d+\.\d+", built).group(0))
         self.assertTrue(env["python"])
         self.assertEqual(env["process_role"], "main")
         self.assertEqual(env["rank"], 0)
@@ -393,8 +394,8 @@ class RecordPython(RecordedRuns):
         self.assertEqual(r.returncode, 2, r.stderr)
         errors = [l for l in r.stderr.splitlines() if l.startswith("detaudit: error:")]
         self.assertEqual(len(errors), 1, r.stderr)
-        self.assertIn("libtorch mismatch", errors[0])
-        self.assertIn("0.4.1", errors[0])
+        self.assertIn(f"{fake} imports torch 0.4.1", errors[0])
+        self.assertIn(f"build one for it: cmake -S {SOURCE_DIR}/hooks", errors[0])
         self.assertFalse(os.path.exists(os.path.join(os.path.dirname(fake), "ran")))
         self.assertFalse(os.path.exists(os.path.join(out, "run-0")))
 

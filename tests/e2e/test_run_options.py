@@ -3,7 +3,7 @@ read the run, --steps and --ops select what is recorded, --digest picks the dige
 length), --no-stats drops statistics, and --threads/--seed/--deterministic reach the program and
 its environment fingerprint.
 
-    cd tests/e2e && /usr/bin/python3 -m unittest -v test_run_options
+    cd tests/e2e && ../../.venv/bin/python -m unittest -v test_run_options
 """
 import fnmatch
 import json

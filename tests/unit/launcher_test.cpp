@@ -207,36 +207,6 @@ TEST(SessionTest, TargetEnvironmentPrependsPreload) {
   EXPECT_TRUE(has("X=1"));
 }
 
-TEST(SessionTest, PythonDetectionAndTorchRelease) {
-  EXPECT_TRUE(is_python_command({"/usr/bin/python3", "t.py"}));
-  EXPECT_TRUE(is_python_command({"python3.11"}));
-  EXPECT_FALSE(is_python_command({"/bin/sh"}));
-  EXPECT_EQ(torch_release("1.13.0a0"), "1.13.0");
-  EXPECT_EQ(torch_release("2.11.0+cu130"), "2.11.0");
-}
-
-TEST(SessionTest, TorchMismatchNamesBothVersions) {
-  std::string dir = temp_dir("torch");
-  std::string hooks = dir + "/libdetaudit_hooks.so";
-  std::ofstream(hooks) << "";
-  // A fake interpreter that reports another torch.
-  std::string py = dir + "/python3";
-  std::ofstream(py) << "#!/bin/sh\necho 9.9.0\necho /fake/torch/__init__.py\n";
-  fs::permissions(py, fs::perms::owner_all);
-  Config c;
-  c.target.command = {py, "t.py"};
-  EXPECT_TRUE(check_torch_match(c, hooks).ok()) << "no version file: no check";
-  std::ofstream(dir + "/detaudit_hooks.version") << "1.13.0a0 /usr/lib/x86_64-linux-gnu/libtorch_cpu.so\n";
-  Status s = check_torch_match(c, hooks);
-  ASSERT_FALSE(s.ok());
-  EXPECT_EQ(s.code(), ExitCode::kUsage);
-  EXPECT_NE(s.message().find("1.13.0a0"), std::string::npos) << s.message();
-  EXPECT_NE(s.message().find("9.9.0"), std::string::npos) << s.message();
-  EXPECT_NE(s.message().find("CMAKE_PREFIX_PATH"), std::string::npos) << s.message();
-  std::ofstream(py) << "#!/bin/sh\necho 1.13.0a0\necho /fake/torch/__init__.py\n";
-  EXPECT_TRUE(check_torch_match(c, hooks).ok());
-}
-
 TEST(SessionTest, ExecuteRunWritesRunJson) {
   std::string out = temp_dir("execute");
   Config c;

@@ -1,0 +1,256 @@
+#include "run/interposer.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "run/launcher.h"
+#include "run/session.h"
+
+namespace detaudit::run {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kLibraryName = "libdetaudit_hooks.so";
+constexpr const char* kDescriptionName = "torch.txt";
+
+// Prints the torch a Python imports: version, C++ ABI, and the libtorch_cpu it mapped.
+constexpr const char* kPythonProbe =
+    "import torch\n"
+    "print(torch.__version__)\n"
+    "print(int(torch._C._GLIBCXX_USE_CXX11_ABI))\n"
+    "print(next((l.split()[-1] for l in open('/proc/self/maps') if '/libtorch_cpu' in l), ''))\n";
+
+std::string real_path(const std::string& p) {
+  std::error_code ec;
+  fs::path r = fs::canonical(p, ec);
+  return ec ? p : r.string();
+}
+
+// The program's environment without the interposer: probes must not record anything.
+std::vector<std::string> probe_environment(const Config& c) {
+  std::vector<std::string> env;
+  for (const auto& kv : target_environment(c, "", "/nonexistent"))
+    if (kv.rfind("LD_PRELOAD=", 0) != 0 && kv.rfind("DETAUDIT_", 0) != 0) env.push_back(kv);
+  return env;
+}
+
+std::string env_value(const std::vector<std::string>& env, const std::string& key) {
+  for (const auto& kv : env)
+    if (kv.size() > key.size() && kv.compare(0, key.size(), key) == 0 && kv[key.size()] == '=')
+      return kv.substr(key.size() + 1);
+  return "";
+}
+
+// `name` as the program's PATH finds it; a name with a '/' is taken as it is.
+std::string find_program(const std::string& name, const std::vector<std::string>& env) {
+  if (name.find('/') != std::string::npos) return name;
+  std::istringstream dirs(env_value(env, "PATH"));
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    fs::path p = fs::path(dir.empty() ? "." : dir) / name;
+    if (::access(p.c_str(), X_OK) == 0) return p.string();
+  }
+  return "";
+}
+
+bool is_python_name(const std::string& path) {
+  return fs::path(path).filename().string().rfind("python", 0) == 0;
+}
+
+// The interpreter of a "#!" script when it is a Python ("#!/usr/bin/env python3" included).
+std::string script_python(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string line;
+  if (!in || !std::getline(in, line) || line.rfind("#!", 0) != 0) return "";
+  std::istringstream words(line.substr(2));
+  std::vector<std::string> argv;
+  for (std::string w; words >> w;) argv.push_back(w);
+  if (argv.size() >= 2 && fs::path(argv[0]).filename() == "env") argv.erase(argv.begin());
+  return !argv.empty() && is_python_name(argv[0]) ? argv[0] : "";
+}
+
+bool probe_python(const std::string& python, const Config& c, const std::vector<std::string>& env,
+                  ProgramTorch* torch) {
+  std::string out;
+  int exit_code = 0;
+  if (!capture_output({python, "-c", kPythonProbe}, env, c.target.cwd, &out, &exit_code).ok() ||
+      exit_code != 0)
+    return false;
+  std::istringstream lines(out);
+  std::string abi;
+  std::getline(lines, torch->version);
+  std::getline(lines, abi);
+  std::getline(lines, torch->libtorch_cpu);
+  if (torch->version.empty()) return false;
+  torch->cxx11_abi = abi == "1" ? 1 : abi == "0" ? 0 : -1;
+  if (!torch->libtorch_cpu.empty()) torch->libtorch_cpu = real_path(torch->libtorch_cpu);
+  torch->python = python;
+  torch->described = fmt::format("{} imports torch {} ({})", python, torch->version,
+                                 torch->libtorch_cpu.empty() ? "?" : torch->libtorch_cpu);
+  return true;
+}
+
+// The libtorch_cpu a dynamically linked program loads, by ldd in the program's environment.
+bool probe_linked(const std::string& program, const Config& c, const std::vector<std::string>& env,
+                  ProgramTorch* torch) {
+  std::string out;
+  int exit_code = 0;
+  if (!capture_output({"ldd", program}, env, c.target.cwd, &out, &exit_code).ok() || exit_code != 0)
+    return false;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    size_t name = line.find("libtorch_cpu.so");
+    size_t arrow = line.find("=> /");
+    if (name == std::string::npos || arrow == std::string::npos) continue;
+    std::string path = line.substr(arrow + 3);
+    path = path.substr(0, path.find(" ("));
+    torch->libtorch_cpu = real_path(path);
+    torch->described = fmt::format("{} links {}", program, torch->libtorch_cpu);
+    return true;
+  }
+  return false;
+}
+
+std::string versions_of(const std::vector<InterposerBuild>& builds) {
+  std::string s;
+  for (const auto& b : builds) s += (s.empty() ? "" : ", ") + b.version;
+  return s;
+}
+
+}  // namespace
+
+Status read_interposer_build(const std::string& dir, InterposerBuild* build) {
+  const std::string description = (fs::path(dir) / kDescriptionName).string();
+  std::ifstream in(description);
+  if (!in) return Status::error(fmt::format("cannot read {}", description));
+  std::map<std::string, std::string> fields;
+  for (std::string line; std::getline(in, line);) {
+    size_t eq = line.find('=');
+    if (eq != std::string::npos) fields[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  *build = InterposerBuild{};
+  build->library = (fs::path(dir) / kLibraryName).string();
+  build->version = fields["version"];
+  build->cxx11_abi = fields["cxx11_abi"] != "0";
+  build->libtorch_cpu = fields["libtorch_cpu"];
+  build->python = fields["python"];
+  if (build->version.empty())
+    return Status::error(fmt::format("{}: no version= line; rebuild the interposer", description));
+  if (!fs::exists(build->library))
+    return Status::error(fmt::format("{} has no {} beside it: its build did not finish",
+                                     description, kLibraryName));
+  return Status();
+}
+
+std::vector<InterposerBuild> list_interposers(const std::string& lib_dir) {
+  std::vector<InterposerBuild> builds;
+  std::error_code ec;
+  for (fs::directory_iterator it(fs::path(lib_dir) / "torch", ec), end; !ec && it != end;
+       it.increment(ec)) {
+    InterposerBuild b;
+    if (it->is_directory() && read_interposer_build(it->path().string(), &b).ok())
+      builds.push_back(std::move(b));
+  }
+  std::sort(builds.begin(), builds.end(),
+            [](const auto& a, const auto& b) { return a.version < b.version; });
+  return builds;
+}
+
+ProgramTorch probe_program_torch(const Config& c) {
+  ProgramTorch torch;
+  if (c.target.command.empty()) return torch;
+  const std::vector<std::string> env = probe_environment(c);
+  const std::string& argv0 = c.target.command[0];
+  if (is_python_name(argv0)) {
+    probe_python(argv0, c, env, &torch);
+    return torch;  // a Python without torch: nothing else would tell
+  }
+  const std::string program = find_program(argv0, env);
+  if (!program.empty()) {
+    if (std::string python = script_python(program); !python.empty()) {
+      if (probe_python(python, c, env, &torch)) return torch;  // torchrun and other entry points
+    } else if (probe_linked(program, c, env, &torch)) {
+      return torch;
+    }
+  }
+  // A shell script or a launcher: most likely it runs the Python on its PATH.
+  probe_python("python3", c, env, &torch);
+  return torch;
+}
+
+const InterposerBuild* match_interposer(const std::vector<InterposerBuild>& builds,
+                                        const ProgramTorch& torch) {
+  if (!torch.libtorch_cpu.empty())
+    for (const auto& b : builds)
+      if (b.libtorch_cpu == torch.libtorch_cpu) return &b;
+  // The same wheel in another virtual environment is the same build.
+  if (!torch.version.empty())
+    for (const auto& b : builds)
+      if (b.version == torch.version && (torch.cxx11_abi < 0 || b.cxx11_abi == (torch.cxx11_abi == 1)))
+        return &b;
+  return nullptr;
+}
+
+std::string build_command_for(const ProgramTorch& torch, const std::string& source_dir,
+                              const std::string& lib_dir) {
+  std::string which = torch.python;
+  if (which.empty()) {
+    // <prefix>/lib/libtorch_cpu.so: the prefix holds its CMake config; /usr is the system's.
+    fs::path prefix = fs::path(torch.libtorch_cpu).parent_path().parent_path();
+    which = prefix.string().rfind("/usr", 0) == 0 && prefix.string().rfind("/usr/local", 0) != 0
+                ? "system"
+                : prefix.string();
+  }
+  std::string name = torch.version.empty() ? "program" : torch.version;
+  std::replace_if(name.begin(), name.end(), [](char ch) { return !std::isalnum(ch) && ch != '.'; }, '_');
+  fs::path build = fs::path(lib_dir).parent_path().parent_path() / "torch" / ("extra-" + name);
+  return fmt::format("cmake -S {}/hooks -B {} -DDETAUDIT_TORCH={} -DDETAUDIT_INTERPOSER_DIR={} && "
+                     "cmake --build {}",
+                     source_dir, build.string(), which, lib_dir, build.string());
+}
+
+Status choose_interposer(const Config& c, const std::string& explicit_library,
+                         const std::string& lib_dir, const std::string& source_dir,
+                         std::string* library) {
+  std::vector<InterposerBuild> builds;
+  if (!explicit_library.empty()) {
+    *library = explicit_library;
+    InterposerBuild b;
+    // A hand-placed library with no torch.txt beside it: the user vouches for it.
+    if (!read_interposer_build(fs::path(explicit_library).parent_path().string(), &b).ok())
+      return Status();
+    builds.push_back(b);
+  } else {
+    builds = list_interposers(lib_dir);
+    if (builds.empty())
+      return Status::error(
+          fmt::format("no interposer is built in {}/torch; build one for your torch: cmake -S {} "
+                      "-B build -DDETAUDIT_TORCH=/path/to/python && cmake --build build",
+                      lib_dir, source_dir),
+          ExitCode::kUsage);
+  }
+  const ProgramTorch torch = probe_program_torch(c);
+  if (!torch.known()) {
+    // No torch to be seen (a Python without it, a static or foreign program): the program will
+    // say so itself, or record nothing, which `run` reports.
+    if (explicit_library.empty()) *library = builds.front().library;
+    return Status();
+  }
+  if (const InterposerBuild* b = match_interposer(builds, torch)) {
+    *library = b->library;
+    return Status();
+  }
+  return Status::error(
+      fmt::format("{}, but the interposer is built only for torch {}; build one for it: {}",
+                  torch.described, versions_of(builds),
+                  build_command_for(torch, source_dir, lib_dir)),
+      ExitCode::kUsage);
+}
+
+}  // namespace detaudit::run

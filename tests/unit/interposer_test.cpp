@@ -1,0 +1,161 @@
+// `detaudit run` preloads the interposer built for the program's own torch: matched by the
+// libtorch file, else by version and ABI; none fitting is a one-line usage error with the build
+// command. Fake interpreters stand in for Python: the probe is a subprocess either way.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "run/interposer.h"
+
+namespace detaudit::run {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string temp_dir(const std::string& name) {
+  fs::path p = fs::path(::testing::TempDir()) / ("detaudit_interposer_" + name);
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+void add_build(const std::string& lib_dir, const std::string& version, const std::string& libtorch,
+               bool with_library = true) {
+  fs::path dir = fs::path(lib_dir) / "torch" / version;
+  fs::create_directories(dir);
+  std::ofstream(dir / "torch.txt") << "version=" << version << "\ncxx11_abi=1\nlibtorch_cpu="
+                                   << libtorch << "\ncuda=\npython=\n";
+  if (with_library) std::ofstream(dir / "libdetaudit_hooks.so") << "";
+}
+
+// An executable that prints what the real probe would: version, ABI, libtorch_cpu.
+std::string fake_python(const std::string& dir, const std::string& version,
+                        const std::string& libtorch) {
+  std::string path = dir + "/python3";
+  std::ofstream(path) << "#!/bin/sh\necho " << version << "\necho 1\necho " << libtorch << "\n";
+  fs::permissions(path, fs::perms::owner_all);
+  return path;
+}
+
+TEST(InterposerTest, ListsCompleteBuildsOnly) {
+  std::string lib = temp_dir("list");
+  add_build(lib, "2.13.0+cpu", "/venv/torch/lib/libtorch_cpu.so");
+  add_build(lib, "1.13.1", "/usr/lib/libtorch_cpu.so.1.13");
+  add_build(lib, "9.9.9", "/x/libtorch_cpu.so", /*with_library=*/false);
+  auto builds = list_interposers(lib);
+  ASSERT_EQ(builds.size(), 2u);
+  EXPECT_EQ(builds[0].version, "1.13.1");
+  EXPECT_EQ(builds[1].version, "2.13.0+cpu");
+  EXPECT_EQ(builds[1].library, lib + "/torch/2.13.0+cpu/libdetaudit_hooks.so");
+  EXPECT_TRUE(list_interposers(lib + "/missing").empty());
+}
+
+TEST(InterposerTest, MatchesByLibraryThenVersion) {
+  std::vector<InterposerBuild> builds(2);
+  builds[0].version = "1.13.1";
+  builds[0].libtorch_cpu = "/usr/lib/libtorch_cpu.so.1.13";
+  builds[1].version = "2.13.0+cpu";
+  builds[1].libtorch_cpu = "/venv-a/torch/lib/libtorch_cpu.so";
+  ProgramTorch t;
+  t.libtorch_cpu = "/usr/lib/libtorch_cpu.so.1.13";  // a C++ program: its library only
+  EXPECT_EQ(match_interposer(builds, t), &builds[0]);
+  t = {};
+  t.version = "2.13.0+cpu";  // the same wheel in another venv
+  t.cxx11_abi = 1;
+  t.libtorch_cpu = "/venv-b/torch/lib/libtorch_cpu.so";
+  EXPECT_EQ(match_interposer(builds, t), &builds[1]);
+  t.cxx11_abi = 0;  // same version, other ABI: not the same build
+  EXPECT_EQ(match_interposer(builds, t), nullptr);
+  t = {};
+  t.version = "2.13.0+cu128";  // a CUDA build of the same release is another libtorch
+  EXPECT_EQ(match_interposer(builds, t), nullptr);
+}
+
+TEST(InterposerTest, ChoosesThePythonsTorch) {
+  std::string dir = temp_dir("choose");
+  std::string lib = dir + "/lib/detaudit";
+  add_build(lib, "1.13.1", "/usr/lib/libtorch_cpu.so.1.13");
+  add_build(lib, "2.13.0+cpu", "/venv/torch/lib/libtorch_cpu.so");
+  Config c;
+  c.target.command = {fake_python(dir, "2.13.0+cpu", "/elsewhere/libtorch_cpu.so"), "train.py"};
+  std::string chosen;
+  Status s = choose_interposer(c, "", lib, "/src", &chosen);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(chosen, lib + "/torch/2.13.0+cpu/libdetaudit_hooks.so");
+}
+
+TEST(InterposerTest, AScriptIsProbedThroughItsInterpreter) {
+  std::string dir = temp_dir("shebang");
+  std::string lib = dir + "/lib/detaudit";
+  add_build(lib, "1.13.1", "/usr/lib/libtorch_cpu.so.1.13");
+  add_build(lib, "2.13.0+cpu", "/venv/torch/lib/libtorch_cpu.so");
+  std::string python = fake_python(dir, "1.13.1", "/usr/lib/libtorch_cpu.so.1.13");
+  std::string script = dir + "/torchrun";  // an entry point like torchrun
+  std::ofstream(script) << "#!" << python << "\nimport sys\n";
+  fs::permissions(script, fs::perms::owner_all);
+  Config c;
+  c.target.command = {script, "--nproc-per-node", "2", "train.py"};
+  std::string chosen;
+  ASSERT_TRUE(choose_interposer(c, "", lib, "/src", &chosen).ok());
+  EXPECT_EQ(chosen, lib + "/torch/1.13.1/libdetaudit_hooks.so");
+}
+
+TEST(InterposerTest, NoMatchNamesTheTorchAndTheBuildCommand) {
+  std::string dir = temp_dir("nomatch");
+  std::string lib = dir + "/lib/detaudit";
+  add_build(lib, "1.13.1", "/usr/lib/libtorch_cpu.so.1.13");
+  Config c;
+  std::string python = fake_python(dir, "2.14.1+cu128", "/venv/torch/lib/libtorch_cpu.so");
+  c.target.command = {python, "train.py"};
+  std::string chosen;
+  Status s = choose_interposer(c, "", lib, "/src", &chosen);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), ExitCode::kUsage);
+  const std::string& m = s.message();
+  EXPECT_EQ(m.find('\n'), std::string::npos) << "one line";
+  EXPECT_NE(m.find("2.14.1+cu128"), std::string::npos) << m;
+  EXPECT_NE(m.find("only for torch 1.13.1"), std::string::npos) << m;
+  EXPECT_NE(m.find("cmake -S /src/hooks"), std::string::npos) << m;
+  EXPECT_NE(m.find("-DDETAUDIT_TORCH=" + python), std::string::npos) << m;
+  EXPECT_NE(m.find("-DDETAUDIT_INTERPOSER_DIR=" + lib), std::string::npos) << m;
+}
+
+TEST(InterposerTest, NothingBuiltSaysHowToBuild) {
+  std::string dir = temp_dir("none");
+  Config c;
+  c.target.command = {"/bin/true"};
+  std::string chosen;
+  Status s = choose_interposer(c, "", dir + "/lib/detaudit", "/src", &chosen);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), ExitCode::kUsage);
+  EXPECT_NE(s.message().find("-DDETAUDIT_TORCH="), std::string::npos) << s.message();
+}
+
+TEST(InterposerTest, AnExplicitLibraryMustFitWhenItSaysWhatItIs) {
+  std::string dir = temp_dir("explicit");
+  std::string lib = dir + "/lib/detaudit";
+  add_build(lib, "1.13.1", "/usr/lib/libtorch_cpu.so.1.13");
+  std::string library = lib + "/torch/1.13.1/libdetaudit_hooks.so";
+  Config c;
+  c.target.command = {fake_python(dir, "2.13.0+cpu", "/venv/torch/lib/libtorch_cpu.so"), "t.py"};
+  std::string chosen;
+  EXPECT_FALSE(choose_interposer(c, library, lib, "/src", &chosen).ok());
+  std::string bare = dir + "/libmine.so";  // hand-placed: no torch.txt, no check
+  std::ofstream(bare) << "";
+  ASSERT_TRUE(choose_interposer(c, bare, lib, "/src", &chosen).ok());
+  EXPECT_EQ(chosen, bare);
+}
+
+TEST(InterposerTest, BuildCommandForACppProgramNamesItsLibtorch) {
+  ProgramTorch t;
+  t.libtorch_cpu = "/opt/libtorch/lib/libtorch_cpu.so";
+  EXPECT_NE(build_command_for(t, "/src", "/b/lib/detaudit").find("-DDETAUDIT_TORCH=/opt/libtorch "),
+            std::string::npos);
+  t.libtorch_cpu = "/usr/lib/x86_64-linux-gnu/libtorch_cpu.so.1.13";
+  EXPECT_NE(build_command_for(t, "/src", "/b/lib/detaudit").find("-DDETAUDIT_TORCH=system "),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace detaudit::run
