@@ -6,6 +6,7 @@
 //   <out>/run-<i>/streams/<stream>.dtr      one trace per thread of each process
 //   <out>/run-<i>/streams/<process>.env.json  the environment fingerprint of each process
 //   <out>/run-<i>/streams/<process>.status  written by the interposer: "attached" or why not
+//   <out>/run-<i>/compile-cache/            torch.compile's caches, fresh for each run
 //
 // <process> is "r<rank>.<role>" (role "main", "main.0" for its first forked child, ...) and
 // <stream> is "<process>.t<thread-index>".
@@ -24,6 +25,7 @@ inline constexpr const char* kOutputLog = "output.log";
 inline constexpr const char* kTraceExt = ".dtr";
 inline constexpr const char* kEnvExt = ".env.json";
 inline constexpr const char* kStatusExt = ".status";
+inline constexpr const char* kCompileCacheDir = "compile-cache";
 
 inline std::string process_name(long rank, const std::string& role) {
   return "r" + std::to_string(rank) + "." + role;

@@ -191,6 +191,11 @@ std::vector<std::string> target_environment(const Config& c, const std::string& 
   if (vars.count("LD_PRELOAD") && !vars["LD_PRELOAD"].empty())
     preload += ":" + vars["LD_PRELOAD"];
   set("LD_PRELOAD", preload);
+  // torch.compile does real work on a cache miss only: a fresh cache per run makes every run
+  // compile alike, so the runs' op sequences match. A cache the user chose is kept.
+  for (const auto& [var, sub] : {std::pair{"TORCHINDUCTOR_CACHE_DIR", "torchinductor"},
+                                 std::pair{"TRITON_CACHE_DIR", "triton"}})
+    if (!vars.count(var)) set(var, (fs::path(run_dir_abs) / layout::kCompileCacheDir / sub).string());
   set(layout::kEnvRunDir, run_dir_abs);
   set(layout::kEnvConfig, (fs::path(run_dir_abs) / layout::kConfigJson).string());
   std::vector<std::string> env;

@@ -205,6 +205,11 @@ TEST(SessionTest, TargetEnvironmentPrependsPreload) {
   EXPECT_TRUE(has("DETAUDIT_RUN_DIR=/runs/run-0"));
   EXPECT_TRUE(has("DETAUDIT_CONFIG=/runs/run-0/config.json"));
   EXPECT_TRUE(has("X=1"));
+  // Each run compiles from a fresh torch.compile cache, unless the user chose one.
+  EXPECT_TRUE(has("TORCHINDUCTOR_CACHE_DIR=/runs/run-0/compile-cache/torchinductor"));
+  c.target.env["TORCHINDUCTOR_CACHE_DIR"] = "/mine";
+  env = target_environment(c, "/h/libdetaudit_hooks.so", "/runs/run-0");
+  EXPECT_TRUE(has("TORCHINDUCTOR_CACHE_DIR=/mine"));
 }
 
 TEST(SessionTest, ExecuteRunWritesRunJson) {
