@@ -58,6 +58,21 @@ bool is_metadata_only(std::string_view name) {
          name == "aten::swapdims_" || name == "aten::swapaxes_";
 }
 
+// Outputs that are a kernel's scratch space, partly written (bit i: output i). oneDNN's LSTM
+// leaves most of its workspace as it found it; cuDNN's and MIOpen's reserve is alike.
+uint64_t scratch_outputs(std::string_view name) {
+  if (name == "aten::mkldnn_rnn_layer" || name == "aten::_cudnn_rnn" || name == "aten::miopen_rnn")
+    return uint64_t(1) << 3;
+  return 0;
+}
+
+// torch.compile's regions: the dynamo frame, and the AOT autograd function forward and backward.
+// Inductor's kernels inside them run below the dispatcher; only extern kernels (mm, conv) show.
+bool is_compiled_region(std::string_view name) {
+  return starts_with(name, "Torch-Compiled Region") || name == "CompiledFunction" ||
+         name == "CompiledFunctionBackward";
+}
+
 // The cached description still matches the tensor's view of its storage.
 bool same_geometry(const trace::TensorDesc& d, int64_t offset, const at::Tensor& t) {
   if (offset != t.storage_offset()) return false;
@@ -75,7 +90,7 @@ bool overwrites_self(std::string_view name) {
                                "aten::normal_",  "aten::uniform_",    "aten::bernoulli_",
                                "aten::random_",  "aten::exponential_", "aten::geometric_",
                                "aten::log_normal_", "aten::cauchy_", "aten::resize_",
-                               "aten::resize_as_"};
+                               "aten::resize_as_", "aten::set_"};
   for (const char* op : kOps)
     if (name == op) return true;
   return false;
@@ -87,6 +102,18 @@ bool returns_uninitialized(std::string_view name) {
   return name == "aten::empty" || name == "aten::empty_like" || name == "aten::empty_strided" ||
          name == "aten::new_empty" || name == "aten::new_empty_strided" ||
          name == "aten::empty_permuted" || name == "aten::resize_" || name == "aten::resize_as_";
+}
+
+// An op that made a FakeTensor (aten::empty under torch.compile's FakeTensorMode).
+template <typename Outputs>
+bool produced_fake_tensor(const Outputs& outputs) {
+  for (const c10::IValue& v : outputs) {
+    if (v.isTensor() && v.toTensor().defined() && has_no_data(v.toTensor())) return true;
+    if (v.isTensorList())
+      for (const at::Tensor& t : v.toTensorList())
+        if (t.defined() && has_no_data(t)) return true;
+  }
+  return false;
 }
 
 uint32_t tensor_version(const at::Tensor& t) {
@@ -350,6 +377,9 @@ ThreadRecorder::OpInfo ThreadRecorder::make_op_info(const char* name,
   info.selected = ProcessRecorder::instance().config().select.wants_op(name);
   info.returns_uninitialized = returns_uninitialized(name);
   info.metadata_only = is_metadata_only(name);
+  info.compiled_region = is_compiled_region(name);
+  info.repoints_storage = name == "aten::set_";
+  info.scratch_outputs = scratch_outputs(name);
   if (op_name) {
     if (auto handle = c10::Dispatcher::singleton().findOp(*op_name)) {
       info.composite = handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
@@ -463,12 +493,15 @@ void ThreadRecorder::on_start(const at::RecordFunction& fn) {
   if (f.step != step_started_) {
     step_started_ = f.step;
     step_first_order_ = f.order;
+    compiled_region_in_step_ = false;
   }
+  if (info.compiled_region) compiled_region_in_step_ = true;
   f.name_id = info.name_id;
   trace::Scope scope = fn.scope() == at::RecordScope::FUNCTION            ? trace::Scope::kFunction
                        : fn.scope() == at::RecordScope::BACKWARD_FUNCTION ? trace::Scope::kBackwardFunction
                                                                            : trace::Scope::kOther;
   f.bits = uint8_t(uint8_t(phase) | (uint8_t(scope) << 2));
+  if (info.compiled_region) f.bits |= trace::kOpCompiledRegion;
   f.seq_nr = fn.seqNr();
   if (f.seq_nr >= 0) f.bits |= trace::kOpHasSeqNr;
   if (f.depth == 0) ++top_level_serial_;
@@ -494,6 +527,10 @@ void ThreadRecorder::on_start(const at::RecordFunction& fn) {
     // Never throw into libtorch: an op we cannot describe goes unrecorded.
     report_swallowed(fn.name(), e.what());
     f.recorded = false;
+  }
+  if (saw_fake_tensor_) f.recorded = false;  // torch.compile tracing, not the program's work
+  saw_fake_tensor_ = false;
+  if (!f.recorded) {
     items_.resize(f.items_begin);
     bytes_.resize(f.bytes_begin);
     snaps_top_ = f.snaps_begin;
@@ -514,6 +551,7 @@ void ThreadRecorder::capture_value(const c10::IValue& v, bool overwritten) {
     if (!t.defined()) {
       w.u8(uint8_t(ValueType::kNone));
     } else if (const char* why = unhashable_reason(t)) {
+      saw_fake_tensor_ |= why == kNoDataReason;
       w.u8(uint8_t(ValueType::kTensorSkipped));
       w.varint(intern(why));
     } else {
@@ -604,7 +642,10 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t, bool overwritten) {
   StorageEntry* st = storage_of(t);
   const bool same_bytes_known = st && st->id >= 0 && st->version == s.version &&
                                 !(st->last && st->last->desc.uninitialized());
-  trace::Provenance prov = same_bytes_known ? trace::Provenance::kView : trace::Provenance::kExternal;
+  // First seen after a compiled region ran: most likely its output, made by kernels we cannot see.
+  trace::Provenance prov = same_bytes_known            ? trace::Provenance::kView
+                           : compiled_region_in_step_ ? trace::Provenance::kCompiled
+                                                      : trace::Provenance::kExternal;
   if (same_bytes_known) s.base_id = st->id;
   const trace::TensorDesc* known = nullptr;
   if (!rehash_inputs_ && same_bytes_known && st->last && st->last->storage == st &&
@@ -637,7 +678,7 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t, bool overwritten) {
   s.desc.set_provenance(prov);
   if (!s.cacheable) return;
   CacheEntry& e = remember(t, s.version, s.desc);
-  e.external_serial = prov == trace::Provenance::kExternal ? top_level_serial_ : 0;
+  e.external_serial = prov != trace::Provenance::kView ? top_level_serial_ : 0;
   e.storage = st;
   e.storage_writes = st ? st->writes : 0;
   e.base_id = s.base_id;
@@ -737,7 +778,7 @@ int64_t ThreadRecorder::write_new(ByteWriter& w, const trace::TensorDesc& desc, 
   return id;
 }
 
-void ThreadRecorder::emit_output(const c10::IValue& v, ByteWriter& w, const Frame& f) {
+void ThreadRecorder::emit_output(const c10::IValue& v, ByteWriter& w, const Frame& f, bool scratch) {
   if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
     if (!t.defined()) {
@@ -746,7 +787,7 @@ void ThreadRecorder::emit_output(const c10::IValue& v, ByteWriter& w, const Fram
       w.u8(uint8_t(ValueType::kTensorSkipped));
       w.varint(intern(why));
     } else {
-      emit_output_tensor(t, w, f);
+      emit_output_tensor(t, w, f, scratch);
     }
   } else if (v.isTensorList()) {
     auto list = v.toTensorList();
@@ -777,8 +818,19 @@ void ThreadRecorder::emit_output(const c10::IValue& v, ByteWriter& w, const Fram
   }
 }
 
-void ThreadRecorder::emit_output_tensor(const at::Tensor& t, ByteWriter& w, const Frame& f) {
+void ThreadRecorder::emit_output_tensor(const at::Tensor& t, ByteWriter& w, const Frame& f,
+                                        bool scratch) {
   c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  if (f.info->repoints_storage) {
+    // set_: the bytes are whatever the new storage holds (a DataLoader worker's batch, a fresh
+    // allocation). They are compared where an op reads them; what the cache said is void.
+    thread_local trace::TensorDesc desc;
+    describe_geometry(t, hasher_->length(), &desc);
+    desc.bits |= trace::kTensorNotRead;
+    cache_.erase(impl);
+    write_new(w, desc, -1);
+    return;
+  }
   const bool cacheable = !impl->is_inference();
   const uint32_t version = tensor_version(t);
   CacheEntry* e = cacheable ? lookup(t, version, /*allow_external=*/true) : nullptr;
@@ -795,7 +847,7 @@ void ThreadRecorder::emit_output_tensor(const at::Tensor& t, ByteWriter& w, cons
   }
   if (!e) {
     thread_local trace::TensorDesc desc;
-    if (f.info->returns_uninitialized) {
+    if (f.info->returns_uninitialized || scratch) {
       // Uninitialized bytes: their digest would differ run to run and mean nothing.
       describe_geometry(t, hasher_->length(), &desc);
       desc.bits |= trace::kTensorUninitialized;
@@ -856,7 +908,8 @@ void ThreadRecorder::write_record(const Frame& f, const at::RecordFunction& fn) 
   }
   const auto& outputs = fn.outputs();
   w.varint(outputs.size());
-  for (const c10::IValue& v : outputs) emit_output(v, w, f);
+  for (size_t i = 0; i < outputs.size(); ++i)
+    emit_output(outputs[i], w, f, i < 64 && (f.info->scratch_outputs >> i) & 1);
 
   // Strings interned while encoding this op must precede it in the file.
   emit_string_records();
@@ -916,6 +969,7 @@ void ThreadRecorder::on_end(const at::RecordFunction& fn) {
       if (v.isTensor() && v.toTensor().defined())
         if (StorageEntry* st = storage_of(v.toTensor())) ++st->writes;
   }
+  if (f.recorded && produced_fake_tensor(fn.outputs())) f.recorded = false;
   if (f.recorded) {
     busy_ = true;
     try {

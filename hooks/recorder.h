@@ -120,6 +120,9 @@ class ThreadRecorder {
     bool returns_uninitialized = false;  // empty, resize_: bytes no op wrote
     bool writes = false;  // writes an argument in place (`Tensor(a!)`)
     bool metadata_only = false;  // in place on sizes and strides only (as_strided_, t_, ...)
+    bool compiled_region = false;  // a torch.compile region: its kernels are not seen
+    bool repoints_storage = false;  // set_: the output's bytes are another storage's
+    uint64_t scratch_outputs = 0;  // outputs (by index) that are partly written scratch space
     // Implemented only through other ops (a Composite kernel): its outputs are what its nested
     // ops described. A backend kernel may write its outputs directly after a nested op ran
     // (addmm copies the bias with copy_, then a GEMM adds the product in place).
@@ -210,8 +213,9 @@ class ThreadRecorder {
   void emit_tensor(const Snapshot& s, trace::ByteWriter& w);
   // TENSOR_NEW with the next id; a view whose base is out of reach is written as external.
   int64_t write_new(trace::ByteWriter& w, const trace::TensorDesc& desc, int64_t base_id);
-  void emit_output(const c10::IValue& v, trace::ByteWriter& w, const Frame& f);
-  void emit_output_tensor(const at::Tensor& t, trace::ByteWriter& w, const Frame& f);
+  // `scratch`: a partly written workspace (OpInfo::scratch_outputs), described as uninitialized.
+  void emit_output(const c10::IValue& v, trace::ByteWriter& w, const Frame& f, bool scratch = false);
+  void emit_output_tensor(const at::Tensor& t, trace::ByteWriter& w, const Frame& f, bool scratch);
   void emit_string_records();
   void write_record(const Frame& f, const at::RecordFunction& fn);
   void after_record();
@@ -226,6 +230,8 @@ class ThreadRecorder {
 
   uint32_t fork_generation_;
   bool busy_ = false;  // set while the recorder itself runs tensor ops
+  bool saw_fake_tensor_ = false;  // an input of the op being captured has no data
+  bool compiled_region_in_step_ = false;  // tensors first seen now are likely a region's output
   bool stream_open_ = false;
   uint32_t thread_index_ = 0;
   StreamBuffer stream_;

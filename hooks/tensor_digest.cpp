@@ -8,6 +8,10 @@
 
 namespace detaudit::hooks {
 
+bool has_no_data(const at::Tensor& t) {
+  return t.has_storage() && t.numel() > 0 && t.storage().data_ptr().get() == nullptr;
+}
+
 const char* unhashable_reason(const at::Tensor& t) {
   if (t.is_sparse() || t.layout() != at::kStrided) return "sparse or non-strided layout";
   if (t.is_quantized()) return "quantized";
@@ -15,6 +19,7 @@ const char* unhashable_reason(const at::Tensor& t) {
   if (t.is_nested()) return "nested tensor";
   if (t.is_mkldnn()) return "mkldnn tensor";
   if (!t.has_storage()) return "no storage";
+  if (has_no_data(t)) return kNoDataReason;
   if (trace::dtype_size(uint8_t(t.scalar_type())) == 0) return "unsupported dtype";
   return nullptr;
 }

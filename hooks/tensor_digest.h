@@ -11,6 +11,10 @@ namespace detaudit::hooks {
 
 // Why a tensor cannot be hashed (sparse, quantized, meta, ...), or nullptr if it can.
 const char* unhashable_reason(const at::Tensor& t);
+inline constexpr const char* kNoDataReason = "no data (a fake tensor: torch.compile tracing)";
+// Elements but no bytes: the FakeTensors that torch.compile traces with. An op on them computes
+// nothing, and whether it runs depends on the compile cache, so it is not the program's.
+bool has_no_data(const at::Tensor& t);
 
 // dtype, device, sizes and strides (digest and statistics cleared), with no read of the data:
 // what the empty family's uninitialized outputs are described by.

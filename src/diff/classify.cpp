@@ -13,8 +13,9 @@ using trace::TensorDesc;
 
 // Where a tensor's contents came from, following view bases inside the stream's window.
 std::string origin_of(const TensorDesc* t, const trace::TraceReader& r, bool* external,
-                      bool* uninitialized) {
+                      bool* uninitialized, bool* compiled = nullptr) {
   *external = *uninitialized = false;
+  if (compiled) *compiled = false;
   if (t && t->not_read()) return "not read: the op overwrites it";
   for (int hops = 0; t && hops < 64; ++hops) {
     if (t->uninitialized()) {
@@ -25,6 +26,11 @@ std::string origin_of(const TensorDesc* t, const trace::TraceReader& r, bool* ex
     if (t->provenance() == trace::Provenance::kExternal) {
       *external = true;
       return hops ? "view of an external tensor" : "external";
+    }
+    if (t->provenance() == trace::Provenance::kCompiled) {
+      if (compiled) *compiled = true;
+      return hops ? "view of a compiled region's output (unrecorded kernels)"
+                  : "a compiled region's output (unrecorded kernels)";
     }
     if (t->provenance() != trace::Provenance::kView) return "output of an earlier op";
     t = r.tensor(t->base_id);
@@ -79,6 +85,12 @@ StatsDelta delta_of(const TensorDesc& a, const TensorDesc& b, const GateConfig& 
 bool digests_differ(const TensorDesc* a, const TensorDesc* b) {
   // An argument the op overwrote without reading has no contents to compare.
   return a && b && !a->not_read() && !b->not_read() && !a->same_digest(*b);
+}
+
+// The state of a CPU generator as torch.get_rng_state() returns it: mt19937's, as uint8[5056].
+bool is_cpu_generator_state(const TensorDesc* t) {
+  return t && trace::dtype_name(t->dtype) == "uint8" && t->sizes.size() == 1 &&
+         t->sizes[0] == 5056;
 }
 
 // Ops whose outputs hold exactly the values of their first input (aliases and copies).
@@ -197,10 +209,32 @@ void classify_divergence(const BufferedOp& a, const OpSource& sa, const Buffered
                      : fmt::format("random op in a step whose RNG state differs at its start");
     return;
   }
+  if (a.compiled_region != BufferedOp::kNoRegion)
+    fd->compiled_region = std::string(ra.string(a.compiled_region));
   if (first_diff_input >= 0) {
     const TensorDesc* ta = ra.tensor(oa.input_tensors[size_t(first_diff_input)]);
-    bool ext = false, uninit = false;
-    std::string origin = origin_of(ta, ra, &ext, &uninit);
+    bool ext = false, uninit = false, compiled = false;
+    std::string origin = origin_of(ta, ra, &ext, &uninit, &compiled);
+    if ((ext || compiled) && is_cpu_generator_state(ta)) {
+      // torch.compile saves and restores the RNG around tracing; users save it too.
+      fd->divergence_class = kClassRng;
+      fd->detail = fmt::format(
+          "input {} is a CPU generator's state (torch.get_rng_state(), 5056 bytes): the "
+          "generator was seeded or consumed differently before this op",
+          first_diff_input);
+      return;
+    }
+    if (compiled && !fd->compiled_region.empty()) {
+      // The region's own recorded inputs matched (it would have diverged first otherwise): the
+      // difference arose inside it, in kernels the dispatcher never sees.
+      fd->divergence_class = kClassNondeterministic;
+      fd->arose_in_compiled_region = true;
+      fd->detail = fmt::format(
+          "input {} was made inside the compiled region {}, whose recorded inputs matched: the "
+          "difference arose in its kernels, which run below the dispatcher and are not recorded",
+          first_diff_input, fd->compiled_region);
+      return;
+    }
     if (!uninit) {  // either side: an uninitialized buffer in run B explains it too
       const TensorDesc* tb = rb.tensor(ob.input_tensors[size_t(first_diff_input)]);
       bool ext_b = false;
@@ -296,6 +330,14 @@ void explain_cause(const std::vector<EnvDifference>& env, FirstDivergence* fd) {
     for (const TensorPair& p : *v)
       if (p.a.present && p.a.device.rfind("cpu", 0) != 0) on_cpu = false;
 
+  if (fd->arose_in_compiled_region) {
+    fd->cause = fmt::format("a kernel inside the torch.compile region {} (inductor-generated, not "
+                            "recorded) gave different results for the same inputs",
+                            fd->compiled_region);
+    fd->remedy = "torch.use_deterministic_algorithms(True) before compiling; to name the op, "
+                 "audit again without compilation: --env TORCHDYNAMO_DISABLE=1";
+    return;
+  }
   if (cls == kClassNondeterministic) {
     const EnvDifference* threads =
         find_env(env, {"intra_op_threads", "step.intra_op_threads", "env.OMP_NUM_THREADS",

@@ -147,7 +147,8 @@ class StreamComparator {
     if (pending_) {
       if (int64_t(a.rec.depth) == need_depth_) {
         pending_->chain.insert(pending_->chain.begin(), std::string(a_->name_of(a.rec)));
-        if (!pending_->catalog && pending_->divergence_class != kClassStructural)
+        if (!pending_->catalog && pending_->divergence_class != kClassStructural &&
+            !pending_->arose_in_compiled_region)
           pending_->catalog = catalog_ref(options_.catalog, facts(a, *a_), &rejected_);
         --need_depth_;
       }
@@ -160,7 +161,9 @@ class StreamComparator {
       classify_divergence(a, *a_, b, *b_, options_.gate, &fd);
       fd.chain = {fd.op};
       rejected_.clear();
-      fd.catalog = catalog_ref(options_.catalog, facts(a, *a_), &rejected_);
+      // Not the op that read the region's output: the catalog would explain the wrong kernel.
+      if (!fd.arose_in_compiled_region)
+        fd.catalog = catalog_ref(options_.catalog, facts(a, *a_), &rejected_);
       need_depth_ = int64_t(a.rec.depth) - 1;
     }
     if (pending_ && a.rec.depth == 0) finish_pending();
@@ -394,6 +397,13 @@ class StreamComparator {
         note_truncated(cut_a ? "a" : "b", cut_a ? ra : rb, ReadResult::kEof);
     }
     compare_step_settings(ra, rb);
+    for (const OpSource* src : {&a, &b})
+      for (uint32_t id : src->compiled_regions()) {
+        std::string name(src->reader().string(id));
+        auto& regions = out_->summary.compiled_regions;
+        if (std::find(regions.begin(), regions.end(), name) == regions.end())
+          regions.push_back(std::move(name));
+      }
     out_->summary.ops_a = a.ops_read();
     out_->summary.ops_b = b.ops_read();
     out_->records_a = a.records_read();

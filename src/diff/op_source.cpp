@@ -84,6 +84,14 @@ bool OpSource::read_one() {
     if (reader_->kind() != trace::RecordKind::kOp) continue;
     b.index = ops_read_++;
     b.key = key_of(b.rec);
+    if (b.rec.bits & trace::kOpCompiledRegion) {
+      last_region_ = b.rec.name;
+      last_region_step_ = b.rec.step;
+      if (std::find(compiled_regions_.begin(), compiled_regions_.end(), b.rec.name) ==
+          compiled_regions_.end())
+        compiled_regions_.push_back(b.rec.name);
+    }
+    b.compiled_region = last_region_step_ == b.rec.step ? last_region_ : BufferedOp::kNoRegion;
     copy_output_digests(&b);
     first_tensor_[slot] = reader_->tensors_seen();
     ++count_;

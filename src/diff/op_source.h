@@ -36,8 +36,12 @@ struct OutputDigests {
 };
 
 struct BufferedOp {
+  static constexpr uint32_t kNoRegion = UINT32_MAX;
   uint64_t key = 0;
   uint64_t index = 0;  // position among the stream's ops
+  // The last torch.compile region (string id) read up to this op in its step, or kNoRegion:
+  // tensors of provenance "compiled" were most likely made there.
+  uint32_t compiled_region = kNoRegion;
   OutputDigests outputs;
   trace::OpRecord rec;
 };
@@ -66,6 +70,8 @@ class OpSource {
   uint64_t records_read() const { return records_; }
   std::string_view name_of(const trace::OpRecord& op) const { return reader_->string(op.name); }
   const trace::StepInfo* step_info(uint64_t step) const;
+  // The distinct torch.compile regions read so far (string ids): opaque to the recorder.
+  const std::vector<uint32_t>& compiled_regions() const { return compiled_regions_; }
 
  private:
   bool read_one();
@@ -80,6 +86,9 @@ class OpSource {
   uint64_t ops_read_ = 0, records_ = 0;
   std::vector<uint64_t> name_hash_;  // by string id
   std::vector<int64_t> first_tensor_;  // tensors_seen() when each buffered op was read
+  uint32_t last_region_ = BufferedOp::kNoRegion;
+  uint64_t last_region_step_ = 0;
+  std::vector<uint32_t> compiled_regions_;
 };
 
 }  // namespace detaudit

@@ -87,6 +87,10 @@ struct FirstDivergence {
   std::optional<CatalogRef> catalog;
   std::string cause;   // the likely cause, when one is named
   std::string remedy;
+  // The torch.compile region that ran last in this step before the op, if any: where a
+  // difference in a "compiled" input arose.
+  std::string compiled_region;
+  bool arose_in_compiled_region = false;  // the differing input was that region's output
 };
 
 struct ParameterDivergence {
@@ -110,6 +114,9 @@ struct StreamSummary {
   uint64_t ops_a = 0, ops_b = 0, compared = 0, divergent = 0, structural = 0;
   bool truncated = false;
   bool alignment_lost = false;  // no resynchronisation found within the window
+  // torch.compile regions that ran (either run): opaque, a difference inside one shows only at
+  // its outputs.
+  std::vector<std::string> compiled_regions;
 };
 
 struct DiffReport {

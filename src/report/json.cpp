@@ -95,6 +95,7 @@ json report_to_json(const DiffReport& r) {
             {"random", f.is_random},
             {"cause", f.cause.empty() ? json(nullptr) : json(f.cause)},
             {"remedy", f.remedy},
+            {"compiled_region", f.compiled_region.empty() ? json(nullptr) : json(f.compiled_region)},
             {"inputs", pairs_json(f.inputs)},
             {"outputs", pairs_json(f.outputs)}};
     if (f.is_random) fd["rng"] = {{"a", fmt::format("{:016x}", f.rng_a)},
@@ -163,7 +164,8 @@ json report_to_json(const DiffReport& r) {
     streams.push_back({{"name", s.name}, {"in_a", s.in_a}, {"in_b", s.in_b},
                        {"ops_a", s.ops_a}, {"ops_b", s.ops_b}, {"compared", s.compared},
                        {"divergent", s.divergent}, {"structural", s.structural},
-                       {"truncated", s.truncated}, {"alignment_lost", s.alignment_lost}});
+                       {"truncated", s.truncated}, {"alignment_lost", s.alignment_lost},
+                       {"compiled_regions", s.compiled_regions}});
   j["streams"] = streams;
   j["totals"] = {{"ops_compared", r.ops_compared}, {"records_a", r.records_a},
                  {"records_b", r.records_b}, {"bytes_read", r.bytes_read},

@@ -1,5 +1,8 @@
 // The human report: one screen, verdict first, then the first divergence side by side.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
 
 #include "diff/diff.h"
 #include "report/render.h"
@@ -55,6 +58,15 @@ std::string render_text(const DiffReport& r, bool color) {
                                 "compared ops: {}\n", t.run, t.stream, t.offset, t.ops_compared,
                                 t.message));
 
+  std::vector<std::string> regions;
+  for (const StreamSummary& s : r.streams)
+    for (const std::string& name : s.compiled_regions)
+      if (std::find(regions.begin(), regions.end(), name) == regions.end()) regions.push_back(name);
+  if (!regions.empty())
+    out += fmt::format("  opaque: torch.compile regions ran ({}); the kernels inside them are not "
+                       "recorded, so a divergence inside one shows only at its outputs\n",
+                       fmt::join(regions, ", "));
+
   if (!r.environment.empty()) {
     out += st("1", "\nEnvironment differences\n");
     size_t shown = 0;
@@ -74,6 +86,9 @@ std::string render_text(const DiffReport& r, bool color) {
                        f.process, f.step, f.phase, f.index, f.stream);
     out += fmt::format("  op:    {}\n", st("1", fmt::format("{}", fmt::join(f.chain, " > "))));
     out += fmt::format("  class: {} - {}\n", st("35", f.divergence_class), f.detail);
+    if (!f.compiled_region.empty())
+      out += fmt::format("  region: {} (torch.compile, opaque), the last to run before this op\n",
+                         f.compiled_region);
     if (f.is_random) out += fmt::format("  rng:   {:016x} vs {:016x}\n", f.rng_a, f.rng_b);
     if (!f.inputs.empty() || !f.outputs.empty()) {
       out += "  tensors (A, then B where it differs):\n";

@@ -109,7 +109,8 @@ json op_json(const TraceReader& r) {
             {"depth", op.depth},
             {"seq_nr", op.has_seq_nr() ? json(op.seq_nr) : json(nullptr)},
             {"rng", op.has_rng() ? json(hex64(op.rng)) : json(nullptr)},
-            {"random", op.is_random()}};
+            {"random", op.is_random()},
+            {"compiled_region", (op.bits & trace::kOpCompiledRegion) != 0}};
   j["inputs"] = values_to_json(r, op.inputs);
   j["outputs"] = values_to_json(r, op.outputs);
   return j;

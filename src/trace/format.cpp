@@ -82,6 +82,7 @@ std::string_view provenance_name(Provenance p) {
     case Provenance::kOutput: return "output";
     case Provenance::kExternal: return "external";
     case Provenance::kView: return "view";
+    case Provenance::kCompiled: return "compiled";
   }
   return "unknown";
 }

@@ -77,6 +77,9 @@ std::string_view scope_name(Scope scope);
 inline constexpr uint8_t kOpHasSeqNr = 1u << 4;
 inline constexpr uint8_t kOpHasRng = 1u << 5;
 inline constexpr uint8_t kOpIsRandom = 1u << 6;  // the op takes a Generator argument
+// A torch.compile region (dynamo frame, CompiledFunction, CompiledFunctionBackward): inductor's
+// kernels inside it run below the dispatcher and are not recorded.
+inline constexpr uint8_t kOpCompiledRegion = 1u << 7;
 
 // tensor-bits, with the provenance in bits 5-6.
 inline constexpr uint8_t kTensorContiguous = 1u << 0;
@@ -94,6 +97,7 @@ enum class Provenance : uint8_t {
   kOutput = 0,    // an output of the op that carries it
   kExternal = 1,  // first seen as an input: data loading, from_blob, another thread
   kView = 2,      // shares storage and version with an earlier tensor of the stream (base-back)
+  kCompiled = 3,  // first seen after a compiled region ran in this step: likely its output
 };
 std::string_view provenance_name(Provenance p);
 

@@ -370,6 +370,52 @@ TEST(DiffTest, EmptyBufferFilledOutsideRecordedOpsIsExternalInput) {
   EXPECT_NE(r.first->detail.find("filled outside the recorded ops"), std::string::npos);
 }
 
+// What the recorder writes for torch.compile: the region's record (its inputs), then a reader
+// of the region's output, which the recorder first sees there (provenance "compiled").
+TraceBuilder compiled_step(uint8_t region_output, uint8_t state) {
+  TraceBuilder t;
+  t.step(0);
+  t.op("aten::clone").in_new(tensor(state, {5056}, Provenance::kExternal, 0))
+      .out_new(tensor(state, {5056}, Provenance::kOutput, 0)).done();
+  t.op("CompiledFunction").compiled_region().in_new(tensor(0x31)).done();
+  t.op("aten::mse_loss").in_new(tensor(region_output, {4, 4}, Provenance::kCompiled))
+      .in_new(tensor(0x32)).out_new(tensor(uint8_t(region_output + 1), {})).done();
+  t.end();
+  return t;
+}
+
+TEST(DiffTest, DifferenceMadeInsideACompiledRegionIsLocalizedToIt) {
+  RunDir a("compiled/run-0"), b("compiled/run-1");
+  a.add_stream("r0.main.t0", compiled_step(0x40, 0x01));
+  b.add_stream("r0.main.t0", compiled_step(0x41, 0x01));
+  DiffReport r;
+  DiffOptions o;
+  o.catalog = &catalog();
+  ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->op, "aten::mse_loss");
+  EXPECT_EQ(r.first->divergence_class, "nondeterministic-op") << r.first->detail;
+  EXPECT_EQ(r.first->compiled_region, "CompiledFunction");
+  EXPECT_TRUE(r.first->arose_in_compiled_region);
+  EXPECT_FALSE(r.first->catalog) << "the reader's catalog entry would explain the wrong kernel";
+  EXPECT_NE(r.first->remedy.find("TORCHDYNAMO_DISABLE=1"), std::string::npos);
+  ASSERT_EQ(r.streams.size(), 1u);
+  EXPECT_EQ(r.streams[0].compiled_regions, std::vector<std::string>{"CompiledFunction"});
+}
+
+TEST(DiffTest, ADifferentGeneratorStateIsRngState) {
+  RunDir a("rngstate/run-0"), b("rngstate/run-1");
+  a.add_stream("r0.main.t0", compiled_step(0x40, 0x01));
+  b.add_stream("r0.main.t0", compiled_step(0x40, 0x02));
+  DiffReport r;
+  DiffOptions o;
+  ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->op, "aten::clone");
+  EXPECT_EQ(r.first->divergence_class, "rng-state") << r.first->detail;
+  EXPECT_NE(r.first->detail.find("get_rng_state"), std::string::npos);
+}
+
 TEST(DiffTest, UninitializedValuesPassedThroughStayUninitializedMemory) {
   // detach_ returns the garbage it was given (same digest as its input): a real read of
   // uninitialized memory, not a buffer filled from outside.

@@ -61,6 +61,11 @@ class TraceBuilder {
       rng_ = rng;
       return *this;
     }
+    // A torch.compile region (trace::kOpCompiledRegion), as the recorder marks one.
+    Op& compiled_region() {
+      bits_ |= trace::kOpCompiledRegion;
+      return *this;
+    }
     // Inputs. A tensor input returns the op so chains read naturally; ids via last_id().
     Op& in_new(const TensorDesc& t, int64_t base_id = -1) { return tensor_new(&in_, t, base_id); }
     Op& in_ref(int64_t id) { return tensor_ref(&in_, id); }
