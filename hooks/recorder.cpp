@@ -378,7 +378,7 @@ ThreadRecorder::OpInfo ThreadRecorder::make_op_info(const char* name,
   info.returns_uninitialized = returns_uninitialized(name);
   info.metadata_only = is_metadata_only(name);
   info.compiled_region = is_compiled_region(name);
-  info.repoints_storage = name == "aten::set_";
+  info.repoints_storage = std::string_view(name) == "aten::set_";
   info.scratch_outputs = scratch_outputs(name);
   if (op_name) {
     if (auto handle = c10::Dispatcher::singleton().findOp(*op_name)) {

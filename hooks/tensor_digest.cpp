@@ -9,7 +9,9 @@
 namespace detaudit::hooks {
 
 bool has_no_data(const at::Tensor& t) {
-  return t.has_storage() && t.numel() > 0 && t.storage().data_ptr().get() == nullptr;
+  // A meta tensor has no bytes either, but it is the program's own: it runs in every run.
+  return !t.is_meta() && t.has_storage() && t.numel() > 0 &&
+         t.storage().data_ptr().get() == nullptr;
 }
 
 const char* unhashable_reason(const at::Tensor& t) {
