@@ -5,6 +5,8 @@
 // - RecordFunction::operator_name() returns c10::optional in 1.13 and std::optional in 2.x
 //   (c10::optional became an alias, and newer headers drop it): OptionalOperatorName.
 // - TORCH_VERSION_MAJOR/MINOR exist in both (torch/version.h): DETAUDIT_TORCH_AT_LEAST.
+// - torch 2.14's headers are C++20: hooks/CMakeLists.txt builds against them as C++20.
+// - A CUDA wheel needs the system's nvcc and the wheel's own nvrtc to configure (same file).
 //
 // Behaviour that differs and is handled where it matters, named here so it is found:
 // - Optimizers: 2.x LBFGS runs no op between back-to-back step() calls, so a step also begins
