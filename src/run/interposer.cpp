@@ -192,7 +192,8 @@ const InterposerBuild* match_interposer(const std::vector<InterposerBuild>& buil
   // The same wheel in another virtual environment is the same build.
   if (!torch.version.empty())
     for (const auto& b : builds)
-      if (b.version == torch.version && (torch.cxx11_abi < 0 || b.cxx11_abi == (torch.cxx11_abi == 1)))
+      if (b.version == torch.version &&
+          (torch.cxx11_abi < 0 || b.cxx11_abi == (torch.cxx11_abi == 1)))
         return &b;
   return nullptr;
 }
@@ -208,7 +209,8 @@ std::string build_command_for(const ProgramTorch& torch, const std::string& sour
                 : prefix.string();
   }
   std::string name = torch.version.empty() ? "program" : torch.version;
-  std::replace_if(name.begin(), name.end(), [](char ch) { return !std::isalnum(ch) && ch != '.'; }, '_');
+  std::replace_if(
+      name.begin(), name.end(), [](char ch) { return !std::isalnum(ch) && ch != '.'; }, '_');
   fs::path build = fs::path(lib_dir).parent_path().parent_path() / "torch" / ("extra-" + name);
   return fmt::format("cmake -S {}/hooks -B {} -DDETAUDIT_TORCH={} -DDETAUDIT_INTERPOSER_DIR={} && "
                      "cmake --build {}",
