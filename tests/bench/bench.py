@@ -1,11 +1,14 @@
-"""Times detaudit's recorder against plain runs and the peer approach, side by side in one run.
+"""Times detaudit's recorder against plain runs and the peer approaches, side by side in one run.
 
 For each workload (cnn, embed, lstm) in Python and C++, every mode runs as its own process, the
 modes interleaved in each repeat so drift hits them alike; the median ms/step is reported with its
-ratio to plain. Also: bytes hashed per step against the digest's raw throughput (the floor), trace
-bytes per tensor record, peak RSS; and the diff's records/s and memory on 10M-op runs.
+ratio to plain. The peers (Python only): a TorchDispatchMode hashing with MD5, and PyTorch's own
+DebugMode where the interpreter's torch has it (--python picks the interpreter). Also: bytes
+hashed per step against the digest's raw throughput (the floor), trace bytes per tensor record,
+peak RSS; and the diff's records/s and memory on 10M-op runs.
 """
 import argparse
+import glob
 import json
 import os
 import shutil
@@ -16,7 +19,6 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PY = "/usr/bin/python3"
 
 MODES = [
     ("plain", None),
@@ -27,8 +29,12 @@ MODES = [
     ("sha256", {"digest": "sha256", "record": {"stats": False}}),
     ("xxh3 + stats", {"digest": "xxh3"}),
     ("xxh3", {"digest": "xxh3", "record": {"stats": False}}),
-    ("peer: TorchDispatchMode + MD5", "peer"),
+    ("peer: TorchDispatchMode + MD5", "md5"),
+    # What a user wanting bitwise per-op hashes picks: torch.hash_tensor of inputs and outputs.
+    ("peer: DebugMode hash_tensor (inputs + outputs)", "debugmode"),
+    ("peer: DebugMode norm (outputs)", "debugmode-norm"),
 ]
+PEERS = ("md5", "debugmode", "debugmode-norm")  # a string config: workloads.py --peer, no interposer
 
 
 def run_measured(cmd, env):
@@ -52,23 +58,67 @@ def peak_rss_mb(cmd, env):
     return usage.ru_maxrss / 1024.0
 
 
-def workload_cmd(args, lang, workload, peer=False):
+def workload_cmd(args, lang, workload, peer=None):
     common = ["--workload", workload, "--steps", str(args.steps), "--warmup", str(args.warmup),
               "--threads", "2"]
     if lang == "python":
-        return [PY, os.path.join(HERE, "workloads.py")] + common + (["--peer"] if peer else [])
-    return [os.path.join(args.build, "bin", "bench_workloads")] + common
+        peer_args = ["--peer", peer] if peer else []
+        return [args.python, os.path.join(HERE, "workloads.py")] + common + peer_args
+    return [os.path.join(args.torch_bin, "bench_workloads")] + common
+
+
+def probe_python(python):
+    """The interpreter's torch: version, the libtorch_cpu it maps, and whether it has DebugMode's
+    per-op hashes."""
+    code = ("import json, torch\n"
+            "try:\n"
+            "    from torch.utils._debug_mode import DebugMode\n"
+            "    dm = hasattr(DebugMode, 'log_tensor_hashes')\n"
+            "except ImportError:\n"
+            "    dm = False\n"
+            "lib = next((l.split()[-1] for l in open('/proc/self/maps') if '/libtorch_cpu' in l), '')\n"
+            "print(json.dumps({'torch': torch.__version__, 'debugmode': dm, 'libtorch': lib}))")
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"bench: {python} cannot import torch: {out.stderr[-2000:]}")
+    info = json.loads(out.stdout.strip().splitlines()[-1])
+    info["libtorch"] = os.path.realpath(info["libtorch"]) if info["libtorch"] else ""
+    return info
+
+
+def default_hooks(build, py):
+    """The interposer built for this torch, as `detaudit run` picks it: the same libtorch file,
+    else the same version (lib/detaudit/torch/<version>/torch.txt)."""
+    for desc in sorted(glob.glob(os.path.join(build, "lib", "detaudit", "torch", "*", "torch.txt"))):
+        with open(desc) as f:
+            fields = dict(l.split("=", 1) for l in f.read().splitlines() if "=" in l)
+        if fields.get("libtorch_cpu") == py["libtorch"] or fields.get("version") == py["torch"]:
+            return os.path.join(os.path.dirname(desc), "libdetaudit_hooks.so")
+    sys.exit(f"bench: no interposer in {build} for torch {py['torch']}: build one for it "
+             "(docs/config.md, DETAUDIT_TORCH) or pass --hooks")
+
+
+def default_torch_bin(build, python, py):
+    """The C++ workloads built against the same torch: hooks/ builds them once per DETAUDIT_TORCH
+    entry, in build/torch/<entry>/bin."""
+    system = py["libtorch"].startswith("/usr/lib")
+    for cache in sorted(glob.glob(os.path.join(build, "torch", "*", "CMakeCache.txt"))):
+        with open(cache) as f:
+            entry = next((l.split("=", 1)[1].strip() for l in f if l.startswith("DETAUDIT_TORCH:")), "")
+        if entry == python or (system and entry == "system"):
+            return os.path.join(os.path.dirname(cache), "bin")
+    sys.exit(f"bench: no C++ workloads in {build}/torch/*/bin for {python}; pass --torch-bin")
 
 
 def mode_env(args, mode_config, run_dir):
     env = dict(os.environ)
-    if mode_config is None or mode_config == "peer":
+    if mode_config is None or mode_config in PEERS:
         return env
     os.makedirs(run_dir, exist_ok=True)
     config_path = os.path.join(run_dir, "config.json")
     with open(config_path, "w") as f:
         json.dump(mode_config, f)
-    env["LD_PRELOAD"] = os.path.join(args.build, "lib", "detaudit", "libdetaudit_hooks.so")
+    env["LD_PRELOAD"] = args.hooks
     env["DETAUDIT_RUN_DIR"] = run_dir
     env["DETAUDIT_CONFIG"] = config_path
     return env
@@ -81,7 +131,7 @@ def trace_stats(args, run_dir):
 
 
 def bench_workload(args, lang, workload, raw, tmp):
-    modes = [m for m in MODES if not (m[1] == "peer" and lang == "cpp")]
+    modes = [m for m in MODES if m[0] in args.modes and not (m[1] in PEERS and lang == "cpp")]
     times = {name: [] for name, _ in modes}
     cpu_times = {name: [] for name, _ in modes}
     extra = {}
@@ -89,7 +139,7 @@ def bench_workload(args, lang, workload, raw, tmp):
         for name, cfg in modes:
             run_dir = os.path.join(tmp, f"{lang}-{workload}-{len(extra)}-{rep}-{abs(hash(name))}")
             env = mode_env(args, cfg, run_dir)
-            cmd = workload_cmd(args, lang, workload, peer=(cfg == "peer"))
+            cmd = workload_cmd(args, lang, workload, peer=cfg if cfg in PEERS else None)
             result = run_measured(cmd, env)
             times[name].append(result["ms_per_step"])
             cpu_times[name].append(result["cpu_ms_per_step"])
@@ -97,8 +147,10 @@ def bench_workload(args, lang, workload, raw, tmp):
                 info = {"rss_mb": peak_rss_mb(cmd, mode_env(args, cfg, run_dir + "-rss"))}
                 if isinstance(cfg, dict) and name != "loaded, recording off":
                     info.update(trace_stats(args, run_dir))
-                if cfg == "peer":
+                if cfg == "md5":
                     info["bytes_hashed_per_step"] = result["peer_bytes_per_step"]
+                if result.get("peer_calls_per_step"):
+                    info["calls_per_step"] = result["peer_calls_per_step"]
                 extra[name] = info
             shutil.rmtree(run_dir, ignore_errors=True)
             shutil.rmtree(run_dir + "-rss", ignore_errors=True)
@@ -111,7 +163,8 @@ def bench_workload(args, lang, workload, raw, tmp):
         info = extra.get(name, {})
         cpu = statistics.median(cpu_times[name])
         row = {"workload": f"{workload} ({lang})", "mode": name, "ms": ms, "ratio": ms / plain,
-               "cpu_ms": cpu, "cpu_ratio": cpu / plain_cpu, "rss_mb": info.get("rss_mb")}
+               "cpu_ms": cpu, "cpu_ratio": cpu / plain_cpu, "rss_mb": info.get("rss_mb"),
+               "ms_samples": times[name]}  # every repeat, to judge the noise
         if "bytes_hashed" in info:
             per_step = info["bytes_hashed"] / total_steps
             algo = cfg.get("digest", "md5")
@@ -125,6 +178,8 @@ def bench_workload(args, lang, workload, raw, tmp):
             row["ops_per_step"] = info["ops"] / total_steps
         if "bytes_hashed_per_step" in info:
             row["mb_hashed_per_step"] = info["bytes_hashed_per_step"] / 1e6
+        if "calls_per_step" in info:
+            row["ops_per_step"] = info["calls_per_step"]
         rows.append(row)
     return rows
 
@@ -139,7 +194,7 @@ def callgrind_instructions(args, workload, mode_config, run_dir, steps):
     os.makedirs(os.path.dirname(out), exist_ok=True)
     cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no",
            f"--toggle-collect=*{workload}()::{{lambda()#1}}::operator()*", f"--callgrind-out-file={out}",
-           os.path.join(args.build, "bin", "bench_workloads"), "--workload", workload,
+           os.path.join(args.torch_bin, "bench_workloads"), "--workload", workload,
            "--steps", str(steps), "--warmup", "1", "--threads", "2"]
     return subprocess.Popen(cmd, env=mode_env(args, mode_config, run_dir), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL), out
@@ -188,7 +243,7 @@ def bench_diff(args, n_ops, tmp):
     subprocess.run([os.path.join(args.build, "bin", "bench_gen_trace"), d, str(n_ops)], check=True,
                    capture_output=True)
     size = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(d) for f in fs)
-    cmd = [os.path.join(args.build, "bin", "detaudit"), "diff", f"{d}/run-0", f"{d}/run-1", "--no-catalog"]
+    cmd = [args.detaudit, "diff", f"{d}/run-0", f"{d}/run-1", "--no-catalog"]
     t0 = time.perf_counter()
     pid = os.fork()
     if pid == 0:
@@ -212,6 +267,14 @@ def fmt(v, spec):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--build", required=True)
+    p.add_argument("--python", default=os.path.join(HERE, "..", "..", ".venv", "bin", "python"),
+                   help="the interpreter of the Python workloads (default: <source>/.venv's); "
+                        "the C++ workloads use the same torch")
+    p.add_argument("--hooks", help="the interposer (default: the build's, for --python's torch)")
+    p.add_argument("--torch-bin", help="the C++ workloads' directory (default: the build's, "
+                                       "for --python's torch)")
+    p.add_argument("--detaudit", help="the CLI whose diff is timed (default: the build's)")
+    p.add_argument("--modes", help="comma-separated mode names to run, plain always; default all")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
@@ -226,6 +289,26 @@ def main():
     args = p.parse_args()
     if args.quick:
         args.repeats, args.steps, args.diff_ops = 1, 3, 1_000_000
+    names = [name for name, _ in MODES]
+    chosen = names if args.modes is None else ["plain"] + [m.strip() for m in args.modes.split(",")]
+    args.modes = {m for m in chosen if m}
+    if args.modes - set(names):
+        sys.exit(f"bench: unknown modes {sorted(args.modes - set(names))}; known: {names}")
+    args.python = os.path.abspath(args.python) if os.sep in args.python else args.python
+    py = probe_python(args.python)
+    print(f"python workloads: {args.python}, torch {py['torch']}", flush=True)
+    if not py["debugmode"] and "python" in args.langs.split(","):
+        # DebugMode and its log_tensor_hashes are torch 2.x prototypes; older torch skips that peer.
+        dropped = {name for name, cfg in MODES if cfg in ("debugmode", "debugmode-norm")} & args.modes
+        if dropped:
+            print(f"DebugMode unavailable in torch {py['torch']}: skipping {sorted(dropped)}", flush=True)
+        args.modes -= dropped
+    args.hooks = args.hooks or default_hooks(args.build, py)
+    if "cpp" in args.langs.split(","):
+        args.torch_bin = args.torch_bin or default_torch_bin(args.build, args.python, py)
+    if not os.path.exists(args.hooks):
+        sys.exit(f"bench: no interposer at {args.hooks}")
+    args.detaudit = args.detaudit or os.path.join(args.build, "bin", "detaudit")
 
     raw = json.loads(subprocess.run([os.path.join(args.build, "bin", "bench_hash_speed")],
                                     check=True, capture_output=True, text=True).stdout)

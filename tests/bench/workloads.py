@@ -1,11 +1,17 @@
 """Benchmark workloads for detaudit: each times its own training steps and prints one JSON line.
 
-  workloads.py --workload cnn|embed|lstm [--steps N] [--warmup N] [--threads N] [--peer]
+  workloads.py --workload cnn|embed|lstm [--steps N] [--warmup N] [--threads N]
+               [--peer [md5|debugmode|debugmode-norm]]
 
---peer runs the steps under the peer approach: a Python TorchDispatchMode that MD5-hashes every
-op's tensor inputs and outputs (what Python-level tools do).
+--peer runs the steps under a peer approach:
+  md5 (the default): a Python TorchDispatchMode that MD5-hashes every op's tensor inputs and
+    outputs (what Python-level tools do);
+  debugmode: PyTorch's own DebugMode (torch 2.x prototype) with log_tensor_hashes("hash_tensor",
+    hash_inputs=True), the bitwise per-op hashes of inputs and outputs;
+  debugmode-norm: DebugMode with log_tensor_hashes()'s defaults, the L1 norm of each output.
 """
 import argparse
+import contextlib
 import hashlib
 import json
 import resource
@@ -37,6 +43,18 @@ class Md5EveryOp(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         self._hash(out)
         return out
+
+
+def debug_mode(peer):
+    """DebugMode as its docstring shows it, logs kept: comparing runs needs them afterwards."""
+    from torch.utils._debug_mode import DebugMode
+    stack = contextlib.ExitStack()
+    mode = stack.enter_context(DebugMode())
+    if peer == "debugmode":
+        stack.enter_context(DebugMode.log_tensor_hashes(hash_fn="hash_tensor", hash_inputs=True))
+    else:
+        stack.enter_context(DebugMode.log_tensor_hashes())
+    return stack, mode
 
 
 def cnn():
@@ -103,26 +121,30 @@ def main():
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--peer", action="store_true")
+    p.add_argument("--peer", nargs="?", const="md5", choices=["md5", "debugmode", "debugmode-norm"])
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     step = {"cnn": cnn, "embed": embed, "lstm": lstm}[a.workload]()
     for _ in range(a.warmup):
         step()
-    mode = Md5EveryOp() if a.peer else None
-    if mode:
-        mode.__enter__()
+    mode, stack = None, contextlib.ExitStack()
+    if a.peer == "md5":
+        mode = stack.enter_context(Md5EveryOp())
+    elif a.peer:
+        stack, mode = debug_mode(a.peer)
     cpu0 = cpu_seconds()
     t0 = time.perf_counter()
     for _ in range(a.steps):
         step()
     elapsed = time.perf_counter() - t0
     cpu = cpu_seconds() - cpu0
-    if mode:
-        mode.__exit__(None, None, None)
+    stack.close()
+    # DebugMode's logged calls: ops and record_function annotations alike
+    calls = len(mode.logs) if a.peer in ("debugmode", "debugmode-norm") else 0
     print(json.dumps({"ms_per_step": 1000 * elapsed / a.steps,
                       "cpu_ms_per_step": 1000 * cpu / a.steps,
-                      "peer_bytes_per_step": (mode.bytes / a.steps) if mode else 0}))
+                      "peer_bytes_per_step": (mode.bytes / a.steps) if a.peer == "md5" else 0,
+                      "peer_calls_per_step": calls / a.steps}))
 
 
 if __name__ == "__main__":
