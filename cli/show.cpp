@@ -57,7 +57,7 @@ json summary_json(const summary::RunSummary& s) {
               {"rank", st.header.rank},
               {"pid", st.header.pid},
               {"process_role", st.header.process_role},
-              {"thread_index", st.header.thread_index},
+              {"thread", st.header.thread},
               {"digest", std::string(trace::digest_name(st.header.algo))},
               {"ops", st.ops},
               {"ops_by_phase", phases},

@@ -28,13 +28,6 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (ThreadRecorder* t = ThreadRecorder::current()) t->on_end(fn);
 }
 
-void write_status(const std::string& text) {
-  ProcessRecorder& proc = ProcessRecorder::instance();
-  std::string path = proc.streams_dir() + "/" + layout::process_name(proc.rank(), proc.role()) +
-                     layout::kStatusExt;
-  std::ofstream(path) << text << "\n";
-}
-
 void flush_everything() {
   static std::atomic<bool> done{false};
   if (!ProcessRecorder::instance().active() || done.exchange(true)) return;
@@ -67,6 +60,7 @@ void install_signal_handlers() {
 }
 
 void atfork_prepare() { ProcessRecorder::instance().before_fork(); }
+void atfork_parent() { ProcessRecorder::instance().after_fork_parent(); }
 void atfork_child() { ProcessRecorder::instance().after_fork_child(); }
 
 bool load_config(Config* config, std::string* error) {
@@ -98,10 +92,10 @@ __attribute__((constructor)) void attach() {
                                                .needsOutputs(true)),
                      at::addGlobalCallback(at::RecordFunctionCallback(on_op_start, on_op_end)
                                                .scopes({at::RecordScope::USER_SCOPE})));
-  pthread_atfork(atfork_prepare, nullptr, atfork_child);
+  pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
   std::atexit(flush_everything);
   install_signal_handlers();
-  write_status("attached libtorch " + torch_version() + " pid " + std::to_string(::getpid()) +
+  proc.write_status("attached libtorch " + torch_version() + " pid " + std::to_string(::getpid()) +
                (applied.empty() ? "" : " applied" + applied));
 }
 

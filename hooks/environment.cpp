@@ -57,8 +57,6 @@ uint64_t default_rng_digest() {
   }
 }
 
-bool python_is_host() { return dlsym(RTLD_DEFAULT, "Py_IsInitialized") != nullptr; }
-
 namespace {
 
 const char* kEnvVars[] = {

@@ -15,7 +15,6 @@ class ProcessRecorder;
 std::string apply_determinism(const DeterminismConfig& config);
 uint32_t determinism_bits();
 uint64_t default_rng_digest();
-bool python_is_host();
 std::string torch_version();
 void write_environment(const std::string& path, const ProcessRecorder& proc);
 

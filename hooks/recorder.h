@@ -1,26 +1,33 @@
 // The interposer's recorder: RecordFunction callbacks that turn each op into one OP record.
 //
-// ProcessRecorder holds what one process shares (config, step, program order, rank and role).
+// ProcessRecorder holds what one process shares (config, step, program order, rank, its name).
 // ThreadRecorder holds one thread's stream: its buffer, its string table and its tensor cache,
 // so the op path takes no lock. An op's inputs are described when it starts (an in-place op is
 // about to change them) and its record is written when it ends.
+//
+// The jobs around it, each in its own file: op_schema (what an op reads and writes),
+// phase_tracker (phase, depth, step ends, user scopes), tensor_cache (what was described),
+// value_encoding.cpp (inputs and outputs as trace values), stream_identity (names that pair
+// across runs), stream_writer (bytes to disk), python_state (what only Python knows).
 #pragma once
 
 #include <ATen/record_function.h>
-#include <c10/core/UndefinedTensorImpl.h>
 
-#include <array>
 #include <atomic>
 #include <memory>
-#include <memory_resource>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "config/config.h"
 #include "digest/digest.h"
+#include "op_schema.h"
+#include "phase_tracker.h"
 #include "stream_writer.h"
+#include "stream_identity.h"
+#include "tensor_cache.h"
 #include "torch_compat.h"
 #include "trace/records.h"
 
@@ -40,6 +47,10 @@ class ProcessRecorder {
   long rank() const { return rank_; }
   const std::string& role() const { return role_; }
   bool is_python() const { return is_python_; }
+  bool is_dataloader_worker() const { return worker_ == Worker::kYes; }
+  // "r<rank>.<role>", claimed with its .status file on first use (stream_identity.h).
+  const std::string& process_name();
+  void write_status(const std::string& text);
 
   uint64_t next_order() { return order_.fetch_add(1, std::memory_order_relaxed) + 1; }
   uint64_t step() const { return step_.load(std::memory_order_relaxed); }
@@ -52,33 +63,43 @@ class ProcessRecorder {
   // tensor a thread's cache describes.
   uint64_t op_callback_epoch() const { return op_callback_epoch_.load(std::memory_order_acquire); }
   void mark_step_end();
-  // Called at the start of each top-level op: begins the next step if one ended.
-  void maybe_advance_step();
+  // Called at the start of each top-level op: begins the next step if one ended, or in a
+  // DataLoader worker, the step of the batch it is making.
+  void at_top_level_op();
   trace::StepInfo step_info() const;
 
-  uint32_t new_thread_index() { return next_thread_.fetch_add(1); }
   void register_thread(ThreadRecorder* t);
   void unregister_thread(ThreadRecorder* t);
   // At exit: close every stream with an END record and wait for the writer.
   void finish_all();
   void write_environment_once();
 
-  // In a forked child: a new role, a fresh order, no inherited threads.
+  // pthread_atfork: no callback toggles across a fork; in the child, a new role, a fresh order,
+  // no inherited threads, and the op callback on (it may be a DataLoader worker).
+  void before_fork();
+  void after_fork_parent();
   void after_fork_child();
-  void before_fork() { ++forks_; }
   // Bumped in every forked child: a thread's state from before the fork belongs to the parent.
   uint32_t fork_generation() const { return fork_generation_.load(std::memory_order_relaxed); }
 
  private:
+  // A forked child of a Python program may be a DataLoader worker: its ops are labelled with
+  // the step that consumes the batch they make (one batch a step), not the step it forked in.
+  enum class Worker : uint8_t { kNo, kMaybe, kYes };
+
   ProcessRecorder() = default;
   void advance_step();
+  void set_step(uint64_t step);
   void refresh_step_state(uint64_t step);
+  void follow_worker_batch();
 
   bool active_ = false;
   Config config_;
   std::string streams_dir_;
   long rank_ = 0;
   std::string role_ = "main";
+  std::string process_name_;  // claimed; empty until then
+  std::string claim_note_;    // the first line of the .status file when it is claimed
   bool is_python_ = false;
   int forks_ = 0;
   std::atomic<uint64_t> order_{0};
@@ -86,9 +107,13 @@ class ProcessRecorder {
   std::atomic<bool> step_pending_{false};
   std::atomic<bool> step_selected_{true};
   std::atomic<uint64_t> step_rng_{0};
-  std::atomic<uint32_t> next_thread_{0};
   std::atomic<bool> env_written_{false};
   std::atomic<uint32_t> fork_generation_{0};
+  std::atomic<Worker> worker_{Worker::kNo};  // set on the worker's main thread, read on all
+  uint64_t worker_base_step_ = 0;  // the consuming step of the worker's batch 0
+  uint64_t worker_epoch_offset_ = 0;  // persistent workers: batches of earlier epochs
+  int64_t worker_last_batch_ = -1;
+  std::mutex claim_mu_;
   std::mutex op_callback_mu_;
   at::CallbackHandle op_callback_ = 0, marks_callback_ = 0;
   std::atomic<bool> op_callback_on_{true};
@@ -109,64 +134,6 @@ class ThreadRecorder {
   StreamBuffer* stream() { return &stream_; }
 
  private:
-  enum class Marker : uint8_t { kNone, kOptimizerStep, kOptimizerOther, kStep, kBackwardNode };
-
-  struct OpInfo {
-    std::string name;
-    uint32_t name_id = 0;
-    bool selected = true;
-    bool is_view = false;
-    bool is_random = false;
-    bool returns_uninitialized = false;  // empty, resize_: bytes no op wrote
-    bool writes = false;  // writes an argument in place (`Tensor(a!)`)
-    bool metadata_only = false;  // in place on sizes and strides only (as_strided_, t_, ...)
-    bool compiled_region = false;  // a torch.compile region: its kernels are not seen
-    bool repoints_storage = false;  // set_: the output's bytes are another storage's
-    uint64_t scratch_outputs = 0;  // outputs (by index) that are partly written scratch space
-    // Implemented only through other ops (a Composite kernel): its outputs are what its nested
-    // ops described. A backend kernel may write its outputs directly after a nested op ran
-    // (addmm copies the bias with copy_, then a GEMM adds the product in place).
-    bool composite = false;
-    // Arguments (by index, up to 64) the op overwrites without reading: out= tensors, and self
-    // of zero_, fill_, copy_, resize_ and the random fills. Their old bytes are not hashed.
-    uint64_t overwritten_args = 0;
-  };
-
-  // The last recorded write to a storage. A write through any alias (e.g. `p.data.add_()`, whose
-  // version counter is not p's) bumps `writes`, which retires every cache entry on the storage.
-  struct CacheEntry;
-  struct StorageEntry {
-    c10::weak_intrusive_ptr<c10::StorageImpl> storage{c10::intrusive_ptr<c10::StorageImpl>()};
-    uint64_t writes = 0;
-    uint32_t version = 0;  // of the tensor last written here
-    int64_t id = -1;       // its tensor id, once written
-    struct CacheEntry* last = nullptr;  // its description
-    // Other geometries of the same bytes described since the last write (w.t() each timestep).
-    struct View {
-      uint64_t writes = UINT64_MAX;
-      int64_t offset = 0;
-      trace::TensorDesc desc;
-    };
-    std::array<View, 2> views;
-    uint8_t next_view = 0;
-  };
-
-  // One tensor version this stream has described.
-  using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
-  struct CacheEntry {
-    WeakImpl impl{c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>()};
-    uint32_t version = 0;
-    int64_t id = -1;             // -1: described, not written yet
-    uint64_t external_serial = 0;  // for tensors that entered from outside: valid in this op only
-    StorageEntry* storage = nullptr;
-    uint64_t storage_writes = 0;
-    int64_t storage_offset = 0;
-    int64_t base_id = -1;  // for views
-    uint64_t written_order = 0;  // order of the op whose output it is; 0 when seen as an input
-    uint64_t top_level_serial = 0;  // the top-level op during which it was described
-    trace::TensorDesc desc;
-  };
-
   // A tensor argument captured when the op started, written when it ends.
   struct Snapshot {
     const c10::TensorImpl* key = nullptr;
@@ -183,13 +150,15 @@ class ThreadRecorder {
     uint32_t begin, end;  // bytes range, or snapshot index in begin
   };
 
+  // One open RecordFunction on this thread: an op, or a mark (PhaseTracker).
   struct Frame {
     uint64_t handle = 0;
-    Marker marker = Marker::kNone;
+    Mark mark = Mark::kOp;
     bool recorded = false;
     bool backward = false;
     uint64_t order = 0, step = 0;
     uint32_t name_id = 0;
+    uint32_t scope_id = 0;
     uint8_t bits = 0;
     uint32_t depth = 0;
     int64_t seq_nr = -1;
@@ -202,10 +171,10 @@ class ThreadRecorder {
   void open_stream();
   void reset_after_fork();
   const OpInfo& op_info(const at::RecordFunction& fn);
-  OpInfo make_op_info(const char* name, const OptionalOperatorName& op_name);
   uint32_t intern(std::string_view s);
-  trace::Phase current_phase() const;
+  void begin_op(const at::RecordFunction& fn, Frame& f);
 
+  // Value encoding (value_encoding.cpp): inputs when an op starts, outputs when it ends.
   // `overwritten`: the op writes this argument without reading it (OpInfo::overwritten_args).
   void capture_value(const c10::IValue& v, bool overwritten = false);
   void capture_tensor(const at::Tensor& t, bool overwritten);
@@ -216,24 +185,19 @@ class ThreadRecorder {
   // `scratch`: a partly written workspace (OpInfo::scratch_outputs), described as uninitialized.
   void emit_output(const c10::IValue& v, trace::ByteWriter& w, const Frame& f, bool scratch = false);
   void emit_output_tensor(const at::Tensor& t, trace::ByteWriter& w, const Frame& f, bool scratch);
+
   void emit_string_records();
   void write_record(const Frame& f, const at::RecordFunction& fn);
   void after_record();
   uint64_t rng_state(const at::RecordFunction& fn);
-  void clear_caches();
-  void make_room();  // drops dead entries when the cache is full
-  StorageEntry* storage_of(const at::Tensor& t);
-  // A fresh cache entry for this tensor version, described by `desc`.
-  CacheEntry& remember(const at::Tensor& t, uint32_t version, const trace::TensorDesc& desc);
-  // The cache entry for this tensor's current version, or nullptr.
-  CacheEntry* lookup(const at::Tensor& t, uint32_t version, bool allow_external);
 
   uint32_t fork_generation_;
   bool busy_ = false;  // set while the recorder itself runs tensor ops
   bool saw_fake_tensor_ = false;  // an input of the op being captured has no data
   bool compiled_region_in_step_ = false;  // tensors first seen now are likely a region's output
   bool stream_open_ = false;
-  uint32_t thread_index_ = 0;
+  std::optional<ThreadIdentity> identity_;  // asked at this thread's first op
+  std::string thread_name_;  // claimed with the stream file
   StreamBuffer stream_;
   trace::RecordEncoder encoder_;         // op records
   trace::RecordEncoder string_encoder_;  // string records, written while an op body is open
@@ -246,29 +210,21 @@ class ThreadRecorder {
   std::unordered_map<std::string, uint32_t> strings_;
   std::vector<std::string> pending_strings_;  // interned, not yet written
 
-  // The caches gain and lose entries on most ops: their nodes come from a pool, not malloc. The
-  // pool is declared first so that it outlives them.
-  std::pmr::unsynchronized_pool_resource cache_memory_;
-  std::pmr::unordered_map<const c10::TensorImpl*, CacheEntry> cache_{&cache_memory_};
-  std::pmr::unordered_map<const c10::StorageImpl*, StorageEntry> storages_{&cache_memory_};
+  TensorCache cache_;
   int64_t next_tensor_id_ = 0;
   uint64_t top_level_serial_ = 0;
-  bool rehash_inputs_ = false;
 
+  PhaseTracker phases_;
   std::vector<Frame> frames_;
-  size_t depth_ = 0;     // open frames, markers included
-  size_t op_depth_ = 0;  // open op frames: the depth recorded in OP records
+  size_t depth_ = 0;  // open frames, marks included
   std::vector<Item> items_;
   std::vector<Snapshot> snaps_;
   size_t snaps_top_ = 0;
   std::string bytes_;          // non-tensor input bytes of open frames
   size_t bytes_item_start_ = 0;
 
-  int backward_depth_ = 0;
-  int optimizer_depth_ = 0;       // inside any optimizer mark
-  int optimizer_step_depth_ = 0;  // inside Optimizer.step, where a closure may run forward
-  bool backward_seen_in_step_ = false;
   uint64_t last_step_written_ = UINT64_MAX;
+  uint32_t last_scope_written_ = UINT32_MAX;
   uint64_t step_started_ = UINT64_MAX;   // the step of the last op started on this thread
   uint64_t step_first_order_ = 0;        // the order of that step's first op here
   bool unselected_since_clear_ = false;  // ops ran unrecorded: the caches may be stale

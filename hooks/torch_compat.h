@@ -15,6 +15,12 @@
 //   output is bytes no op wrote (returns_uninitialized in recorder.cpp).
 // - Intra-op threads: pip's torch starts with one per core, Debian's with one. Not an API matter,
 //   but it is why a race fires by default on 2.x; the STEP records carry the count.
+// - torch.utils.data, read by name in both versions: the worker-fed iterator's profiler scope
+//   "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__" (phase_tracker.cpp), the
+//   worker loop `_worker_loop` and its local `idx`, and the pin-memory thread's target
+//   `_pin_memory_loop` (python_state.cpp, stream_identity.cpp).
+// - torch.profiler.record_function is an op pair in 2.x (profiler::_record_function_enter_new,
+//   _record_function_exit) around a USER_SCOPE RecordFunction: the ops are not recorded.
 // - c10d collectives (c10d::allreduce_, ...) carry no (a!) annotation in either version, and
 //   1.13 registers them CompositeExplicitAutograd with unnamed arguments (_0, _1): their writes
 //   cannot be read from the schema, and their buffers fill when the Work completes.

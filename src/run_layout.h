@@ -8,8 +8,10 @@
 //   <out>/run-<i>/streams/<process>.status  written by the interposer: "attached" or why not
 //   <out>/run-<i>/compile-cache/            torch.compile's caches, fresh for each run
 //
-// <process> is "r<rank>.<role>" (role "main", "main.0" for its first forked child, ...) and
-// <stream> is "<process>.t<thread-index>".
+// <process> is "r<rank>.<role>": role "main", "main.0" for its first forked child (a DataLoader
+// worker), "main.<program>" for a recorded child it started. <stream> is "<process>.t-<thread>":
+// thread "main", a Python thread's name, a named library thread ("pt_autograd_0"), or "thread".
+// A name claimed twice takes "~<k>" (hooks/stream_identity.h).
 #pragma once
 
 #include <string>
@@ -18,6 +20,9 @@ namespace detaudit::layout {
 
 inline constexpr const char* kEnvRunDir = "DETAUDIT_RUN_DIR";  // the interposer records here
 inline constexpr const char* kEnvConfig = "DETAUDIT_CONFIG";   // path of the resolved config
+// Set by a recorded process for the children it starts: its name, and its RANK ("" if none).
+inline constexpr const char* kEnvParentProcess = "DETAUDIT_PARENT_PROCESS";
+inline constexpr const char* kEnvParentRank = "DETAUDIT_PARENT_RANK";
 inline constexpr const char* kStreamsDir = "streams";
 inline constexpr const char* kRunJson = "run.json";
 inline constexpr const char* kConfigJson = "config.json";
@@ -30,8 +35,8 @@ inline constexpr const char* kCompileCacheDir = "compile-cache";
 inline std::string process_name(long rank, const std::string& role) {
   return "r" + std::to_string(rank) + "." + role;
 }
-inline std::string stream_name(long rank, const std::string& role, unsigned long thread) {
-  return process_name(rank, role) + ".t" + std::to_string(thread);
+inline std::string stream_name(const std::string& process, const std::string& thread) {
+  return process + ".t-" + thread;
 }
 
 }  // namespace detaudit::layout

@@ -197,6 +197,11 @@ std::vector<std::string> target_environment(const Config& c, const std::string& 
                                  std::pair{"TRITON_CACHE_DIR", "triton"}})
     if (!vars.count(var)) set(var, (fs::path(run_dir_abs) / layout::kCompileCacheDir / sub).string());
   set(layout::kEnvRunDir, run_dir_abs);
+  // The target is the top of its run: no recorded parent above it (stream_identity.h).
+  vars.erase(layout::kEnvParentProcess);
+  vars.erase(layout::kEnvParentRank);
+  order.erase(std::remove(order.begin(), order.end(), layout::kEnvParentProcess), order.end());
+  order.erase(std::remove(order.begin(), order.end(), layout::kEnvParentRank), order.end());
   set(layout::kEnvConfig, (fs::path(run_dir_abs) / layout::kConfigJson).string());
   std::vector<std::string> env;
   for (const auto& k : order) env.push_back(k + "=" + vars[k]);

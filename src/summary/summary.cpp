@@ -23,7 +23,8 @@ using trace::ValueType;
 json header_json(const trace::StreamHeader& h) {
   return {{"version", h.version},           {"digest", std::string(trace::digest_name(h.algo))},
           {"rank", h.rank},                 {"pid", h.pid},
-          {"process_role", h.process_role}, {"thread_index", h.thread_index},
+          {"process_role", h.process_role}, {"thread", h.thread},
+          {"dataloader_worker", (h.flags & trace::kStreamDataLoaderWorker) != 0},
           {"unix_ns", h.unix_ns}};
 }
 
@@ -107,6 +108,8 @@ json op_json(const TraceReader& r) {
             {"phase", std::string(trace::phase_name(op.phase))},
             {"scope", std::string(trace::scope_name(op.scope))},
             {"depth", op.depth},
+            {"scope_path", op.scope_path < UINT32_MAX ? json(std::string(r.string(op.scope_path)))
+                                                      : json("")},
             {"seq_nr", op.has_seq_nr() ? json(op.seq_nr) : json(nullptr)},
             {"rng", op.has_rng() ? json(hex64(op.rng)) : json(nullptr)},
             {"random", op.is_random()},

@@ -6,10 +6,11 @@
 //   <file>      ::= <header-record> <record>*
 //   <record>    ::= <length:varint> <kind:u8> <body:byte[length-1]> <crc:u32le>
 //                   ; crc = CRC-32C of kind and body
-//   <kind>      ::= HEADER=1 | STRING=2 | STEP=3 | OP=4 | END=5
+//   <kind>      ::= HEADER=1 | STRING=2 | STEP=3 | OP=4 | END=5 | SCOPE=6
 //
 //   HEADER body ::= "DTR" <format-version:varint> <digest-algo:u8> <rank:zvarint>
-//                   <pid:varint> <process-role:str> <thread-index:varint> <unix-ns:varint>
+//                   <pid:varint> <process-role:str> <thread:str> <stream-flags:varint>
+//                   <unix-ns:varint>                ; stream-flags: kStream* in records.h
 //   STRING body ::= <utf8:str>                      ; ids count up from 0 in file order
 //   STEP body   ::= <step:varint> <order:varint> <rng-cpu:u64le> <rng-cuda:u64le>
 //                   <intra-op-threads:varint> <determinism-bits:varint>
@@ -18,6 +19,8 @@
 //                   [<rng:u64le>]                   ; if op-bits has kOpHasRng
 //                   <n-in:varint> <value>{n-in} <n-out:varint> <value>{n-out}
 //   END body    ::= <ops:varint> <tensors-hashed:varint> <bytes-hashed:varint>
+//   SCOPE body  ::= <path:varint string id>          ; the user scopes around the OPs that
+//                                                   ; follow, "outer/inner"; "" for none
 //
 //   <value>     ::= NONE=0
 //                 | TENSOR_NEW=1 <tensor>           ; a tensor version first seen here
@@ -55,12 +58,14 @@
 namespace detaudit::trace {
 
 inline constexpr char kMagic[3] = {'D', 'T', 'R'};
-inline constexpr uint32_t kFormatVersion = 2;
+inline constexpr uint32_t kFormatVersion = 3;
 inline constexpr size_t kMaxRecordBytes = 64u << 20;  // a larger length is corruption
 // A TENSOR_REF reaches back at most this many tensor ids, so readers keep a bounded window.
 inline constexpr uint64_t kRefWindow = 1u << 16;
 
-enum class RecordKind : uint8_t { kHeader = 1, kString = 2, kStep = 3, kOp = 4, kEnd = 5 };
+enum class RecordKind : uint8_t {
+  kHeader = 1, kString = 2, kStep = 3, kOp = 4, kEnd = 5, kScope = 6
+};
 
 enum class DigestAlgo : uint8_t { kMd5 = 1, kSha256 = 2, kXxh3 = 3 };
 size_t digest_length(DigestAlgo algo);

@@ -144,7 +144,8 @@ bool TraceReader::decode(ByteReader& r, OpRecord* op) {
       header_.rank = r.zvarint();
       header_.pid = r.varint();
       header_.process_role = std::string(r.str());
-      header_.thread_index = r.varint();
+      header_.thread = std::string(r.str());
+      header_.flags = r.varint();
       header_.unix_ns = r.varint();
       return true;
     }
@@ -162,6 +163,9 @@ bool TraceReader::decode(ByteReader& r, OpRecord* op) {
       return true;
     case RecordKind::kOp:
       return decode_op(r, op);
+    case RecordKind::kScope:
+      scope_path_ = uint32_t(r.varint());
+      return scope_path_ < strings_.size();
     case RecordKind::kEnd:
       end_.ops = r.varint();
       end_.tensors_hashed = r.varint();
@@ -178,6 +182,7 @@ bool TraceReader::decode_op(ByteReader& r, OpRecord* out) {
   op.order = last_order_ + uint64_t(r.zvarint());
   last_order_ = op.order;
   op.step = step_.step;
+  op.scope_path = scope_path_;
   op.name = uint32_t(r.varint());
   op.bits = r.u8();
   op.phase = Phase(op.bits & 3);

@@ -40,6 +40,7 @@ struct OpRecord {
   uint64_t order = 0;   // program order within the process
   uint64_t step = 0;
   uint32_t name = 0;    // string id
+  uint32_t scope_path = UINT32_MAX;  // string id of the user scopes around it, or UINT32_MAX
   Phase phase = Phase::kForward;
   Scope scope = Scope::kFunction;
   uint8_t bits = 0;
@@ -121,6 +122,7 @@ class TraceReader {
   std::vector<TensorDesc> window_;
   int64_t next_tensor_id_ = 0;
   uint64_t last_order_ = 0;
+  uint32_t scope_path_ = UINT32_MAX;
   size_t digest_len_ = 16;
 };
 

@@ -17,7 +17,8 @@ void RecordEncoder::header(const StreamHeader& h, std::string* out) {
   w.zvarint(h.rank);
   w.varint(h.pid);
   w.str(h.process_role);
-  w.varint(h.thread_index);
+  w.str(h.thread);
+  w.varint(h.flags);
   w.varint(h.unix_ns);
   finish(out);
 }
@@ -35,6 +36,11 @@ void RecordEncoder::step(const StepInfo& s, std::string* out) {
   w.u64(s.rng_cuda);
   w.varint(s.intra_op_threads);
   w.varint(s.determinism_bits);
+  finish(out);
+}
+
+void RecordEncoder::scope(uint32_t path, std::string* out) {
+  begin(RecordKind::kScope).varint(path);
   finish(out);
 }
 

@@ -14,9 +14,13 @@ struct StreamHeader {
   int64_t rank = 0;
   uint64_t pid = 0;
   std::string process_role = "main";  // "main", or "main.0" for its first forked child, ...
-  uint64_t thread_index = 0;          // 0 for the first thread of the process that ran an op
+  std::string thread = "main";        // the thread's identity in its process (run_layout.h)
+  uint64_t flags = 0;                 // kStream* below
   uint64_t unix_ns = 0;
 };
+
+// The stream is a DataLoader worker's: its steps are those of the batches it made.
+inline constexpr uint64_t kStreamDataLoaderWorker = 1;
 
 struct StepInfo {
   uint64_t step = 0;
@@ -46,6 +50,7 @@ class RecordEncoder {
   void header(const StreamHeader& h, std::string* out);
   void string(std::string_view s, std::string* out);
   void step(const StepInfo& s, std::string* out);
+  void scope(uint32_t path, std::string* out);
   void end(const EndInfo& e, std::string* out);
 
  private:

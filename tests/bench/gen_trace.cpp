@@ -31,7 +31,7 @@ TensorDesc make_tensor(uint64_t fill, bool external) {
 
 void write_run(const std::string& dir, uint64_t n_ops, bool b) {
   std::filesystem::create_directories(dir + "/streams");
-  std::FILE* f = std::fopen((dir + "/streams/r0.main.t0.dtr").c_str(), "wb");
+  std::FILE* f = std::fopen((dir + "/streams/r0.main.t-main.dtr").c_str(), "wb");
   RecordEncoder enc;
   std::string out;
   StreamHeader h;

@@ -18,7 +18,7 @@ from detaudit_testlib import (BIN, PYTHON, example, export_records, in_parallel,
                               ops, program, read_json, record, remove_dir, run_detaudit, steps)
 
 CRASH_AT = 2
-TRACE = os.path.join("streams", "r0.main.t0.dtr")
+TRACE = os.path.join("streams", "r0.main.t-main.dtr")
 
 
 class CrashSafety(unittest.TestCase):
@@ -65,7 +65,7 @@ class CrashSafety(unittest.TestCase):
         s = run_detaudit(["show", run_dir])
         self.assertEqual(s.returncode, 0, s.stderr)
         self.assertIn(ending, s.stdout)
-        self.assertIn("r0.main.t0", s.stdout)
+        self.assertIn("r0.main.t-main", s.stdout)
         recs, e = export_records(run_dir, check=False)
         self.assertEqual(e.returncode, 0, e.stderr)
         self.assertNotIn("detaudit: error", e.stderr)
@@ -134,7 +134,7 @@ class CrashSafety(unittest.TestCase):
         self.assertEqual(s.returncode, 0, s.stderr)
         summary = json.loads(s.stdout)
         self.assertEqual(summary["ending"], "killed by SIGKILL")
-        stream = [x for x in summary["streams"] if x["name"] == "r0.main.t0"][0]
+        stream = [x for x in summary["streams"] if x["name"] == "r0.main.t-main"][0]
         self.assertFalse(stream["complete"])
         self.assertGreaterEqual(stream["steps"], 20)
         text = run_detaudit(["show", run_dir])
@@ -144,7 +144,7 @@ class CrashSafety(unittest.TestCase):
         recs, e = export_records(run_dir, check=False)
         self.assertEqual(e.returncode, 0, e.stderr)
         self.assertNotIn("detaudit: error", e.stderr)
-        self.assertRegex(e.stderr, r"r0\.main\.t0: (cut short|no END record)")
+        self.assertRegex(e.stderr, r"r0\.main\.t-main: (cut short|no END record)")
         self.assertNotEqual(recs[-1]["record"], "end")
         self.assertEqual(len(ops(recs)), stream["ops"])
         self.assertEqual(len(steps(recs)), stream["steps"])
@@ -161,7 +161,7 @@ class CrashSafety(unittest.TestCase):
 
     def middle_op(self, run_dir):
         recs = export_records(run_dir)
-        main = ops(recs, stream="r0.main.t0")
+        main = ops(recs, stream="r0.main.t-main")
         self.assertGreater(len(main), 10)
         return main, main[len(main) // 2]
 
@@ -180,7 +180,7 @@ class CrashSafety(unittest.TestCase):
         for args in (["show", bad], ["show", bad, "--step", "0"], ["export", bad],
                      ["diff", good, bad], ["diff", bad, good]):
             r = run_detaudit(args)
-            line = self.assert_one_line_error(r, 3, "r0.main.t0.dtr", "offset")
+            line = self.assert_one_line_error(r, 3, "r0.main.t-main.dtr", "offset")
             self.assertRegex(line, rf"offset {offset}\b", args)
         # export wrote every record before the damaged one.
         recs, _ = export_records(bad, check=False)
@@ -211,7 +211,7 @@ class CrashSafety(unittest.TestCase):
         self.assertEqual([o["offset"] for o in ops(recs)], before)
         notes = [l for l in e.stderr.splitlines() if "cut short" in l]
         self.assertEqual(len(notes), 1, e.stderr)
-        self.assertIn("r0.main.t0", notes[0])
+        self.assertIn("r0.main.t-main", notes[0])
         self.assertIn(str(victim["offset"]), notes[0])
 
         d = run_detaudit(["diff", good, cut])

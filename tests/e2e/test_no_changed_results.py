@@ -61,8 +61,8 @@ class NoChangedResults(unittest.TestCase):
         return data
 
     def assert_recorded(self, run_dir):
-        self.assertIn("r0.main.t0.dtr", stream_files(run_dir))
-        self.assertGreater(os.path.getsize(os.path.join(run_dir, "streams", "r0.main.t0.dtr")),
+        self.assertIn("r0.main.t-main.dtr", stream_files(run_dir))
+        self.assertGreater(os.path.getsize(os.path.join(run_dir, "streams", "r0.main.t-main.dtr")),
                            10000)
 
     def check_python(self, name):

@@ -62,9 +62,9 @@ class RecordPython(RecordedRuns):
     def assert_steps_follow_optimizer(self, records, optimizer_steps):
         """STEP records: one per optimizer step (+1 when ops run after the last one); the ops of
         step k end with the optimizer phase and come before every op of step k+1."""
-        main = [o for o in ops(records) if o["stream"] == "r0.main.t0"]
+        main = [o for o in ops(records) if o["stream"] == "r0.main.t-main"]
         self.assertTrue(main)
-        step_recs = steps(records, "r0.main.t0")
+        step_recs = steps(records, "r0.main.t-main")
         opt = [o for o in main if o["phase"] == "optimizer"]
         self.assertTrue(opt, "no optimizer-phase op")
         last_opt = max(o["order"] for o in opt)
@@ -287,7 +287,7 @@ class RecordPython(RecordedRuns):
     def test_steps_with_ops_after_the_last_optimizer_step(self):
         recs = self.records("features")
         self.assert_steps_follow_optimizer(recs, FEATURE_STEPS)
-        self.assertEqual(len(steps(recs, "r0.main.t0")), FEATURE_STEPS + 1)
+        self.assertEqual(len(steps(recs, "r0.main.t-main")), FEATURE_STEPS + 1)
         self.assertEqual(ops(recs, "aten::index_put_")[0]["step"], FEATURE_STEPS)
 
     def test_empty_outputs_are_flagged_uninitialized(self):
@@ -341,7 +341,7 @@ class RecordPython(RecordedRuns):
         self.records("loader")
         run_dir = self.runs["loader"][1]
         files = stream_files(run_dir)
-        for f in ("r0.main.t0.dtr", "r0.main.0.t0.dtr", "r0.main.1.t0.dtr"):
+        for f in ("r0.main.t-main.dtr", "r0.main.0.t-main.dtr", "r0.main.1.t-main.dtr"):
             self.assertIn(f, files)
         pids = set()
         for f in files:
@@ -355,7 +355,7 @@ class RecordPython(RecordedRuns):
             self.assertEqual(recs[-1]["record"], "end", f)
             self.assertEqual(recs[-1]["ops"], len(ops(recs)), f)
             h = headers[0]
-            self.assertEqual(f"r{h['rank']}.{h['process_role']}.t{h['thread_index']}", name)
+            self.assertEqual(f"r{h['rank']}.{h['process_role']}.t-{h['thread']}", name)
             pids.add(h["pid"])
             names = {o["name"] for o in ops(recs)}
             # One process's program order, from 1, no op twice: nothing of another process.

@@ -57,7 +57,7 @@ class RunOptions(RecordedRuns):
         self.assertEqual(summary["ending"], "exit code 0")
         self.assertEqual(len(summary["streams"]), 1)
         stream = summary["streams"][0]
-        self.assertEqual(stream["name"], "r0.main.t0")
+        self.assertEqual(stream["name"], "r0.main.t-main")
         self.assertTrue(stream["complete"])
         self.assertEqual(stream["ops"], len(ops(recs)))
         self.assertEqual(stream["end"]["ops"], len(ops(recs)))
@@ -68,7 +68,7 @@ class RunOptions(RecordedRuns):
         self.assertGreater(stream["end"]["bytes_hashed"], 0)
         text = run_detaudit(["show", run_dir])
         self.assertEqual(text.returncode, 0, text.stderr)
-        self.assertIn("r0.main.t0", text.stdout)
+        self.assertIn("r0.main.t-main", text.stdout)
         self.assertIn("most frequent ops", text.stdout)
         step1 = run_detaudit(["show", run_dir, "--step", "1", "--json"])
         self.assertEqual(step1.returncode, 0, step1.stderr)

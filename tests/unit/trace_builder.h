@@ -131,11 +131,11 @@ class TraceBuilder {
     int64_t last_id_ = -1;
   };
 
-  explicit TraceBuilder(int64_t rank = 0, std::string role = "main", uint64_t thread = 0) {
+  explicit TraceBuilder(int64_t rank = 0, std::string role = "main", std::string thread = "main") {
     trace::StreamHeader h;
     h.rank = rank;
     h.process_role = std::move(role);
-    h.thread_index = thread;
+    h.thread = std::move(thread);
     h.pid = 1000;
     enc_.header(h, &bytes_);
   }

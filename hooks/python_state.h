@@ -1,0 +1,23 @@
+// What the Python interpreter hosting the program knows and libtorch does not: a thread's name,
+// and which DataLoader batch a worker process is making. Reached through Python's C API by
+// dlsym, so the interposer still loads into C++ programs; every call takes the GIL briefly and
+// answers nullopt when there is no interpreter, it is finalizing, or the thread is not Python's.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace detaudit::hooks::python {
+
+bool host_is_python();
+
+// threading.current_thread().name of a thread Python started; nullopt for other threads
+// (autograd's, OpenMP's), which Python would only name "Dummy-<n>" in order of first call.
+std::optional<std::string> thread_name();
+
+// In a DataLoader worker process: the index of the batch its loop is making (`idx` of
+// torch.utils.data._utils.worker._worker_loop), -1 before the first; nullopt outside a worker.
+std::optional<int64_t> dataloader_batch();
+
+}  // namespace detaudit::hooks::python

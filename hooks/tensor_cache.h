@@ -1,0 +1,112 @@
+// One stream's memory of the tensors it described, so that a tensor version is hashed once and
+// later ops refer to it (TENSOR_REF) instead of hashing it again.
+//
+// The rules, all here:
+// - An entry describes one TensorImpl at one version-counter value, with its geometry. It is
+//   valid while the TensorImpl lives, its version and geometry match, and no op wrote its
+//   storage since (`StorageState::writes`).
+// - A write through any alias (`p.data.add_()`, whose version counter is not p's) bumps the
+//   storage's `writes`, which retires every entry over that storage at once.
+// - An entry for a tensor that entered from outside torch (provenance external or compiled) is
+//   trusted only within the top-level op that described it: code outside the dispatcher may
+//   write it unseen between ops.
+// - Another TensorImpl over bytes already described (autograd's saved tensors, detach()) reuses
+//   that description when its geometry matches: the storage remembers its last written tensor,
+//   by key, and the last few geometries read since.
+// - Entries refer to each other by key, never by pointer: a slot reused by a newer version
+//   cannot stand in for the old one.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/core/UndefinedTensorImpl.h>
+
+#include <array>
+#include <memory_resource>
+#include <unordered_map>
+
+#include "trace/records.h"
+
+namespace detaudit::hooks {
+
+class TensorCache {
+ public:
+  using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+
+  // One tensor version this stream has described.
+  struct Entry {
+    WeakImpl impl{c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>()};
+    uint32_t version = 0;
+    int64_t id = -1;                // trace tensor id; -1: described, not written yet
+    uint64_t external_serial = 0;   // entered from outside: valid in this top-level op only
+    const c10::StorageImpl* storage = nullptr;  // key of its StorageState, if it has storage
+    uint64_t storage_writes = 0;    // the storage's `writes` when described
+    int64_t storage_offset = 0;
+    int64_t base_id = -1;           // for views: the id of the tensor whose bytes these are
+    uint64_t written_order = 0;     // order of the op whose output it is; 0 when seen as input
+    uint64_t top_level_serial = 0;  // the top-level op during which it was described
+    trace::TensorDesc desc;
+  };
+
+  // The last recorded write to a storage, and geometries of its bytes read since.
+  struct StorageState {
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage{c10::intrusive_ptr<c10::StorageImpl>()};
+    uint64_t writes = 0;
+    uint32_t version = 0;   // of the tensor last written here
+    int64_t id = -1;        // its trace tensor id, once written
+    const c10::TensorImpl* last = nullptr;  // its entry's key
+    uint32_t last_version = 0;
+    bool uninitialized = false;  // the last write left bytes no kernel wrote (empty, resize_)
+    struct View {
+      uint64_t writes = UINT64_MAX;
+      int64_t offset = 0;
+      trace::TensorDesc desc;
+    };
+    std::array<View, 2> views;  // w.t() each timestep: two geometries of the same bytes
+    uint8_t next_view = 0;
+  };
+
+  explicit TensorCache(bool rehash_inputs) : rehash_inputs_(rehash_inputs) {}
+
+  // The top-level op now running (its serial number, counted by the recorder).
+  void set_top_level_serial(uint64_t serial) { top_level_serial_ = serial; }
+
+  // The entry describing this tensor at `version`, if still valid; `allow_external` admits an
+  // external entry described in this top-level op.
+  Entry* lookup(const at::Tensor& t, uint32_t version, bool allow_external);
+  // The entry under `key` if it still is the version (and storage state) an op saw at its start.
+  Entry* find_unchanged(const c10::TensorImpl* key, uint32_t version, uint64_t storage_writes);
+  StorageState* storage_of(const at::Tensor& t);
+  // The written tensor whose bytes t views, if they are unchanged and not uninitialized.
+  bool bytes_known(const StorageState* st, uint32_t version) const;
+  // A description of exactly t's bytes made since the storage's last write, if any.
+  const trace::TensorDesc* described_geometry(StorageState* st, const at::Tensor& t);
+  void remember_geometry(StorageState* st, const at::Tensor& t, const trace::TensorDesc& desc);
+  // A fresh entry for this tensor version, described by `desc`.
+  Entry& remember(const at::Tensor& t, uint32_t version, const trace::TensorDesc& desc);
+  // An op wrote this tensor (entry `e`, now written as trace id e.id): it is the storage's new
+  // content, and every other entry over the storage retires.
+  void wrote(const at::Tensor& t, uint32_t version, Entry& e);
+  // A write no record shows (an unrecorded op's output): retire what describes its storage.
+  void wrote_unseen(const at::Tensor& t);
+  void forget(const c10::TensorImpl* key) { entries_.erase(key); }
+  void clear();
+
+ private:
+  bool valid(const Entry& e) const;
+  void make_room();
+
+  bool rehash_inputs_;
+  uint64_t top_level_serial_ = 0;
+  // Entries come and go on most ops: their nodes come from a pool, not malloc. The pool is
+  // declared first so that it outlives them.
+  std::pmr::unsynchronized_pool_resource memory_;
+  std::pmr::unordered_map<const c10::TensorImpl*, Entry> entries_{&memory_};
+  std::pmr::unordered_map<const c10::StorageImpl*, StorageState> storages_{&memory_};
+};
+
+// The cached description still matches the tensor's view of its storage.
+bool same_geometry(const trace::TensorDesc& d, int64_t offset, const at::Tensor& t);
+
+uint32_t tensor_version(const at::Tensor& t);
+
+}  // namespace detaudit::hooks

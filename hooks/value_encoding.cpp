@@ -1,0 +1,268 @@
+// Value encoding: an op's inputs as trace values when it starts, its outputs when it ends, with
+// the tensor cache deciding what is hashed and what is referred to (tensor_cache.h).
+#include <ATen/ATen.h>
+
+#include "recorder.h"
+#include "tensor_digest.h"
+
+namespace detaudit::hooks {
+
+using trace::ByteWriter;
+using trace::ValueType;
+
+void ThreadRecorder::flush_bytes_item() {
+  if (bytes_.size() > bytes_item_start_)
+    items_.push_back(Item{false, uint32_t(bytes_item_start_), uint32_t(bytes_.size())});
+  bytes_item_start_ = bytes_.size();
+}
+
+void ThreadRecorder::capture_value(const c10::IValue& v, bool overwritten) {
+  ByteWriter w(&bytes_);
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined()) {
+      w.u8(uint8_t(ValueType::kNone));
+    } else if (const char* why = unhashable_reason(t)) {
+      saw_fake_tensor_ |= why == kNoDataReason;
+      w.u8(uint8_t(ValueType::kTensorSkipped));
+      w.varint(intern(why));
+    } else {
+      capture_tensor(t, overwritten);
+    }
+  } else if (v.isNone()) {
+    w.u8(uint8_t(ValueType::kNone));
+  } else if (v.isBool()) {
+    w.u8(uint8_t(v.toBool() ? ValueType::kBoolTrue : ValueType::kBoolFalse));
+  } else if (v.isInt()) {
+    w.u8(uint8_t(ValueType::kInt));
+    w.zvarint(v.toInt());
+  } else if (v.isDouble()) {
+    w.u8(uint8_t(ValueType::kDouble));
+    w.f64(v.toDouble());
+  } else if (v.isString()) {
+    w.u8(uint8_t(ValueType::kString));
+    w.varint(intern(v.toStringRef()));
+  } else if (v.isIntList()) {
+    auto list = v.toIntList();
+    w.u8(uint8_t(ValueType::kIntList));
+    w.varint(list.size());
+    for (int64_t x : list) w.zvarint(x);
+  } else if (v.isDoubleList()) {
+    auto list = v.toDoubleList();
+    w.u8(uint8_t(ValueType::kDoubleList));
+    w.varint(list.size());
+    for (double x : list) w.f64(x);
+  } else if (v.isBoolList()) {
+    auto list = v.toBoolList();
+    w.u8(uint8_t(ValueType::kBoolList));
+    w.varint(list.size());
+    for (bool x : list) w.u8(x);
+  } else if (v.isTensorList()) {
+    auto list = v.toTensorList();
+    w.u8(uint8_t(ValueType::kList));
+    w.varint(list.size());
+    for (const at::Tensor& t : list) capture_value(t, overwritten);
+  } else if (v.isList()) {
+    auto list = v.toListRef();
+    w.u8(uint8_t(ValueType::kList));
+    w.varint(list.size());
+    for (const c10::IValue& e : list) capture_value(e, overwritten);
+  } else if (v.isTuple()) {
+    const auto& elems = v.toTupleRef().elements();
+    w.u8(uint8_t(ValueType::kList));
+    w.varint(elems.size());
+    for (const c10::IValue& e : elems) capture_value(e, overwritten);
+  } else if (v.isDevice()) {
+    w.u8(uint8_t(ValueType::kDevice));
+    w.u8(uint8_t(v.toDevice().type()));
+    w.zvarint(v.toDevice().index());
+  } else if (v.isGenerator()) {
+    w.u8(uint8_t(ValueType::kGenerator));
+    w.u64(generator_digest(v.toGenerator()));
+  } else {
+    w.u8(uint8_t(ValueType::kOther));
+    w.varint(intern(v.tagKind()));
+  }
+}
+
+void ThreadRecorder::capture_tensor(const at::Tensor& t, bool overwritten) {
+  flush_bytes_item();
+  if (snaps_top_ == snaps_.size()) snaps_.resize(snaps_.size() * 2 + 8);
+  Snapshot& s = snaps_[snaps_top_];
+  items_.push_back(Item{true, uint32_t(snaps_top_), 0});
+  ++snaps_top_;
+
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  s.key = impl;
+  s.cacheable = !impl->is_inference();
+  s.version = tensor_version(t);
+  s.base_id = -1;
+
+  if (s.cacheable) {
+    TensorCache::Entry* e = cache_.lookup(t, s.version, /*allow_external=*/true);
+    // Bytes an op reads after an `empty` were written by code outside the dispatcher
+    // (torch.tensor(list), NumPy): hash them as found.
+    if (e && !e->desc.uninitialized()) {
+      s.desc = e->desc;
+      s.base_id = e->base_id;
+      s.storage_writes = e->storage_writes;
+      return;
+    }
+  }
+  // First sight of this TensorImpl at this version. Another TensorImpl over the same bytes
+  // (autograd's saved tensors, detach()) reuses their description; otherwise hash.
+  TensorCache::StorageState* st = cache_.storage_of(t);
+  const bool same_bytes_known = cache_.bytes_known(st, s.version);
+  // First seen after a compiled region ran: most likely its output, made by kernels we cannot see.
+  trace::Provenance prov = same_bytes_known            ? trace::Provenance::kView
+                           : compiled_region_in_step_ ? trace::Provenance::kCompiled
+                                                      : trace::Provenance::kExternal;
+  if (same_bytes_known) s.base_id = st->id;
+  const trace::TensorDesc* known = same_bytes_known ? cache_.described_geometry(st, t) : nullptr;
+  if (known) {
+    s.desc = *known;
+  } else if (overwritten) {
+    // Bytes the op never reads: their shape says enough. Not cached, so no later reader of this
+    // version is told "not read".
+    describe_geometry(t, hasher_->length(), &s.desc);
+    s.desc.bits |= trace::kTensorNotRead;
+    s.desc.set_provenance(prov);
+    s.cacheable = false;
+    return;
+  } else {
+    totals_.bytes_hashed += describe_tensor(t, hasher_.get(), ProcessRecorder::instance().config().stats, &s.desc);
+    ++totals_.tensors_hashed;
+    cache_.remember_geometry(st, t, s.desc);
+  }
+  s.desc.set_provenance(prov);
+  if (!s.cacheable) return;
+  TensorCache::Entry& e = cache_.remember(t, s.version, s.desc);
+  e.external_serial = prov != trace::Provenance::kView ? top_level_serial_ : 0;
+  e.storage = st ? t.storage().unsafeGetStorageImpl() : nullptr;
+  e.storage_writes = st ? st->writes : 0;
+  e.base_id = s.base_id;
+  s.storage_writes = e.storage_writes;
+}
+
+void ThreadRecorder::emit_tensor(const Snapshot& s, ByteWriter& w) {
+  if (s.cacheable) {
+    // Still the version this op saw at its start?
+    if (TensorCache::Entry* found = cache_.find_unchanged(s.key, s.version, s.storage_writes)) {
+      TensorCache::Entry& e = *found;
+      if (e.id >= 0 && next_tensor_id_ - e.id <= int64_t(trace::kRefWindow)) {
+        w.u8(uint8_t(ValueType::kTensorRef));
+        w.varint(uint64_t(next_tensor_id_ - e.id));
+        return;
+      }
+      e.id = next_tensor_id_;
+    }
+  }
+  write_new(w, s.desc, s.base_id);
+}
+
+int64_t ThreadRecorder::write_new(ByteWriter& w, const trace::TensorDesc& desc, int64_t base_id) {
+  const int64_t id = next_tensor_id_++;
+  w.u8(uint8_t(ValueType::kTensorNew));
+  if (desc.provenance() != trace::Provenance::kView) {
+    trace::write_tensor(w, desc, 0);
+  } else if (base_id >= 0 && base_id < id && id - base_id <= int64_t(trace::kRefWindow)) {
+    trace::write_tensor(w, desc, uint64_t(id - base_id));
+  } else {
+    trace::TensorDesc external = desc;
+    external.set_provenance(trace::Provenance::kExternal);
+    trace::write_tensor(w, external, 0);
+  }
+  return id;
+}
+
+void ThreadRecorder::emit_output(const c10::IValue& v, ByteWriter& w, const Frame& f, bool scratch) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined()) {
+      w.u8(uint8_t(ValueType::kNone));
+    } else if (const char* why = unhashable_reason(t)) {
+      w.u8(uint8_t(ValueType::kTensorSkipped));
+      w.varint(intern(why));
+    } else {
+      emit_output_tensor(t, w, f, scratch);
+    }
+  } else if (v.isTensorList()) {
+    auto list = v.toTensorList();
+    w.u8(uint8_t(ValueType::kList));
+    w.varint(list.size());
+    for (const at::Tensor& t : list) emit_output(t, w, f);
+  } else if (v.isTuple()) {
+    const auto& elems = v.toTupleRef().elements();
+    w.u8(uint8_t(ValueType::kList));
+    w.varint(elems.size());
+    for (const c10::IValue& e : elems) emit_output(e, w, f);
+  } else if (v.isList()) {
+    auto list = v.toListRef();
+    w.u8(uint8_t(ValueType::kList));
+    w.varint(list.size());
+    for (const c10::IValue& e : list) emit_output(e, w, f);
+  } else {
+    // Scalars and other returns: encoded like inputs, through the input byte stack.
+    size_t mark = bytes_.size();
+    size_t item_mark = items_.size();
+    size_t start = bytes_item_start_;
+    bytes_item_start_ = mark;
+    capture_value(v);
+    w.raw(bytes_.data() + mark, bytes_.size() - mark);
+    bytes_.resize(mark);
+    items_.resize(item_mark);
+    bytes_item_start_ = start;
+  }
+}
+
+void ThreadRecorder::emit_output_tensor(const at::Tensor& t, ByteWriter& w, const Frame& f,
+                                        bool scratch) {
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  if (f.info->repoints_storage) {
+    // set_: the bytes are whatever the new storage holds (a DataLoader worker's batch, a fresh
+    // allocation). They are compared where an op reads them; what the cache said is void.
+    thread_local trace::TensorDesc desc;
+    describe_geometry(t, hasher_->length(), &desc);
+    desc.bits |= trace::kTensorNotRead;
+    cache_.forget(impl);
+    write_new(w, desc, -1);
+    return;
+  }
+  const bool cacheable = !impl->is_inference();
+  const uint32_t version = tensor_version(t);
+  TensorCache::Entry* e = cacheable ? cache_.lookup(t, version, /*allow_external=*/true) : nullptr;
+  // A cached description stands for this output only if no kernel can have written it since:
+  // never after an `empty`, never for a backend kernel (it writes raw memory), and for a
+  // writing op only if a nested op described it after this op began.
+  if (e && (e->desc.uninitialized() || !f.info->composite ||
+            (f.info->writes && e->written_order < f.order)))
+    e = nullptr;
+  if (e && e->id >= 0 && next_tensor_id_ - e->id <= int64_t(trace::kRefWindow)) {
+    w.u8(uint8_t(ValueType::kTensorRef));
+    w.varint(uint64_t(next_tensor_id_ - e->id));
+    return;
+  }
+  if (!e) {
+    thread_local trace::TensorDesc desc;
+    if (f.info->returns_uninitialized || scratch) {
+      // Uninitialized bytes: their digest would differ run to run and mean nothing.
+      describe_geometry(t, hasher_->length(), &desc);
+      desc.bits |= trace::kTensorUninitialized;
+    } else {
+      totals_.bytes_hashed += describe_tensor(t, hasher_.get(), ProcessRecorder::instance().config().stats, &desc);
+      ++totals_.tensors_hashed;
+    }
+    if (cacheable) {
+      e = &cache_.remember(t, version, desc);
+      e->written_order = f.order;
+    } else {
+      write_new(w, desc, -1);
+      return;
+    }
+  }
+  e->id = write_new(w, e->desc, e->base_id);
+  // This op wrote a new version: retire what the cache holds for aliases of its storage.
+  cache_.wrote(t, version, *e);
+}
+
+}  // namespace detaudit::hooks
