@@ -377,6 +377,13 @@ void explain_cause(const std::vector<EnvDifference>& env, FirstDivergence* fd) {
                        "thread) differs";
     fd->remedy = "make the input pipeline deterministic: seed samplers, shuffles and DataLoader "
                  "workers (worker_init_fn, generator=torch.Generator().manual_seed(s))";
+    if (!hash && !fd->batch_read_by.empty()) {
+      fd->cause = "data made in a DataLoader worker differs: what the Dataset drew from outside "
+                  "torch (NumPy, random, a file) or an unseeded worker";
+      fd->remedy = "seed what __getitem__ draws from in each worker: worker_init_fn seeding "
+                   "numpy and random from torch.initial_seed(), and no generator created "
+                   "unseeded in the Dataset (np.random.default_rng(seed))";
+    }
   } else if (cls == kClassUninitialized) {
     fd->cause = "an op read memory returned by the empty family (uninitialized)";
     fd->remedy = "initialise the buffer (torch.zeros) or enable deterministic mode with "

@@ -74,8 +74,9 @@ class StreamComparator {
  public:
   StreamComparator(const std::string& name, const DiffOptions& options,
                    const std::vector<EnvDifference>& env, const ProgressFn& progress,
-                   StreamResult* out)
-      : name_(name), options_(options), env_(env), progress_(progress), out_(out) {}
+                   StreamResult* out, const StreamLimits& limits)
+      : name_(name), options_(options), env_(env), progress_(progress), out_(out),
+        limits_(limits) {}
 
   Status run(const std::string& path_a, const std::string& path_b) {
     trace::TraceReader ra, rb;
@@ -84,6 +85,11 @@ class StreamComparator {
     out_->rank = ra.header().rank;
     process_ = layout_process(ra);
     OpSource a(&ra), b(&rb);
+    if (limits_.last_step_a) a.stop_after_step(*limits_.last_step_a);
+    if (limits_.last_step_b) b.stop_after_step(*limits_.last_step_b);
+    if (limits_.last_step_a || limits_.last_step_b)
+      out_->summary.consumer_last_step = std::max(limits_.last_step_a.value_or(0),
+                                                  limits_.last_step_b.value_or(0));
     a_ = &a;
     b_ = &b;
     total_bytes_ = ra.file_size() + rb.file_size();
@@ -112,7 +118,10 @@ class StreamComparator {
     a.fill(1);
     b.fill(1);
     if (pending_) finish_pending();
-    return finish(ra, rb);
+    Status s = finish(ra, rb);
+    out_->max_step_a = a.max_step();
+    out_->max_step_b = b.max_step();
+    return s;
   }
 
  private:
@@ -159,6 +168,7 @@ class StreamComparator {
       fd.process = process_;
       fd.rank = out_->rank;
       classify_divergence(a, *a_, b, *b_, options_.gate, &fd);
+      if (a.rec.scope_path != UINT32_MAX) fd.scope_path = std::string(ra.string(a.rec.scope_path));
       fd.chain = {fd.op};
       rejected_.clear();
       // Not the op that read the region's output: the catalog would explain the wrong kernel.
@@ -366,7 +376,10 @@ class StreamComparator {
     OpSource& b = *b_;
     if (Status s = check_corrupt(a); !s.ok()) return s;
     if (Status s = check_corrupt(b); !s.ok()) return s;
-    bool cut_a = !ra.saw_end(), cut_b = !rb.saw_end();
+    // A stream stopped at its consumer's last step ended on purpose, not cut.
+    bool cut_a = !ra.saw_end() && !a.stopped_at_step_limit();
+    bool cut_b = !rb.saw_end() && !b.stopped_at_step_limit();
+
     bool more_a = a.size() > 0, more_b = b.size() > 0;
     if ((more_a && cut_b) || (more_b && cut_a)) {
       // One side stopped early because it was cut: compare up to the cut, say so.
@@ -440,6 +453,7 @@ class StreamComparator {
   const std::vector<EnvDifference>& env_;
   const ProgressFn& progress_;
   StreamResult* out_;
+  StreamLimits limits_;
   OpSource* a_ = nullptr;
   OpSource* b_ = nullptr;
   uint64_t total_bytes_ = 0;
@@ -456,10 +470,10 @@ class StreamComparator {
 Status compare_stream(const std::string& name, const std::string& path_a,
                       const std::string& path_b, const DiffOptions& options,
                       const std::vector<EnvDifference>& env, const ProgressFn& progress,
-                      StreamResult* out) {
+                      StreamResult* out, const StreamLimits& limits) {
   out->summary.name = name;
   out->summary.in_a = out->summary.in_b = true;
-  StreamComparator c(name, options, env, progress, out);
+  StreamComparator c(name, options, env, progress, out, limits);
   return c.run(path_a, path_b);
 }
 
@@ -483,6 +497,7 @@ Status count_stream(const std::string& name, const std::string& path, bool in_a,
   }
   if (src.stop_result() == ReadResult::kCorrupt)
     return Status::error(r.error(), ExitCode::kBadInput);
+  (in_a ? out->max_step_a : out->max_step_b) = src.max_step();
   (in_a ? out->summary.ops_a : out->summary.ops_b) = n;
   (in_a ? out->records_a : out->records_b) = src.records_read();
   out->bytes = r.bytes_read();

@@ -28,6 +28,12 @@ struct StreamResult {
   bool beyond_tolerance = false;
   std::vector<EnvDifference> step_settings;  // STEP records whose threads or flags differ
   uint64_t records_a = 0, records_b = 0, bytes = 0;
+  uint64_t max_step_a = 0, max_step_b = 0;  // the largest step of each run's ops
+};
+
+// A DataLoader worker's stream is compared up to the last step its consumer ran, in each run.
+struct StreamLimits {
+  std::optional<uint64_t> last_step_a, last_step_b;
 };
 
 inline constexpr size_t kMaxStructural = 20;
@@ -40,7 +46,7 @@ using ProgressFn = std::function<void(const std::string&, uint64_t, uint64_t)>;
 Status compare_stream(const std::string& name, const std::string& path_a,
                       const std::string& path_b, const DiffOptions& options,
                       const std::vector<EnvDifference>& env, const ProgressFn& progress,
-                      StreamResult* out);
+                      StreamResult* out, const StreamLimits& limits = {});
 
 // Reads a stream present in one run only: counts its ops, checks it is readable.
 Status count_stream(const std::string& name, const std::string& path, bool in_a,

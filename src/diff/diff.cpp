@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 
 #include "diff/classify.h"
 #include "diff/comparator.h"
@@ -15,6 +16,7 @@
 #include "diff/report_model.h"
 #include "report/render.h"
 #include "run_layout.h"
+#include "trace/reader.h"
 
 namespace detaudit {
 namespace fs = std::filesystem;
@@ -62,6 +64,139 @@ Status list_streams(const std::string& run_dir, std::map<std::string, std::strin
   return Status();
 }
 
+// What the diff needs from a stream's header before comparing it.
+struct StreamHead {
+  std::string process;         // "r0.main.0"
+  bool dataloader_worker = false;
+};
+
+StreamHead read_head(const std::string& path) {
+  StreamHead h;
+  trace::TraceReader r;
+  if (!r.open(path).ok()) return h;  // compare_stream reports what is wrong with it
+  h.process = fmt::format("r{}.{}", r.header().rank, r.header().process_role);
+  h.dataloader_worker = (r.header().flags & trace::kStreamDataLoaderWorker) != 0;
+  return h;
+}
+
+// "r0.main" for a worker "r0.main.0": the process that forked it.
+std::string parent_process(const std::string& process) {
+  size_t dot = process.rfind('.');
+  return dot == std::string::npos ? process : process.substr(0, dot);
+}
+
+// The first op of a worker stream in `path` with an output of this digest (hex): where a batch
+// that a consumer read was made. Returns its step, or nullopt.
+std::optional<uint64_t> find_output_digest(const std::string& path, const std::string& digest) {
+  trace::TraceReader r;
+  if (!r.open(path).ok()) return std::nullopt;
+  while (r.next() == trace::ReadResult::kRecord) {
+    if (r.kind() != trace::RecordKind::kOp) continue;
+    for (int64_t id : r.op().output_tensors)
+      if (const trace::TensorDesc* t = r.tensor(id); t && t->digest_hex() == digest)
+        return r.op().step;
+  }
+  return std::nullopt;
+}
+
+// A consumer's first divergence that is a batch it read from a DataLoader worker: the worker
+// made the difference. Its own first divergence is reported, with where the batch was read.
+void trace_to_worker(const std::map<std::string, std::string>& streams_a,
+                     const std::map<std::string, StreamHead>& heads,
+                     std::map<std::string, std::optional<FirstDivergence>>& firsts,
+                     FirstDivergence* first) {
+  if (first->divergence_class != kClassExternal) return;
+  for (const TensorPair& in : first->inputs) {
+    if (!in.differs || !in.a.present || in.a.uninitialized) continue;
+    for (const auto& [name, head] : heads) {
+      if (!head.dataloader_worker || parent_process(head.process) != first->process) continue;
+      auto worker_first = firsts.find(name);
+      if (worker_first == firsts.end() || !worker_first->second) continue;
+      auto path = streams_a.find(name);
+      if (path == streams_a.end() || !find_output_digest(path->second, in.a.digest)) continue;
+      FirstDivergence made = *worker_first->second;
+      made.batch_read_by = fmt::format("{} at {} (op #{}, step {})", first->stream, first->op,
+                                       first->index, first->step);
+      *first = std::move(made);
+      return;
+    }
+  }
+}
+
+// What a stream's first ops are: names only, and names with output digests.
+struct Signature {
+  uint64_t names = 0, contents = 0;
+};
+
+Signature signature_of(const std::string& path) {
+  Signature s;
+  trace::TraceReader r;
+  if (!r.open(path).ok()) return s;
+  std::hash<std::string_view> h;
+  for (int ops = 0; ops < 256 && r.next() == trace::ReadResult::kRecord;) {
+    if (r.kind() != trace::RecordKind::kOp) continue;
+    ++ops;
+    s.names = s.names * 1099511628211ull ^ h(r.string(r.op().name));
+    s.contents = s.contents * 1099511628211ull ^ h(r.string(r.op().name));
+    for (int64_t id : r.op().output_tensors)
+      if (const trace::TensorDesc* t = r.tensor(id))
+        s.contents = s.contents * 1099511628211ull ^ h(t->digest_hex());
+  }
+  return s;
+}
+
+// Threads that claimed the same name ("thread", "thread~1") did so in the order the scheduler
+// started them. Such streams pair by what they ran: the same first ops and outputs, else the
+// same first op names, else in name order. Run B's streams are renamed to their partners'.
+void pair_clashing_streams(const std::map<std::string, std::string>& sa,
+                           std::map<std::string, std::string>* sb) {
+  auto base = [](const std::string& name) {
+    size_t tilde = name.rfind('~');
+    if (tilde == std::string::npos || name.find('.', tilde) != std::string::npos) return name;
+    return name.substr(0, tilde);
+  };
+  std::map<std::string, std::pair<std::vector<std::string>, std::vector<std::string>>> groups;
+  for (const auto& [n, _] : sa) groups[base(n)].first.push_back(n);
+  for (const auto& [n, _] : *sb) groups[base(n)].second.push_back(n);
+  for (auto& [_, group] : groups) {
+    auto& [names_a, names_b] = group;
+    if (names_a.size() < 2 && names_b.size() < 2) continue;
+    std::map<std::string, Signature> sig;
+    for (const std::string& n : names_a) sig["a" + n] = signature_of(sa.at(n));
+    for (const std::string& n : names_b) sig["b" + n] = signature_of(sb->at(n));
+    std::map<std::string, std::string> partner;  // A name -> B name
+    std::vector<bool> used(names_b.size());
+    for (bool by_content : {true, false})
+      for (const std::string& a : names_a) {
+        if (partner.count(a)) continue;
+        for (size_t i = 0; i < names_b.size(); ++i) {
+          const Signature& x = sig["a" + a];
+          const Signature& y = sig["b" + names_b[i]];
+          if (used[i] || (by_content ? x.contents != y.contents : x.names != y.names)) continue;
+          partner[a] = names_b[i];
+          used[i] = true;
+          break;
+        }
+      }
+    size_t next = 0;
+    for (const std::string& a : names_a) {
+      while (!partner.count(a) && next < names_b.size()) {
+        if (!used[next]) {
+          partner[a] = names_b[next];
+          used[next] = true;
+        }
+        ++next;
+      }
+    }
+    std::map<std::string, std::string> renamed;
+    for (const auto& [a, b] : partner) renamed[a] = sb->at(b);
+    for (size_t i = 0; i < names_b.size(); ++i)
+      if (!used[i]) renamed[renamed.count(names_b[i]) ? names_b[i] + "#b" : names_b[i]] = sb->at(names_b[i]);
+    for (const std::string& b : names_b) sb->erase(b);
+    for (auto& [n, path] : renamed) (*sb)[n] = path;
+  }
+}
+
 bool earlier(const FirstDivergence& x, const FirstDivergence& y) {
   if (x.step != y.step) return x.step < y.step;
   if (x.rank != y.rank) return x.rank < y.rank;
@@ -88,6 +223,7 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
   std::map<std::string, std::string> sa, sb;
   if (Status s = list_streams(run_a, &sa); !s.ok()) return s;
   if (Status s = list_streams(run_b, &sb); !s.ok()) return s;
+  pair_clashing_streams(sa, &sb);
   std::map<std::string, std::map<std::string, std::string>> ea, eb;
   if (Status s = load_environment(run_a, &ea); !s.ok()) return s;
   if (Status s = load_environment(run_b, &eb); !s.ok()) return s;
@@ -103,18 +239,45 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
                  total ? 100.0 * double(done) / double(total) : 0.0, done >> 20);
     };
 
-  std::vector<StreamResult> results;
+  std::map<std::string, StreamHead> heads;
   for (const auto& [name, _] : names) {
-    StreamResult res;
-    auto ia = sa.find(name), ib = sb.find(name);
-    Status s = ia != sa.end() && ib != sb.end()
-                   ? compare_stream(name, ia->second, ib->second, options, r.environment,
-                                    progress, &res)
-                   : count_stream(name, ia != sa.end() ? ia->second : ib->second,
-                                  ia != sa.end(), &res);
-    if (!s.ok()) return s;
-    results.push_back(std::move(res));
+    auto ia = sa.find(name);
+    heads[name] = read_head(ia != sa.end() ? ia->second : sb.find(name)->second);
   }
+  // Consumers first: a worker's stream is compared up to the last step its consumer ran.
+  std::vector<StreamResult> results;
+  std::map<std::string, std::pair<uint64_t, uint64_t>> last_step;  // by process: A, B
+  for (bool workers : {false, true}) {
+    for (const auto& [name, _] : names) {
+      const StreamHead& head = heads[name];
+      if (head.dataloader_worker != workers) continue;
+      StreamResult res;
+      StreamLimits limits;
+      if (workers) {
+        if (auto it = last_step.find(parent_process(head.process)); it != last_step.end()) {
+          limits.last_step_a = it->second.first;
+          limits.last_step_b = it->second.second;
+        }
+      }
+      auto ia = sa.find(name), ib = sb.find(name);
+      Status s = ia != sa.end() && ib != sb.end()
+                     ? compare_stream(name, ia->second, ib->second, options, r.environment,
+                                      progress, &res, limits)
+                     : count_stream(name, ia != sa.end() ? ia->second : ib->second,
+                                    ia != sa.end(), &res);
+      if (!s.ok()) return s;
+      if (!workers) {
+        auto [it, added] = last_step.try_emplace(head.process, res.max_step_a, res.max_step_b);
+        if (!added) {
+          it->second.first = std::max(it->second.first, res.max_step_a);
+          it->second.second = std::max(it->second.second, res.max_step_b);
+        }
+      }
+      results.push_back(std::move(res));
+    }
+  }
+  std::map<std::string, std::optional<FirstDivergence>> firsts;
+  for (const StreamResult& res : results) firsts[res.summary.name] = res.first;
 
   for (StreamResult& res : results) {
     for (EnvDifference& d : res.step_settings)
@@ -137,6 +300,7 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
     r.bytes_read += res.bytes;
     r.streams.push_back(std::move(res.summary));
   }
+  if (r.first) trace_to_worker(sa, heads, firsts, &*r.first);
   if (r.first) explain_cause(r.environment, &*r.first);
   r.verdict = r.divergent_ops > 0 || r.structural_count > 0 ? "divergent" : "identical";
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

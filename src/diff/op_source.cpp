@@ -82,6 +82,12 @@ bool OpSource::read_one() {
     }
     ++records_;
     if (reader_->kind() != trace::RecordKind::kOp) continue;
+    if (b.rec.step > last_step_) {
+      stopped_ = stopped_at_limit_ = true;
+      stop_result_ = trace::ReadResult::kEof;
+      return false;
+    }
+    max_step_ = std::max(max_step_, b.rec.step);
     b.index = ops_read_++;
     b.key = key_of(b.rec);
     if (b.rec.bits & trace::kOpCompiledRegion) {

@@ -72,6 +72,12 @@ class OpSource {
   const trace::StepInfo* step_info(uint64_t step) const;
   // The distinct torch.compile regions read so far (string ids): opaque to the recorder.
   const std::vector<uint32_t>& compiled_regions() const { return compiled_regions_; }
+  // Ends the stream before its first op of a later step: a DataLoader worker's batches that no
+  // step consumed (prefetched when the loop stopped) depend on timing, not on the program.
+  void stop_after_step(uint64_t step) { last_step_ = step; }
+  bool stopped_at_step_limit() const { return stopped_at_limit_; }
+  // The largest step of the ops read so far.
+  uint64_t max_step() const { return max_step_; }
 
  private:
   bool read_one();
@@ -84,6 +90,8 @@ class OpSource {
   bool stopped_ = false;
   trace::ReadResult stop_result_ = trace::ReadResult::kRecord;
   uint64_t ops_read_ = 0, records_ = 0;
+  uint64_t last_step_ = UINT64_MAX, max_step_ = 0;
+  bool stopped_at_limit_ = false;
   std::vector<uint64_t> name_hash_;  // by string id
   std::vector<int64_t> first_tensor_;  // tensors_seen() when each buffered op was read
   uint32_t last_region_ = BufferedOp::kNoRegion;

@@ -72,6 +72,7 @@ struct FirstDivergence {
   std::string phase;
   std::string op;                  // innermost divergent op
   std::vector<std::string> chain;  // outermost first, ending with op
+  std::string scope_path;          // the user scopes around it ("train/backward_block"), or ""
   uint64_t index = 0;              // position of the op in run A's stream (0-based)
   uint64_t order_a = 0, order_b = 0;
   uint64_t offset_a = 0, offset_b = 0;
@@ -91,6 +92,9 @@ struct FirstDivergence {
   // difference in a "compiled" input arose.
   std::string compiled_region;
   bool arose_in_compiled_region = false;  // the differing input was that region's output
+  // Made in a DataLoader worker: where the consumer read the batch ("r0.main.t-main at
+  // aten::linear (op #12, step 0)"); empty otherwise.
+  std::string batch_read_by;
 };
 
 struct ParameterDivergence {
@@ -114,6 +118,9 @@ struct StreamSummary {
   uint64_t ops_a = 0, ops_b = 0, compared = 0, divergent = 0, structural = 0;
   bool truncated = false;
   bool alignment_lost = false;  // no resynchronisation found within the window
+  // A DataLoader worker's stream: compared up to this step, the last its consumer ran. Batches
+  // it made for later steps were prefetched when the loop stopped, as many as timing allowed.
+  std::optional<uint64_t> consumer_last_step;
   // torch.compile regions that ran (either run): opaque, a difference inside one shows only at
   // its outputs.
   std::vector<std::string> compiled_regions;

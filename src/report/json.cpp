@@ -86,6 +86,8 @@ json report_to_json(const DiffReport& r) {
             {"phase", f.phase},
             {"op", f.op},
             {"chain", f.chain},
+            {"scope_path", f.scope_path},
+            {"batch_read_by", f.batch_read_by.empty() ? json(nullptr) : json(f.batch_read_by)},
             {"index", f.index},
             {"order", {{"a", f.order_a}, {"b", f.order_b}}},
             {"offset", {{"a", f.offset_a}, {"b", f.offset_b}}},
@@ -165,7 +167,9 @@ json report_to_json(const DiffReport& r) {
                        {"ops_a", s.ops_a}, {"ops_b", s.ops_b}, {"compared", s.compared},
                        {"divergent", s.divergent}, {"structural", s.structural},
                        {"truncated", s.truncated}, {"alignment_lost", s.alignment_lost},
-                       {"compiled_regions", s.compiled_regions}});
+                       {"compiled_regions", s.compiled_regions},
+                       {"consumer_last_step", s.consumer_last_step ? json(*s.consumer_last_step)
+                                                                    : json(nullptr)}});
   j["streams"] = streams;
   j["totals"] = {{"ops_compared", r.ops_compared}, {"records_a", r.records_a},
                  {"records_b", r.records_b}, {"bytes_read", r.bytes_read},

@@ -37,6 +37,9 @@ std::string render_markdown(const DiffReport& r) {
     out += "### First divergence\n\n| field | value |\n|---|---|\n";
     out += fmt::format("| rank | {} |\n| step | {} |\n| phase | {} |\n| op | `{}` |\n", f.rank,
                        f.step, f.phase, md_escape(fmt::format("{}", fmt::join(f.chain, " > "))));
+    if (!f.scope_path.empty()) out += fmt::format("| scope | `{}` |\n", md_escape(f.scope_path));
+    if (!f.batch_read_by.empty())
+      out += fmt::format("| batch read by | {} |\n", md_escape(f.batch_read_by));
     out += fmt::format("| position | op #{} of `{}` |\n| class | {} |\n| detail | {} |\n",
                        f.index, f.stream, f.divergence_class, md_escape(f.detail));
     out += fmt::format("| catalog | {} |\n| cause | {} |\n| remedy | {} |\n\n",

@@ -62,6 +62,11 @@ std::string render_text(const DiffReport& r, bool color) {
   for (const StreamSummary& s : r.streams)
     for (const std::string& name : s.compiled_regions)
       if (std::find(regions.begin(), regions.end(), name) == regions.end()) regions.push_back(name);
+  for (const StreamSummary& s : r.streams)
+    if (s.consumer_last_step)
+      out += fmt::format("  worker: {} compared up to step {}, the last its consumer ran (later "
+                         "batches were prefetched as timing allowed)\n",
+                         s.name, *s.consumer_last_step);
   if (!regions.empty())
     out += fmt::format("  opaque: torch.compile regions ran ({}); the kernels inside them are not "
                        "recorded, so a divergence inside one shows only at its outputs\n",
@@ -84,7 +89,11 @@ std::string render_text(const DiffReport& r, bool color) {
     out += st("1", "\nFirst divergence\n");
     out += fmt::format("  where: rank {} ({}), step {}, {} phase, op #{} of stream {}\n", f.rank,
                        f.process, f.step, f.phase, f.index, f.stream);
-    out += fmt::format("  op:    {}\n", st("1", fmt::format("{}", fmt::join(f.chain, " > "))));
+    out += fmt::format("  op:    {}{}\n", st("1", fmt::format("{}", fmt::join(f.chain, " > "))),
+                       f.scope_path.empty() ? "" : fmt::format(" in `{}`", f.scope_path));
+    if (!f.batch_read_by.empty())
+      out += fmt::format("  batch: made in this DataLoader worker for step {}, read by {}\n",
+                         f.step, f.batch_read_by);
     out += fmt::format("  class: {} - {}\n", st("35", f.divergence_class), f.detail);
     if (!f.compiled_region.empty())
       out += fmt::format("  region: {} (torch.compile, opaque), the last to run before this op\n",

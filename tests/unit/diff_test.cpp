@@ -637,5 +637,38 @@ TEST(OutputDigestsTest, SameOnlyWhenEveryComparedDigestIsEqual) {
   EXPECT_FALSE(absent.same_as(absent));
 }
 
+// Two unnamed threads claim "thread" and "thread~1" in the order the scheduler starts them: the
+// streams pair by what they ran, not by the name each got.
+TEST(DiffTest, ClashingThreadNamesPairByWhatTheyRan) {
+  RunDir a("clash/run-0"), b("clash/run-1");
+  a.add_stream("r0.main.t-thread", build(Scenario{}, false));
+  a.add_stream("r0.main.t-thread~1", filled_buffer(0x11, 0x21));
+  b.add_stream("r0.main.t-thread", filled_buffer(0x11, 0x21));
+  b.add_stream("r0.main.t-thread~1", build(Scenario{}, false));
+  DiffOptions o;
+  o.catalog = &catalog();
+  DiffReport r;
+  ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
+  EXPECT_EQ(r.verdict, "identical");
+  EXPECT_EQ(r.structural_count, 0u);
+  ASSERT_EQ(r.streams.size(), 2u);
+  for (const StreamSummary& s : r.streams) EXPECT_GT(s.compared, 0u) << s.name;
+
+  // A real difference still shows, in the stream that made it.
+  RunDir c("clash2/run-0"), d("clash2/run-1");
+  Scenario nondet;
+  nondet.nondet_step = 1;
+  c.add_stream("r0.main.t-thread", build(nondet, false));
+  c.add_stream("r0.main.t-thread~1", filled_buffer(0x11, 0x21));
+  d.add_stream("r0.main.t-thread", filled_buffer(0x11, 0x21));
+  d.add_stream("r0.main.t-thread~1", build(nondet, true));
+  ASSERT_TRUE(diff_runs(c.path(), d.path(), o, &r).ok());
+  EXPECT_EQ(r.verdict, "divergent");
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->divergence_class, "nondeterministic-op");
+  EXPECT_EQ(r.first->stream, "r0.main.t-thread");
+}
+
+
 }  // namespace
 }  // namespace detaudit
