@@ -12,6 +12,7 @@
 #include "cli/verbs.h"
 #include "diff/diff.h"
 #include "diff/report_model.h"
+#include "summary/timeline.h"
 
 namespace detaudit::cli {
 namespace {
@@ -25,7 +26,24 @@ struct DiffFlags {
   std::string catalog;
   bool no_catalog = false;
   bool progress = false;
+  std::string perfetto;
 };
+
+// Run A's timeline with the divergent ops and the first divergence marked.
+Status write_marked_timeline(const DiffReport& report, const std::string& path) {
+  summary::TimelineMarks marks;
+  for (const auto& [stream, orders] : report.divergent_orders)
+    marks.divergent[stream].insert(orders.begin(), orders.end());
+  if (report.first) {
+    marks.first = std::make_pair(report.first->stream, report.first->order_a);
+    marks.first_label = report.first->divergence_class + " at " + report.first->op;
+  }
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return Status::error(fmt::format("{}: cannot write the timeline", path), ExitCode::kBadInput);
+  if (Status s = summary::write_timeline(report.run_a, &marks, out); !s.ok()) return s;
+  if (!out.good()) return Status::error(fmt::format("{}: cannot write the timeline", path), ExitCode::kBadInput);
+  return Status();
+}
 
 int run_diff(const DiffFlags& f) {
   ReportFormat format;
@@ -54,6 +72,8 @@ int run_diff(const DiffFlags& f) {
   }
   DiffReport report;
   if (Status s = diff_runs(f.run_a, f.run_b, options, &report); !s.ok()) return report_error(s);
+  if (!f.perfetto.empty())
+    if (Status s = write_marked_timeline(report, f.perfetto); !s.ok()) return report_error(s);
 
   if (f.output.empty()) {
     bool color = format == ReportFormat::kText && isatty(STDOUT_FILENO) &&
@@ -78,7 +98,7 @@ void add_diff_verb(CLI::App& app, VerbAction* action) {
       "diff", "Compare two recorded runs: where they first diverged, why, and what to change");
   cmd->add_option("RUN_A", flags->run_a, "first run directory (e.g. audit/run-0)")->required();
   cmd->add_option("RUN_B", flags->run_b, "second run directory (e.g. audit/run-1)")->required();
-  cmd->add_option("--format", flags->format, "text, json, junit or markdown")
+  cmd->add_option("--format", flags->format, "text, json, junit, markdown or html")
       ->capture_default_str();
   cmd->add_option("--output,-o", flags->output, "write the report to this file");
   cmd->add_option("--fail-on", flags->fail_on,
@@ -89,6 +109,9 @@ void add_diff_verb(CLI::App& app, VerbAction* action) {
   cmd->add_option("--catalog", flags->catalog, "catalog JSON (default: the installed one)");
   cmd->add_flag("--no-catalog", flags->no_catalog, "do not explain with the catalog");
   cmd->add_flag("--progress", flags->progress, "progress lines on stderr (when a terminal)");
+  cmd->add_option("--perfetto", flags->perfetto,
+                  "also write run A's timeline (trace-event JSON for ui.perfetto.dev) with the "
+                  "divergent ops marked");
   cmd->callback([flags, action] { *action = [flags] { return run_diff(*flags); }; });
 }
 

@@ -11,6 +11,7 @@
 
 #include "cli/verbs.h"
 #include "summary/summary.h"
+#include "summary/timeline.h"
 
 namespace detaudit::cli {
 namespace {
@@ -19,9 +20,22 @@ struct ExportArgs {
   std::string run_dir;
   std::string stream;
   std::string output;
+  std::string perfetto;
 };
 
 int export_main(const ExportArgs& a) {
+  if (!a.perfetto.empty()) {
+    // The timeline instead of the records: one file for ui.perfetto.dev or chrome://tracing.
+    std::ofstream out(a.perfetto, std::ios::binary | std::ios::trunc);
+    if (!out)
+      return report_error(Status::error(fmt::format("cannot write {}", a.perfetto), ExitCode::kBadInput));
+    if (Status s = summary::write_timeline(a.run_dir, nullptr, out); !s.ok()) return report_error(s);
+    out.flush();
+    if (!out)
+      return report_error(Status::error(fmt::format("cannot write {}", a.perfetto), ExitCode::kBadInput));
+    fmt::print(stderr, "detaudit: timeline written to {} (open it in ui.perfetto.dev)\n", a.perfetto);
+    return 0;
+  }
   std::ofstream file;
   if (!a.output.empty()) {
     file.open(a.output);
@@ -46,8 +60,11 @@ void add_export_verb(CLI::App& app, VerbAction* action) {
   auto args = std::make_shared<ExportArgs>();
   CLI::App* sub = app.add_subcommand("export", "Write a run's records as JSON Lines");
   sub->add_option("run", args->run_dir, "a run directory (audit/run-0)")->required();
-  sub->add_option("--stream", args->stream, "only this stream (r0.main.t0)");
+  sub->add_option("--stream", args->stream, "only this stream (r0.main.t-main)");
   sub->add_option("-o,--output", args->output, "write to this file instead of stdout");
+  sub->add_option("--perfetto", args->perfetto,
+                  "write the run's timeline instead (trace-event JSON: ui.perfetto.dev, "
+                  "chrome://tracing)");
   sub->callback([args, action] { *action = [args] { return export_main(*args); }; });
 }
 

@@ -79,6 +79,27 @@ bool load_catalog_or_warn(Catalog* catalog) {
   return s.ok();
 }
 
+// The single run's risk report, in the configured format, to --output or stdout.
+int write_risk_report(const Config& config, const RiskReport& risk) {
+  ReportFormat format;
+  if (Status s = parse_report_format(config.format, &format); !s.ok()) return report_error(s);
+  const bool to_file = !config.output.empty();
+  std::string text = format == ReportFormat::kHtml   ? render_risk_html(risk)
+                     : format == ReportFormat::kJson ? risk_report_to_json(risk).dump(2) + "\n"
+                                                     : render_risk_report(risk, !to_file && isatty(STDOUT_FILENO));
+  if (!to_file) {
+    fmt::print("{}", text);
+    return 0;
+  }
+  std::ofstream out(config.output);
+  out << text;
+  if (!out)
+    return report_error(Status::error(fmt::format("cannot write report {}", config.output),
+                                      ExitCode::kBadInput));
+  fmt::print(stderr, "detaudit: risk report written to {}\n", config.output);
+  return 0;
+}
+
 int diff_pairs(const Config& config, const std::vector<std::string>& dirs,
                const std::vector<bool>& recorded) {
   ReportFormat format;
@@ -179,7 +200,7 @@ int run_main(const RunArgs& args) {
     RiskReport risk;
     if (recorded[0] && load_catalog_or_warn(&catalog)) {
       if (Status s = risk_report(dirs[0], catalog, &risk); s.ok())
-        fmt::print("{}", render_risk_report(risk, isatty(STDOUT_FILENO)));
+        code = write_risk_report(config, risk);
       else
         report_error(s);
     }
@@ -218,7 +239,7 @@ void add_run_verb(CLI::App& app, VerbAction* action) {
   optional_flag(sub, args.get(), "--deterministic", &f.deterministic,
                 "torch.use_deterministic_algorithms: on, warn or off");
   optional_flag(sub, args.get(), "--threads", &f.threads, "intra-op threads (torch.set_num_threads)");
-  optional_flag(sub, args.get(), "--format", &f.format, "report format: text, json, junit or markdown");
+  optional_flag(sub, args.get(), "--format", &f.format, "report format: text, json, junit, markdown or html");
   optional_flag(sub, args.get(), "--output", &f.output, "write the report to this file");
   optional_flag(sub, args.get(), "--fail-on", &f.fail_on, "any (default) or tolerance");
   optional_flag(sub, args.get(), "--rtol", &f.rtol, "relative tolerance for --fail-on tolerance");

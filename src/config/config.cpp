@@ -405,7 +405,8 @@ Status parse_config(const json& j, Config* out) {
     const json& r = j["report"];
     if (Status s = check_object(r, "report", {"format", "output"}); !s.ok()) return s;
     if (r.contains("format"))
-      if (Status s = get_choice(r["format"], "report.format", {"text", "json", "junit", "markdown"},
+      if (Status s = get_choice(r["format"], "report.format",
+                                {"text", "json", "junit", "markdown", "html"},
                                 &c.format);
           !s.ok())
         return s;

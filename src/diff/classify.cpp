@@ -153,6 +153,26 @@ bool output_deltas(const trace::OpRecord& a, const trace::TraceReader& ra,
   return all_within;
 }
 
+double largest_relative_difference(const trace::OpRecord& a, const trace::TraceReader& ra,
+                                   const trace::OpRecord& b, const trace::TraceReader& rb) {
+  double largest = 0;
+  size_t n = std::min(a.output_tensors.size(), b.output_tensors.size());
+  for (size_t i = 0; i < n; ++i) {
+    const TensorDesc* ta = ra.tensor(a.output_tensors[i]);
+    const TensorDesc* tb = rb.tensor(b.output_tensors[i]);
+    if (!ta || !tb || ta->uninitialized() || tb->uninitialized() || ta->same_digest(*tb) ||
+        !(ta->bits & trace::kTensorHasStats) || !(tb->bits & trace::kTensorHasStats))
+      continue;
+    const double xs[] = {ta->stats.min, ta->stats.max, ta->stats.mean, ta->stats.l2};
+    const double ys[] = {tb->stats.min, tb->stats.max, tb->stats.mean, tb->stats.l2};
+    for (int k = 0; k < 4; ++k) {
+      const double scale = std::max(std::fabs(xs[k]), std::fabs(ys[k]));
+      if (scale > 0 && std::isfinite(scale)) largest = std::max(largest, std::fabs(ys[k] - xs[k]) / scale);
+    }
+  }
+  return largest;
+}
+
 void classify_divergence(const BufferedOp& a, const OpSource& sa, const BufferedOp& b,
                          const OpSource& sb, const GateConfig& gate, FirstDivergence* fd) {
   const trace::TraceReader& ra = sa.reader();

@@ -23,6 +23,11 @@ bool outputs_differ(const trace::OpRecord& a, const trace::TraceReader& ra,
                     const trace::OpRecord& b, const trace::TraceReader& rb);
 
 // Fills class, detail, tensors and magnitude of a value divergence between aligned ops.
+// The largest relative difference of the op's differing outputs, from their statistics (see
+// StepPoint::max_relative).
+double largest_relative_difference(const trace::OpRecord& a, const trace::TraceReader& ra,
+                                   const trace::OpRecord& b, const trace::TraceReader& rb);
+
 void classify_divergence(const BufferedOp& a, const OpSource& sa, const BufferedOp& b,
                          const OpSource& sb, const GateConfig& gate, FirstDivergence* out);
 

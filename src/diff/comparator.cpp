@@ -149,8 +149,13 @@ class StreamComparator {
       ++out_->per_step[a.rec.step];
       if (!output_deltas(a.rec, ra, b.rec, rb, options_.gate, nullptr))
         out_->beyond_tolerance = true;
+      if (out_->divergent_orders.size() < kMaxMarkedOps) out_->divergent_orders.push_back(a.rec.order);
+      StepPoint& p = out_->curve[a.rec.step];
+      ++p.divergent_ops;
+      p.max_relative = std::max(p.max_relative, largest_relative_difference(a.rec, ra, b.rec, rb));
     }
     track_parameter(a, differ);
+    track_loss(a, b);
 
     if (first_done_) return;
     if (pending_) {
@@ -183,6 +188,31 @@ class StreamComparator {
     out_->first = std::move(pending_);
     pending_.reset();
     first_done_ = true;
+  }
+
+  // The loss: backward starts from ones_like(loss); the last such 0-dim input before the step's
+  // first backward op is the step's loss.
+  void track_loss(const BufferedOp& a, const BufferedOp& b) {
+    if (a.rec.step != loss_step_) {
+      loss_step_ = a.rec.step;
+      loss_candidate_.reset();
+      loss_taken_ = false;
+    }
+    if (loss_taken_) return;
+    if (a.rec.phase == trace::Phase::kBackward) {
+      if (loss_candidate_)
+        out_->loss[a.rec.step] = LossPoint{loss_candidate_->first, loss_candidate_->second};
+      loss_taken_ = true;
+      return;
+    }
+    if (a.rec.input_tensors.empty() || b.rec.input_tensors.empty() ||
+        a_->name_of(a.rec) != "aten::ones_like")
+      return;
+    const trace::TensorDesc* ta = a_->reader().tensor(a.rec.input_tensors[0]);
+    const trace::TensorDesc* tb = b_->reader().tensor(b.rec.input_tensors[0]);
+    if (ta && tb && ta->sizes.empty() && tb->sizes.empty() && (ta->bits & trace::kTensorHasStats) &&
+        (tb->bits & trace::kTensorHasStats) && !(ta->bits & trace::kTensorIntStats))
+      loss_candidate_.emplace(ta->stats.mean, tb->stats.mean);
   }
 
   // Parameters, approximately: the k-th in-place op of a step's optimizer phase.
@@ -447,6 +477,7 @@ class StreamComparator {
   }
 
   static constexpr uint64_t kMaxParameters = 100000;
+  static constexpr size_t kMaxMarkedOps = 1000000;  // for the timeline's marks
 
   std::string name_, process_;
   const DiffOptions& options_;
@@ -454,6 +485,9 @@ class StreamComparator {
   const ProgressFn& progress_;
   StreamResult* out_;
   StreamLimits limits_;
+  uint64_t loss_step_ = UINT64_MAX;
+  std::optional<std::pair<double, double>> loss_candidate_;
+  bool loss_taken_ = false;
   OpSource* a_ = nullptr;
   OpSource* b_ = nullptr;
   uint64_t total_bytes_ = 0;

@@ -22,6 +22,9 @@ struct StreamResult {
   uint64_t structural_count = 0;
   uint64_t divergent_ops = 0;
   std::map<uint64_t, uint64_t> per_step;
+  std::map<uint64_t, StepPoint> curve;
+  std::map<uint64_t, LossPoint> loss;
+  std::vector<uint64_t> divergent_orders;  // run A's program orders of divergent ops (bounded)
   std::vector<ParameterDivergence> parameters;
   uint64_t parameters_tracked = 0;
   std::vector<Truncation> truncated;

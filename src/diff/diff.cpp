@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <cctype>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -145,15 +146,22 @@ Signature signature_of(const std::string& path) {
   return s;
 }
 
-// Threads that claimed the same name ("thread", "thread~1") did so in the order the scheduler
-// started them. Such streams pair by what they ran: the same first ops and outputs, else the
+// Threads (or processes) that claimed the same name ("thread", "thread~1") did so in the order
+// the scheduler started them. Such streams pair by what they ran: the same first ops and outputs, else the
 // same first op names, else in name order. Run B's streams are renamed to their partners'.
 void pair_clashing_streams(const std::map<std::string, std::string>& sa,
                            std::map<std::string, std::string>* sb) {
+  // The name without its "~<k>" marks, of the process or of the thread.
   auto base = [](const std::string& name) {
-    size_t tilde = name.rfind('~');
-    if (tilde == std::string::npos || name.find('.', tilde) != std::string::npos) return name;
-    return name.substr(0, tilde);
+    std::string out;
+    for (size_t i = 0; i < name.size(); ++i) {
+      if (name[i] == '~' && i + 1 < name.size() && std::isdigit(uint8_t(name[i + 1]))) {
+        while (i + 1 < name.size() && std::isdigit(uint8_t(name[i + 1]))) ++i;
+        continue;
+      }
+      out += name[i];
+    }
+    return out;
   };
   std::map<std::string, std::pair<std::vector<std::string>, std::vector<std::string>>> groups;
   for (const auto& [n, _] : sa) groups[base(n)].first.push_back(n);
@@ -289,7 +297,20 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
       if (r.structural.size() < kMaxStructural) r.structural.push_back(std::move(d));
     r.structural_count += res.structural_count;
     r.divergent_ops += res.divergent_ops;
-    for (const auto& [step, n] : res.per_step) r.divergent_ops_per_step[step] += n;
+    r.divergent_by_rank[res.rank];  // every rank gets a lane, divergent or not
+    if (!res.divergent_orders.empty())
+      r.divergent_orders[res.summary.name] = std::move(res.divergent_orders);
+    for (const auto& [step, n] : res.per_step) {
+      r.divergent_ops_per_step[step] += n;
+      r.divergent_by_rank[res.rank][step] += n;
+    }
+    for (const auto& [step, p] : res.curve) {
+      StepPoint& q = r.curve[step];
+      q.divergent_ops += p.divergent_ops;
+      q.max_relative = std::max(q.max_relative, p.max_relative);
+    }
+    // A rank's loss is its first stream's that has one: the main thread's, as a rule.
+    if (!res.loss.empty() && !r.loss.count(res.rank)) r.loss[res.rank] = res.loss;
     for (ParameterDivergence& p : res.parameters) r.parameters.push_back(std::move(p));
     r.parameters_tracked += res.parameters_tracked;
     for (Truncation& t : res.truncated) r.truncated.push_back(std::move(t));
@@ -320,14 +341,16 @@ Status parse_report_format(const std::string& name, ReportFormat* out) {
       {"json", ReportFormat::kJson},
       {"junit", ReportFormat::kJunit},
       {"markdown", ReportFormat::kMarkdown},
-      {"md", ReportFormat::kMarkdown}};
+      {"md", ReportFormat::kMarkdown},
+      {"html", ReportFormat::kHtml}};
   for (const auto& [n, f] : kFormats)
     if (name == n) {
       *out = f;
       return Status();
     }
   return Status::error(
-      fmt::format("unknown report format '{}' (expected text, json, junit or markdown)", name),
+      fmt::format("unknown report format '{}' (expected text, json, junit, markdown or html)",
+                  name),
       ExitCode::kUsage);
 }
 
@@ -337,6 +360,7 @@ std::string render_report(const DiffReport& report, ReportFormat format, bool co
     case ReportFormat::kJson: return report_to_json(report).dump(2) + "\n";
     case ReportFormat::kJunit: return render_junit(report);
     case ReportFormat::kMarkdown: return render_markdown(report);
+    case ReportFormat::kHtml: return render_html(report);
   }
   return render_text(report, color);
 }

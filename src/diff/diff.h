@@ -24,7 +24,7 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
 // 0 identical (or divergent within tolerance), 1 divergent.
 ExitCode gate_exit_code(const DiffReport& report);
 
-enum class ReportFormat { kText, kJson, kJunit, kMarkdown };
+enum class ReportFormat { kText, kJson, kJunit, kMarkdown, kHtml };
 Status parse_report_format(const std::string& name, ReportFormat* out);
 std::string render_report(const DiffReport& report, ReportFormat format, bool color);
 

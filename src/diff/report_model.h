@@ -97,6 +97,21 @@ struct FirstDivergence {
   std::string batch_read_by;
 };
 
+// One step of the divergence curve.
+struct StepPoint {
+  uint64_t divergent_ops = 0;
+  // The largest relative difference among the step's divergent outputs, from their statistics:
+  // max over min, max, mean and L2 of |b - a| / max(|a|, |b|). 0 when the statistics agree (a
+  // difference below float32 statistics) or there are none.
+  double max_relative = 0;
+};
+
+// The loss of one step, where one is found: the scalar that backward starts from (the input of
+// the `ones_like` just before the step's first backward op), in run A and run B.
+struct LossPoint {
+  double a = 0, b = 0;
+};
+
 struct ParameterDivergence {
   std::string stream;
   uint64_t position = 0;  // k-th in-place optimizer-phase op of the step
@@ -137,6 +152,10 @@ struct DiffReport {
   uint64_t structural_count = 0;
   uint64_t divergent_ops = 0;
   std::map<uint64_t, uint64_t> divergent_ops_per_step;
+  std::map<uint64_t, StepPoint> curve;                           // by step
+  std::map<int64_t, std::map<uint64_t, LossPoint>> loss;         // rank -> step
+  std::map<int64_t, std::map<uint64_t, uint64_t>> divergent_by_rank;  // rank -> step -> ops
+  std::map<std::string, std::vector<uint64_t>> divergent_orders;  // stream -> run A's orders
   std::vector<ParameterDivergence> parameters;  // first divergent step per parameter
   uint64_t parameters_tracked = 0;
   std::vector<Truncation> truncated;

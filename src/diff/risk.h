@@ -48,6 +48,7 @@ struct RiskReport {
 Status risk_report(const std::string& run_dir, const Catalog& catalog, RiskReport* out);
 
 std::string render_risk_report(const RiskReport& report, bool color);
+std::string render_risk_html(const RiskReport& report);  // src/report/html.cpp
 nlohmann::json risk_report_to_json(const RiskReport& report);
 
 }  // namespace detaudit

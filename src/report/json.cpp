@@ -140,14 +140,22 @@ json report_to_json(const DiffReport& r) {
   j["structural_differences"] = {{"count", r.structural_count}, {"first", st}};
 
   json per_step = json::array();
-  for (const auto& [step, n] : r.divergent_ops_per_step)
-    per_step.push_back({{"step", step}, {"divergent_ops", n}});
+  for (const auto& [step, n] : r.divergent_ops_per_step) {
+    auto c = r.curve.find(step);
+    per_step.push_back({{"step", step}, {"divergent_ops", n},
+                        {"max_relative_difference", c != r.curve.end() ? c->second.max_relative : 0.0}});
+  }
+  json loss = json::array();
+  for (const auto& [rank, steps] : r.loss)
+    for (const auto& [step, p] : steps)
+      loss.push_back({{"rank", rank}, {"step", step}, {"a", p.a}, {"b", p.b}});
   json params = json::array();
   for (const ParameterDivergence& p : r.parameters)
     params.push_back({{"stream", p.stream}, {"position", p.position}, {"op", p.op},
                       {"first_step", p.first_step}});
   j["spread"] = {{"divergent_ops", r.divergent_ops},
                  {"per_step", per_step},
+                 {"loss", loss},
                  {"parameters_tracked", r.parameters_tracked},
                  {"parameters_diverged", params}};
 

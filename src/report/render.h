@@ -13,6 +13,7 @@ std::string render_text(const DiffReport& r, bool color);
 nlohmann::json report_to_json(const DiffReport& r);  // the schema of docs/report.md
 std::string render_junit(const DiffReport& r);
 std::string render_markdown(const DiffReport& r);
+std::string render_html(const DiffReport& r);  // self-contained: inline CSS and SVG
 
 // Shared helpers.
 std::string shape_string(const std::vector<int64_t>& sizes);

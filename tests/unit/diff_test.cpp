@@ -667,6 +667,15 @@ TEST(DiffTest, ClashingThreadNamesPairByWhatTheyRan) {
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->divergence_class, "nondeterministic-op");
   EXPECT_EQ(r.first->stream, "r0.main.t-thread");
+
+  // Two child processes started alike claim "python-c" and "python-c~1" the same way.
+  RunDir e("clash3/run-0"), f("clash3/run-1");
+  e.add_stream("r0.main.python-c.t-main", build(Scenario{}, false));
+  e.add_stream("r0.main.python-c~1.t-main", filled_buffer(0x11, 0x21));
+  f.add_stream("r0.main.python-c.t-main", filled_buffer(0x11, 0x21));
+  f.add_stream("r0.main.python-c~1.t-main", build(Scenario{}, false));
+  ASSERT_TRUE(diff_runs(e.path(), f.path(), o, &r).ok());
+  EXPECT_EQ(r.verdict, "identical");
 }
 
 

@@ -1,0 +1,443 @@
+// The report to look at: one self-contained HTML file (inline CSS and SVG, no script, nothing
+// fetched), verdict first, then the first divergence as a card and the plots that show where
+// the runs part and how the difference grows.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "diff/diff.h"
+#include "diff/risk.h"
+#include "report/render.h"
+
+namespace detaudit {
+namespace {
+
+// Colours the tests look for in a screenshot: keep them distinct from the page's greys.
+constexpr const char* kBarColour = "#e45756";   // divergent ops
+constexpr const char* kLineColour = "#4c78a8";  // largest relative difference; loss of A
+constexpr const char* kLossB = "#f58518";
+constexpr const char* kLossDiff = "#54a24b";
+
+std::string esc(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+std::string num(double v) { return fmt::format("{:.6g}", v); }
+
+const char* kStyle = R"(
+body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#222;background:#fafafa}
+main{max-width:1100px;margin:0 auto;padding:16px 24px}
+.banner{padding:18px 24px;color:#fff;font-size:20px}
+.banner.identical{background:#2e7d32}.banner.divergent{background:#b71c1c}
+.banner small{display:block;font-size:13px;opacity:.9}
+section{background:#fff;border:1px solid #ddd;border-radius:6px;margin:16px 0;padding:12px 16px}
+h2{font-size:16px;margin:4px 0 10px}
+table{border-collapse:collapse;width:100%;font-size:13px}
+td,th{border-bottom:1px solid #eee;padding:4px 6px;text-align:left;vertical-align:top}
+th{color:#555;font-weight:600}
+code{font:12px ui-monospace,monospace;background:#f3f3f3;padding:1px 3px;border-radius:3px}
+.differs{color:#b71c1c;font-weight:600}.same{color:#2e7d32}
+.class{display:inline-block;background:#6a1b9a;color:#fff;border-radius:3px;padding:0 6px}
+.muted{color:#777}
+svg text{font:11px system-ui,sans-serif;fill:#444}
+)";
+
+std::string page(const std::string& title, const std::string& body) {
+  return fmt::format(
+      "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+      "<meta name=\"viewport\" content=\"width=device-width\"><title>{}</title>"
+      "<style>{}</style></head><body>\n{}\n</body></html>\n",
+      esc(title), kStyle, body);
+}
+
+// A chart's frame: x by position among `steps`, left axis linear, right axis log10.
+struct Frame {
+  double width = 1000, height = 260, left = 60, right = 70, top = 20, bottom = 40;
+  size_t n = 1;
+  double x(size_t i) const { return left + slot() * (double(i) + 0.5); }
+  double slot() const { return (width - left - right) / double(std::max<size_t>(n, 1)); }
+  double y(double fraction) const { return top + (height - top - bottom) * (1 - fraction); }
+};
+
+std::string axes(const Frame& f, const std::vector<uint64_t>& steps) {
+  std::string s = fmt::format(
+      "<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"#999\"/>"
+      "<line x1=\"{0}\" y1=\"{3}\" x2=\"{0}\" y2=\"{1}\" stroke=\"#999\"/>",
+      f.left, f.y(0), f.width - f.right, f.y(1));
+  const size_t every = std::max<size_t>(1, steps.size() / 20);
+  for (size_t i = 0; i < steps.size(); i += every)
+    s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>", f.x(i),
+                     f.y(0) + 16, steps[i]);
+  s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">step</text>",
+                   (f.left + f.width - f.right) / 2, f.height - 4);
+  return s;
+}
+
+// log10 range covering the positive values, at least two decades.
+std::pair<double, double> log_range(const std::vector<double>& values) {
+  double lo = 1e300, hi = 0;
+  for (double v : values)
+    if (v > 0 && std::isfinite(v)) {
+      lo = std::min(lo, v);
+      hi = std::max(hi, v);
+    }
+  if (hi == 0) return {-8, 0};
+  double a = std::floor(std::log10(lo)), b = std::ceil(std::log10(hi));
+  if (b - a < 2) a = b - 2;
+  return {a, b};
+}
+
+// Divergent ops per step (bars, left axis) and the largest relative difference (line, log
+// scale, right axis): how fast the difference blows up.
+std::string growth_plot(const DiffReport& r) {
+  std::vector<uint64_t> steps;
+  std::vector<double> counts, rel;
+  for (const auto& [step, p] : r.curve) {
+    steps.push_back(step);
+    counts.push_back(double(p.divergent_ops));
+    rel.push_back(p.max_relative);
+  }
+  if (steps.empty()) return "<p class=\"muted\">No op diverged: nothing to plot.</p>";
+  Frame f;
+  f.n = steps.size();
+  const double max_count = *std::max_element(counts.begin(), counts.end());
+  auto [lo, hi] = log_range(rel);
+  std::string s = fmt::format(
+      "<svg id=\"growth-plot\" viewBox=\"0 0 {} {}\" width=\"100%\" role=\"img\" "
+      "aria-label=\"divergent ops and largest relative difference per step\">",
+      f.width, f.height);
+  s += axes(f, steps);
+  s += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#999\"/>",
+                   f.width - f.right, f.y(0), f.y(1));
+  s += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{:.0f}</text>", f.left - 6,
+                   f.y(1) + 4, max_count);
+  s += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">0</text>", f.left - 6,
+                   f.y(0) + 4);
+  s += fmt::format("<text x=\"{}\" y=\"{:.1f}\" transform=\"rotate(-90 {} {:.1f})\" "
+                   "text-anchor=\"middle\">divergent ops</text>",
+                   14, (f.y(0) + f.y(1)) / 2, 14, (f.y(0) + f.y(1)) / 2);
+  s += fmt::format("<text x=\"{}\" y=\"{:.1f}\">1e{}</text><text x=\"{}\" y=\"{:.1f}\">"
+                   "1e{}</text>",
+                   f.width - f.right + 6, f.y(1) + 4, int(hi), f.width - f.right + 6, f.y(0) + 4, int(lo));
+  const double bar = std::max(2.0, f.slot() * 0.6);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const double top = f.y(max_count > 0 ? counts[i] / max_count : 0);
+    s += fmt::format("<rect class=\"bar\" x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" "
+                     "height=\"{:.1f}\" fill=\"{}\"><title>step {}: {} divergent ops</title></rect>",
+                     f.x(i) - bar / 2, top, bar, f.y(0) - top, kBarColour, steps[i], counts[i]);
+  }
+  std::string points;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (!(rel[i] > 0)) continue;
+    const double frac = (std::log10(rel[i]) - lo) / (hi - lo);
+    points += fmt::format("{:.1f},{:.1f} ", f.x(i), f.y(frac));
+    s += fmt::format("<circle class=\"rel\" cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"4\" fill=\"{}\">"
+                     "<title>step {}: largest relative difference {}</title></circle>",
+                     f.x(i), f.y(frac), kLineColour, steps[i], num(rel[i]));
+  }
+  if (!points.empty())
+    s += fmt::format("<polyline class=\"rel\" points=\"{}\" fill=\"none\" stroke=\"{}\" "
+                     "stroke-width=\"3\"/>", points, kLineColour);
+  s += "</svg>";
+  s += fmt::format("<p class=\"muted\"><span style=\"color:{}\">&#9632;</span> divergent ops "
+                   "(left) &nbsp; <span style=\"color:{}\">&#9679;</span> largest relative "
+                   "difference of a divergent output, from its statistics (right, log scale; a "
+                   "step without a point differs below float32 statistics)</p>",
+                   kBarColour, kLineColour);
+  return s;
+}
+
+// The loss of A and B per step, and |A - B| on a log scale: of the rank where the runs part,
+// else of the lowest rank.
+std::string loss_plot(const DiffReport& r) {
+  std::vector<uint64_t> steps;
+  std::vector<double> a, b, d;
+  auto rank = r.loss.end();
+  if (r.first) rank = r.loss.find(r.first->rank);
+  if (rank == r.loss.end()) rank = r.loss.begin();
+  if (rank != r.loss.end())
+    for (const auto& [step, p] : rank->second) {
+      steps.push_back(step);
+      a.push_back(p.a);
+      b.push_back(p.b);
+      d.push_back(std::fabs(p.b - p.a));
+    }
+  if (steps.empty())
+    return "<p class=\"muted\">No loss identified (the scalar that backward starts from) in the "
+           "steps compared.</p>";
+  Frame f;
+  f.n = steps.size();
+  double lo = 1e300, hi = -1e300;
+  for (double v : a) lo = std::min(lo, v), hi = std::max(hi, v);
+  for (double v : b) lo = std::min(lo, v), hi = std::max(hi, v);
+  if (hi - lo < 1e-12) hi = lo + 1;
+  auto frac = [&](double v) { return (v - lo) / (hi - lo); };
+  auto [dlo, dhi] = log_range(d);
+  std::string s = fmt::format(
+      "<svg id=\"loss-plot\" viewBox=\"0 0 {} {}\" width=\"100%\" role=\"img\" "
+      "aria-label=\"loss of run A and run B per step\">", f.width, f.height);
+  s += axes(f, steps);
+  s += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#999\"/>",
+                   f.width - f.right, f.y(0), f.y(1));
+  s += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text><text x=\"{}\" "
+                   "y=\"{:.1f}\" text-anchor=\"end\">{}</text>",
+                   f.left - 6, f.y(1) + 4, num(hi), f.left - 6, f.y(0) + 4, num(lo));
+  s += fmt::format("<text x=\"{}\" y=\"{:.1f}\">1e{}</text><text x=\"{}\" y=\"{:.1f}\">"
+                   "1e{}</text>",
+                   f.width - f.right + 6, f.y(1) + 4, int(dhi), f.width - f.right + 6, f.y(0) + 4, int(dlo));
+  auto line = [&](const std::vector<double>& v, const char* cls, const char* colour,
+                  const char* dash, bool log) {
+    std::string pts, dots;
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (log && !(v[i] > 0)) continue;
+      const double y = f.y(log ? (std::log10(v[i]) - dlo) / (dhi - dlo) : frac(v[i]));
+      pts += fmt::format("{:.1f},{:.1f} ", f.x(i), y);
+      dots += fmt::format("<circle class=\"{}\" cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.5\" "
+                          "fill=\"{}\"><title>step {}: {}</title></circle>",
+                          cls, f.x(i), y, colour, steps[i], num(v[i]));
+    }
+    if (pts.empty()) return std::string();
+    return fmt::format("<polyline class=\"{}\" points=\"{}\" fill=\"none\" stroke=\"{}\" "
+                       "stroke-width=\"3\" stroke-dasharray=\"{}\"/>{}",
+                       cls, pts, colour, dash, dots);
+  };
+  s += line(d, "loss-diff", kLossDiff, "2 3", true);
+  s += line(a, "loss-a", kLineColour, "none", false);
+  s += line(b, "loss-b", kLossB, "8 5", false);
+  s += "</svg>";
+  s += fmt::format("<p class=\"muted\">Rank {}: <span style=\"color:{}\">&#9644;</span> loss, run A "
+                   "&nbsp; <span style=\"color:{}\">&#9644;</span> loss, run B (left) &nbsp; "
+                   "<span style=\"color:{}\">&#9679;</span> |B - A| (right, log scale; "
+                   "no point where they are equal)</p>",
+                   rank->first, kLineColour, kLossB, kLossDiff);
+  return s;
+}
+
+// One lane per rank, one cell per step, darker with more divergent ops; the first divergence
+// is outlined.
+std::string rank_lanes(const DiffReport& r) {
+  std::map<int64_t, bool> ranks;
+  for (const auto& [rank, _] : r.divergent_by_rank) ranks[rank] = true;
+  if (r.first) ranks[r.first->rank] = true;
+  std::vector<uint64_t> steps;
+  for (const auto& [step, _] : r.curve) steps.push_back(step);
+  if (ranks.size() < 2 || steps.empty()) return "";
+  uint64_t most = 1;
+  for (const auto& [_, per] : r.divergent_by_rank)
+    for (const auto& [__, n] : per) most = std::max(most, n);
+  const double cell = 900.0 / double(steps.size()), lane = 26;
+  std::string s = fmt::format(
+      "<section><h2>Ranks</h2><svg id=\"rank-lanes\" viewBox=\"0 0 1000 {:.0f}\" "
+      "width=\"100%\">", lane * double(ranks.size()) + 20);
+  size_t row = 0;
+  for (const auto& [rank, _] : ranks) {
+    const double y = 10 + lane * double(row++);
+    s += fmt::format("<text x=\"4\" y=\"{:.0f}\">rank {}</text>", y + 17, rank);
+    auto it = r.divergent_by_rank.find(rank);
+    for (size_t i = 0; i < steps.size(); ++i) {
+      uint64_t n = 0;
+      if (it != r.divergent_by_rank.end())
+        if (auto jt = it->second.find(steps[i]); jt != it->second.end()) n = jt->second;
+      const double alpha = n == 0 ? 0.06 : 0.25 + 0.75 * double(n) / double(most);
+      const bool first = r.first && r.first->rank == rank && r.first->step == steps[i];
+      s += fmt::format("<rect class=\"lane\" x=\"{:.1f}\" y=\"{:.0f}\" width=\"{:.1f}\" "
+                       "height=\"{:.0f}\" fill=\"{}\" fill-opacity=\"{:.2f}\" stroke=\"{}\" "
+                       "stroke-width=\"{}\"><title>rank {} step {}: {} divergent ops</title></rect>",
+                       80 + cell * double(i), y, cell - 2, lane - 4, kBarColour, alpha,
+                       first ? "#000" : "none", first ? 3 : 0, rank, steps[i], n);
+    }
+  }
+  s += "</svg><p class=\"muted\">Darker: more divergent ops. Outlined: the first divergence."
+       "</p></section>";
+  return s;
+}
+
+std::string side_cell(const TensorSide& t) {
+  if (!t.present) return "<td class=\"muted\">-</td>";
+  std::string s = fmt::format("<td><code>{}</code> {} {} {}", esc(short_digest(t.digest)),
+                              esc(t.dtype), esc(shape_string(t.sizes)), esc(t.device));
+  if (t.uninitialized) s += " <span class=\"muted\">uninitialized</span>";
+  if (t.has_stats)
+    s += fmt::format("<br><span class=\"muted\">min {} max {} mean {} l2 {}</span>",
+                     num(t.stats.min), num(t.stats.max), num(t.stats.mean), num(t.stats.l2));
+  return s + "</td>";
+}
+
+std::string tensor_rows(const char* role, const std::vector<TensorPair>& pairs) {
+  std::string s;
+  for (const TensorPair& p : pairs)
+    s += fmt::format("<tr><td>{} {}{}</td><td class=\"{}\">{}</td>{}{}</tr>", role, p.index,
+                     p.a.origin.empty() ? "" : " <span class=\"muted\">(" + esc(p.a.origin) + ")</span>",
+                     p.differs ? "differs" : "same", p.differs ? "differs" : "same",
+                     side_cell(p.a), side_cell(p.b));
+  return s;
+}
+
+std::string first_divergence_card(const FirstDivergence& f) {
+  std::string s = "<section id=\"first-divergence\"><h2>First divergence</h2><table>";
+  auto row = [&](const char* k, const std::string& v) {
+    s += fmt::format("<tr><th>{}</th><td>{}</td></tr>", k, v);
+  };
+  row("where", fmt::format("rank {} ({}), step {}, {} phase{}", f.rank, esc(f.process), f.step,
+                           esc(f.phase),
+                           f.scope_path.empty() ? "" : ", in <code>" + esc(f.scope_path) + "</code>"));
+  row("op", fmt::format("<code>{}</code>", esc(fmt::format("{}", fmt::join(f.chain, " > ")))));
+  row("position", fmt::format("op #{} of stream <code>{}</code> (order {} / {})", f.index,
+                              esc(f.stream), f.order_a, f.order_b));
+  row("class", fmt::format("<span class=\"class\">{}</span> {}", esc(f.divergence_class),
+                           esc(f.detail)));
+  if (!f.batch_read_by.empty()) row("batch", "made in this DataLoader worker, read by " + esc(f.batch_read_by));
+  if (!f.compiled_region.empty()) row("region", esc(f.compiled_region) + " (torch.compile, opaque)");
+  if (f.is_random) row("rng", fmt::format("<code>{:016x}</code> vs <code>{:016x}</code>", f.rng_a, f.rng_b));
+  if (!f.cause.empty()) row("cause", esc(f.cause));
+  row("remedy", esc(f.remedy));
+  if (f.catalog) {
+    const CatalogRef& c = *f.catalog;
+    std::string v = fmt::format("<code>{}</code> ({}): {}", esc(c.id), esc(c.op), esc(c.condition));
+    if (!c.conditions_met.empty())
+      v += "<br>conditions met: " + esc(fmt::format("{}", fmt::join(c.conditions_met, "; ")));
+    if (!c.conditions_unknown.empty())
+      v += "<br>not checkable: " + esc(fmt::format("{}", fmt::join(c.conditions_unknown, "; ")));
+    v += "<br>remedy: " + esc(c.remedy);
+    row("catalog", v);
+  }
+  s += "</table>";
+  if (!f.inputs.empty() || !f.outputs.empty()) {
+    s += "<h2>Tensors</h2><table><tr><th>tensor</th><th></th><th>run A</th><th>run B</th></tr>";
+    s += tensor_rows("input", f.inputs);
+    s += tensor_rows("output", f.outputs);
+    s += "</table>";
+  }
+  if (!f.magnitude.empty()) {
+    s += "<h2>Magnitude (B - A)</h2><table><tr><th>tensor</th><th>min</th><th>max</th>"
+         "<th>mean</th><th>l2</th><th>within tolerance</th></tr>";
+    for (const StatsDelta& d : f.magnitude)
+      s += d.has_stats ? fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+                                     "<td>{}</td></tr>", esc(d.tensor), num(d.min), num(d.max),
+                                     num(d.mean), num(d.l2), d.within_tolerance ? "yes" : "no")
+                       : fmt::format("<tr><td>{}</td><td colspan=\"5\" class=\"muted\">no "
+                                     "statistics recorded</td></tr>", esc(d.tensor));
+    s += "</table>";
+  }
+  return s + "</section>";
+}
+
+}  // namespace
+
+std::string render_html(const DiffReport& r) {
+  const bool same = r.verdict == "identical";
+  std::string b = fmt::format(
+      "<div class=\"banner {}\" id=\"verdict\"><strong>{}</strong> {}<small>A: {} &nbsp; B: {}"
+      "</small></div><main>",
+      same ? "identical" : "divergent", same ? "IDENTICAL" : "DIVERGENT",
+      esc(one_line_verdict(r)), esc(r.run_a), esc(r.run_b));
+  for (const Truncation& t : r.truncated)
+    b += fmt::format("<section><strong>Truncated:</strong> run {} stream <code>{}</code> stops "
+                     "at offset {} after {} compared ops: {}</section>",
+                     esc(t.run), esc(t.stream), t.offset, t.ops_compared, esc(t.message));
+  if (r.first) b += first_divergence_card(*r.first);
+  b += "<section><h2>How the difference grows</h2>" + growth_plot(r) + "</section>";
+  b += "<section><h2>Loss</h2>" + loss_plot(r) + "</section>";
+  b += rank_lanes(r);
+  b += "<section><h2>Environment differences</h2>";
+  if (r.environment.empty()) {
+    b += "<p class=\"muted\">None.</p>";
+  } else {
+    b += "<table><tr><th>process</th><th>key</th><th>run A</th><th>run B</th></tr>";
+    for (const EnvDifference& d : r.environment)
+      b += fmt::format("<tr><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td></tr>",
+                       esc(d.process), esc(d.key), esc(d.a), esc(d.b));
+    b += "</table>";
+  }
+  b += "</section>";
+  if (!r.structural.empty()) {
+    b += fmt::format("<section><h2>Structural differences ({})</h2><table><tr><th>stream</th>"
+                     "<th>step</th><th>ops</th><th>detail</th></tr>", r.structural_count);
+    for (const StructuralDifference& d : r.structural)
+      b += fmt::format("<tr><td><code>{}</code></td><td>{}</td><td>#{} / #{}</td><td>{}</td></tr>",
+                       esc(d.stream), d.step, d.index_a, d.index_b, esc(d.detail));
+    b += "</table></section>";
+  }
+  b += "<section><h2>Streams compared</h2><table><tr><th>stream</th><th>ops A</th><th>ops B</th>"
+       "<th>compared</th><th>divergent</th><th>structural</th><th>notes</th></tr>";
+  for (const StreamSummary& s : r.streams) {
+    std::string notes;
+    if (s.truncated) notes += "truncated ";
+    if (s.alignment_lost) notes += "alignment lost ";
+    if (!s.in_a || !s.in_b) notes += s.in_a ? "only in A " : "only in B ";
+    if (s.consumer_last_step) notes += fmt::format("worker, up to step {} ", *s.consumer_last_step);
+    if (!s.compiled_regions.empty()) notes += "torch.compile regions (opaque) ";
+    b += fmt::format("<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+                     "<td>{}</td><td>{}</td></tr>", esc(s.name), s.ops_a, s.ops_b, s.compared,
+                     s.divergent, s.structural, esc(notes));
+  }
+  b += fmt::format("</table><p class=\"muted\">{} ops compared in {:.2f} s; {} divergent.</p>"
+                   "</section></main>",
+                   r.ops_compared, r.seconds, r.divergent_ops);
+  return page(fmt::format("detaudit: {}", r.verdict), b);
+}
+
+std::string render_risk_html(const RiskReport& r) {
+  std::string b = fmt::format(
+      "<div class=\"banner {}\" id=\"verdict\"><strong>RISK</strong> {} known nondeterministic "
+      "op(s) ran<small>{}: {} ops scanned</small></div><main>",
+      r.hits.empty() ? "identical" : "divergent", r.hits.size(), esc(r.run_dir), r.ops_scanned);
+  if (!r.hits.empty()) {
+    uint64_t most = 1;
+    for (const RiskHit& h : r.hits) most = std::max(most, h.count);
+    const double row = 28;
+    b += fmt::format("<section><h2>Catalog ops that ran</h2><svg id=\"risk-plot\" viewBox=\"0 0 "
+                     "1000 {:.0f}\" width=\"100%\">", row * double(r.hits.size()) + 10);
+    for (size_t i = 0; i < r.hits.size(); ++i) {
+      const RiskHit& h = r.hits[i];
+      const double y = 5 + row * double(i);
+      const double w = 560.0 * double(h.count) / double(most);
+      b += fmt::format("<text x=\"4\" y=\"{:.0f}\">{}</text><rect class=\"bar\" x=\"300\" "
+                       "y=\"{:.0f}\" width=\"{:.1f}\" height=\"{:.0f}\" fill=\"{}\"/>"
+                       "<text x=\"{:.1f}\" y=\"{:.0f}\">x{}</text>",
+                       y + 17, esc(h.op), y + 3, std::max(2.0, w), row - 8, kBarColour,
+                       306 + w, y + 17, h.count);
+    }
+    b += "</svg><table><tr><th>op</th><th>entry</th><th>times</th><th>first</th>"
+         "<th>conditions met</th><th>remedy</th></tr>";
+    for (const RiskHit& h : r.hits)
+      b += fmt::format("<tr><td><code>{}</code></td><td>{}{}</td><td>{}</td><td>{} step {}</td>"
+                       "<td>{}{}</td><td>{}</td></tr>",
+                       esc(h.op), esc(h.entry_id), h.uncertain ? " (uncertain)" : "", h.count,
+                       esc(h.stream), h.first_step,
+                       esc(fmt::format("{}", fmt::join(h.conditions_met, "; "))),
+                       h.conditions_unknown.empty()
+                           ? ""
+                           : "<br><span class=\"muted\">not checkable: " +
+                                 esc(fmt::format("{}", fmt::join(h.conditions_unknown, "; "))) +
+                                 "</span>",
+                       esc(h.remedy));
+    b += "</table></section>";
+  }
+  if (!r.environment.empty()) {
+    b += "<section><h2>Environment</h2><table><tr><th>process</th><th>setting</th><th>why</th>"
+         "<th>remedy</th></tr>";
+    for (const EnvironmentRisk& e : r.environment)
+      b += fmt::format("<tr><td>{}</td><td><code>{}={}</code></td><td>{}</td><td>{}</td></tr>",
+                       esc(e.process), esc(e.key), esc(e.value), esc(e.why), esc(e.remedy));
+    b += "</table></section>";
+  }
+  for (const std::string& t : r.truncated)
+    b += "<section><strong>Truncated:</strong> " + esc(t) + "</section>";
+  b += "</main>";
+  return page("detaudit: risk report", b);
+}
+
+}  // namespace detaudit
