@@ -637,6 +637,28 @@ TEST(OutputDigestsTest, SameOnlyWhenEveryComparedDigestIsEqual) {
   EXPECT_FALSE(absent.same_as(absent));
 }
 
+// The HTML page escapes what programs name (scopes, ops, paths) and fetches nothing.
+TEST(DiffTest, HtmlReportEscapesNamesAndIsSelfContained) {
+  Scenario s;
+  s.nondet_step = 1;
+  Case c("html", s);
+  DiffReport r = diff(c);
+  ASSERT_TRUE(r.first);
+  r.first->scope_path = "<script>alert(1)</script>";
+  std::string html = render_report(r, ReportFormat::kHtml, false);
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+  EXPECT_NE(html.find("&lt;script&gt;alert(1)&lt;/script&gt;"), std::string::npos);
+  EXPECT_EQ(html.find("http"), std::string::npos);
+  EXPECT_NE(html.find("id=\"growth-plot\""), std::string::npos);
+  // One bar per step with divergent ops.
+  size_t bars = 0;
+  for (size_t at = html.find("class=\"bar\""); at != std::string::npos;
+       at = html.find("class=\"bar\"", at + 1))
+    ++bars;
+  EXPECT_EQ(bars, r.curve.size());
+  EXPECT_GT(bars, 0u);
+}
+
 // Two unnamed threads claim "thread" and "thread~1" in the order the scheduler starts them: the
 // streams pair by what they ran, not by the name each got.
 TEST(DiffTest, ClashingThreadNamesPairByWhatTheyRan) {
