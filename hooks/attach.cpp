@@ -35,11 +35,18 @@ void flush_everything() {
 }
 
 struct sigaction g_previous[32];
-const int kFatalSignals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGTERM};
+const int kFatalSignals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGTERM, SIGINT};
 
 void on_fatal_signal(int sig) {
-  // Save what this thread recorded up to its last whole record, then die as we would have.
-  if (ThreadRecorder* t = ThreadRecorder::current()) StreamWriter::instance().crash_flush(t->stream());
+  if (sig == SIGTERM || sig == SIGINT) {
+    // Asked to stop (a CI runner, a scheduler, Ctrl-C): every thread's records so far.
+    if (ProcessRecorder::instance().active())
+      ProcessRecorder::instance().save_on_stop_signal(sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  } else if (ThreadRecorder* t = ThreadRecorder::current_if_any()) {
+    // A crash: what this thread recorded up to its last whole record.
+    StreamWriter::instance().crash_flush(t->stream());
+  }
+  // Then die as we would have.
   sigaction(sig, &g_previous[sig], nullptr);
   raise(sig);
 }

@@ -1,6 +1,7 @@
 // ProcessRecorder: what one process shares (config, step, program order, its name) and how it
 // changes: step ends, the op callback on and off, forks, and DataLoader workers' batches.
 #include <ATen/Parallel.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -65,7 +66,9 @@ const std::string& ProcessRecorder::process_name() {
                               &process_name_);
     if (fd < 0) {
       process_name_ = layout::process_name(rank_, role_) + "~" + std::to_string(::getpid());
+      status_path_.clear();
     } else {
+      status_path_ = streams_dir_ + "/" + process_name_ + layout::kStatusExt;
       if (!claim_note_.empty()) {
         std::string line = claim_note_ + "\n";
         (void)!::write(fd, line.data(), line.size());
@@ -186,6 +189,24 @@ void ProcessRecorder::finish_all() {
   StreamWriter::instance().drain();
 }
 
+void ProcessRecorder::save_on_stop_signal(const char* signal_name) {
+  // No lock: the handler may run while a thread holds it. Threads keep running meanwhile; each
+  // buffer is saved up to its last whole record.
+  std::vector<StreamBuffer*> streams;
+  for (ThreadRecorder* t : threads_)
+    if (t) streams.push_back(t->stream());
+  ThreadRecorder* own = ThreadRecorder::current_if_any();
+  StreamWriter::instance().freeze_and_save(streams, own ? own->stream() : nullptr);
+  if (status_path_.empty()) return;
+  int fd = ::open(status_path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  if (fd < 0) return;
+  const char prefix[] = "interrupted by ";
+  (void)!::write(fd, prefix, sizeof prefix - 1);
+  (void)!::write(fd, signal_name, std::strlen(signal_name));
+  (void)!::write(fd, "\n", 1);
+  ::close(fd);
+}
+
 void ProcessRecorder::write_environment_once() {
   if (env_written_.exchange(true)) return;
   write_environment(streams_dir_ + "/" + process_name() + layout::kEnvExt, *this);
@@ -202,6 +223,7 @@ void ProcessRecorder::after_fork_child() {
   const std::string parent = process_name_;
   role_ += "." + std::to_string(forks_ - 1);
   process_name_.clear();
+  status_path_.clear();
   claim_note_ = "forked from " + parent + " pid " + std::to_string(::getppid());
   fork_generation_.fetch_add(1);
   forks_ = 0;

@@ -73,6 +73,8 @@ struct ThreadRecorderHolder {
 thread_local ThreadRecorderHolder tls_holder;
 }  // namespace
 
+ThreadRecorder* ThreadRecorder::current_if_any() { return tls_recorder; }
+
 ThreadRecorder* ThreadRecorder::current() {
   if (tls_recorder) return tls_recorder;
   if (tls_destroyed) return nullptr;  // thread exit: ops after our destructor go unrecorded
@@ -95,11 +97,12 @@ ThreadRecorder::~ThreadRecorder() {
 }
 
 void ThreadRecorder::finish() {
-  if (!stream_open_) return;
+  if (!stream_open_ || !stream_.enter_write()) return;
   encoder_.end(totals_, &stream_.bytes);
   stream_.committed.store(stream_.bytes.size(), std::memory_order_release);
   StreamWriter::instance().hand_over(&stream_);
   stream_open_ = false;  // a later op on this thread would start a second stream file
+  stream_.leave_write();
 }
 
 void ThreadRecorder::reset_after_fork() {
@@ -364,7 +367,9 @@ void ThreadRecorder::on_end(const at::RecordFunction& fn) {
       if (v.isTensor() && v.toTensor().defined()) cache_.wrote_unseen(v.toTensor());
   }
   if (f.recorded && produced_fake_tensor(fn.outputs())) f.recorded = false;
-  if (f.recorded) {
+  // The only place this thread changes its stream buffer while the process runs: a stop
+  // signal's handler waits until no thread is here, then saves every buffer.
+  if (f.recorded && stream_.enter_write()) {
     busy_ = true;
     try {
       write_record(f, fn);
@@ -374,6 +379,7 @@ void ThreadRecorder::on_end(const at::RecordFunction& fn) {
       stream_.bytes.resize(stream_.committed.load());
     }
     busy_ = false;
+    stream_.leave_write();
   }
   items_.resize(f.items_begin);
   bytes_.resize(f.bytes_begin);

@@ -72,6 +72,10 @@ class ProcessRecorder {
   void unregister_thread(ThreadRecorder* t);
   // At exit: close every stream with an END record and wait for the writer.
   void finish_all();
+  // From a SIGTERM or SIGINT handler: save every thread's whole records (no END: the run was
+  // cut) and append "interrupted by <signal>" to the process's .status. Allocates a little:
+  // the process is about to end either way.
+  void save_on_stop_signal(const char* signal_name);
   void write_environment_once();
 
   // pthread_atfork: no callback toggles across a fork; in the child, a new role, a fresh order,
@@ -99,6 +103,7 @@ class ProcessRecorder {
   long rank_ = 0;
   std::string role_ = "main";
   std::string process_name_;  // claimed; empty until then
+  std::string status_path_;   // its .status file, for a signal handler (no allocation there)
   std::string claim_note_;    // the first line of the .status file when it is claimed
   bool is_python_ = false;
   int forks_ = 0;
@@ -125,6 +130,7 @@ class ProcessRecorder {
 class ThreadRecorder {
  public:
   static ThreadRecorder* current();  // this thread's, created on first use
+  static ThreadRecorder* current_if_any();  // for signal handlers: never allocates
   ~ThreadRecorder();
 
   void on_start(const at::RecordFunction& fn);

@@ -107,6 +107,16 @@ void StreamWriter::crash_flush(StreamBuffer* stream) {
   for (int i = 0; i < 1000 && !crash_done_.load(std::memory_order_acquire); ++i) sleep_ms(1);
 }
 
+void StreamWriter::freeze_and_save(const std::vector<StreamBuffer*>& streams, StreamBuffer* own) {
+  g_streams_frozen.store(true);
+  for (StreamBuffer* s : streams) {
+    if (!s) continue;
+    // The handler's own thread may have been interrupted inside a write: it cannot leave it.
+    for (int i = 0; s != own && i < 200 && s->writing.load(); ++i) sleep_ms(1);
+    if (!s->writing.load() || s == own) crash_flush(s);
+  }
+}
+
 void StreamWriter::reset_after_fork() {
   head_.store(nullptr);  // the parent writes its own chunks; leaking the child's copy is fine
   pushed_.store(0);

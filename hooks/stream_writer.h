@@ -9,14 +9,30 @@
 #include <cstdint>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace detaudit::hooks {
+
+// Set once a stop signal's handler saves every buffer: from then on no thread changes its own.
+inline std::atomic<bool> g_streams_frozen{false};
 
 // One stream's file and the bytes its thread has not handed over yet.
 struct StreamBuffer {
   int fd = -1;
   std::string bytes;                    // whole records only, at chunk boundaries
   std::atomic<size_t> committed{0};     // bytes.size() after the last whole record
+  std::atomic<bool> writing{false};     // its thread is appending or handing over
+
+  // Around the op thread's changes to `bytes`; false once the streams are frozen. Both sides
+  // are sequentially consistent: either the handler sees `writing` and waits, or the thread
+  // sees the freeze and leaves the buffer alone.
+  bool enter_write() {
+    writing.store(true);
+    if (!g_streams_frozen.load()) return true;
+    writing.store(false);
+    return false;
+  }
+  void leave_write() { writing.store(false, std::memory_order_release); }
 };
 
 class StreamWriter {
@@ -29,6 +45,10 @@ class StreamWriter {
   void drain();
   // From a fatal-signal handler on the crashing thread: save its committed bytes, wait briefly.
   void crash_flush(StreamBuffer* stream);
+  // From a stop signal's handler: freeze every stream, wait (briefly) for threads inside a
+  // write to leave it, then save each buffer's committed bytes. `own` is the handler's thread's
+  // buffer, saved as it stands.
+  void freeze_and_save(const std::vector<StreamBuffer*>& streams, StreamBuffer* own);
   // In a forked child: forget the parent's queue and thread.
   void reset_after_fork();
 

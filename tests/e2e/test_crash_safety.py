@@ -38,9 +38,9 @@ class CrashSafety(unittest.TestCase):
     def tearDownClass(cls):
         remove_dir(cls.tmp)
 
-    def assert_one_line_error(self, r, code, *needles):
+    def assert_one_line_error(self, r, code, *needles, prefix="detaudit: error:"):
         self.assertEqual(r.returncode, code, r.stdout[-2000:] + r.stderr)
-        lines = [l for l in r.stderr.splitlines() if l.startswith("detaudit: error:")]
+        lines = [l for l in r.stderr.splitlines() if l.startswith(prefix)]
         self.assertEqual(len(lines), 1, r.stderr)
         for n in needles:
             self.assertIn(n, lines[0])
@@ -97,11 +97,12 @@ class CrashSafety(unittest.TestCase):
         # Its last op (written last: nested ops come first) reads the loss for the print.
         self.assertEqual(ops(recs)[-1]["name"], "aten::item")  # the print of the last loss
 
-    def test_sigkill_mid_run_leaves_a_readable_trace(self):
-        out = os.path.join(self.tmp, "killed")
+    def kill_mid_run(self, name, prog, sig):
+        """Records PROG until step 30, then sends SIG to it; returns (run dir, detaudit's exit
+        code, its stderr)."""
+        out = os.path.join(self.tmp, name)
         run_dir = os.path.join(out, "run-0")
-        proc = subprocess.Popen([BIN, "run", "--out", out, "-q", "--", PYTHON,
-                                 program("train_forever.py")],
+        proc = subprocess.Popen([BIN, "run", "--out", out, "-q", "--", PYTHON, program(prog)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             env_path = os.path.join(run_dir, "streams", "r0.main.env.json")
@@ -121,13 +122,17 @@ class CrashSafety(unittest.TestCase):
                 time.sleep(0.05)
             self.assertIsNotNone(pid, "the target never started recording")
             time.sleep(0.3)  # let the writer hand some steps to disk; the target keeps running
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, sig)
             stdout, stderr = proc.communicate(timeout=60)
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-        self.assertEqual(proc.returncode, 4, stderr)
+        return run_dir, proc.returncode, stderr
+
+    def test_sigkill_mid_run_leaves_a_readable_trace(self):
+        run_dir, code, stderr = self.kill_mid_run("killed", "train_forever.py", signal.SIGKILL)
+        self.assertEqual(code, 4, stderr)
         self.assertIn("killed by SIGKILL", stderr)
 
         s = run_detaudit(["show", run_dir, "--json"])
@@ -153,9 +158,35 @@ class CrashSafety(unittest.TestCase):
         for k in range(last):
             phases = {o["phase"] for o in ops(recs) if o["step"] == k}
             self.assertEqual(phases, {"forward", "backward", "optimizer"}, k)
-        # And the killed run diffs against itself up to the cut.
+        # The killed run diffs against itself up to the cut, but its tail was never recorded:
+        # the gate fails closed (exit 5) and says what was not compared, unless allowed.
         d = run_detaudit(["diff", run_dir, run_dir])
+        self.assertEqual(d.returncode, 5, d.stdout + d.stderr)
+        self.assertIn("INCOMPLETE", d.stdout)
+        line = self.assert_one_line_error(d, 5, "r0.main.t-main", "no END record", prefix="detaudit: incomplete:")
+        self.assertIn("--allow-truncated", line)
+        d = run_detaudit(["diff", run_dir, run_dir, "--allow-truncated"])
         self.assertEqual(d.returncode, 0, d.stdout + d.stderr)
+
+    def test_sigterm_saves_every_threads_records(self):
+        run_dir, code, stderr = self.kill_mid_run("terminated", "threads_forever.py", signal.SIGTERM)
+        self.assertEqual(code, 4, stderr)
+        self.assertIn("SIGTERM", stderr)
+        with open(os.path.join(run_dir, "streams", "r0.main.status")) as f:
+            self.assertIn("interrupted by SIGTERM", f.read())
+        recs, e = export_records(run_dir, check=False)
+        self.assertEqual(e.returncode, 0, e.stderr)
+        streams = {"r0.main.t-main", "r0.main.t-spin-0", "r0.main.t-spin-1"}
+        for name in streams:
+            mine = ops(recs, stream=name)
+            # Each thread's records up to its last whole one: far more than the first 256 KiB
+            # or 50 ms the writer would have had without the handler.
+            self.assertGreater(len(mine), 200, name)
+            self.assertFalse([r for r in recs if r.get("stream") == name and r["record"] == "end"])
+        main_steps = {o["step"] for o in ops(recs, stream="r0.main.t-main")}
+        self.assertGreaterEqual(max(main_steps), 30)
+        d = run_detaudit(["diff", run_dir, run_dir])
+        self.assertEqual(d.returncode, 5, d.stdout + d.stderr)
 
     # --- a damaged trace ---------------------------------------------------------------------
 
@@ -215,8 +246,10 @@ class CrashSafety(unittest.TestCase):
         self.assertIn(str(victim["offset"]), notes[0])
 
         d = run_detaudit(["diff", good, cut])
-        self.assertNotEqual(d.returncode, 3, d.stderr)
-        self.assertIn("trunc", (d.stdout + d.stderr).lower())
+        self.assertEqual(d.returncode, 5, d.stdout + d.stderr)
+        self.assertIn("was cut short", d.stdout)
+        self.assertIn(str(victim["offset"]), d.stdout)
+        self.assertEqual(run_detaudit(["diff", good, cut, "--allow-truncated"]).returncode, 0)
 
 
 if __name__ == "__main__":
