@@ -7,6 +7,8 @@
 #include <filesystem>
 
 #include "cli/verbs.h"
+#include "diff/diff.h"
+#include "diff/report_model.h"
 
 namespace detaudit::cli {
 namespace {
@@ -24,6 +26,14 @@ std::filesystem::path prefix_dir() {
 int report_error(const Status& status) {
   fmt::print(stderr, "detaudit: error: {}\n", status.message());
   return int(status.code());
+}
+
+void say_if_incomplete(const DiffReport& report) {
+  if (gate_exit_code(report) != ExitCode::kIncomplete) return;
+  fmt::print(stderr, "detaudit: incomplete: {}{}; exit 5 (--allow-truncated passes on what both "
+             "runs have)\n", report.not_compared.front(),
+             report.not_compared.size() > 1
+                 ? fmt::format(", and {} more", report.not_compared.size() - 1) : "");
 }
 
 std::string explicit_hooks_library() {

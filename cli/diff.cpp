@@ -26,6 +26,7 @@ struct DiffFlags {
   std::string catalog;
   bool no_catalog = false;
   bool progress = false;
+  bool allow_truncated = false;
   std::string perfetto;
 };
 
@@ -59,6 +60,7 @@ int run_diff(const DiffFlags& f) {
   options.gate.fail_on = f.fail_on;
   options.gate.rtol = f.rtol;
   options.gate.atol = f.atol;
+  options.gate.allow_truncated = f.allow_truncated;
   options.progress = f.progress && isatty(STDERR_FILENO);
   if (!f.no_catalog) {
     std::string path = f.catalog.empty() ? catalog_path() : f.catalog;
@@ -87,6 +89,7 @@ int run_diff(const DiffFlags& f) {
     // Say the verdict on the terminal too, so a CI log shows it without the file.
     fmt::print("detaudit diff: {} (report: {})\n", report.verdict, f.output);
   }
+  say_if_incomplete(report);
   return int(gate_exit_code(report));
 }
 
@@ -109,6 +112,8 @@ void add_diff_verb(CLI::App& app, VerbAction* action) {
   cmd->add_option("--catalog", flags->catalog, "catalog JSON (default: the installed one)");
   cmd->add_flag("--no-catalog", flags->no_catalog, "do not explain with the catalog");
   cmd->add_flag("--progress", flags->progress, "progress lines on stderr (when a terminal)");
+  cmd->add_flag("--allow-truncated", flags->allow_truncated,
+                "pass on what both runs have when a stream was cut short (default: exit 5)");
   cmd->add_option("--perfetto", flags->perfetto,
                   "also write run A's timeline (trace-event JSON for ui.perfetto.dev) with the "
                   "divergent ops marked");

@@ -141,6 +141,7 @@ int diff_pairs(const Config& config, const std::vector<std::string>& dirs,
       }
       fmt::print(stderr, "detaudit: report for run-0 vs run-{} written to {}\n", i, path);
     }
+    say_if_incomplete(report);
     worst = std::max(worst, int(gate_exit_code(report)));
   }
   return worst;
@@ -244,6 +245,8 @@ void add_run_verb(CLI::App& app, VerbAction* action) {
   optional_flag(sub, args.get(), "--fail-on", &f.fail_on, "any (default) or tolerance");
   optional_flag(sub, args.get(), "--rtol", &f.rtol, "relative tolerance for --fail-on tolerance");
   optional_flag(sub, args.get(), "--atol", &f.atol, "absolute tolerance for --fail-on tolerance");
+  sub->add_flag("--allow-truncated", f.allow_truncated,
+                "pass on what both runs have when a stream was cut short (default: exit 5)");
   sub->add_option("--env", f.env, "K=V for the program's environment (repeatable)")
       ->allow_extra_args(false);
   optional_flag(sub, args.get(), "--cwd", &f.cwd, "the program's working directory");

@@ -9,6 +9,9 @@
 namespace CLI {
 class App;
 }
+namespace detaudit {
+struct DiffReport;
+}
 
 namespace detaudit::cli {
 
@@ -22,6 +25,8 @@ void add_catalog_verb(CLI::App& app, VerbAction* action);
 
 // Prints "detaudit: error: <message>" and returns the status's exit code.
 int report_error(const Status& status);
+// One line on stderr when a diff cannot pass because part of a run was not compared (exit 5).
+void say_if_incomplete(const DiffReport& report);
 
 // Installed and build trees share a layout: <prefix>/bin/detaudit, <prefix>/lib/detaudit/...
 std::string explicit_hooks_library();  // $DETAUDIT_HOOKS, or empty

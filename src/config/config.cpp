@@ -391,7 +391,12 @@ Status parse_config(const json& j, Config* out) {
     if (Status s = parse_determinism(j["determinism"], &c.determinism); !s.ok()) return s;
   if (j.contains("gate")) {
     const json& g = j["gate"];
-    if (Status s = check_object(g, "gate", {"fail_on", "rtol", "atol"}); !s.ok()) return s;
+    if (Status s = check_object(g, "gate", {"fail_on", "rtol", "atol", "allow_truncated"}); !s.ok())
+      return s;
+    if (g.contains("allow_truncated"))
+      if (Status s = get_bool(g["allow_truncated"], "gate.allow_truncated", &c.gate.allow_truncated);
+          !s.ok())
+        return s;
     if (g.contains("fail_on"))
       if (Status s = get_choice(g["fail_on"], "gate.fail_on", {"any", "tolerance"}, &c.gate.fail_on);
           !s.ok())
@@ -458,7 +463,8 @@ json config_to_json(const Config& c) {
   det["intra_op_threads"] =
       c.determinism.intra_op_threads ? json(*c.determinism.intra_op_threads) : json(nullptr);
   j["determinism"] = det;
-  j["gate"] = {{"fail_on", c.gate.fail_on}, {"rtol", c.gate.rtol}, {"atol", c.gate.atol}};
+  j["gate"] = {{"fail_on", c.gate.fail_on}, {"rtol", c.gate.rtol}, {"atol", c.gate.atol},
+               {"allow_truncated", c.gate.allow_truncated}};
   j["report"] = {{"format", c.format}, {"output", c.output}};
   return j;
 }

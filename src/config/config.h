@@ -54,6 +54,9 @@ struct DeterminismConfig {
 struct GateConfig {
   std::string fail_on = "any";  // "any" | "tolerance"
   double rtol = 0, atol = 0;    // for "tolerance": statistics within atol + rtol*|a|
+  // A stream cut short (a run killed mid-step) makes the comparison incomplete, exit 5; with
+  // this, what both runs have is compared and passes if it matches.
+  bool allow_truncated = false;
 };
 
 struct Config {

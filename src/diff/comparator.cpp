@@ -409,6 +409,8 @@ class StreamComparator {
     // A stream stopped at its consumer's last step ended on purpose, not cut.
     bool cut_a = !ra.saw_end() && !a.stopped_at_step_limit();
     bool cut_b = !rb.saw_end() && !b.stopped_at_step_limit();
+    out_->cut_a = cut_a || a.stop_result() == ReadResult::kTruncated;
+    out_->cut_b = cut_b || b.stop_result() == ReadResult::kTruncated;
 
     bool more_a = a.size() > 0, more_b = b.size() > 0;
     if ((more_a && cut_b) || (more_b && cut_a)) {

@@ -313,6 +313,19 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
     if (!res.loss.empty() && !r.loss.count(res.rank)) r.loss[res.rank] = res.loss;
     for (ParameterDivergence& p : res.parameters) r.parameters.push_back(std::move(p));
     r.parameters_tracked += res.parameters_tracked;
+    for (const Truncation& t : res.truncated)
+      r.not_compared.push_back(fmt::format("run {} stream {} was cut short after {} compared ops "
+                                           "({})", t.run == "a" ? "A" : "B", t.stream,
+                                           t.ops_compared, t.message));
+    if (res.truncated.empty() && (res.cut_a || res.cut_b))
+      r.not_compared.push_back(fmt::format("stream {} has no END record in run {}: the process "
+                                           "did not end cleanly, so its last ops may be missing",
+                                           res.summary.name,
+                                           res.cut_a && res.cut_b ? "A nor B" : res.cut_a ? "A" : "B"));
+    if (!res.summary.in_a || !res.summary.in_b)
+      r.not_compared.push_back(fmt::format("stream {} is only in run {} ({} ops not compared)",
+                                           res.summary.name, res.summary.in_a ? "A" : "B",
+                                           res.summary.in_a ? res.summary.ops_a : res.summary.ops_b));
     for (Truncation& t : res.truncated) r.truncated.push_back(std::move(t));
     r.beyond_tolerance = r.beyond_tolerance || res.beyond_tolerance;
     r.ops_compared += res.summary.compared;
@@ -323,16 +336,22 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
   }
   if (r.first) trace_to_worker(sa, heads, firsts, &*r.first);
   if (r.first) explain_cause(r.environment, &*r.first);
-  r.verdict = r.divergent_ops > 0 || r.structural_count > 0 ? "divergent" : "identical";
+  r.incomplete = !r.not_compared.empty();
+  r.verdict = r.divergent_ops > 0 || r.structural_count > 0      ? "divergent"
+              : r.incomplete && !options.gate.allow_truncated ? "incomplete"
+                                                                : "identical";
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   *report = std::move(r);
   return Status();
 }
 
 ExitCode gate_exit_code(const DiffReport& report) {
-  if (report.verdict == "identical") return ExitCode::kIdentical;
-  if (report.gate.fail_on == "tolerance" && !report.beyond_tolerance) return ExitCode::kIdentical;
-  return ExitCode::kDivergent;
+  const bool fails = report.verdict == "divergent" &&
+                     !(report.gate.fail_on == "tolerance" && !report.beyond_tolerance);
+  if (fails) return ExitCode::kDivergent;
+  // Fail closed: what was not compared cannot pass, unless the gate allows it.
+  if (report.incomplete && !report.gate.allow_truncated) return ExitCode::kIncomplete;
+  return ExitCode::kIdentical;
 }
 
 Status parse_report_format(const std::string& name, ReportFormat* out) {

@@ -21,7 +21,8 @@ struct DiffOptions {
 Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffOptions& options,
                  DiffReport* report);
 
-// 0 identical (or divergent within tolerance), 1 divergent.
+// 0 identical (or divergent within tolerance), 1 divergent, 5 incomplete (part of a run was
+// not compared and the gate does not allow truncation).
 ExitCode gate_exit_code(const DiffReport& report);
 
 enum class ReportFormat { kText, kJson, kJunit, kMarkdown, kHtml };

@@ -143,7 +143,7 @@ struct StreamSummary {
 
 struct DiffReport {
   std::string run_a, run_b;
-  std::string verdict = "identical";  // "identical" | "divergent"
+  std::string verdict = "identical";  // "identical" | "divergent" | "incomplete"
   GateConfig gate;
   bool beyond_tolerance = false;      // some divergence exceeds the gate's rtol/atol
   std::vector<EnvDifference> environment;
@@ -159,6 +159,10 @@ struct DiffReport {
   std::vector<ParameterDivergence> parameters;  // first divergent step per parameter
   uint64_t parameters_tracked = 0;
   std::vector<Truncation> truncated;
+  // What was not compared: streams cut short (no END record) and streams in one run only, one
+  // line each. Unless the gate allows truncation, any of them makes the comparison incomplete.
+  std::vector<std::string> not_compared;
+  bool incomplete = false;
   std::vector<StreamSummary> streams;
   uint64_t ops_compared = 0, records_a = 0, records_b = 0, bytes_read = 0;
   double seconds = 0;

@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 
 #include "diff/diff.h"
@@ -41,6 +42,7 @@ body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#222;background:#fafafa}
 main{max-width:1100px;margin:0 auto;padding:16px 24px}
 .banner{padding:18px 24px;color:#fff;font-size:20px}
 .banner.identical{background:#2e7d32}.banner.divergent{background:#b71c1c}
+.banner.incomplete{background:#e65100}
 .banner small{display:block;font-size:13px;opacity:.9}
 section{background:#fff;border:1px solid #ddd;border-radius:6px;margin:16px 0;padding:12px 16px}
 h2{font-size:16px;margin:4px 0 10px}
@@ -338,15 +340,17 @@ std::string first_divergence_card(const FirstDivergence& f) {
 
 std::string render_html(const DiffReport& r) {
   const bool same = r.verdict == "identical";
+  std::string upper = r.verdict;
+  for (char& c : upper) c = char(std::toupper(uint8_t(c)));
   std::string b = fmt::format(
       "<div class=\"banner {}\" id=\"verdict\"><strong>{}</strong> {}<small>A: {} &nbsp; B: {}"
       "</small></div><main>",
-      same ? "identical" : "divergent", same ? "IDENTICAL" : "DIVERGENT",
-      esc(one_line_verdict(r)), esc(r.run_a), esc(r.run_b));
-  for (const Truncation& t : r.truncated)
-    b += fmt::format("<section><strong>Truncated:</strong> run {} stream <code>{}</code> stops "
-                     "at offset {} after {} compared ops: {}</section>",
-                     esc(t.run), esc(t.stream), t.offset, t.ops_compared, esc(t.message));
+      esc(r.verdict), esc(upper), esc(one_line_verdict(r)), esc(r.run_a), esc(r.run_b));
+  if (!r.not_compared.empty()) {
+    b += "<section><h2>Not compared</h2><ul>";
+    for (const std::string& n : r.not_compared) b += "<li>" + esc(n) + "</li>";
+    b += "</ul></section>";
+  }
   if (r.first) b += first_divergence_card(*r.first);
   b += "<section><h2>How the difference grows</h2>" + growth_plot(r) + "</section>";
   b += "<section><h2>Loss</h2>" + loss_plot(r) + "</section>";

@@ -50,7 +50,11 @@ std::string shape_string(const std::vector<int64_t>& sizes) {
 std::string short_digest(const std::string& hex) { return hex.substr(0, 12); }
 
 std::string one_line_verdict(const DiffReport& r) {
-  if (r.verdict == "identical" && !r.truncated.empty())
+  if (r.verdict == "incomplete")
+    return fmt::format("incomplete: {} ops compared, bit for bit, but {} part(s) of the runs were "
+                       "not compared (exit 5; --allow-truncated passes on what both runs have)",
+                       r.ops_compared, r.not_compared.size());
+  if (r.verdict == "identical" && r.incomplete)
     return fmt::format("identical up to the cut: {} ops compared, bit for bit, until a trace "
                        "ended early (ops after the cut were not compared)", r.ops_compared);
   if (r.verdict == "identical")
@@ -65,6 +69,8 @@ json report_to_json(const DiffReport& r) {
   json j;
   j["schema"] = "detaudit.diff/1";
   j["verdict"] = r.verdict;
+  j["incomplete"] = r.incomplete;
+  j["not_compared"] = r.not_compared;
   j["exit_code"] = int(gate_exit_code(r));
   j["run_a"] = r.run_a;
   j["run_b"] = r.run_b;

@@ -38,7 +38,7 @@ std::string render_junit(const DiffReport& r) {
       std::string text = render_text(r, false);
       body = fmt::format("<failure message=\"{}\" type=\"{}\">{}</failure>",
                          xml_escape(one_line_verdict(r)),
-                         r.first ? xml_escape(r.first->divergence_class) : "divergent",
+                         r.first ? xml_escape(r.first->divergence_class) : xml_escape(r.verdict),
                          xml_escape(text));
     }
     cases += fmt::format("  <testcase classname=\"detaudit\" name=\"verdict\" time=\"{:.3f}\">{}"

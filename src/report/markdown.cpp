@@ -27,11 +27,9 @@ std::string cell(const TensorSide& s) {
 
 std::string render_markdown(const DiffReport& r) {
   std::string out = fmt::format("## detaudit: {}\n\n{}\n\n",
-                                r.verdict == "identical" ? "identical" : "**divergent**",
+                                r.verdict == "identical" ? "identical" : "**" + r.verdict + "**",
                                 md_escape(one_line_verdict(r)));
-  for (const Truncation& t : r.truncated)
-    out += fmt::format("> truncated: run {} stream `{}` stops at offset {} ({} ops compared)\n\n",
-                       t.run, t.stream, t.offset, t.ops_compared);
+  for (const std::string& n : r.not_compared) out += "> not compared: " + md_escape(n) + "\n\n";
   if (r.first) {
     const FirstDivergence& f = *r.first;
     out += "### First divergence\n\n| field | value |\n|---|---|\n";

@@ -47,16 +47,14 @@ std::string render_text(const DiffReport& r, bool color) {
   Style st{color};
   std::string out;
   bool same = r.verdict == "identical";
-  out += fmt::format("{} {}\n", st(same ? "1;32" : "1;31", same ? "IDENTICAL" : "DIVERGENT"),
+  const char* word = same ? "IDENTICAL" : r.verdict == "incomplete" ? "INCOMPLETE" : "DIVERGENT";
+  out += fmt::format("{} {}\n", st(same ? "1;32" : r.verdict == "incomplete" ? "1;33" : "1;31", word),
                      one_line_verdict(r));
+  for (const std::string& n : r.not_compared) out += st("33", "  not compared: " + n) + "\n";
   out += fmt::format("  A: {}\n  B: {}\n", r.run_a, r.run_b);
   if (!same && r.gate.fail_on == "tolerance")
     out += fmt::format("  gate: tolerance rtol={} atol={}: {}\n", r.gate.rtol, r.gate.atol,
                        r.beyond_tolerance ? "beyond tolerance (fails)" : "within tolerance");
-  for (const Truncation& t : r.truncated)
-    out += st("33", fmt::format("  truncated: run {} stream {} stops at offset {} after {} "
-                                "compared ops: {}\n", t.run, t.stream, t.offset, t.ops_compared,
-                                t.message));
 
   std::vector<std::string> regions;
   for (const StreamSummary& s : r.streams)

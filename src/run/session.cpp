@@ -100,6 +100,7 @@ Status apply_run_flags(const RunFlags& f, Config* c) {
   if (f.digest)
     if (Status s = patch("--digest", {{"digest", *f.digest}}, c); !s.ok()) return s;
   if (f.no_stats) c->stats = false;
+  if (f.allow_truncated) c->gate.allow_truncated = true;
   if (f.rehash_inputs) c->rehash_inputs = true;
   if (f.no_inputs) c->inputs = false;
   if (f.seed) c->determinism.seed = *f.seed;

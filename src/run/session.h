@@ -25,7 +25,7 @@ struct RunFlags {
   std::optional<std::string> steps, ranks;  // "0-3,5,7-"
   std::optional<std::string> ops, exclude_ops, phases;  // comma-separated
   std::optional<std::string> digest;
-  bool no_stats = false, no_inputs = false, rehash_inputs = false;
+  bool no_stats = false, no_inputs = false, rehash_inputs = false, allow_truncated = false;
   std::optional<uint64_t> seed;
   std::optional<std::string> deterministic;  // on|warn|off
   std::optional<int> threads;

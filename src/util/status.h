@@ -12,7 +12,8 @@ enum class ExitCode : int {
   kDivergent = 1,
   kUsage = 2,        // bad flags or config
   kBadInput = 3,     // unreadable or corrupt trace or run directory
-  kTargetFailed = 4  // the audited program failed (nonzero exit or signal) in some run
+  kTargetFailed = 4,  // the audited program failed (nonzero exit or signal) in some run
+  kIncomplete = 5     // no divergence seen, but part of a run was not compared (a cut stream)
 };
 
 class Status {

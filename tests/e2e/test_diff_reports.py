@@ -167,7 +167,8 @@ class DiffReports(unittest.TestCase):
         self.assertIn(fd["op"], content)
         self.assertIn(fd["class"], content)
 
-    # 5. Truncated runs: compared up to the cut, and the report says where.
+    # 5. Truncated runs: compared up to the cut, the report says where, and the gate fails
+    #    closed (exit 5) unless --allow-truncated.
     def test_truncated_identical_pair(self):
         for side in (0, 1):
             a, b = self.copy_pair(self.same, f"cut{side}")
@@ -176,8 +177,13 @@ class DiffReports(unittest.TestCase):
             cut = size // 2 + 3  # most likely inside a record
             truncate(victim, cut)
             r, rep = self.diff_json(a, b)
-            self.assertEqual(r.returncode, 0, r.stderr)  # docs/exit-codes.md
-            self.assertEqual(rep["verdict"], "identical")
+            self.assertEqual(r.returncode, 5, r.stderr)  # docs/exit-codes.md
+            self.assertEqual(rep["verdict"], "incomplete")
+            self.assertEqual(rep["exit_code"], 5)
+            self.assertEqual(len(rep["not_compared"]), 1, rep["not_compared"])
+            self.assertIn("cut short", rep["not_compared"][0])
+            errors = [l for l in r.stderr.splitlines() if l.startswith("detaudit: incomplete:")]
+            self.assertEqual(len(errors), 1, r.stderr)
             self.assertIsNotNone(rep["truncated"], "the cut is reported")
             t = rep["truncated"]["streams"]
             self.assertEqual(len(t), 1, t)
@@ -190,10 +196,12 @@ class DiffReports(unittest.TestCase):
             self.assertGreater(t[0]["ops_compared"], 0)
             self.assertLess(t[0]["ops_compared"], max(stream["ops_a"], stream["ops_b"]))
             text = self.diff(a, b)
-            first = text.stdout.splitlines()[0]
-            # An identical verdict on a cut trace must not claim the whole run.
-            self.assertIn("up to the cut", first)
+            self.assertIn("INCOMPLETE", text.stdout.splitlines()[0])
             self.assertIn(f"offset {t[0]['offset']}", text.stdout)
+            # Allowed, what both runs have passes; the verdict still does not claim the whole run.
+            allowed = self.diff(a, b, "--allow-truncated")
+            self.assertEqual(allowed.returncode, 0, allowed.stderr)
+            self.assertIn("up to the cut", allowed.stdout.splitlines()[0])
 
     def test_truncated_before_and_after_the_divergence(self):
         _, rep = self.diff_json(*self.div)
@@ -204,9 +212,9 @@ class DiffReports(unittest.TestCase):
         victim = trace_files(b)[0]
         truncate(victim, fd["offset"]["b"] - 1)
         r, before = self.diff_json(a, b)
-        self.assertEqual(before["verdict"], "identical", before["first_divergence"])
+        self.assertEqual(before["verdict"], "incomplete", before["first_divergence"])
         self.assertEqual(before["truncated"]["streams"][0]["run"], "b")
-        self.assertEqual(r.returncode, 0)
+        self.assertEqual(r.returncode, 5)
         # Cut well after it: the same first divergence is found.
         a, b = self.copy_pair(self.div, "cut_after")
         victim = trace_files(b)[0]

@@ -296,9 +296,51 @@ TEST(DiffTest, TruncatedStreamIsComparedUpToTheCut) {
   EXPECT_EQ(r.truncated[0].file, c.b.stream_path("r0.main.t0"));
   EXPECT_GT(r.truncated[0].offset, 0u);
   EXPECT_GT(r.truncated[0].ops_compared, 5u);
-  EXPECT_EQ(r.verdict, "identical");  // what could be compared matched
+  // What could be compared matched, but the rest of run A was not: the gate fails closed.
+  EXPECT_EQ(r.verdict, "incomplete");
+  EXPECT_EQ(gate_exit_code(r), ExitCode::kIncomplete);
+  ASSERT_EQ(r.not_compared.size(), 1u);
+  EXPECT_NE(r.not_compared[0].find("run B stream r0.main.t0 was cut short"), std::string::npos)
+      << r.not_compared[0];
   nlohmann::json j = nlohmann::json::parse(render_report(r, ReportFormat::kJson, false));
   EXPECT_TRUE(j["truncated"].is_object());
+  EXPECT_EQ(j["verdict"], "incomplete");
+  EXPECT_EQ(j["exit_code"], 5);
+
+  // Allowed, it passes on what both runs have.
+  DiffOptions o;
+  o.catalog = &catalog();
+  o.gate.allow_truncated = true;
+  ASSERT_TRUE(diff_runs(c.a.path(), c.b.path(), o, &r).ok());
+  EXPECT_EQ(r.verdict, "identical");
+  EXPECT_TRUE(r.incomplete);
+  EXPECT_EQ(gate_exit_code(r), ExitCode::kIdentical);
+
+  // A divergence before the cut is still a divergence.
+  Scenario nd;
+  nd.nondet_step = 0;
+  Case d("truncated_divergent", nd);
+  std::string cut = build(nd, true).bytes();
+  d.b.add_bytes("r0.main.t0", cut.substr(0, cut.size() * 2 / 3));
+  EXPECT_EQ(gate_exit_code(diff(d)), ExitCode::kDivergent);
+}
+
+// Both runs killed at the same op: nothing differs, but neither run is whole.
+TEST(DiffTest, StreamsWithoutEndRecordAreIncomplete) {
+  RunDir a("noend/run-0"), b("noend/run-1");
+  TraceBuilder t;  // no end(): the process never closed its stream
+  t.step(0);
+  for (int k = 0; k < 4; ++k) t.op("aten::relu").in_new(tensor(0x30)).out_new(tensor(0x31)).done();
+  a.add_stream("r0.main.t0", t);
+  b.add_stream("r0.main.t0", t);
+  DiffOptions o;
+  DiffReport r;
+  ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
+  EXPECT_EQ(r.verdict, "incomplete");
+  EXPECT_EQ(gate_exit_code(r), ExitCode::kIncomplete);
+  ASSERT_EQ(r.not_compared.size(), 1u) << r.not_compared.size();
+  EXPECT_NE(r.not_compared[0].find("no END record in run A nor B"), std::string::npos)
+      << r.not_compared[0];
 }
 
 TEST(DiffTest, CorruptStreamIsAnErrorNamingFileAndOffset) {
@@ -545,11 +587,13 @@ TEST(ReportTest, TruncatedIdenticalVerdictSaysWhereItStopped) {
   std::string bytes = build(s, true).bytes();
   c.b.add_bytes("r0.main.t0", bytes.substr(0, bytes.size() / 2));
   DiffReport r = diff(c);
-  ASSERT_EQ(r.verdict, "identical");
+  ASSERT_EQ(r.verdict, "incomplete");
   std::string text = render_report(r, ReportFormat::kText, false);
   std::string first_line = text.substr(0, text.find('\n'));
-  EXPECT_NE(first_line.find("up to the cut"), std::string::npos) << first_line;
-  EXPECT_NE(text.find("truncated: run b"), std::string::npos) << text;
+  EXPECT_NE(first_line.find("INCOMPLETE"), std::string::npos) << first_line;
+  EXPECT_NE(first_line.find("exit 5"), std::string::npos) << first_line;
+  EXPECT_NE(text.find("not compared: run B stream r0.main.t0 was cut short"), std::string::npos)
+      << text;
 }
 
 TEST(ReportTest, EveryFormatCarriesTheKeyFields) {
