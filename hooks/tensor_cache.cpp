@@ -8,7 +8,8 @@ constexpr size_t kMaxEntries = 1 << 16;  // swept when full: larger sweeps, fewe
 }  // namespace
 
 bool same_geometry(const trace::TensorDesc& d, int64_t offset, const at::Tensor& t) {
-  if (offset != t.storage_offset()) return false;
+  // The dtype too: x.view(torch.int32) reads the same bytes as other values.
+  if (offset != t.storage_offset() || d.dtype != uint8_t(t.scalar_type())) return false;
   auto sizes = t.sizes();
   if (d.sizes.size() != sizes.size() || !std::equal(sizes.begin(), sizes.end(), d.sizes.begin()))
     return false;

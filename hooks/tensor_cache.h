@@ -11,7 +11,7 @@
 //   trusted only within the top-level op that described it: code outside the dispatcher may
 //   write it unseen between ops.
 // - Another TensorImpl over bytes already described (autograd's saved tensors, detach()) reuses
-//   that description when its geometry matches: the storage remembers its last written tensor,
+//   that description when its dtype and geometry match: the storage remembers its last written tensor,
 //   by key, and the last few geometries read since.
 // - Entries refer to each other by key, never by pointer: a slot reused by a newer version
 //   cannot stand in for the old one.
@@ -104,7 +104,8 @@ class TensorCache {
   std::pmr::unordered_map<const c10::StorageImpl*, StorageState> storages_{&memory_};
 };
 
-// The cached description still matches the tensor's view of its storage.
+// The cached description still matches the tensor's view of its storage: dtype, offset, sizes
+// and strides.
 bool same_geometry(const trace::TensorDesc& d, int64_t offset, const at::Tensor& t);
 
 uint32_t tensor_version(const at::Tensor& t);

@@ -13,7 +13,7 @@ from detaudit_testlib import (PYTHON, export_records, in_parallel, make_temp_dir
                               record, remove_dir, run_program, skipped, tensors)
 
 SCRIPT = program("edge_tensors.py")
-RESULT_LINE = re.compile(r"^(sparse|quantized|inference|complex|noncontig|data|made|numpy|meta|param) ")
+RESULT_LINE = re.compile(r"^(sparse|quantized|inference|complex|noncontig|data|made|numpy|meta|param|intview) ")
 KNOWN_REASONS = {"sparse or non-strided layout", "quantized", "meta tensor (no data)",
                  "nested tensor", "mkldnn tensor", "no storage", "unsupported dtype"}
 
@@ -66,7 +66,7 @@ class RecordEdgeCases(unittest.TestCase):
             with open(os.path.join(getattr(self, which)[1], "output.log")) as f:
                 recorded = [l for l in f.read().splitlines() if RESULT_LINE.match(l)]
             expected = [l for l in self.plain.stdout.splitlines() if RESULT_LINE.match(l)]
-            self.assertEqual(len(expected), 15)
+            self.assertEqual(len(expected), 17)
             self.assertEqual(recorded, expected, which)
 
     def test_skipped_tensors_carry_a_reason(self):
@@ -149,6 +149,21 @@ class RecordEdgeCases(unittest.TestCase):
         self.assertEqual(x["strides"], [1, 13])  # the transpose, described as such
         self.assertEqual(x["digest"], in_md5)
         self.assertEqual(tanh[0]["outputs"][0]["digest"], out_md5)
+
+    def test_a_view_as_another_dtype_is_described_as_that_dtype(self):
+        recs = self.records()
+        with open(os.path.join(self.all[1], "output.log")) as f:
+            m = re.search(r"intview input md5 ([0-9a-f]{32}) min (-?\d+) max (-?\d+)", f.read())
+        # The Scalar overload and the Tensor one it calls.
+        shifts = [o for o in ops(recs, "aten::bitwise_right_shift") if o["inputs"][0].get("shape") == [24]]
+        self.assertTrue(shifts)
+        for op in shifts:
+            x = op["inputs"][0]
+            # The float32 tensor's bytes were described just before: the int32 view is not that.
+            self.assertEqual(x["dtype"], "int32")
+            self.assertEqual(x["digest"], m.group(1))
+            self.assertEqual((x["stats"]["min"], x["stats"]["max"]),
+                             (int(m.group(2)), int(m.group(3))))
 
     def test_every_layout_digest_is_that_of_the_contiguous_copy(self):
         recs = self.records()

@@ -117,6 +117,13 @@ def main():
     torch.add(filled, filled, out=out)
     print(f"overwrite zero {md5(garbage)} fill {md5(filled)} out {md5(out)}")
 
+    # The same bytes read as another dtype: a float tensor, then an int32 view of it.
+    floats = torch.linspace(-2, 2, 24).exp()
+    as_int = floats.view(torch.int32)
+    shifted = torch.bitwise_right_shift(as_int, 23)  # the exponent bits
+    print(f"intview input md5 {md5(as_int)} min {as_int.min().item()} max {as_int.max().item()}")
+    results.append(("intview", shifted))
+
     for name, *ts in results:
         print(name, " ".join(md5(t) for t in ts))
 
