@@ -179,9 +179,10 @@ class IndexPutRace(VerdictCase):
     def check_race(self, pair):
         proc, report, step = pair["proc"], pair["report"], pair["step"]
         if step is None:
-            # The race did not show in any attempt: then the verdict must say identical.
+            # The race did not show in any attempt: the verdict must say identical, and the test
+            # did not see what it is for, so it says so instead of passing.
             self.assert_identical(proc, report, f"race, {pair['attempts']} agreeing pairs")
-            return False
+            self.skipTest(f"the index_put race did not fire in {pair['attempts']} pairs")
         self.assertEqual(report["verdict"], "divergent")
         self.assertEqual(proc.returncode, 1, proc.stderr)
         fd = report["first_divergence"]
