@@ -97,12 +97,13 @@ class CrashSafety(unittest.TestCase):
         # Its last op (written last: nested ops come first) reads the loss for the print.
         self.assertEqual(ops(recs)[-1]["name"], "aten::item")  # the print of the last loss
 
-    def kill_mid_run(self, name, prog, sig):
-        """Records PROG until step 30, then sends SIG to it; returns (run dir, detaudit's exit
-        code, its stderr)."""
+    def kill_mid_run(self, name, sig, *args):
+        """Records train_forever.py ARGS until step 30, then sends SIG to it; returns (run dir,
+        detaudit's exit code, its stderr)."""
         out = os.path.join(self.tmp, name)
         run_dir = os.path.join(out, "run-0")
-        proc = subprocess.Popen([BIN, "run", "--out", out, "-q", "--", PYTHON, program(prog)],
+        proc = subprocess.Popen([BIN, "run", "--out", out, "-q", "--", PYTHON,
+                                 program("train_forever.py"), *args],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             env_path = os.path.join(run_dir, "streams", "r0.main.env.json")
@@ -131,7 +132,7 @@ class CrashSafety(unittest.TestCase):
         return run_dir, proc.returncode, stderr
 
     def test_sigkill_mid_run_leaves_a_readable_trace(self):
-        run_dir, code, stderr = self.kill_mid_run("killed", "train_forever.py", signal.SIGKILL)
+        run_dir, code, stderr = self.kill_mid_run("killed", signal.SIGKILL)
         self.assertEqual(code, 4, stderr)
         self.assertIn("killed by SIGKILL", stderr)
 
@@ -169,7 +170,8 @@ class CrashSafety(unittest.TestCase):
         self.assertEqual(d.returncode, 0, d.stdout + d.stderr)
 
     def test_sigterm_saves_every_threads_records(self):
-        run_dir, code, stderr = self.kill_mid_run("terminated", "threads_forever.py", signal.SIGTERM)
+        run_dir, code, stderr = self.kill_mid_run("terminated", signal.SIGTERM,
+                                                 "--spin-threads", "2")
         self.assertEqual(code, 4, stderr)
         self.assertIn("SIGTERM", stderr)
         with open(os.path.join(run_dir, "streams", "r0.main.status")) as f:

@@ -14,21 +14,11 @@ import sys
 import unittest
 
 from detaudit_testlib import (PYTHON, build_binary, example, export_ops, load_report,
-                              make_tmpdir, output_log, remove_tmpdir, run_detaudit)
+                              make_tmpdir, output_log, record_pair, remove_tmpdir, run_detaudit)
 
 # The index_put race is real: two runs may happen to agree. Record up to this many pairs.
 RACE_ATTEMPTS = 4
 INDEX_PUT_OPS = ("aten::_index_put_impl_", "aten::index_put_")
-
-
-def record_pair(out, command, extra=()):
-    """`detaudit run --runs 2` with a JSON report in out/report.json; returns (proc, report)."""
-    report = os.path.join(out, "report.json")
-    r = run_detaudit(["run", "--runs", "2", "--out", out, "--format", "json", "--output", report,
-                      "-q", *extra, "--", *command])
-    if not os.path.exists(report):
-        raise AssertionError(f"no report from detaudit run (exit {r.returncode}):\n{r.stderr}")
-    return r, load_report(report)
 
 
 def record_one(out, command, extra=()):

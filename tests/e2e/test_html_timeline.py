@@ -13,7 +13,7 @@ import subprocess
 import unittest
 import zlib
 
-from detaudit_testlib import (PYTHON, SOURCE_DIR, example, make_tmpdir, output_log, program,
+from detaudit_testlib import (PYTHON, example, make_tmpdir, output_log, program,
                               remove_tmpdir, run_detaudit)
 
 SCHEMA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "trace_event.schema.json")
@@ -134,7 +134,6 @@ class HtmlAndTimeline(unittest.TestCase):
         self.assertNotEqual(loss[0], loss[1])
 
     def test_identical_runs_draw_no_divergence(self):
-        out = os.path.join(self.tmp, "same")
         html = os.path.join(self.tmp, "same.html")
         r = run_detaudit(["diff", self.run_dir(0), self.run_dir(0), "--format", "html", "-o", html])
         self.assertEqual(r.returncode, 0, r.stderr)

@@ -5,14 +5,15 @@ start order, each batch's MD5) and against the ops `detaudit export` lists.
 
     cd build && ctest -R e2e.*test_streams --output-on-failure
 """
+import json
 import os
 import re
-import sys
 import unittest
 
-from detaudit_testlib import (PYTHON, export_ops, export_records, in_parallel, load_report,
-                              make_tmpdir, output_log, program, read_json, remove_tmpdir,
-                              run_detaudit, stream_files)
+import detaudit_testlib
+from detaudit_testlib import (PYTHON, export_ops, in_parallel, make_tmpdir,
+                              output_log, program, read_json, remove_tmpdir, run_detaudit,
+                              stream_files)
 
 THREAD_PAIRS = 5
 LOADER_PAIRS = 3
@@ -20,13 +21,9 @@ RACE_ATTEMPTS = 4
 
 
 def record_pair(out, command, flags=()):
-    """`detaudit run --runs 2` with a JSON report; returns (proc, report, run-0, run-1)."""
-    report = os.path.join(out, "report.json")
-    r = run_detaudit(["run", "--runs", "2", "--out", out, "--format", "json", "--output", report,
-                      "-q", *flags, "--", *command])
-    if not os.path.exists(report):
-        raise AssertionError(f"no report from detaudit run (exit {r.returncode}):\n{r.stderr}")
-    return r, load_report(report), os.path.join(out, "run-0"), os.path.join(out, "run-1")
+    """(proc, report, run-0, run-1) of `detaudit run --runs 2`."""
+    r, report = detaudit_testlib.record_pair(out, command, flags)
+    return r, report, os.path.join(out, "run-0"), os.path.join(out, "run-1")
 
 
 def record_one(out, command, flags=()):
@@ -38,12 +35,7 @@ def record_one(out, command, flags=()):
 
 def diff(a, b):
     r = run_detaudit(["diff", a, b, "--format", "json"])
-    return r, (load_report_text(r.stdout) if r.stdout.strip() else None)
-
-
-def load_report_text(text):
-    import json
-    return json.loads(text)
+    return r, (json.loads(r.stdout) if r.stdout.strip() else None)
 
 
 class StreamsCase(unittest.TestCase):

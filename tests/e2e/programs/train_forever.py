@@ -1,13 +1,29 @@
-"""Trains a small MLP until it is killed: for the SIGKILL crash-safety test. Prints each step.
+"""Trains a small MLP until it is killed, printing each step: for the crash-safety tests (SIGKILL,
+and SIGTERM as CI runners and schedulers send it). With --spin-threads N, N Python threads run ops
+of their own meanwhile.
 
-    /usr/bin/python3 tests/e2e/programs/train_forever.py
+    python tests/e2e/programs/train_forever.py [--spin-threads 2]
 """
+import argparse
+import threading
+
 import torch
 import torch.nn as nn
 
 
+def spin(k):
+    x = torch.full((256,), float(k + 1))
+    while True:
+        x = (x * 1.0001).sin() + 1
+
+
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--spin-threads", type=int, default=0)
+    args = ap.parse_args()
     torch.manual_seed(0)
+    for k in range(args.spin_threads):
+        threading.Thread(target=spin, args=(k,), name=f"spin-{k}", daemon=True).start()
     net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     x = torch.randn(64, 32)
