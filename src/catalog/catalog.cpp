@@ -137,6 +137,8 @@ size_t skip_value(const std::vector<trace::Value>& values, size_t i) {
 
 bool dtype_matches(const std::string& want, uint8_t dtype) {
   if (want == "floating") return trace::dtype_is_floating(dtype);
+  if (want == "quantized") return trace::dtype_name(dtype).substr(0, 2) == "qu" ||
+                                  trace::dtype_name(dtype).substr(0, 2) == "qi";
   return trace::dtype_name(dtype) == want;
 }
 
@@ -274,6 +276,10 @@ ConditionResult check_condition(const CatalogCondition& c, const OpFacts& f) {
     }
     return ConditionResult::kUnknown;
   }
+  // The recorder skips quantized tensors, saying why: that reason is their dtype's kind.
+  if (v.type == ValueType::kTensorSkipped && c.dtype == "quantized" && f.reader)
+    return f.reader->string(uint64_t(v.i)) == "quantized" ? ConditionResult::kMet
+                                                           : ConditionResult::kUnknown;
   const trace::TensorDesc* t = tensor_at(f, v);
   if (!t) return ConditionResult::kUnknown;
   if (!c.dtype.empty())

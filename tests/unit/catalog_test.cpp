@@ -133,6 +133,30 @@ TEST(CatalogTest, BadCatalogsAreRejectedWithTheField) {
   EXPECT_EQ(Catalog::load("/nonexistent/catalog.json", &c).code(), ExitCode::kUsage);
 }
 
+// resize_ is nondeterministic on quantized CPU tensors only: a float buffer's resize_ (every
+// out= kernel calls it) must not be flagged.
+TEST(CatalogTest, QuantizedResizeNeedsAQuantizedTensor) {
+  RunDir run("qresize/run-0");
+  TraceBuilder b;
+  b.step(0, 1, 2);
+  b.op("aten::resize_").in_new(tensor(1, {8})).in_list(1).in_int(16).in_none()
+      .out_new(uninitialized(0, {16})).done();
+  b.op("aten::resize_").in_skipped("quantized").in_list(1).in_int(16).in_none()
+      .out_new(tensor(2, {16})).done();
+  b.end();
+  run.add_stream("r0.main.t0", b);
+  RiskReport r;
+  ASSERT_TRUE(risk_report(run.path(), catalog(), &r).ok());
+  const RiskHit* hit = nullptr;
+  for (const RiskHit& h : r.hits)
+    if (h.entry_id == "quantized-resize-cpu") hit = &h;
+  ASSERT_NE(hit, nullptr);
+  EXPECT_EQ(hit->count, 1u);  // the quantized one only
+  bool quantized = false;
+  for (const std::string& c : hit->conditions_met) quantized |= c.find("quantized") != std::string::npos;
+  EXPECT_TRUE(quantized);
+}
+
 TEST(RiskTest, ReportsCatalogOpsThatRanWithTheirConditions) {
   RunDir run("risk/run-0");
   TraceBuilder b;

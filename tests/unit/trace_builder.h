@@ -72,6 +72,11 @@ class TraceBuilder {
     Op& in_int(int64_t v) { return scalar(&in_, ValueType::kInt, [&](ByteWriter& w) { w.zvarint(v); }); }
     Op& in_bool(bool v) { return scalar(&in_, v ? ValueType::kBoolTrue : ValueType::kBoolFalse, nullptr); }
     Op& in_none() { return scalar(&in_, ValueType::kNone, nullptr); }
+    // A tensor the recorder did not hash, with its reason ("quantized").
+    Op& in_skipped(const std::string& reason) {
+      uint32_t id = b_->intern(reason);
+      return scalar(&in_, ValueType::kTensorSkipped, [id](ByteWriter& w) { w.varint(id); });
+    }
     Op& in_double(double v) { return scalar(&in_, ValueType::kDouble, [&](ByteWriter& w) { w.f64(v); }); }
     Op& in_list(uint64_t n) {
       count(&in_);
