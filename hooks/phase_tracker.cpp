@@ -39,6 +39,7 @@ void PhaseTracker::enter(Mark mark, std::string_view name) {
     case Mark::kUserScope:
       scopes_.emplace_back(name);
       scope_path_stale_ = true;
+      ++scope_changes_;
       if (name == kBatchIntakeScope) ++batch_intake_depth_;
       break;
     case Mark::kStepEnd:
@@ -67,6 +68,7 @@ bool PhaseTracker::leave(Mark mark) {
         scopes_.pop_back();
       }
       scope_path_stale_ = true;
+      ++scope_changes_;
       return false;
     case Mark::kOp:
       return false;

@@ -51,6 +51,8 @@ class PhaseTracker {
 
   // The user scopes around the next op, outermost first, joined with '/'; "" outside any.
   const std::string& scope_path();
+  // Counts changes of the scope path, so the op path can skip re-reading it.
+  uint64_t scope_changes() const { return scope_changes_; }
   // Inside a multiprocessing DataLoader's __next__: the main process takes in whatever batches
   // have arrived (rebuilding each with empty and set_), as many per call as timing allows.
   // Those ops move bytes that are compared where they are read, and traced to the worker.
@@ -66,6 +68,7 @@ class PhaseTracker {
   std::vector<std::string> scopes_;
   std::string scope_path_;
   bool scope_path_stale_ = false;
+  uint64_t scope_changes_ = 0;
 };
 
 }  // namespace detaudit::hooks

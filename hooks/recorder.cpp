@@ -121,6 +121,7 @@ void ThreadRecorder::reset_after_fork() {
   next_tensor_id_ = 0;
   last_step_written_ = UINT64_MAX;
   last_scope_written_ = UINT32_MAX;
+  scope_changes_seen_ = UINT64_MAX;  // the string table starts afresh
   last_order_written_ = 0;
   totals_ = {};
   ProcessRecorder::instance().register_thread(this);
@@ -243,7 +244,12 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f) {
   }
   if (info.compiled_region) compiled_region_in_step_ = true;
   f.name_id = info.name_id;
-  f.scope_id = intern(phases_.scope_path());
+  // Interned only when a scope opened or closed: most ops share their neighbours' path.
+  if (phases_.scope_changes() != scope_changes_seen_) {
+    scope_id_ = intern(phases_.scope_path());
+    scope_changes_seen_ = phases_.scope_changes();
+  }
+  f.scope_id = scope_id_;
   const trace::Phase phase = phases_.phase(proc.is_python());
   trace::Scope scope = fn.scope() == at::RecordScope::FUNCTION            ? trace::Scope::kFunction
                        : fn.scope() == at::RecordScope::BACKWARD_FUNCTION ? trace::Scope::kBackwardFunction

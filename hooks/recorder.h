@@ -231,6 +231,8 @@ class ThreadRecorder {
 
   uint64_t last_step_written_ = UINT64_MAX;
   uint32_t last_scope_written_ = UINT32_MAX;
+  uint32_t scope_id_ = 0;                      // interned scope path of the ops now starting
+  uint64_t scope_changes_seen_ = UINT64_MAX;   // PhaseTracker::scope_changes() when interned
   uint64_t step_started_ = UINT64_MAX;   // the step of the last op started on this thread
   uint64_t step_first_order_ = 0;        // the order of that step's first op here
   bool unselected_since_clear_ = false;  // ops ran unrecorded: the caches may be stale
