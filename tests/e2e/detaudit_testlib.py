@@ -247,6 +247,19 @@ def remove_tmpdir(path):
         shutil.rmtree(path, ignore_errors=True)
 
 
+class TmpDirCase(unittest.TestCase):
+    """A test class with a temporary directory of its own, cls.tmp."""
+    tmp = None
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = make_tmpdir()
+
+    @classmethod
+    def tearDownClass(cls):
+        remove_tmpdir(cls.tmp)
+
+
 class TempDir:
     """with TempDir() as d: ...  (kept when DETAUDIT_KEEP_TMP=1, for debugging)"""
 

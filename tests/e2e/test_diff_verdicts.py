@@ -14,7 +14,7 @@ import sys
 import unittest
 
 from detaudit_testlib import (PYTHON, build_binary, example, export_ops, load_report,
-                              make_tmpdir, output_log, record_pair, remove_tmpdir, run_detaudit)
+                              output_log, record_pair, run_detaudit, TmpDirCase)
 
 # The index_put race is real: two runs may happen to agree. Record up to this many pairs.
 RACE_ATTEMPTS = 4
@@ -38,17 +38,7 @@ def load_json(text):
     return json.loads(text)
 
 
-class VerdictCase(unittest.TestCase):
-    tmp = None
-
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = make_tmpdir()
-
-    @classmethod
-    def tearDownClass(cls):
-        remove_tmpdir(cls.tmp)
-
+class VerdictCase(TmpDirCase):
     def assert_identical(self, proc, report, what):
         self.assertEqual(report["verdict"], "identical",
                          f"{what}: false positive: {report.get('first_divergence')}")

@@ -11,9 +11,8 @@ import re
 import unittest
 
 import detaudit_testlib
-from detaudit_testlib import (PYTHON, export_ops, in_parallel, make_tmpdir,
-                              output_log, program, read_json, remove_tmpdir, run_detaudit,
-                              stream_files)
+from detaudit_testlib import (PYTHON, TmpDirCase, export_ops, in_parallel, output_log, program,
+                              read_json, run_detaudit, stream_files)
 
 THREAD_PAIRS = 5
 LOADER_PAIRS = 3
@@ -38,15 +37,9 @@ def diff(a, b):
     return r, (json.loads(r.stdout) if r.stdout.strip() else None)
 
 
-class StreamsCase(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = make_tmpdir()
-
-    @classmethod
-    def tearDownClass(cls):
-        remove_tmpdir(cls.tmp)
-
+class StreamsCase(TmpDirCase):
+    # Not test_diff_verdicts' check: a worker's stream is compared only up to its consumer's
+    # last step, so its ops compared need not equal its ops recorded.
     def assert_identical(self, proc, report, what):
         self.assertEqual(report["verdict"], "identical",
                          f"{what}: {report.get('first_divergence')}\n{proc.stdout}")
