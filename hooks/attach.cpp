@@ -102,8 +102,8 @@ __attribute__((constructor)) void attach() {
   pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
   std::atexit(flush_everything);
   install_signal_handlers();
-  proc.write_status("attached libtorch " + torch_version() + " pid " + std::to_string(::getpid()) +
-               (applied.empty() ? "" : " applied" + applied));
+  proc.note_status("attached libtorch " + torch_version() + " pid " + std::to_string(::getpid()) +
+              (applied.empty() ? "" : " applied" + applied));
 }
 
 }  // namespace

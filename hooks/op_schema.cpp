@@ -64,6 +64,10 @@ OpInfo describe_op(const char* name, const OptionalOperatorName& op_name, bool s
   // torch.profiler.record_function's ops open and close a user scope (torch >= 2.0).
   info.scope_bookkeeping = starts_with(name, "profiler::_record_function_");
   info.scratch_outputs = scratch_outputs(name);
+  info.collective = collective_shape(name);
+  // Receive buffers hold whatever they held (often `empty`'s bytes) until the Work completes.
+  if (info.collective.recv_arg >= 0 && info.collective.recv_arg != info.collective.send_arg)
+    info.overwritten_args |= uint64_t(1) << info.collective.recv_arg;
   if (!op_name) return info;
   auto handle = c10::Dispatcher::singleton().findOp(*op_name);
   if (!handle) return info;

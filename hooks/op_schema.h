@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "collectives.h"
 #include "torch_compat.h"
 
 namespace detaudit::hooks {
@@ -30,6 +31,7 @@ struct OpInfo {
   // Arguments (by index, up to 64) the op overwrites without reading: out= tensors, and self
   // of zero_, fill_, copy_, resize_ and the random fills. Their old bytes are not hashed.
   uint64_t overwritten_args = 0;
+  CollectiveShape collective;  // a c10d collective's send and receive arguments
 
   bool recorded() const { return !is_view && !metadata_only && !scope_bookkeeping && selected; }
 };

@@ -37,6 +37,7 @@ bool ProcessRecorder::init(const std::string& run_dir, const Config& config, std
   for (const char* var : {"RANK", "LOCAL_RANK"}) {
     if ((rank_var = std::getenv(var))) {
       rank_ = std::strtol(rank_var, nullptr, 10);
+      rank_known_ = true;
       break;
     }
   }
@@ -52,16 +53,47 @@ bool ProcessRecorder::init(const std::string& run_dir, const Config& config, std
   }
   is_python_ = python::host_is_python();
   if (!config_.select.ranks.contains(uint64_t(rank_))) return false;
-  ::setenv(layout::kEnvParentProcess, process_name().c_str(), 1);
+  // The name this process means to claim (claimed at its first record: process_name()).
+  ::setenv(layout::kEnvParentProcess, layout::process_name(rank_, role_).c_str(), 1);
   ::setenv(layout::kEnvParentRank, own_rank_var.c_str(), 1);
   refresh_step_state(0);
   active_ = true;
   return true;
 }
 
+void ProcessRecorder::note_status(const std::string& text) {
+  std::lock_guard<std::mutex> lock(claim_mu_);
+  claim_note_ = text;
+}
+
+void ProcessRecorder::adopt_group_rank(int64_t rank) {
+  std::lock_guard<std::mutex> lock(claim_mu_);
+  if (rank_known_ || rank < 0) return;
+  rank_known_ = true;
+  if (process_name_.empty()) {
+    rank_ = rank;
+    return;
+  }
+  // Named before the group existed: the name keeps its rank, the .status says which it is.
+  std::ofstream(status_path_, std::ios::app)
+      << "process group rank " << rank << " (named r" << rank_
+      << ": ops ran before init_process_group; set RANK to name it)\n";
+}
+
 const std::string& ProcessRecorder::process_name() {
+  // A torch.multiprocessing.spawn child knows its rank only as the spawn index. Asked outside
+  // the lock: asking Python takes the GIL.
+  std::optional<int64_t> spawned;
+  if (!rank_known_ && process_name_.empty() && is_python_) spawned = python::spawn_index();
   std::lock_guard<std::mutex> lock(claim_mu_);
   if (process_name_.empty()) {
+    if (spawned && !rank_known_) {
+      rank_ = *spawned;
+      rank_known_ = true;
+      // Like a launcher's worker: that rank's main process (the launcher has no rank).
+      const char* parent_rank = std::getenv(layout::kEnvParentRank);
+      if (parent_rank && *parent_rank == '\0') role_ = "main";
+    }
     int fd = create_exclusive(streams_dir_, layout::process_name(rank_, role_), layout::kStatusExt,
                               &process_name_);
     if (fd < 0) {
@@ -187,6 +219,7 @@ void ProcessRecorder::finish_all() {
       if (t) t->finish();
   }
   StreamWriter::instance().drain();
+  process_name();  // a process that recorded nothing still leaves its .status
 }
 
 void ProcessRecorder::save_on_stop_signal(const char* signal_name) {
@@ -220,7 +253,8 @@ void ProcessRecorder::before_fork() {
 void ProcessRecorder::after_fork_parent() { op_callback_mu_.unlock(); }
 
 void ProcessRecorder::after_fork_child() {
-  const std::string parent = process_name_;
+  const std::string parent =
+      process_name_.empty() ? layout::process_name(rank_, role_) : process_name_;
   role_ += "." + std::to_string(forks_ - 1);
   process_name_.clear();
   status_path_.clear();
@@ -232,6 +266,8 @@ void ProcessRecorder::after_fork_child() {
   new (&op_callback_mu_) std::mutex();
   new (&claim_mu_) std::mutex();
   new (&threads_mu_) std::mutex();  // another thread may have held it at fork time
+  new (&groups_mu_) std::mutex();
+  groups_.clear();
   threads_.clear();
   StreamWriter::instance().reset_after_fork();
   if (is_python_ && op_callback_ != 0) {

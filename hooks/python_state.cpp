@@ -112,11 +112,17 @@ std::optional<std::string> thread_name() {
   return name;
 }
 
-std::optional<int64_t> dataloader_batch() {
+namespace {
+
+// The integer local `local` of the innermost frame of function `function` (whose file ends with
+// `file_suffix`, if given) on this thread's Python stack: nullopt when no such frame, -1 when the
+// local is not set yet.
+std::optional<int64_t> frame_local(const char* function, const char* file_suffix,
+                                   const char* local) {
   Gil gil;
   if (!gil.usable()) return std::nullopt;
   const Api& a = api();
-  std::optional<int64_t> batch;
+  std::optional<int64_t> found;
   PyFrame* frame = a.current_frame();  // borrowed
   if (!frame) return std::nullopt;
   Ref walk(nullptr);
@@ -124,11 +130,18 @@ std::optional<int64_t> dataloader_batch() {
     Ref code(a.frame_code(frame));
     Ref name(code.p ? a.get_attr(code.p, "co_name") : nullptr);
     const char* s = name.p ? a.utf8(name.p) : nullptr;
-    if (s && std::strcmp(s, "_worker_loop") == 0) {
+    bool match = s && std::strcmp(s, function) == 0;
+    if (match && file_suffix) {
+      Ref file(a.get_attr(code.p, "co_filename"));
+      const char* f = file.p ? a.utf8(file.p) : nullptr;
+      size_t n = f ? std::strlen(f) : 0, m = std::strlen(file_suffix);
+      match = n >= m && std::strcmp(f + n - m, file_suffix) == 0;
+    }
+    if (match) {
       Ref locals(a.get_attr(frame, "f_locals"));
-      Ref idx(locals.p ? a.mapping_get(locals.p, "idx") : nullptr);
-      batch = idx.p ? a.as_long_long(idx.p) : -1;  // before the loop's first batch
-      if (*batch < -1) batch = -1;
+      Ref value(locals.p ? a.mapping_get(locals.p, local) : nullptr);
+      found = value.p ? a.as_long_long(value.p) : -1;
+      if (*found < -1) found = -1;
       break;
     }
     PyFrame* back = a.frame_back(frame);  // a new reference
@@ -137,7 +150,19 @@ std::optional<int64_t> dataloader_batch() {
     frame = back;
   }
   a.err_clear();
-  return batch;
+  return found;
+}
+
+}  // namespace
+
+std::optional<int64_t> dataloader_batch() {
+  // -1 before the loop's first batch.
+  return frame_local("_worker_loop", nullptr, "idx");
+}
+
+std::optional<int64_t> spawn_index() {
+  std::optional<int64_t> i = frame_local("_wrap", "torch/multiprocessing/spawn.py", "i");
+  return i && *i >= 0 ? i : std::nullopt;
 }
 
 }  // namespace detaudit::hooks::python

@@ -20,4 +20,8 @@ std::optional<std::string> thread_name();
 // torch.utils.data._utils.worker._worker_loop), -1 before the first; nullopt outside a worker.
 std::optional<int64_t> dataloader_batch();
 
+// In a torch.multiprocessing.spawn child: its process index (`i` of
+// torch.multiprocessing.spawn._wrap), which mp.spawn programs pass on as their rank.
+std::optional<int64_t> spawn_index();
+
 }  // namespace detaudit::hooks::python

@@ -97,6 +97,7 @@ ThreadRecorder::~ThreadRecorder() {
 }
 
 void ThreadRecorder::finish() {
+  if (!pending_collectives_.empty()) write_completed_collectives(/*at_end=*/true);
   if (!stream_open_ || !stream_.enter_write()) return;
   encoder_.end(totals_, &stream_.bytes);
   stream_.committed.store(stream_.bytes.size(), std::memory_order_release);
@@ -124,6 +125,8 @@ void ThreadRecorder::reset_after_fork() {
   scope_changes_seen_ = UINT64_MAX;  // the string table starts afresh
   last_order_written_ = 0;
   totals_ = {};
+  starting_collective_.reset();
+  pending_collectives_.clear();
   ProcessRecorder::instance().register_thread(this);
 }
 
@@ -191,6 +194,8 @@ void ThreadRecorder::on_start(const at::RecordFunction& fn) {
   if (busy_) return;
   if (fork_generation_ != ProcessRecorder::instance().fork_generation()) reset_after_fork();
   ProcessRecorder& proc = ProcessRecorder::instance();
+  // Before this op can read a buffer a collective filled.
+  if (!pending_collectives_.empty()) write_completed_collectives(/*at_end=*/false);
 
   if (depth_ == frames_.size()) frames_.resize(frames_.size() * 2);
   Frame& f = frames_[depth_];
@@ -267,11 +272,18 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f) {
       f.bits |= trace::kOpIsRandom | trace::kOpHasRng;
       f.rng = rng_state(fn);
     }
+    uint64_t overwritten = info.overwritten_args;
+    if (info.collective.defined()) {
+      f.collective = true;
+      starting_collective_.emplace();
+      starting_collective_->info.op_order = f.order;
+      overwritten = collective_overwritten(fn, info, &starting_collective_->info);
+    }
     if (proc.config().inputs) {
       auto inputs = fn.inputs();
       ByteWriter(&bytes_).varint(inputs.size());
       for (size_t i = 0; i < inputs.size(); ++i)
-        capture_value(inputs[i], /*overwritten=*/i < 64 && (info.overwritten_args >> i) & 1);
+        capture_value(inputs[i], /*overwritten=*/i < 64 && (overwritten >> i) & 1);
     } else {
       ByteWriter(&bytes_).varint(0);
     }
@@ -330,8 +342,12 @@ void ThreadRecorder::write_record(const Frame& f, const at::RecordFunction& fn) 
   }
   const auto& outputs = fn.outputs();
   w.varint(outputs.size());
-  for (size_t i = 0; i < outputs.size(); ++i)
-    emit_output(outputs[i], w, f, i < 64 && (f.info->scratch_outputs >> i) & 1);
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (f.collective)
+      emit_pending_output(outputs[i], w);
+    else
+      emit_output(outputs[i], w, f, i < 64 && (f.info->scratch_outputs >> i) & 1);
+  }
 
   // Strings interned while encoding this op must precede it in the file.
   emit_string_records();
@@ -339,6 +355,13 @@ void ThreadRecorder::write_record(const Frame& f, const at::RecordFunction& fn) 
   last_order_written_ = f.order;
   ++totals_.ops;
   stream_.committed.store(stream_.bytes.size(), std::memory_order_release);
+  if (f.collective && starting_collective_) {
+    // Its buffers change when the Work completes, unseen: what the cache says of them is void.
+    for (const at::Tensor& t : starting_collective_->received) cache_.wrote_unseen(t);
+    starting_collective_->work = find_work(outputs);
+    pending_collectives_.push_back(std::move(*starting_collective_));
+    starting_collective_.reset();
+  }
   after_record();
 }
 
@@ -387,6 +410,7 @@ void ThreadRecorder::on_end(const at::RecordFunction& fn) {
     busy_ = false;
     stream_.leave_write();
   }
+  if (f.collective) starting_collective_.reset();  // not recorded after all
   items_.resize(f.items_begin);
   bytes_.resize(f.bytes_begin);
   bytes_item_start_ = bytes_.size();

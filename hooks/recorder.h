@@ -51,6 +51,12 @@ class ProcessRecorder {
   // "r<rank>.<role>", claimed with its .status file on first use (stream_identity.h).
   const std::string& process_name();
   void write_status(const std::string& text);
+  // The first line of the .status file, written when the name is claimed: at the first record,
+  // or at exit. Claiming late lets a launcher's workers take their ranks' names first.
+  void note_status(const std::string& text);
+  // The rank of the process's first process group, for a process no variable (RANK) or spawn
+  // index gave one. Too late to rename a claimed process: its .status says so instead.
+  void adopt_group_rank(int64_t rank);
 
   uint64_t next_order() { return order_.fetch_add(1, std::memory_order_relaxed) + 1; }
   uint64_t step() const { return step_.load(std::memory_order_relaxed); }
@@ -83,6 +89,12 @@ class ProcessRecorder {
   void before_fork();
   void after_fork_parent();
   void after_fork_child();
+  // A collective on this process group: its ordinal among the groups this process used (in order
+  // of first use, the same on every rank that creates its groups in the same order) and the
+  // collective's sequence number in it, counted from 1. The first group's rank names a process
+  // whose rank nothing else gave (adopt_group_rank).
+  void next_collective(const void* group_key, trace::CollectiveInfo* info);
+
   // Bumped in every forked child: a thread's state from before the fork belongs to the parent.
   uint32_t fork_generation() const { return fork_generation_.load(std::memory_order_relaxed); }
 
@@ -101,6 +113,7 @@ class ProcessRecorder {
   Config config_;
   std::string streams_dir_;
   long rank_ = 0;
+  bool rank_known_ = false;  // from RANK/LOCAL_RANK, a spawn index or a process group
   std::string role_ = "main";
   std::string process_name_;  // claimed; empty until then
   std::string status_path_;   // its .status file, for a signal handler (no allocation there)
@@ -123,6 +136,8 @@ class ProcessRecorder {
   at::CallbackHandle op_callback_ = 0, marks_callback_ = 0;
   std::atomic<bool> op_callback_on_{true};
   std::atomic<uint64_t> op_callback_epoch_{0};
+  std::mutex groups_mu_;  // taken once per collective
+  std::vector<std::pair<const void*, uint64_t>> groups_;  // key, collectives so far
   std::mutex threads_mu_;  // taken once per thread, never per op
   std::vector<ThreadRecorder*> threads_;
 };
@@ -167,6 +182,7 @@ class ThreadRecorder {
     uint32_t scope_id = 0;
     uint8_t bits = 0;
     uint32_t depth = 0;
+    bool collective = false;
     int64_t seq_nr = -1;
     uint64_t rng = 0;
     const OpInfo* info = nullptr;
@@ -191,6 +207,21 @@ class ThreadRecorder {
   // `scratch`: a partly written workspace (OpInfo::scratch_outputs), described as uninitialized.
   void emit_output(const c10::IValue& v, trace::ByteWriter& w, const Frame& f, bool scratch = false);
   void emit_output_tensor(const at::Tensor& t, trace::ByteWriter& w, const Frame& f, bool scratch);
+
+  // A collective's receive buffers: geometry when the op returns, contents in a COLLECTIVE
+  // record once its Work completed (collectives.h).
+  struct PendingCollective {
+    trace::CollectiveInfo info;
+    std::vector<at::Tensor> received;
+    c10::intrusive_ptr<c10::ivalue::Object> work;
+  };
+  uint64_t collective_overwritten(const at::RecordFunction& fn, const OpInfo& info,
+                                  trace::CollectiveInfo* call);
+  void emit_pending_output(const c10::IValue& v, trace::ByteWriter& w);
+  void emit_received(const at::Tensor& t, trace::ByteWriter& w, uint64_t op_order);
+  // Writes a COLLECTIVE record for each pending collective whose Work completed; `at_end`: for
+  // every one, "not completed" if it has not.
+  void write_completed_collectives(bool at_end);
 
   void emit_string_records();
   void write_record(const Frame& f, const at::RecordFunction& fn);
@@ -240,6 +271,9 @@ class ThreadRecorder {
   uint64_t last_order_written_ = 0;
   uint64_t records_since_handover_ = 0;
   uint64_t last_handover_ns_ = 0;
+
+  std::optional<PendingCollective> starting_collective_;  // collectives do not nest
+  std::vector<PendingCollective> pending_collectives_;
 
   std::unique_ptr<Hasher> hasher_;
   trace::EndInfo totals_;

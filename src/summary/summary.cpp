@@ -280,6 +280,18 @@ Status export_run(const std::string& run_dir, const std::string& stream, std::os
       switch (r.kind()) {
         case RecordKind::kStep: j = step_json(r.step()); j["record"] = "step"; break;
         case RecordKind::kOp: j = op_json(r); j["record"] = "op"; break;
+        case RecordKind::kCollective: {
+          const trace::CollectiveRecord& c = r.collective();
+          j = {{"record", "collective"},
+               {"order", c.info.op_order},
+               {"group", c.info.group},
+               {"seq", c.info.seq},
+               {"group_rank", c.info.group_rank},
+               {"group_size", c.info.group_size},
+               {"completed", c.info.state == trace::kCollectiveCompleted},
+               {"received", values_to_json(r, c.values)}};
+          break;
+        }
         case RecordKind::kEnd:
           j = {{"record", "end"},
                {"ops", r.end_info().ops},

@@ -6,7 +6,7 @@
 //   <file>      ::= <header-record> <record>*
 //   <record>    ::= <length:varint> <kind:u8> <body:byte[length-1]> <crc:u32le>
 //                   ; crc = CRC-32C of kind and body
-//   <kind>      ::= HEADER=1 | STRING=2 | STEP=3 | OP=4 | END=5 | SCOPE=6
+//   <kind>      ::= HEADER=1 | STRING=2 | STEP=3 | OP=4 | END=5 | SCOPE=6 | COLLECTIVE=7
 //
 //   HEADER body ::= "DTR" <format-version:varint> <digest-algo:u8> <rank:zvarint>
 //                   <pid:varint> <process-role:str> <thread:str> <stream-flags:varint>
@@ -21,6 +21,12 @@
 //   END body    ::= <ops:varint> <tensors-hashed:varint> <bytes-hashed:varint>
 //   SCOPE body  ::= <path:varint string id>          ; the user scopes around the OPs that
 //                                                   ; follow, "outer/inner"; "" for none
+//   COLLECTIVE body ::= <op-order:varint> <group:varint> <seq:varint> <group-rank:zvarint>
+//                   <group-size:varint> <state:u8> <n:varint> <value>{n}
+//                   ; a c10d collective's completion, after its OP record (op-order names it):
+//                   ; group is the process's k-th process group by first use, seq counts that
+//                   ; group's collectives from 1, state is kCollective* below, and the values
+//                   ; are its receive buffers as they were on completion
 //
 //   <value>     ::= NONE=0
 //                 | TENSOR_NEW=1 <tensor>           ; a tensor version first seen here
@@ -58,13 +64,13 @@
 namespace detaudit::trace {
 
 inline constexpr char kMagic[3] = {'D', 'T', 'R'};
-inline constexpr uint32_t kFormatVersion = 3;
+inline constexpr uint32_t kFormatVersion = 4;
 inline constexpr size_t kMaxRecordBytes = 64u << 20;  // a larger length is corruption
 // A TENSOR_REF reaches back at most this many tensor ids, so readers keep a bounded window.
 inline constexpr uint64_t kRefWindow = 1u << 16;
 
 enum class RecordKind : uint8_t {
-  kHeader = 1, kString = 2, kStep = 3, kOp = 4, kEnd = 5, kScope = 6
+  kHeader = 1, kString = 2, kStep = 3, kOp = 4, kEnd = 5, kScope = 6, kCollective = 7
 };
 
 enum class DigestAlgo : uint8_t { kMd5 = 1, kSha256 = 2, kXxh3 = 3 };
@@ -105,6 +111,10 @@ enum class Provenance : uint8_t {
   kCompiled = 3,  // first seen after a compiled region ran in this step: likely its output
 };
 std::string_view provenance_name(Provenance p);
+
+// state of a COLLECTIVE record.
+inline constexpr uint8_t kCollectiveCompleted = 0;
+inline constexpr uint8_t kCollectiveNotCompleted = 1;  // still pending when the stream ended
 
 // determinism-bits of a STEP record.
 inline constexpr uint32_t kDetAlgorithms = 1u << 0;

@@ -166,6 +166,22 @@ bool TraceReader::decode(ByteReader& r, OpRecord* op) {
     case RecordKind::kScope:
       scope_path_ = uint32_t(r.varint());
       return scope_path_ < strings_.size();
+    case RecordKind::kCollective: {
+      CollectiveRecord& c = collective_;
+      c.info.op_order = r.varint();
+      c.info.group = r.varint();
+      c.info.seq = r.varint();
+      c.info.group_rank = r.zvarint();
+      c.info.group_size = r.varint();
+      c.info.state = r.u8();
+      c.values.clear();
+      c.tensors.clear();
+      uint64_t n = r.varint(), ignored = 0;
+      if (n > r.remaining()) return false;
+      for (uint64_t i = 0; i < n; ++i)
+        if (!decode_values(r, &c.values, &c.tensors, &ignored, 0)) return false;
+      return !r.failed();
+    }
     case RecordKind::kEnd:
       end_.ops = r.varint();
       end_.tensors_hashed = r.varint();

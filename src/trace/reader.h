@@ -56,6 +56,14 @@ struct OpRecord {
   bool has_seq_nr() const { return bits & kOpHasSeqNr; }
 };
 
+// A COLLECTIVE record: where the collective stands in its group, and its receive buffers as
+// they were on completion (flattened values, as in OpRecord).
+struct CollectiveRecord {
+  CollectiveInfo info;
+  std::vector<Value> values;
+  std::vector<int64_t> tensors;
+};
+
 class TraceReader {
  public:
   TraceReader();
@@ -77,6 +85,7 @@ class TraceReader {
   const StepInfo& step() const { return step_; }
   const OpRecord& op() const { return op_; }
   const EndInfo& end_info() const { return end_; }
+  const CollectiveRecord& collective() const { return collective_; }
   bool saw_end() const { return saw_end_; }
   const std::vector<StepInfo>& steps() const { return steps_; }
 
@@ -116,6 +125,7 @@ class TraceReader {
   StepInfo step_;
   OpRecord op_;
   EndInfo end_;
+  CollectiveRecord collective_;
   bool saw_end_ = false;
   std::vector<StepInfo> steps_;
   std::vector<std::string> strings_;

@@ -44,6 +44,17 @@ void RecordEncoder::scope(uint32_t path, std::string* out) {
   finish(out);
 }
 
+ByteWriter& RecordEncoder::begin_collective(const CollectiveInfo& c) {
+  ByteWriter& w = begin(RecordKind::kCollective);
+  w.varint(c.op_order);
+  w.varint(c.group);
+  w.varint(c.seq);
+  w.zvarint(c.group_rank);
+  w.varint(c.group_size);
+  w.u8(c.state);
+  return w;
+}
+
 void RecordEncoder::end(const EndInfo& e, std::string* out) {
   ByteWriter& w = begin(RecordKind::kEnd);
   w.varint(e.ops);

@@ -31,6 +31,16 @@ struct StepInfo {
   uint32_t determinism_bits = 0;
 };
 
+// A collective's place in its process group; its received tensors travel as values.
+struct CollectiveInfo {
+  uint64_t op_order = 0;
+  uint64_t group = 0;
+  uint64_t seq = 0;
+  int64_t group_rank = 0;
+  uint64_t group_size = 0;
+  uint8_t state = kCollectiveCompleted;
+};
+
 struct EndInfo {
   uint64_t ops = 0;
   uint64_t tensors_hashed = 0;
@@ -51,6 +61,8 @@ class RecordEncoder {
   void string(std::string_view s, std::string* out);
   void step(const StepInfo& s, std::string* out);
   void scope(uint32_t path, std::string* out);
+  // Begins a COLLECTIVE record; the caller writes <n> <value>{n}, then finish().
+  ByteWriter& begin_collective(const CollectiveInfo& c);
   void end(const EndInfo& e, std::string* out);
 
  private:

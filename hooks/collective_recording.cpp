@@ -1,0 +1,124 @@
+// Collectives on the op path: which arguments a rank reads, its receive buffers written as
+// geometry when the op returns, and their contents in a COLLECTIVE record once the Work
+// completed (collectives.h says why).
+#include <ATen/ATen.h>
+
+#include "collectives.h"
+#include "recorder.h"
+#include "tensor_digest.h"
+
+namespace detaudit::hooks {
+
+using trace::ByteWriter;
+using trace::ValueType;
+
+void ProcessRecorder::next_collective(const void* group_key, trace::CollectiveInfo* info) {
+  std::lock_guard<std::mutex> lock(groups_mu_);
+  size_t i = 0;
+  while (i < groups_.size() && groups_[i].first != group_key) ++i;
+  if (i == groups_.size()) groups_.emplace_back(group_key, 0);
+  info->group = i;
+  info->seq = ++groups_[i].second;
+  if (i == 0) adopt_group_rank(info->group_rank);
+}
+
+uint64_t ThreadRecorder::collective_overwritten(const at::RecordFunction& fn, const OpInfo& info,
+                                                trace::CollectiveInfo* call) {
+  auto inputs = fn.inputs();
+  const GroupView group = find_group(inputs);
+  call->group_rank = group.rank;
+  call->group_size = uint64_t(std::max(group.size, 0));
+  ProcessRecorder::instance().next_collective(group.key, call);
+  const CollectiveShape& shape = info.collective;
+  uint64_t overwritten = info.overwritten_args;
+  // A broadcast's buffer is read on its root only; elsewhere it is a receive buffer.
+  if (shape.root_arg >= 0 && size_t(shape.root_arg) < inputs.size() &&
+      inputs[size_t(shape.root_arg)].isInt() &&
+      inputs[size_t(shape.root_arg)].toInt() != group.rank)
+    overwritten |= uint64_t(1) << shape.recv_arg;
+  if (shape.recv_arg >= 0 && size_t(shape.recv_arg) < inputs.size())
+    tensors_of(inputs[size_t(shape.recv_arg)], &starting_collective_->received);
+  return overwritten;
+}
+
+void ThreadRecorder::emit_pending_output(const c10::IValue& v, ByteWriter& w) {
+  if (v.isTensor() && v.toTensor().defined() && !unhashable_reason(v.toTensor())) {
+    // Not filled yet: the COLLECTIVE record holds the contents.
+    thread_local trace::TensorDesc desc;
+    describe_geometry(v.toTensor(), hasher_->length(), &desc);
+    desc.bits |= trace::kTensorNotRead;
+    write_new(w, desc, -1);
+  } else if (v.isTensorList() || v.isList() || v.isTuple()) {
+    std::vector<c10::IValue> elems;
+    if (v.isTensorList())
+      for (const at::Tensor& t : v.toTensorList()) elems.emplace_back(t);
+    else if (v.isList())
+      for (const c10::IValue& e : v.toListRef()) elems.push_back(e);
+    else
+      for (const c10::IValue& e : v.toTupleRef().elements()) elems.push_back(e);
+    w.u8(uint8_t(ValueType::kList));
+    w.varint(elems.size());
+    for (const c10::IValue& e : elems) emit_pending_output(e, w);
+  } else {
+    static const OpInfo kPlain;
+    Frame f;
+    f.info = &kPlain;
+    emit_output(v, w, f);
+  }
+}
+
+void ThreadRecorder::emit_received(const at::Tensor& t, ByteWriter& w, uint64_t op_order) {
+  if (const char* why = unhashable_reason(t)) {
+    w.u8(uint8_t(ValueType::kTensorSkipped));
+    w.varint(intern(why));
+    return;
+  }
+  trace::TensorDesc desc;
+  totals_.bytes_hashed +=
+      describe_tensor(t, hasher_.get(), ProcessRecorder::instance().config().stats, &desc);
+  ++totals_.tensors_hashed;
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  if (impl->is_inference()) {
+    write_new(w, desc, -1);
+    return;
+  }
+  // The buffer's new content, as if the collective's op had written it: later reads refer to it.
+  const uint32_t version = tensor_version(t);
+  TensorCache::Entry& e = cache_.remember(t, version, desc);
+  e.written_order = op_order;
+  e.id = write_new(w, e.desc, -1);
+  cache_.wrote(t, version, e);
+}
+
+void ThreadRecorder::write_completed_collectives(bool at_end) {
+  if (!stream_open_ || !stream_.enter_write()) return;
+  busy_ = true;
+  size_t kept = 0;
+  try {
+    for (size_t i = 0; i < pending_collectives_.size(); ++i) {
+      PendingCollective& p = pending_collectives_[i];
+      const bool done = !p.work || work_completed(p.work);
+      if (!done && !at_end) {
+        if (kept != i) pending_collectives_[kept] = std::move(p);
+        ++kept;
+        continue;
+      }
+      if (!done) p.info.state = trace::kCollectiveNotCompleted;
+      ByteWriter& w = encoder_.begin_collective(p.info);
+      w.varint(done ? p.received.size() : 0);
+      if (done)
+        for (const at::Tensor& t : p.received) emit_received(t, w, p.info.op_order);
+      emit_string_records();
+      encoder_.finish(&stream_.bytes);
+      stream_.committed.store(stream_.bytes.size(), std::memory_order_release);
+    }
+  } catch (const std::exception&) {
+    // Never throw into libtorch: the partial record is dropped, the stream stays whole.
+    stream_.bytes.resize(stream_.committed.load());
+  }
+  pending_collectives_.resize(kept);
+  busy_ = false;
+  stream_.leave_write();
+}
+
+}  // namespace detaudit::hooks

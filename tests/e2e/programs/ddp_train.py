@@ -1,0 +1,107 @@
+"""Data-parallel training over gloo on two CPU ranks, as users launch it.
+
+    python ddp_train.py --launch env     # starts its ranks with RANK/WORLD_SIZE/MASTER_* set
+    python ddp_train.py --launch spawn   # torch.multiprocessing.spawn: ranks know only their index
+    torchrun --nproc-per-node 2 ddp_train.py
+
+Each rank trains a seeded DDP model on its own shard. Options make one rank misbehave:
+  --race-rank R     rank R's model gathers its input through an embedding-like `w[idx]`, whose
+                    backward is the CPU index_put_(accumulate=True) race on 2 threads;
+  --corrupt-rank R  after step --corrupt-step's optimizer step, rank R changes a parameter in
+                    place with no collective: the replicas now disagree.
+Every rank prints, per step, the MD5 of the all-reduced loss and of its gradients in DDP's bucket
+order, and at the end the MD5 of its parameters.
+"""
+import argparse
+import hashlib
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+
+def md5(t):
+    return hashlib.md5(t.detach().contiguous().numpy().tobytes()).hexdigest()
+
+
+class Net(nn.Module):
+    def __init__(self, gather):
+        super().__init__()
+        self.gather = gather
+        n = 1 << 17 if gather else 16
+        self.table = nn.Parameter(torch.randn(n) * 0.01)
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 2)
+
+    def forward(self, x, idx):
+        if self.gather:
+            x = x + self.table[idx].view(x.shape[0], -1, 16).mean(1)
+        else:
+            x = x + self.table
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def train(rank, world, args):
+    if "MASTER_ADDR" not in os.environ:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(Net(gather=rank == args.race_rank))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(1000 + rank)
+    n = model.module.table.numel()
+    for step in range(args.steps):
+        x = torch.randn(8, 16, generator=gen)
+        y = torch.randint(0, 2, (8,), generator=gen)
+        idx = torch.randint(0, max(n // 64, 1), (8 * 1024,), generator=gen)
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x, idx), y)
+        loss.backward()
+        # DDP's bucket holds the gradients in reverse order after its first step (it rebuilds
+        # its buckets in the order gradients became ready) and in parameter order before.
+        grads = [p.grad.flatten() for p in model.parameters()]
+        bucket, bucket_fwd = torch.cat(grads[::-1]), torch.cat(grads)
+        opt.step()
+        if rank == args.corrupt_rank and step == args.corrupt_step:
+            with torch.no_grad():
+                model.module.fc1.bias.add_(1e-3)
+        logged = loss.detach().clone()
+        dist.all_reduce(logged)
+        print(f"rank {rank} step {step} loss-sum {logged.item():.9f} "
+              f"loss-sum-md5 {md5(logged)} bucket-md5 {md5(bucket)} {md5(bucket_fwd)}", flush=True)
+    params = torch.cat([p.detach().flatten() for p in model.parameters()])
+    print(f"rank {rank} final {md5(params)}", flush=True)
+    dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--launch", choices=["env", "spawn", "none"], default="none",
+                    help="none: this process is one rank of a launcher (RANK is set)")
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--port", type=int, default=29500 + os.getpid() % 2000)
+    ap.add_argument("--race-rank", type=int, default=-1)
+    ap.add_argument("--corrupt-rank", type=int, default=-1)
+    ap.add_argument("--corrupt-step", type=int, default=1)
+    args = ap.parse_args()
+    if args.launch == "none":
+        train(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args)
+    elif args.launch == "spawn":
+        torch.multiprocessing.spawn(train, args=(args.world, args), nprocs=args.world)
+    else:
+        import subprocess
+        base = dict(os.environ, WORLD_SIZE=str(args.world), MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(args.port))
+        argv = [a for a in sys.argv[1:] if a not in ("--launch", "env")]
+        procs = [subprocess.Popen([sys.executable, __file__, "--launch", "none", *argv],
+                                  env=dict(base, RANK=str(r), LOCAL_RANK=str(r)))
+                 for r in range(args.world)]
+        sys.exit(max(p.wait() for p in procs))
+
+
+if __name__ == "__main__":
+    main()
