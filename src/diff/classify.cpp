@@ -286,6 +286,15 @@ void classify_divergence(const BufferedOp& a, const OpSource& sa, const Buffered
     fd->detail = "same inputs, different non-tensor arguments";
     return;
   }
+  if (a.collective && a.received) {
+    fd->divergence_class = kClassRemoteInput;
+    fd->received_through = fmt::format("{} #{} of group {}", fd->op, a.coll.seq, a.coll.group);
+    fd->detail = fmt::format(
+        "this rank's inputs to {} agree, what it received differs: another of the group's {} "
+        "ranks sent different data",
+        fd->received_through, a.coll.group_size);
+    return;
+  }
   fd->divergence_class = kClassNondeterministic;
   fd->detail = oa.is_random()
                    ? "identical inputs, arguments and generator state, different outputs"
@@ -404,6 +413,11 @@ void explain_cause(const std::vector<EnvDifference>& env, FirstDivergence* fd) {
                    "numpy and random from torch.initial_seed(), and no generator created "
                    "unseeded in the Dataset (np.random.default_rng(seed))";
     }
+  } else if (cls == kClassRemoteInput) {
+    fd->cause = "another rank sent different data into this collective, and no stream of that "
+                "rank recorded where it diverged";
+    fd->remedy = "record every rank (--ranks all) so the diff can follow the collective to the "
+                 "rank where the difference began";
   } else if (cls == kClassUninitialized) {
     fd->cause = "an op read memory returned by the empty family (uninitialized)";
     fd->remedy = "initialise the buffer (torch.zeros) or enable deterministic mode with "

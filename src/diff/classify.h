@@ -17,6 +17,8 @@ inline constexpr const char* kClassExternal = "external-input";
 inline constexpr const char* kClassUninitialized = "uninitialized-memory";
 inline constexpr const char* kClassStructural = "structural";
 inline constexpr const char* kClassInputDiffers = "input-differs";
+// A collective whose own inputs agree received different data: another rank sent it.
+inline constexpr const char* kClassRemoteInput = "remote-input";
 
 // True when the outputs of two aligned ops differ, ignoring uninitialized outputs.
 bool outputs_differ(const trace::OpRecord& a, const trace::TraceReader& ra,

@@ -96,8 +96,18 @@ class StreamComparator {
     auto last = std::chrono::steady_clock::now();
     PairFiller filler(&a, &b);
 
+    // A collective at the head whose receive buffers are not read yet: read on once for them.
+    auto awaiting = [](const OpSource& s) {
+      return s.at(0).collective && !s.at(0).received && !s.exhausted();
+    };
+    uint64_t refilled_for = UINT64_MAX;
     for (uint64_t n = 0;; ++n) {
-      if (a.size() == 0 || b.size() == 0) filler.fill(OpSource::kCapacity);
+      if (a.size() == 0 || b.size() == 0) {
+        filler.fill(OpSource::kCapacity);
+      } else if ((awaiting(a) || awaiting(b)) && refilled_for != a.at(0).index) {
+        refilled_for = a.at(0).index;
+        filler.fill(OpSource::kCapacity);
+      }
       if (a.size() == 0 || b.size() == 0) break;
       if (a.at(0).key == b.at(0).key) {
         compare_pair(a.at(0), b.at(0));
@@ -118,6 +128,10 @@ class StreamComparator {
     a.fill(1);
     b.fill(1);
     if (pending_) finish_pending();
+    if (out_->first) {
+      out_->first->collectives_before = collectives_before_;
+      out_->first->collectives_after = collectives_after_;
+    }
     Status s = finish(ra, rb);
     out_->max_step_a = a.max_step();
     out_->max_step_b = b.max_step();
@@ -156,8 +170,12 @@ class StreamComparator {
     }
     track_parameter(a, differ);
     track_loss(a, b);
+    const bool found_before = first_done_ || pending_;
 
-    if (first_done_) return;
+    if (first_done_) {
+      track_collective(a, found_before, false);
+      return;
+    }
     if (pending_) {
       if (int64_t(a.rec.depth) == need_depth_) {
         pending_->chain.insert(pending_->chain.begin(), std::string(a_->name_of(a.rec)));
@@ -181,7 +199,16 @@ class StreamComparator {
         fd.catalog = catalog_ref(options_.catalog, facts(a, *a_), &rejected_);
       need_depth_ = int64_t(a.rec.depth) - 1;
     }
+    track_collective(a, found_before, !found_before && pending_);
     if (pending_ && a.rec.depth == 0) finish_pending();
+  }
+
+  // Where the stream's collectives stand relative to its first divergence (collectives_before
+  // and collectives_after in FirstDivergence).
+  void track_collective(const BufferedOp& a, bool after_first, bool is_first) {
+    if (!a.collective || !a.received) return;
+    if (!after_first) collectives_before_[a.coll.group] = a.coll.seq;
+    if (after_first || is_first) collectives_after_.emplace(a.coll.group, a.coll.seq);
   }
 
   void finish_pending() {
@@ -497,6 +524,7 @@ class StreamComparator {
   int64_t need_depth_ = -1;
   std::vector<std::string> rejected_;  // entries an inner op of the chain did not meet
   bool first_done_ = false;
+  std::map<uint64_t, uint64_t> collectives_before_, collectives_after_;  // group -> seq
   uint64_t param_step_ = UINT64_MAX, param_pos_ = 0;
   std::map<uint64_t, bool> params_;
 };

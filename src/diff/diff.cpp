@@ -205,6 +205,17 @@ void pair_clashing_streams(const std::map<std::string, std::string>& sa,
   }
 }
 
+// x happened before y: x's rank joined a collective after x that y's rank had joined before y.
+bool happened_before(const FirstDivergence& x, const FirstDivergence& y) {
+  if (x.rank == y.rank) return false;
+  for (const auto& [group, seq] : x.collectives_after) {
+    auto it = y.collectives_before.find(group);
+    if (it != y.collectives_before.end() && seq <= it->second) return true;
+  }
+  return false;
+}
+
+// Without a collective between them, the earlier step, then the lower rank.
 bool earlier(const FirstDivergence& x, const FirstDivergence& y) {
   if (x.step != y.step) return x.step < y.step;
   if (x.rank != y.rank) return x.rank < y.rank;
@@ -303,8 +314,25 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
     for (EnvDifference& d : res.step_settings)
       if (!has_base_key(r.environment, d)) r.environment.push_back(std::move(d));
   }
+  // The first divergence: one no other happened before (collectives order ranks), else the
+  // earliest by step and rank. A difference another rank received is reported at its origin.
+  std::vector<const FirstDivergence*> candidates;
+  for (const StreamResult& res : results)
+    if (res.first) candidates.push_back(&*res.first);
+  const FirstDivergence* first = nullptr;
+  for (const FirstDivergence* c : candidates) {
+    bool preceded = false;
+    for (const FirstDivergence* o : candidates) preceded = preceded || happened_before(*o, *c);
+    if (!preceded && (!first || earlier(*c, *first))) first = c;
+  }
+  if (first) {
+    r.first = *first;
+    for (const FirstDivergence* c : candidates)
+      if (c->divergence_class == kClassRemoteInput && happened_before(*first, *c))
+        r.first->propagated_through.push_back(
+            fmt::format("{} to rank {}, step {}", c->received_through, c->rank, c->step));
+  }
   for (StreamResult& res : results) {
-    if (res.first && (!r.first || earlier(*res.first, *r.first))) r.first = std::move(res.first);
     for (StructuralDifference& d : res.structural)
       if (r.structural.size() < kMaxStructural) r.structural.push_back(std::move(d));
     r.structural_count += res.structural_count;

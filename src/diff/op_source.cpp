@@ -69,6 +69,30 @@ void OpSource::copy_output_digests(BufferedOp* b) const {
   out.present = true;
 }
 
+bool OpSource::is_collective(uint32_t name) {
+  while (name_is_collective_.size() <= name) name_is_collective_.push_back(-1);
+  int8_t& known = name_is_collective_[name];
+  if (known < 0) known = reader_->string(name).substr(0, 6) == "c10d::";
+  return known;
+}
+
+void OpSource::attach(const trace::CollectiveRecord& c) {
+  // The op is still buffered unless its Work took longer than the look-ahead to complete.
+  for (size_t i = count_; i-- > 0;) {
+    BufferedOp& b = at(i);
+    if (b.rec.order != c.info.op_order) continue;
+    if (!b.collective || b.received) return;
+    b.received = true;
+    b.coll = c.info;
+    --awaiting_;
+    if (c.info.state != trace::kCollectiveCompleted) return;
+    b.rec.outputs = c.values;
+    b.rec.output_tensors = c.tensors;
+    copy_output_digests(&b);
+    return;
+  }
+}
+
 bool OpSource::read_one() {
   if (stopped_) return false;
   for (;;) {
@@ -81,6 +105,7 @@ bool OpSource::read_one() {
       return false;
     }
     ++records_;
+    if (reader_->kind() == trace::RecordKind::kCollective) attach(reader_->collective());
     if (reader_->kind() != trace::RecordKind::kOp) continue;
     if (b.rec.step > last_step_) {
       stopped_ = stopped_at_limit_ = true;
@@ -99,6 +124,10 @@ bool OpSource::read_one() {
     }
     b.compiled_region = last_region_step_ == b.rec.step ? last_region_ : BufferedOp::kNoRegion;
     copy_output_digests(&b);
+    b.collective = is_collective(b.rec.name);
+    b.received = false;
+    b.coll = {};
+    if (b.collective) ++awaiting_;
     first_tensor_[slot] = reader_->tensors_seen();
     ++count_;
     return true;
@@ -107,7 +136,8 @@ bool OpSource::read_one() {
 
 size_t OpSource::fill(size_t n) {
   n = std::min(n, kCapacity);
-  while (count_ < n) {
+  // A buffered collective's receive buffers come in a later record: read on until it arrives.
+  while (count_ < n || (awaiting_ > 0 && count_ < kCapacity)) {
     // Keep every buffered op's tensors inside the reader's reference window.
     if (count_ > 0 &&
         reader_->tensors_seen() - first_tensor_[head_] > int64_t(trace::kRefWindow / 2))
@@ -119,6 +149,8 @@ size_t OpSource::fill(size_t n) {
 
 void OpSource::pop(size_t n) {
   n = std::min(n, count_);
+  for (size_t i = 0; i < n; ++i)
+    if (at(i).collective && !at(i).received) --awaiting_;
   head_ = (head_ + n) % kCapacity;
   count_ -= n;
 }

@@ -44,6 +44,11 @@ struct BufferedOp {
   uint32_t compiled_region = kNoRegion;
   OutputDigests outputs;
   trace::OpRecord rec;
+  // A c10d collective: its outputs are its receive buffers as its COLLECTIVE record gave them,
+  // once read (`received`); until then geometry only, never compared.
+  bool collective = false;
+  bool received = false;
+  trace::CollectiveInfo coll;
 };
 
 class OpSource {
@@ -81,6 +86,8 @@ class OpSource {
 
  private:
   bool read_one();
+  void attach(const trace::CollectiveRecord& c);
+  bool is_collective(uint32_t name);
   uint64_t key_of(const trace::OpRecord& op);
   void copy_output_digests(BufferedOp* b) const;
 
@@ -92,7 +99,9 @@ class OpSource {
   uint64_t ops_read_ = 0, records_ = 0;
   uint64_t last_step_ = UINT64_MAX, max_step_ = 0;
   bool stopped_at_limit_ = false;
-  std::vector<uint64_t> name_hash_;  // by string id
+  std::vector<uint64_t> name_hash_;
+  std::vector<int8_t> name_is_collective_;  // by string id: -1 unknown
+  size_t awaiting_ = 0;  // buffered collectives whose COLLECTIVE record is not read yet  // by string id
   std::vector<int64_t> first_tensor_;  // tensors_seen() when each buffered op was read
   uint32_t last_region_ = BufferedOp::kNoRegion;
   uint64_t last_region_step_ = 0;

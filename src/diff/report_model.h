@@ -95,6 +95,17 @@ struct FirstDivergence {
   // Made in a DataLoader worker: where the consumer read the batch ("r0.main.t-main at
   // aten::linear (op #12, step 0)"); empty otherwise.
   std::string batch_read_by;
+  // The collectives of its stream around it, by process group: the last one before it (or the
+  // op itself) and the first one from it on, by sequence number. They order divergences of
+  // different ranks: one that precedes a collective its rank joined happened before one that
+  // follows the same collective on another rank.
+  std::map<uint64_t, uint64_t> collectives_before, collectives_after;
+  // remote-input: the collective that received the different data ("c10d::allreduce_ #12 of
+  // group 0").
+  std::string received_through;
+  // Where the difference went from here: the collectives through which other ranks received it
+  // ("c10d::allreduce_ #12 of group 0 to rank 0, step 1").
+  std::vector<std::string> propagated_through;
 };
 
 // One step of the divergence curve.

@@ -94,6 +94,8 @@ json report_to_json(const DiffReport& r) {
             {"chain", f.chain},
             {"scope_path", f.scope_path},
             {"batch_read_by", f.batch_read_by.empty() ? json(nullptr) : json(f.batch_read_by)},
+            {"received_through", f.received_through.empty() ? json(nullptr) : json(f.received_through)},
+            {"propagated_through", f.propagated_through},
             {"index", f.index},
             {"order", {{"a", f.order_a}, {"b", f.order_b}}},
             {"offset", {{"a", f.offset_a}, {"b", f.offset_b}}},

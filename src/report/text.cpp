@@ -93,6 +93,8 @@ std::string render_text(const DiffReport& r, bool color) {
       out += fmt::format("  batch: made in this DataLoader worker for step {}, read by {}\n",
                          f.step, f.batch_read_by);
     out += fmt::format("  class: {} - {}\n", st("35", f.divergence_class), f.detail);
+    for (const std::string& p : f.propagated_through)
+      out += fmt::format("  spread: propagated through {}\n", p);
     if (!f.compiled_region.empty())
       out += fmt::format("  region: {} (torch.compile, opaque), the last to run before this op\n",
                          f.compiled_region);

@@ -27,10 +27,10 @@ def md5(t):
 
 
 class Net(nn.Module):
-    def __init__(self, gather):
+    def __init__(self, gather, table_size):
         super().__init__()
         self.gather = gather
-        n = 1 << 17 if gather else 16
+        n = table_size
         self.table = nn.Parameter(torch.randn(n) * 0.01)
         self.fc1 = nn.Linear(16, 32)
         self.fc2 = nn.Linear(32, 2)
@@ -39,7 +39,7 @@ class Net(nn.Module):
         if self.gather:
             x = x + self.table[idx].view(x.shape[0], -1, 16).mean(1)
         else:
-            x = x + self.table
+            x = x + self.table[:16]
         return self.fc2(torch.relu(self.fc1(x)))
 
 
@@ -49,14 +49,14 @@ def train(rank, world, args):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(2)
     torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(Net(gather=rank == args.race_rank))
+    model = nn.parallel.DistributedDataParallel(Net(rank == args.race_rank, 1 << 17 if args.race_rank >= 0 else 16))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     gen = torch.Generator().manual_seed(1000 + rank)
     n = model.module.table.numel()
     for step in range(args.steps):
         x = torch.randn(8, 16, generator=gen)
         y = torch.randint(0, 2, (8,), generator=gen)
-        idx = torch.randint(0, max(n // 64, 1), (8 * 1024,), generator=gen)
+        idx = torch.randint(0, max(n // 64, 1), (8 * 32768,), generator=gen)
         opt.zero_grad()
         loss = nn.functional.cross_entropy(model(x, idx), y)
         loss.backward()
