@@ -136,7 +136,10 @@ int show_step(const ShowArgs& a) {
   std::vector<std::pair<std::string, std::string>> files;
   if (Status s = summary::find_streams(a.run_dir, a.stream, &files); !s.ok()) return report_error(s);
   json all = json::array();
-  for (const auto& [name, path] : files) {
+  for (const auto& file : files) {
+    // Not a structured binding: the lambda below captures the name, which C++17 (clang) forbids.
+    const std::string& name = file.first;
+    const std::string& path = file.second;
     if (!a.json) fmt::print("{} step {}\n  {:>8}  {:<9}  {:<12}  {:<16}  op\n", name, a.step, "order",
                             "phase", "digest", "shape");
     uint64_t n = 0;
