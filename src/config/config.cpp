@@ -436,6 +436,9 @@ Status load_config(const std::string& path, Config* out) {
       json ignored = json::parse(again, nullptr, true, true);
     } catch (const json::parse_error& e) {
       why = fmt::format("not valid JSON (at byte {})", e.byte);
+    } catch (const json::exception& e) {
+      // A number beyond double's range (1e999) is an out_of_range error, not a parse_error.
+      why = fmt::format("not valid JSON ({})", e.what());
     }
     return Status::error(fmt::format("{}: {}", path, why), ExitCode::kUsage);
   }

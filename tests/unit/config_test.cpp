@@ -297,6 +297,20 @@ TEST(ConfigTest, LoadConfigPrefixesTheFileName) {
   EXPECT_EQ(s.code(), ExitCode::kUsage);
 }
 
+// Found by fuzz_config (docs/fuzzing.md): nlohmann reports a number beyond double's range as
+// out_of_range, not parse_error, and the exception escaped load_config.
+TEST(ConfigTest, LoadConfigNumberOutOfRangeIsAnErrorNotAnException) {
+  std::string path = std::string(::testing::TempDir()) + "/config_1e999.json";
+  std::ofstream(path) << R"({"gate": {"rtol": 1e999}})";
+  Config c;
+  Status s;
+  ASSERT_NO_THROW(s = load_config(path, &c));
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), ExitCode::kUsage);
+  EXPECT_EQ(s.message().rfind(path + ": not valid JSON", 0), 0u) << s.message();
+  EXPECT_NE(s.message().find("1e999"), std::string::npos) << s.message();
+}
+
 TEST(ConfigTest, ExampleConfigsParse) {
   for (const char* name : {"minimal.json", "full.json", "nondeterminism.json"}) {
     Config c;
