@@ -19,8 +19,12 @@ using nlohmann::json;
 // 40 deep stays inside one order step, so siblings never overlap.
 constexpr double kLeaf = 0.5, kParentTail = 0.01;
 
+// Names come from the trace and need not be UTF-8 (a thread's, an op's): replace what is not,
+// rather than throw.
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
 void write_event(std::ostream& out, bool* first, const json& e) {
-  out << (*first ? "\n" : ",\n") << e.dump();
+  out << (*first ? "\n" : ",\n") << dump(e);
   *first = false;
 }
 
@@ -30,7 +34,7 @@ Status write_timeline(const std::string& run_dir, const TimelineMarks* marks, st
   std::vector<std::pair<std::string, std::string>> streams;
   if (Status s = find_streams(run_dir, "", &streams); !s.ok()) return s;
   out << "{\"displayTimeUnit\":\"ns\",\"otherData\":{\"generator\":\"detaudit\",\"run\":"
-      << json(run_dir).dump() << ",\"time\":\"program order: op k starts at k us\"},"
+      << dump(run_dir) << ",\"time\":\"program order: op k starts at k us\"},"
       << "\"traceEvents\":[";
   bool first_event = true;
   std::map<uint64_t, int> tids_per_pid;

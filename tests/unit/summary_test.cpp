@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "summary/summary.h"
+#include "summary/timeline.h"
 #include "trace/records.h"
 
 namespace detaudit::summary {
@@ -203,6 +204,38 @@ TEST(SummaryTest, CorruptTraceNamesFileAndOffsetAfterWritingWhatWasReadable) {
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.code(), ExitCode::kBadInput);
   EXPECT_NE(out.str().find("\"header\""), std::string::npos);
+}
+
+// Found by fuzz_trace_reader (docs/fuzzing.md): a name that is not UTF-8 (here a thread's and an
+// op's) made nlohmann's dump throw, and `export --perfetto` and `diff --perfetto` stopped there.
+TEST(SummaryTest, TimelineReplacesInvalidUtf8InRecordedNames) {
+  std::string bytes;
+  RecordEncoder enc;
+  StreamHeader h;
+  h.thread = "worker\xff";
+  enc.header(h, &bytes);
+  enc.string("aten::\xfe\xff", &bytes);
+  enc.step(StepInfo{}, &bytes);
+  ByteWriter& w = enc.begin(RecordKind::kOp);
+  w.zvarint(0);  // order
+  w.varint(0);   // name
+  w.u8(0);       // forward
+  w.varint(0);   // depth
+  w.varint(0);   // no inputs
+  w.varint(0);   // no outputs
+  enc.finish(&bytes);
+  std::string dir = make_run("timeline_utf8", bytes, "");
+  std::ostringstream out;
+  Status st;
+  ASSERT_NO_THROW(st = write_timeline(dir, nullptr, out));
+  ASSERT_TRUE(st.ok()) << st.message();
+  json timeline = json::parse(out.str());
+  std::string names;
+  for (const json& e : timeline["traceEvents"])
+    names += e.contains("args") && e["args"].contains("name") ? e["args"]["name"].get<std::string>()
+                                                              : e.value("name", "");
+  EXPECT_NE(names.find("t-worker\xEF\xBF\xBD"), std::string::npos) << names;  // U+FFFD
+  EXPECT_NE(names.find("aten::\xEF\xBF\xBD"), std::string::npos) << names;
 }
 
 }  // namespace
