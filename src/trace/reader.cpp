@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -23,7 +24,7 @@ uint64_t hash_bytes(std::string_view s) {
 
 }  // namespace
 
-TraceReader::TraceReader() : window_(kRefWindow) {}
+TraceReader::TraceReader() = default;
 
 TraceReader::~TraceReader() {
   if (file_) std::fclose(file_);
@@ -38,7 +39,8 @@ Status TraceReader::open(const std::string& path) {
   std::fseek(file_, 0, SEEK_END);
   file_size_ = uint64_t(std::ftell(file_));
   std::fseek(file_, 0, SEEK_SET);
-  buf_.resize(kBlock);
+  // A small trace gets a small buffer; fill() grows it for a longer record.
+  buf_.resize(size_t(std::min<uint64_t>(kBlock, std::max<uint64_t>(file_size_, 64u << 10))));
   ReadResult r = next();
   if (r == ReadResult::kEof || r == ReadResult::kTruncated) {
     error_ = fmt::format("{}: offset 0: no complete header record (empty or cut-short trace)",
@@ -237,7 +239,10 @@ bool TraceReader::decode_values(ByteReader& r, std::vector<Value>* values,
       break;
     case ValueType::kTensorNew: {
       v.tensor_id = next_tensor_id_;
-      TensorDesc& t = window_[size_t(next_tensor_id_ % int64_t(kRefWindow))];
+      size_t slot = size_t(next_tensor_id_ % int64_t(kRefWindow));
+      // The window fills up as tensors come: a short trace does not pay for kRefWindow of them.
+      if (slot == window_.size()) window_.emplace_back();
+      TensorDesc& t = window_[slot];
       ++next_tensor_id_;
       if (!decode_tensor(r, &t)) return false;
       tensors->push_back(v.tensor_id);

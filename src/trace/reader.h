@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdio>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -129,7 +130,7 @@ class TraceReader {
   bool saw_end_ = false;
   std::vector<StepInfo> steps_;
   std::vector<std::string> strings_;
-  std::vector<TensorDesc> window_;
+  std::deque<TensorDesc> window_;  // grows up to kRefWindow; a deque keeps tensor() pointers
   int64_t next_tensor_id_ = 0;
   uint64_t last_order_ = 0;
   uint32_t scope_path_ = UINT32_MAX;
