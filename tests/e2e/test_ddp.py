@@ -9,7 +9,7 @@ import os
 import re
 import unittest
 
-from detaudit_testlib import (PYTHON, TmpDirCase, export_records, output_log, program,
+from detaudit_testlib import (PYTHON, TORCH_VERSION, TmpDirCase, export_records, output_log, program,
                               record_pair)
 
 DDP = [PYTHON, program("ddp_train.py")]
@@ -94,6 +94,21 @@ class SeededDdp(TmpDirCase):
     def test_seeded_ddp_under_mp_spawn_is_identical_and_ranked(self):
         run = self.check_identical_pair("spawn")
         self.check_ranks_and_allreduce(run)
+
+    @unittest.skipIf(TORCH_VERSION.startswith("1."),
+                     "Debian's torchrun (1.13) fails under Python 3.11 before starting a rank")
+    def test_seeded_ddp_under_torchrun_is_identical_and_ranked(self):
+        torchrun = os.path.join(os.path.dirname(PYTHON), "torchrun")
+        out = os.path.join(self.tmp, "torchrun")
+        proc, report = record_pair(out, [torchrun, "--nproc-per-node", "2", "--master-port",
+                                         str(29500 + os.getpid() % 2000), program("ddp_train.py"),
+                                         "--steps", "3"])
+        self.assertEqual(report["verdict"], "identical", proc.stdout)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        run = os.path.join(out, "run-0")
+        self.check_ranks_and_allreduce(run)
+        # The launcher recorded nothing and claimed its name last: the workers are r0 and r1.
+        self.assertTrue(os.path.exists(os.path.join(run, "streams", "r0.main~1.status")))
 
 
 class RaceOnOneRank(TmpDirCase):
