@@ -49,8 +49,11 @@ Status write_timeline(const std::string& run_dir, const TimelineMarks* marks, st
     if (named_pids.insert(pid).second) {
       write_event(out, &first_event, {{"ph", "M"}, {"name", "process_name"}, {"pid", pid},
                                       {"tid", 0}, {"args", {{"name", process}}}});
+      // By rank, then by first appearance. A corrupt header can carry any rank: clamped, the
+      // product cannot overflow.
+      const int64_t rank = std::clamp<int64_t>(h.rank, -(int64_t(1) << 40), int64_t(1) << 40);
       write_event(out, &first_event, {{"ph", "M"}, {"name", "process_sort_index"}, {"pid", pid},
-                                      {"tid", 0}, {"args", {{"sort_index", h.rank * 1000 + int64_t(named_pids.size())}}}});
+                                      {"tid", 0}, {"args", {{"sort_index", rank * 1000 + int64_t(named_pids.size())}}}});
     }
     write_event(out, &first_event, {{"ph", "M"}, {"name", "thread_name"}, {"pid", pid},
                                     {"tid", tid}, {"args", {{"name", "t-" + h.thread}}}});

@@ -238,5 +238,23 @@ TEST(SummaryTest, TimelineReplacesInvalidUtf8InRecordedNames) {
   EXPECT_NE(names.find("aten::\xEF\xBF\xBD"), std::string::npos) << names;
 }
 
+// Found by fuzz_trace_reader: the process sort index was rank * 1000 + k, a signed overflow
+// (undefined behaviour) for a rank near INT64_MAX in a corrupt header.
+TEST(SummaryTest, TimelineSortIndexOfAHugeRankDoesNotOverflow) {
+  std::string bytes;
+  RecordEncoder enc;
+  StreamHeader h;
+  h.rank = INT64_MAX / 3;
+  enc.header(h, &bytes);
+  std::string dir = make_run("timeline_rank", bytes, "");
+  std::ostringstream out;
+  ASSERT_TRUE(write_timeline(dir, nullptr, out).ok());
+  json timeline = json::parse(out.str());
+  int64_t sort_index = 0;
+  for (const json& e : timeline["traceEvents"])
+    if (e["name"] == "process_sort_index") sort_index = e["args"]["sort_index"].get<int64_t>();
+  EXPECT_GT(sort_index, 0);
+}
+
 }  // namespace
 }  // namespace detaudit::summary
