@@ -87,9 +87,11 @@ int write_risk_report(const Config& config, const RiskReport& risk) {
   std::string text = format == ReportFormat::kHtml   ? render_risk_html(risk)
                      : format == ReportFormat::kJson ? risk_report_to_json(risk).dump(2) + "\n"
                                                      : render_risk_report(risk, !to_file && isatty(STDOUT_FILENO));
+  // Replicas that disagree are a divergence one run shows: the gate fails on it.
+  const int code = risk.replicas.divergence ? int(ExitCode::kDivergent) : 0;
   if (!to_file) {
     fmt::print("{}", text);
-    return 0;
+    return code;
   }
   std::ofstream out(config.output);
   out << text;
@@ -97,7 +99,7 @@ int write_risk_report(const Config& config, const RiskReport& risk) {
     return report_error(Status::error(fmt::format("cannot write report {}", config.output),
                                       ExitCode::kBadInput));
   fmt::print(stderr, "detaudit: risk report written to {}\n", config.output);
-  return 0;
+  return code;
 }
 
 int diff_pairs(const Config& config, const std::vector<std::string>& dirs,

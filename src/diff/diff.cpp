@@ -377,7 +377,15 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
   if (r.first) trace_to_worker(sa, heads, firsts, &*r.first);
   if (r.first) explain_cause(r.environment, &*r.first);
   r.incomplete = !r.not_compared.empty();
-  r.verdict = r.divergent_ops > 0 || r.structural_count > 0      ? "divergent"
+  bool replicas_disagree = false;
+  for (const std::string& run : {run_a, run_b}) {
+    ReplicaCheck c;
+    if (Status s = check_replicas(run, &c); !s.ok()) return s;
+    replicas_disagree = replicas_disagree || c.divergence.has_value();
+    r.beyond_tolerance = r.beyond_tolerance || c.divergence.has_value();  // bit for bit
+    r.replicas.push_back(std::move(c));
+  }
+  r.verdict = r.divergent_ops > 0 || r.structural_count > 0 || replicas_disagree ? "divergent"
               : r.incomplete && !options.gate.allow_truncated ? "incomplete"
                                                                 : "identical";
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

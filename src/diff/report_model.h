@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "diff/replicas.h"
 #include "trace/format.h"
 
 namespace detaudit {
@@ -153,6 +154,8 @@ struct StreamSummary {
 };
 
 struct DiffReport {
+  // Data-parallel replicas within each run (run A's, then run B's): src/diff/replicas.h.
+  std::vector<ReplicaCheck> replicas;
   std::string run_a, run_b;
   std::string verdict = "identical";  // "identical" | "divergent" | "incomplete"
   GateConfig gate;

@@ -122,6 +122,7 @@ Status risk_report(const std::string& run_dir, const Catalog& catalog, RiskRepor
   if (Status s = load_environment(run_dir, &env); !s.ok()) return s;
   for (const auto& [process, flat] : env)
     if (process != "run") environment_risks(process, flat, catalog, &r.environment);
+  if (Status s = check_replicas(run_dir, &r.replicas); !s.ok()) return s;
   *out = std::move(r);
   return Status();
 }
@@ -144,6 +145,7 @@ std::string render_risk_report(const RiskReport& r, bool color) {
     out += fmt::format("  {} {}={} [{}]: {}\n    remedy: {}\n", e.process, e.key, e.value,
                        e.entry_id, e.why, e.remedy);
   for (const std::string& t : r.truncated) out += warn("  truncated: " + t) + "\n";
+  out += render_replica_check(r.replicas);
   return out;
 }
 
@@ -159,7 +161,8 @@ nlohmann::json risk_report_to_json(const RiskReport& r) {
     env.push_back({{"entry", e.entry_id}, {"process", e.process}, {"key", e.key},
                    {"value", e.value}, {"why", e.why}, {"remedy", e.remedy}});
   return {{"schema", "detaudit.risk/1"}, {"run", r.run_dir}, {"ops_scanned", r.ops_scanned},
-          {"ops", hits}, {"environment", env}, {"truncated", r.truncated}};
+          {"ops", hits}, {"environment", env}, {"truncated", r.truncated},
+          {"replicas", replica_check_to_json(r.replicas)}};
 }
 
 }  // namespace detaudit

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "catalog/catalog.h"
+#include "diff/replicas.h"
 #include "util/status.h"
 
 namespace detaudit {
@@ -41,6 +42,7 @@ struct RiskReport {
   std::vector<RiskHit> hits;                  // by count, highest first
   std::vector<EnvironmentRisk> environment;
   std::vector<std::string> truncated;         // "file: offset N: why" of cut-short streams
+  ReplicaCheck replicas;                      // data-parallel ranks agree after each step?
 };
 
 // Scans every stream of a run directory once, in bounded memory. Corrupt input is an error

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <tuple>
 
 #include "diff/diff.h"
 #include "diff/risk.h"
@@ -186,7 +187,9 @@ std::string loss_plot(const DiffReport& r) {
   for (double v : b) lo = std::min(lo, v), hi = std::max(hi, v);
   if (hi - lo < 1e-12) hi = lo + 1;
   auto frac = [&](double v) { return (v - lo) / (hi - lo); };
-  auto [dlo, dhi] = log_range(d);
+  // Not a structured binding: the lambda below captures them, which C++17 (clang) forbids.
+  double dlo, dhi;
+  std::tie(dlo, dhi) = log_range(d);
   std::string s = fmt::format(
       "<svg id=\"loss-plot\" viewBox=\"0 0 {} {}\" width=\"100%\" role=\"img\" "
       "aria-label=\"loss of run A and run B per step\">", f.width, f.height);
@@ -301,6 +304,8 @@ std::string first_divergence_card(const FirstDivergence& f) {
   row("class", fmt::format("<span class=\"class\">{}</span> {}", esc(f.divergence_class),
                            esc(f.detail)));
   if (!f.batch_read_by.empty()) row("batch", "made in this DataLoader worker, read by " + esc(f.batch_read_by));
+  if (!f.received_through.empty()) row("received", "through " + esc(f.received_through));
+  for (const std::string& p : f.propagated_through) row("spread", "propagated through " + esc(p));
   if (!f.compiled_region.empty()) row("region", esc(f.compiled_region) + " (torch.compile, opaque)");
   if (f.is_random) row("rng", fmt::format("<code>{:016x}</code> vs <code>{:016x}</code>", f.rng_a, f.rng_b));
   if (!f.cause.empty()) row("cause", esc(f.cause));
@@ -355,6 +360,9 @@ std::string render_html(const DiffReport& r) {
   b += "<section><h2>How the difference grows</h2>" + growth_plot(r) + "</section>";
   b += "<section><h2>Loss</h2>" + loss_plot(r) + "</section>";
   b += rank_lanes(r);
+  for (const ReplicaCheck& c : r.replicas)
+    if (c.ranks.size() >= 2)
+      b += "<section><h2>Replicas</h2><pre>" + esc(render_replica_check(c)) + "</pre></section>";
   b += "<section><h2>Environment differences</h2>";
   if (r.environment.empty()) {
     b += "<p class=\"muted\">None.</p>";

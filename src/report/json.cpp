@@ -59,7 +59,15 @@ std::string one_line_verdict(const DiffReport& r) {
                        "ended early (ops after the cut were not compared)", r.ops_compared);
   if (r.verdict == "identical")
     return fmt::format("identical: {} ops compared, bit for bit", r.ops_compared);
-  if (!r.first) return "divergent";
+  if (!r.first) {
+    for (const ReplicaCheck& c : r.replicas)
+      if (c.divergence)
+        return fmt::format("divergent: replicas of {} disagree from step {}: rank {}'s parameter "
+                           "#{} (replica-divergence)",
+                           c.run_dir, c.divergence->step, c.divergence->rank,
+                           c.divergence->position);
+    return "divergent";
+  }
   const FirstDivergence& f = *r.first;
   return fmt::format("divergent: first at rank {} step {} {} {} ({})", f.rank, f.step, f.phase,
                      f.op, f.divergence_class);
@@ -69,6 +77,8 @@ json report_to_json(const DiffReport& r) {
   json j;
   j["schema"] = "detaudit.diff/1";
   j["verdict"] = r.verdict;
+  j["replicas"] = nlohmann::json::array();
+  for (const ReplicaCheck& c : r.replicas) j["replicas"].push_back(replica_check_to_json(c));
   j["incomplete"] = r.incomplete;
   j["not_compared"] = r.not_compared;
   j["exit_code"] = int(gate_exit_code(r));

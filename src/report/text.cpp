@@ -52,6 +52,8 @@ std::string render_text(const DiffReport& r, bool color) {
                      one_line_verdict(r));
   for (const std::string& n : r.not_compared) out += st("33", "  not compared: " + n) + "\n";
   out += fmt::format("  A: {}\n  B: {}\n", r.run_a, r.run_b);
+  for (const ReplicaCheck& c : r.replicas)
+    if (c.divergence || !c.not_checked.empty()) out += render_replica_check(c);
   if (!same && r.gate.fail_on == "tolerance")
     out += fmt::format("  gate: tolerance rtol={} atol={}: {}\n", r.gate.rtol, r.gate.atol,
                        r.beyond_tolerance ? "beyond tolerance (fails)" : "within tolerance");

@@ -9,8 +9,8 @@ import os
 import re
 import unittest
 
-from detaudit_testlib import (PYTHON, TORCH_VERSION, TmpDirCase, export_records, output_log, program,
-                              record_pair)
+from detaudit_testlib import (PYTHON, TORCH_VERSION, TmpDirCase, export_records, output_log,
+                              program, read_json, record_pair, run_detaudit)
 
 DDP = [PYTHON, program("ddp_train.py")]
 RACE_ATTEMPTS = 3
@@ -50,6 +50,11 @@ class SeededDdp(TmpDirCase):
         self.assertEqual(report["verdict"], "identical",
                          f"{report.get('first_divergence')}\n{proc.stdout}")
         self.assertEqual(proc.returncode, 0, proc.stderr)
+        for check in report["replicas"]:
+            self.assertTrue(check["replicas"], check)
+            self.assertEqual(check["ranks"], [0, 1])
+            self.assertEqual(check["divergence"], None, check)
+            self.assertGreaterEqual(check["steps_checked"], 3)
         return os.path.join(out, "run-0")
 
     def check_ranks_and_allreduce(self, run):
@@ -109,6 +114,37 @@ class SeededDdp(TmpDirCase):
         self.check_ranks_and_allreduce(run)
         # The launcher recorded nothing and claimed its name last: the workers are r0 and r1.
         self.assertTrue(os.path.exists(os.path.join(run, "streams", "r0.main~1.status")))
+
+
+class ReplicasInOneRun(TmpDirCase):
+    CORRUPT_STEP = 1
+
+    def check(self, launch):
+        out = os.path.join(self.tmp, launch)
+        report = os.path.join(out, "risk.json")
+        proc = run_detaudit(["run", "--out", out, "-q", "--format", "json", "--output", report,
+                             "--", *DDP, "--launch", launch, "--steps", "4",
+                             "--corrupt-rank", "1", "--corrupt-step", str(self.CORRUPT_STEP)])
+        self.assertEqual(proc.returncode, 1, proc.stderr)
+        d = read_json(report)["replicas"]["divergence"]
+        self.assertIsNotNone(d, read_json(report)["replicas"])
+        self.assertEqual(d["class"], "replica-divergence")
+        # The program changes fc1.bias on rank 1 after the optimizer step of iteration 1, which
+        # ends step 1: the next update, in step 2, is the first the replicas disagree on.
+        self.assertEqual(d["step"], self.CORRUPT_STEP + 1, d)
+        self.assertEqual(d["rank"], 1, d)
+        self.assertEqual(d["op"], "aten::add_", d)
+        self.assertEqual(d["sizes"], [32], d)  # fc1.bias
+        self.assertEqual(d["position"], 2, d)  # table, fc1.weight, fc1.bias, ...
+        self.assertEqual(d["input_differs"], "parameter", d)
+        # Where the streams part: rank 1's own add_ on the parameter, with no collective.
+        self.assertRegex(d["parted_at"], r"^r1\.main\.t-main op #\d+ aten::add_, step 2, forward")
+
+    def test_a_parameter_changed_on_one_rank_is_found_in_one_run(self):
+        self.check("env")
+
+    def test_the_same_under_mp_spawn(self):
+        self.check("spawn")
 
 
 class RaceOnOneRank(TmpDirCase):

@@ -1,0 +1,284 @@
+#include "diff/replicas.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <unordered_map>
+
+#include "run_layout.h"
+#include "trace/reader.h"
+
+namespace detaudit {
+namespace fs = std::filesystem;
+
+namespace {
+
+// Op names beyond this many per stream are not kept for finding where the streams part.
+constexpr size_t kMaxOpsKept = 4u << 20;
+
+struct Digest {
+  trace::DigestBytes bytes{};
+  uint8_t len = 0;
+  bool operator==(const Digest& o) const {
+    return len == o.len && std::memcmp(bytes.data(), o.bytes.data(), len) == 0;
+  }
+  bool operator!=(const Digest& o) const { return !(*this == o); }
+  std::string hex() const {
+    std::string s;
+    for (size_t i = 0; i < len; ++i) s += fmt::format("{:02x}", bytes[i]);
+    return s;
+  }
+};
+
+Digest digest_of(const trace::TraceReader& r, const std::vector<int64_t>& ids, size_t i) {
+  Digest d;
+  if (i >= ids.size()) return d;
+  const trace::TensorDesc* t = r.tensor(ids[i]);
+  if (!t || t->not_read() || t->uninitialized()) return d;
+  d.len = t->digest_len;
+  d.bytes = t->digest;
+  return d;
+}
+
+// One in-place write of the optimizer: the parameter (or optimizer state) it leaves.
+struct Write {
+  std::string op;
+  uint64_t index = 0;  // among the stream's ops
+  Digest out, param_in, grad_in;
+  std::vector<int64_t> sizes;
+};
+
+struct OpSeen {
+  uint32_t name;  // run-wide id
+  uint64_t step;
+  trace::Phase phase;
+  uint32_t depth;
+};
+
+struct RankStream {
+  int64_t rank = 0;
+  std::string name;
+  std::map<uint64_t, std::vector<Write>> writes;  // by step
+  std::vector<OpSeen> ops;
+};
+
+bool is_parameter_write(const trace::OpRecord& op, std::string_view name) {
+  return op.phase == trace::Phase::kOptimizer && op.scope == trace::Scope::kFunction &&
+         !name.empty() && name.back() == '_' && name != "aten::zero_";
+}
+
+Status read_rank_stream(const std::string& path, std::vector<std::string>* names,
+                        std::unordered_map<std::string, uint32_t>* ids, RankStream* out) {
+  trace::TraceReader r;
+  if (Status s = r.open(path); !s.ok()) return s;
+  uint64_t index = 0;
+  trace::ReadResult res;
+  while ((res = r.next()) == trace::ReadResult::kRecord) {
+    if (r.kind() != trace::RecordKind::kOp) continue;
+    const trace::OpRecord& op = r.op();
+    std::string_view name = r.string(op.name);
+    if (out->ops.size() < kMaxOpsKept) {
+      auto [it, added] = ids->try_emplace(std::string(name), uint32_t(names->size()));
+      if (added) names->emplace_back(name);
+      out->ops.push_back({it->second, op.step, op.phase, op.depth});
+    }
+    if (is_parameter_write(op, name) && !op.output_tensors.empty()) {
+      Write w;
+      w.op = std::string(name);
+      w.index = index;
+      w.out = digest_of(r, op.output_tensors, 0);
+      w.param_in = digest_of(r, op.input_tensors, 0);
+      w.grad_in = digest_of(r, op.input_tensors, 1);
+      if (const trace::TensorDesc* t = r.tensor(op.output_tensors[0]))
+        w.sizes.assign(t->sizes.begin(), t->sizes.end());
+      out->writes[op.step].push_back(std::move(w));
+    }
+    ++index;
+  }
+  if (res == trace::ReadResult::kCorrupt) return Status::error(r.error(), ExitCode::kBadInput);
+  return Status();  // a stream cut short is checked up to its cut
+}
+
+// The first op where two ranks' streams part, up to their ops `end_a` and `end_b`: an op one ran
+// and the other did not. Names, phases and steps only: their data differ by design.
+std::string parted_at(const RankStream& a, size_t end_a, const RankStream& b, size_t end_b,
+                      const std::vector<std::string>& names) {
+  end_a = std::min(end_a, a.ops.size());
+  end_b = std::min(end_b, b.ops.size());
+  size_t i = 0, j = 0;
+  auto same = [&](size_t x, size_t y) {
+    return x < end_a && y < end_b && a.ops[x].name == b.ops[y].name &&
+           a.ops[x].phase == b.ops[y].phase;
+  };
+  while (i < end_a && j < end_b && same(i, j)) ++i, ++j;
+  if (i >= end_a && j >= end_b) return "";
+  // The side with an extra op is the one whose next op realigns the two.
+  const bool extra_in_b = j < end_b && (i >= end_a || same(i, j + 1) || !same(i + 1, j));
+  const RankStream& s = extra_in_b ? b : a;
+  size_t at = extra_in_b ? j : i;
+  // Nested ops are written before the op around them: name the outermost one.
+  for (size_t k = at; k < s.ops.size() && k < at + 256; ++k)
+    if (s.ops[k].depth == 0) {
+      at = k;
+      break;
+    }
+  const OpSeen& op = s.ops[at];
+  const RankStream& other = extra_in_b ? a : b;
+  return fmt::format("{} op #{} {}, step {}, {} phase, which rank {} did not run", s.name,
+                     at, names[op.name], op.step, trace::phase_name(op.phase),
+                     other.rank);
+}
+
+}  // namespace
+
+Status check_replicas(const std::string& run_dir, ReplicaCheck* out) {
+  *out = ReplicaCheck{};
+  out->run_dir = run_dir;
+  fs::path dir = fs::path(run_dir) / layout::kStreamsDir;
+  std::error_code ec;
+  std::map<int64_t, std::string> mains;  // rank -> the main thread's stream of its main process
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().extension() != layout::kTraceExt) continue;
+    trace::TraceReader r;
+    if (!r.open(e.path().string()).ok()) continue;  // the diff reports what is wrong with it
+    if (r.header().process_role == "main" && r.header().thread == "main")
+      mains.emplace(r.header().rank, e.path().string());
+  }
+  std::vector<RankStream> ranks;
+  std::vector<std::string> names;
+  std::unordered_map<std::string, uint32_t> ids;
+  for (const auto& [rank, path] : mains) {
+    RankStream s;
+    s.rank = rank;
+    s.name = fs::path(path).stem().string();
+    if (Status st = read_rank_stream(path, &names, &ids, &s); !st.ok()) return st;
+    if (s.writes.empty()) continue;  // no optimizer on this rank's main thread
+    out->ranks.push_back(rank);
+    ranks.push_back(std::move(s));
+  }
+  if (ranks.size() < 2) return Status();
+
+  // The steps every rank recorded, in order.
+  std::vector<uint64_t> steps;
+  for (const auto& [step, w] : ranks[0].writes) {
+    bool everywhere = true;
+    for (const RankStream& s : ranks) everywhere = everywhere && s.writes.count(step);
+    if (everywhere) steps.push_back(step);
+  }
+  if (steps.empty()) {
+    out->not_checked = "the ranks recorded no optimizer step in common";
+    return Status();
+  }
+  const RankStream& ref = ranks[0];
+  const std::vector<Write>& first_ref = ref.writes.at(steps[0]);
+  for (const RankStream& s : ranks) {
+    const std::vector<Write>& w = s.writes.at(steps[0]);
+    bool same = w.size() == first_ref.size();
+    for (size_t k = 0; same && k < w.size(); ++k)
+      same = w[k].sizes == first_ref[k].sizes && w[k].param_in == first_ref[k].param_in;
+    if (!same) {
+      out->not_checked = fmt::format(
+          "ranks {} and {} update different parameters in step {}: not data-parallel replicas",
+          ref.rank, s.rank, steps[0]);
+      return Status();
+    }
+  }
+  out->replicas = true;
+  out->parameters = first_ref.size();
+
+  for (uint64_t step : steps) {
+    ++out->steps_checked;
+    const std::vector<Write>& wr = ref.writes.at(step);
+    for (size_t k = 0; k < wr.size(); ++k) {
+      for (const RankStream& s : ranks) {
+        const std::vector<Write>& ws = s.writes.at(step);
+        if (&s == &ref) continue;
+        const bool missing = k >= ws.size();
+        if (!missing && ws[k].out == wr[k].out && ws[k].sizes == wr[k].sizes) continue;
+        ReplicaDivergence d;
+        d.step = step;
+        d.position = k;
+        d.op = wr[k].op;
+        d.rank = s.rank;
+        d.stream = s.name;
+        d.reference_stream = ref.name;
+        d.reference_digest = wr[k].out.hex();
+        d.sizes = wr[k].sizes;
+        if (!missing) {
+          d.digest = ws[k].out.hex();
+          d.input_differs = ws[k].param_in != wr[k].param_in  ? "parameter"
+                            : ws[k].grad_in != wr[k].grad_in ? "gradient"
+                                                             : "";
+        }
+        d.parted_at = parted_at(ref, wr[k].index + 1, s, missing ? SIZE_MAX : ws[k].index + 1,
+                                names);
+        const std::string what =
+            d.input_differs == "parameter"
+                ? "it read a different parameter: one rank changed it after the last update"
+            : d.input_differs == "gradient"
+                ? "it read a different gradient: the ranks did not all-reduce the same gradients"
+            : missing ? "rank " + std::to_string(s.rank) + " made fewer parameter writes"
+                      : "same parameter and gradient in: the update itself differs";
+        d.detail = fmt::format(
+            "rank {}'s parameter #{} of step {} ({} [{}]) differs from rank {}'s; {}", s.rank, k,
+            step, d.op, fmt::join(d.sizes, ", "), ref.rank, what);
+        out->divergence = std::move(d);
+        return Status();
+      }
+    }
+  }
+  return Status();
+}
+
+nlohmann::json replica_check_to_json(const ReplicaCheck& c) {
+  nlohmann::json j = {{"run", c.run_dir},
+                      {"ranks", c.ranks},
+                      {"replicas", c.replicas},
+                      {"not_checked", c.not_checked.empty() ? nlohmann::json(nullptr)
+                                                            : nlohmann::json(c.not_checked)},
+                      {"steps_checked", c.steps_checked},
+                      {"parameters", c.parameters},
+                      {"divergence", nullptr}};
+  if (c.divergence) {
+    const ReplicaDivergence& d = *c.divergence;
+    j["divergence"] = {{"class", "replica-divergence"},
+                       {"step", d.step},
+                       {"position", d.position},
+                       {"op", d.op},
+                       {"rank", d.rank},
+                       {"stream", d.stream},
+                       {"reference_stream", d.reference_stream},
+                       {"digest", d.digest},
+                       {"reference_digest", d.reference_digest},
+                       {"sizes", d.sizes},
+                       {"input_differs", d.input_differs.empty() ? nlohmann::json(nullptr)
+                                                                 : nlohmann::json(d.input_differs)},
+                       {"parted_at", d.parted_at.empty() ? nlohmann::json(nullptr)
+                                                         : nlohmann::json(d.parted_at)},
+                       {"detail", d.detail}};
+  }
+  return j;
+}
+
+std::string render_replica_check(const ReplicaCheck& c) {
+  if (c.ranks.size() < 2) return "";
+  if (!c.replicas)
+    return fmt::format("Replicas ({}): not checked: {}\n", c.run_dir, c.not_checked);
+  if (!c.divergence)
+    return fmt::format("Replicas ({}): ranks {} hold the same {} parameters after each of {} "
+                       "steps\n",
+                       c.run_dir, fmt::join(c.ranks, ", "), c.parameters, c.steps_checked);
+  const ReplicaDivergence& d = *c.divergence;
+  std::string out = fmt::format("Replicas ({}): DISAGREE (replica-divergence) at step {}\n",
+                                c.run_dir, d.step);
+  out += fmt::format("  {}\n", d.detail);
+  if (!d.parted_at.empty()) out += fmt::format("  the ranks' streams part at {}\n", d.parted_at);
+  out += "  remedy: change parameters on every rank alike (or through a collective); with DDP, "
+         "let it all-reduce every gradient (no no_sync on one rank only)\n";
+  return out;
+}
+
+}  // namespace detaudit

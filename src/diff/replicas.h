@@ -1,0 +1,57 @@
+// Replica consistency within one run: data-parallel ranks must hold the same parameters after
+// every optimizer step. One run is enough to check it.
+//
+// The parameters are what the optimizer writes in place (its phase's in-place ops, in order,
+// one position per write), on each rank's main thread. Ranks are replicas when every such write
+// of their first recorded step agrees, in shape and in the parameter it read; otherwise they
+// are not data-parallel (tensor or pipeline parallel, sharded optimizers) and nothing is
+// checked. From there on, the first position where a rank's written parameter differs from
+// rank 0's is a replica divergence, with where the two ranks' streams part.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "util/status.h"
+
+namespace detaudit {
+
+struct ReplicaDivergence {
+  uint64_t step = 0;
+  uint64_t position = 0;     // k-th parameter write of the step
+  std::string op;            // the optimizer's op ("aten::add_")
+  int64_t rank = 0;          // the rank that disagrees with rank 0
+  std::string stream, reference_stream;
+  std::string digest, reference_digest;  // hex
+  std::vector<int64_t> sizes;
+  // What differs going into the write: "parameter" (changed since the last step's update),
+  // "gradient" (the all-reduced gradient differs) or "" (same inputs: the update itself).
+  std::string input_differs;
+  // Where the two ranks' streams part first: an op one of them ran and the other did not
+  // ("r1.main.t-main op #412 aten::add_, step 2, forward"), or "".
+  std::string parted_at;
+  std::string detail;  // one line of evidence
+};
+
+struct ReplicaCheck {
+  std::string run_dir;
+  std::vector<int64_t> ranks;  // the ranks whose main threads ran optimizer writes
+  bool replicas = false;       // they agreed at their first recorded step
+  std::string not_checked;     // why not, when !replicas and there are 2+ ranks
+  uint64_t steps_checked = 0;
+  uint64_t parameters = 0;     // writes per step
+  std::optional<ReplicaDivergence> divergence;
+};
+
+// Reads the main-thread streams of every rank of a run once. A corrupt stream is an error.
+Status check_replicas(const std::string& run_dir, ReplicaCheck* out);
+
+nlohmann::json replica_check_to_json(const ReplicaCheck& c);
+// A few lines for the text reports: what was checked and, if so, where replicas parted.
+std::string render_replica_check(const ReplicaCheck& c);
+
+}  // namespace detaudit
