@@ -38,6 +38,24 @@ Status read_strings(const json& j, const char* key, const std::string& where,
   return Status();
 }
 
+// An integer from lo to hi. nlohmann's get<int>() of 1e300 is undefined behaviour and a
+// negative count read as uint64_t wraps: neither may become an argument index or a threshold.
+Status int_value(const json& v, const std::string& where, int64_t lo, int64_t hi, int64_t* out) {
+  bool ok = v.is_number_integer() &&
+            (v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(hi)
+                                    : v.get<int64_t>() >= lo && v.get<int64_t>() <= hi);
+  if (!ok) return field_error(where, fmt::format("expected an integer from {} to {}", lo, hi));
+  *out = v.get<int64_t>();
+  return Status();
+}
+
+// The same for an optional field; *out keeps its value when the field is absent.
+Status read_int(const json& j, const char* key, const std::string& where, int64_t lo, int64_t hi,
+                int64_t* out) {
+  auto it = j.find(key);
+  return it == j.end() ? Status() : int_value(*it, where + "." + key, lo, hi, out);
+}
+
 std::string str_or(const json& j, const char* key, const std::string& d = "") {
   auto it = j.find(key);
   return it != j.end() && it->is_string() ? it->get<std::string>() : d;
@@ -45,13 +63,19 @@ std::string str_or(const json& j, const char* key, const std::string& d = "") {
 
 Status parse_condition(const json& j, const std::string& where, CatalogCondition* c) {
   if (!j.is_object()) return field_error(where, "a condition is an object");
-  c->arg = j.value("arg", -1);
+  int64_t arg = -1, min_numel = 0, min_threads = 0;
+  Status s;
+  if (!(s = read_int(j, "arg", where, -1, INT32_MAX, &arg)).ok() ||
+      !(s = read_int(j, "min_numel", where, 0, INT64_MAX, &min_numel)).ok() ||
+      !(s = read_int(j, "min_intra_op_threads", where, 0, INT64_MAX, &min_threads)).ok())
+    return s;
+  c->arg = int(arg);
   c->name = str_or(j, "name");
   if (j.contains("equals")) c->equals = j.at("equals");
   if (j.contains("given")) c->given = j.at("given").get<bool>();
   c->dtype = str_or(j, "dtype");
-  c->min_numel = j.value("min_numel", uint64_t(0));
-  c->min_intra_op_threads = j.value("min_intra_op_threads", uint64_t(0));
+  c->min_numel = uint64_t(min_numel);
+  c->min_intra_op_threads = uint64_t(min_threads);
   if (Status s = read_strings(j, "applies_to", where, &c->applies_to); !s.ok()) return s;
   int tests = int(c->equals.has_value()) + int(c->given.has_value()) + int(!c->dtype.empty()) +
               int(c->min_numel > 0) + int(c->min_intra_op_threads > 0);
@@ -85,9 +109,13 @@ Status parse_entry(const json& j, size_t i, CatalogEntry* e) {
   e->kind = str_or(j, "kind", "op");
   if (e->kind != "op" && e->kind != "environment")
     return field_error(where + ".kind", "expected \"op\" or \"environment\"");
-  if (j.contains("rows"))
-    for (const json& r : j.at("rows")) e->rows.push_back(r.get<int>());
   Status s;
+  if (j.contains("rows"))
+    for (const json& r : j.at("rows")) {
+      int64_t row = 0;
+      if (!(s = int_value(r, where + ".rows", 0, INT32_MAX, &row)).ok()) return s;
+      e->rows.push_back(int(row));
+    }
   if (!(s = read_strings(j, "ops", where, &e->ops)).ok()) return s;
   if (!(s = read_strings(j, "device", where, &e->devices)).ok()) return s;
   if (!(s = read_strings(j, "phase", where, &e->phases)).ok()) return s;

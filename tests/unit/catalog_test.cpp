@@ -4,6 +4,7 @@
 
 #include <fstream>
 #include <set>
+#include <vector>
 
 #include "catalog/catalog.h"
 #include "diff/risk.h"
@@ -131,6 +132,27 @@ TEST(CatalogTest, BadCatalogsAreRejectedWithTheField) {
       "sources":["s"],"uncertain":false,"conditions":[{"arg":1}]}]})"), &c);
   EXPECT_FALSE(s.ok());
   EXPECT_EQ(Catalog::load("/nonexistent/catalog.json", &c).code(), ExitCode::kUsage);
+}
+
+// Found while writing fuzz_catalog (docs/fuzzing.md): nlohmann's get<int>() of 1e300 is undefined
+// behaviour (UBSan: outside the range of int), and a negative threshold wrapped to 2^64 - 1.
+TEST(CatalogTest, IntegerFieldsOutOfRangeAreRejectedWithTheField) {
+  const char* entry = R"({"id":"x","ops":["a"],"remedy":"r","sources":["s"],"uncertain":false,)";
+  for (auto [field, bad] : std::vector<std::pair<std::string, std::string>>{
+           {"rows", R"("rows":[1e300])"},
+           {"conditions[0].arg", R"("conditions":[{"arg":1e300,"dtype":"float32"}])"},
+           {"conditions[0].arg", R"("conditions":[{"arg":4294967296,"dtype":"float32"}])"},
+           {"conditions[0].min_numel", R"("conditions":[{"arg":2,"min_numel":1e300}])"},
+           {"conditions[0].min_numel", R"("conditions":[{"arg":2,"min_numel":-1}])"},
+           {"conditions[0].min_intra_op_threads", R"("conditions":[{"min_intra_op_threads":2.5}])"}}) {
+    Catalog c;
+    std::string text = std::string(R"({"entries":[)") + entry + bad + "}]}";
+    Status s = Catalog::parse(nlohmann::json::parse(text), &c);
+    EXPECT_FALSE(s.ok()) << text;
+    EXPECT_EQ(s.code(), ExitCode::kUsage);
+    EXPECT_NE(s.message().find("(x)." + field + ": expected an integer"), std::string::npos)
+        << s.message();
+  }
 }
 
 // resize_ is nondeterministic on quantized CPU tensors only: a float buffer's resize_ (every
