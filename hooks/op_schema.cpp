@@ -86,6 +86,7 @@ OpInfo describe_op(const char* name, const OptionalOperatorName& op_name, bool s
       if (i < 64 && (arg.is_out() || (arg.name() == "self" && overwrites_self(name))))
         info.overwritten_args |= uint64_t(1) << i;
     }
+    if (info.returns_uninitialized && arg.name() == "layout" && i < 64) info.layout_arg = int8_t(i);
     c10::TypePtr type = arg.type();
     if (type->kind() == c10::TypeKind::OptionalType) type = type->containedType(0);
     if (type->kind() == c10::TypeKind::GeneratorType) info.is_random = true;

@@ -31,7 +31,10 @@ struct OpInfo {
   // Arguments (by index, up to 64) the op overwrites without reading: out= tensors, and self
   // of zero_, fill_, copy_, resize_ and the random fills. Their old bytes are not hashed.
   uint64_t overwritten_args = 0;
-  CollectiveShape collective;  // a c10d collective's send and receive arguments
+  CollectiveShape collective;
+  // The `layout` argument of the empty family: given explicitly (not None) by the tensor
+  // constructors (torch.tensor, as_tensor), which fill the buffer outside the dispatcher.
+  int8_t layout_arg = -1;  // a c10d collective's send and receive arguments
 
   bool recorded() const { return !is_view && !metadata_only && !scope_bookkeeping && selected; }
 };

@@ -279,6 +279,11 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f) {
       starting_collective_->info.op_order = f.order;
       overwritten = collective_overwritten(fn, info, &starting_collective_->info);
     }
+    if (info.layout_arg >= 0) {
+      auto inputs = fn.inputs();
+      f.constructor_empty =
+          size_t(info.layout_arg) < inputs.size() && !inputs[size_t(info.layout_arg)].isNone();
+    }
     if (proc.config().inputs) {
       auto inputs = fn.inputs();
       ByteWriter(&bytes_).varint(inputs.size());

@@ -183,6 +183,7 @@ class ThreadRecorder {
     uint8_t bits = 0;
     uint32_t depth = 0;
     bool collective = false;
+    bool constructor_empty = false;  // an `empty` a tensor constructor fills (OpInfo::layout_arg)
     int64_t seq_nr = -1;
     uint64_t rng = 0;
     const OpInfo* info = nullptr;

@@ -107,7 +107,7 @@ TensorCache::Entry& TensorCache::remember(const at::Tensor& t, uint32_t version,
   return e;
 }
 
-void TensorCache::wrote(const at::Tensor& t, uint32_t version, Entry& e) {
+void TensorCache::wrote(const at::Tensor& t, uint32_t version, Entry& e, bool filled_outside) {
   StorageState* st = storage_of(t);
   if (!st) return;
   ++st->writes;
@@ -116,12 +116,16 @@ void TensorCache::wrote(const at::Tensor& t, uint32_t version, Entry& e) {
   st->last = t.unsafeGetTensorImpl();
   st->last_version = version;
   st->uninitialized = e.desc.uninitialized();
+  st->garbage = st->uninitialized && !filled_outside;
   e.storage = t.storage().unsafeGetStorageImpl();
   e.storage_writes = st->writes;
 }
 
 void TensorCache::wrote_unseen(const at::Tensor& t) {
-  if (StorageState* st = storage_of(t)) ++st->writes;
+  if (StorageState* st = storage_of(t)) {
+    ++st->writes;
+    st->uninitialized = st->garbage = false;  // some kernel wrote it
+  }
 }
 
 void TensorCache::make_room() {

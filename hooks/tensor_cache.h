@@ -56,6 +56,10 @@ class TensorCache {
     const c10::TensorImpl* last = nullptr;  // its entry's key
     uint32_t last_version = 0;
     bool uninitialized = false;  // the last write left bytes no kernel wrote (empty, resize_)
+    // ... and nothing will fill them outside the dispatcher either: not a tensor constructor's
+    // buffer (torch.tensor(list) fills an `empty` with Python data). A read of such bytes is
+    // a read of garbage.
+    bool garbage = false;
     struct View {
       uint64_t writes = UINT64_MAX;
       int64_t offset = 0;
@@ -85,7 +89,8 @@ class TensorCache {
   Entry& remember(const at::Tensor& t, uint32_t version, const trace::TensorDesc& desc);
   // An op wrote this tensor (entry `e`, now written as trace id e.id): it is the storage's new
   // content, and every other entry over the storage retires.
-  void wrote(const at::Tensor& t, uint32_t version, Entry& e);
+  // `filled_outside`: a tensor constructor's `empty`, about to be filled with data.
+  void wrote(const at::Tensor& t, uint32_t version, Entry& e, bool filled_outside = false);
   // A write no record shows (an unrecorded op's output): retire what describes its storage.
   void wrote_unseen(const at::Tensor& t);
   void forget(const c10::TensorImpl* key) { entries_.erase(key); }

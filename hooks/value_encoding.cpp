@@ -132,6 +132,13 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t, bool overwritten) {
   } else {
     totals_.bytes_hashed += describe_tensor(t, hasher_.get(), ProcessRecorder::instance().config().stats, &s.desc);
     ++totals_.tensors_hashed;
+    if (st && st->garbage && st->version == s.version && st->id >= 0) {
+      // Bytes no op wrote since an `empty` (and no constructor filled): a read of garbage,
+      // its digest kept, its base the empty's output, which names the allocating op.
+      s.desc.bits |= trace::kTensorUninitialized;
+      prov = trace::Provenance::kView;
+      s.base_id = st->id;
+    }
     cache_.remember_geometry(st, t, s.desc);
   }
   s.desc.set_provenance(prov);
@@ -262,7 +269,7 @@ void ThreadRecorder::emit_output_tensor(const at::Tensor& t, ByteWriter& w, cons
   }
   e->id = write_new(w, e->desc, e->base_id);
   // This op wrote a new version: retire what the cache holds for aliases of its storage.
-  cache_.wrote(t, version, *e);
+  cache_.wrote(t, version, *e, f.constructor_empty);
 }
 
 }  // namespace detaudit::hooks

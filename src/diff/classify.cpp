@@ -122,10 +122,43 @@ bool filled_outside_recorded_ops(const trace::OpRecord& op, std::string_view nam
   return false;
 }
 
+bool is_tensor_value(const trace::Value& v) {
+  return v.type == trace::ValueType::kTensorNew || v.type == trace::ValueType::kTensorRef;
+}
+
+std::string value_text(const trace::Value& v, const trace::TraceReader& r) {
+  switch (v.type) {
+    case trace::ValueType::kInt: return fmt::format("{}", v.i);
+    case trace::ValueType::kDouble: return fmt::format("{:.17g}", v.d);
+    case trace::ValueType::kBoolTrue: return "True";
+    case trace::ValueType::kBoolFalse: return "False";
+    case trace::ValueType::kNone: return "None";
+    case trace::ValueType::kString: return fmt::format("'{}'", r.string(uint64_t(v.i)));
+    default: return fmt::format("({} values)", v.count);
+  }
+}
+
+// The first non-tensor value (argument or return, flattened) that differs: "0.5 vs 0.25".
+std::string first_differing_value(const std::vector<trace::Value>& a, const trace::TraceReader& ra,
+                                  const std::vector<trace::Value>& b,
+                                  const trace::TraceReader& rb) {
+  size_t i = 0, j = 0;
+  for (;;) {
+    while (i < a.size() && is_tensor_value(a[i])) ++i;
+    while (j < b.size() && is_tensor_value(b[j])) ++j;
+    if (i >= a.size() || j >= b.size()) return "";
+    std::string x = value_text(a[i], ra), y = value_text(b[j], rb);
+    if (a[i].type == trace::ValueType::kGenerator) x = y;  // compared as RNG state
+    if (x != y) return x + " vs " + y;
+    ++i, ++j;
+  }
+}
+
 }  // namespace
 
 bool outputs_differ(const trace::OpRecord& a, const trace::TraceReader& ra,
                     const trace::OpRecord& b, const trace::TraceReader& rb) {
+  if (a.results_hash != b.results_hash) return true;  // a scalar return (item()) differs
   size_t n = std::min(a.output_tensors.size(), b.output_tensors.size());
   for (size_t i = 0; i < n; ++i) {
     const TensorDesc* ta = ra.tensor(a.output_tensors[i]);
@@ -174,7 +207,8 @@ double largest_relative_difference(const trace::OpRecord& a, const trace::TraceR
 }
 
 void classify_divergence(const BufferedOp& a, const OpSource& sa, const BufferedOp& b,
-                         const OpSource& sb, const GateConfig& gate, FirstDivergence* fd) {
+                         const OpSource& sb, const GateConfig& gate, FirstDivergence* fd,
+                         const SeenOutputs* seen) {
   const trace::TraceReader& ra = sa.reader();
   const trace::TraceReader& rb = sb.reader();
   const trace::OpRecord& oa = a.rec;
@@ -271,19 +305,47 @@ void classify_divergence(const BufferedOp& a, const OpSource& sa, const Buffered
           first_diff_input);
       return;
     }
+    const TensorDesc* tb = in < ob.input_tensors.size() ? rb.tensor(ob.input_tensors[in]) : nullptr;
+    if (!uninit && !ext && seen && ta && tb && seen->b.count(SeenOutputs::key(ta->digest)) &&
+        seen->a.count(SeenOutputs::key(tb->digest))) {
+      // Each run's tensor is one the other run made too: the same tensors, picked in another
+      // selection or order (a Python shuffle of samples, an unseeded sampler).
+      fd->divergence_class = kClassExternal;
+      fd->data_order = true;
+      fd->detail = fmt::format(
+          "input {} is, in both runs, an earlier op's output that agreed, but a different one: "
+          "the same tensors in a different selection or order",
+          first_diff_input);
+      return;
+    }
     if (uninit) {
       fd->divergence_class = kClassUninitialized;
     } else if (ext) {
       fd->divergence_class = kClassExternal;
+      // A 0-dim external tensor is how a Python number reaches an op (a wrapped scalar).
+      if (ta && tb && ta->sizes.empty() && tb->sizes.empty() && ta->has_stats() &&
+          tb->has_stats())
+        fd->scalar_argument = fmt::format("{:.17g} vs {:.17g}", ta->stats.min, tb->stats.min);
     } else {
       fd->divergence_class = kClassInputDiffers;
     }
     fd->detail = fmt::format("input {} differs; it is {}", first_diff_input, origin);
+    if (uninit && ta && ta->base_id >= 0) {
+      const std::string by = sa.allocated_by(ta->base_id);
+      if (!by.empty())
+        fd->detail = fmt::format("input {} differs: bytes {} returned uninitialized, read before "
+                                 "any op wrote them",
+                                 first_diff_input, by);
+    }
     return;
   }
   if (fd->args_differ) {
-    fd->divergence_class = kClassStructural;
-    fd->detail = "same inputs, different non-tensor arguments";
+    // The same tensors in: the differing value came from outside torch, a Python scalar.
+    fd->divergence_class = kClassExternal;
+    fd->scalar_argument = first_differing_value(oa.inputs, ra, ob.inputs, rb);
+    fd->detail = fmt::format("same tensor inputs, a non-tensor argument differs ({}): a value "
+                             "computed outside torch",
+                             fd->scalar_argument.empty() ? "in a list" : fd->scalar_argument);
     return;
   }
   if (a.collective && a.received) {
@@ -296,6 +358,11 @@ void classify_divergence(const BufferedOp& a, const OpSource& sa, const Buffered
     return;
   }
   fd->divergence_class = kClassNondeterministic;
+  if (oa.results_hash != ob.results_hash) {
+    fd->detail = fmt::format("identical inputs and arguments, a different scalar return ({})",
+                             first_differing_value(oa.outputs, ra, ob.outputs, rb));
+    return;
+  }
   fd->detail = oa.is_random()
                    ? "identical inputs, arguments and generator state, different outputs"
                    : "identical inputs and arguments, different outputs";
@@ -406,6 +473,19 @@ void explain_cause(const std::vector<EnvDifference>& env, FirstDivergence* fd) {
                        "thread) differs";
     fd->remedy = "make the input pipeline deterministic: seed samplers, shuffles and DataLoader "
                  "workers (worker_init_fn, generator=torch.Generator().manual_seed(s))";
+    if (!hash && fd->data_order) {
+      fd->cause = "the data order differs: the same samples were selected or ordered "
+                  "differently (a shuffle by Python's random, an unseeded sampler)";
+      fd->remedy = "seed the order: random.seed(s) before a Python shuffle, and DataLoader("
+                   "generator=torch.Generator().manual_seed(s)) for its sampler";
+    }
+    if (!hash && !fd->scalar_argument.empty()) {
+      fd->cause = fmt::format("a Python value passed to the op differs ({}): drawn from an "
+                              "unseeded generator (random, numpy) or from the clock",
+                              fd->scalar_argument);
+      fd->remedy = "seed Python's and NumPy's generators (random.seed, np.random.seed) or draw "
+                   "the value from a seeded torch.Generator";
+    }
     if (!hash && !fd->batch_read_by.empty()) {
       fd->cause = "data made in a DataLoader worker differs: what the Dataset drew from outside "
                   "torch (NumPy, random, a file) or an unseeded worker";

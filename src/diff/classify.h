@@ -2,7 +2,9 @@
 // provenance; the tensors side by side; the statistics deltas; and the likely cause.
 #pragma once
 
+#include <cstring>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "catalog/catalog.h"
@@ -30,8 +32,22 @@ bool outputs_differ(const trace::OpRecord& a, const trace::TraceReader& ra,
 double largest_relative_difference(const trace::OpRecord& a, const trace::TraceReader& ra,
                                    const trace::OpRecord& b, const trace::TraceReader& rb);
 
+// The output digests each run made before the first divergence (their first 8 bytes), so an
+// input that is an earlier output in both runs, but a different one, is told apart: the same
+// tensors in a different order.
+struct SeenOutputs {
+  static constexpr size_t kMax = 1u << 21;
+  std::unordered_set<uint64_t> a, b;
+  static uint64_t key(const trace::DigestBytes& d) {
+    uint64_t k;
+    std::memcpy(&k, d.data(), 8);
+    return k;
+  }
+};
+
 void classify_divergence(const BufferedOp& a, const OpSource& sa, const BufferedOp& b,
-                         const OpSource& sb, const GateConfig& gate, FirstDivergence* out);
+                         const OpSource& sb, const GateConfig& gate, FirstDivergence* out,
+                         const SeenOutputs* seen = nullptr);
 
 // The statistics deltas of the differing outputs; true when all are within the gate's tolerance.
 bool output_deltas(const trace::OpRecord& a, const trace::TraceReader& ra,

@@ -176,6 +176,7 @@ class StreamComparator {
       track_collective(a, found_before, false);
       return;
     }
+    if (!pending_ && !differ) remember_outputs(a, b);
     if (pending_) {
       if (int64_t(a.rec.depth) == need_depth_) {
         pending_->chain.insert(pending_->chain.begin(), std::string(a_->name_of(a.rec)));
@@ -190,7 +191,7 @@ class StreamComparator {
       fd.stream = name_;
       fd.process = process_;
       fd.rank = out_->rank;
-      classify_divergence(a, *a_, b, *b_, options_.gate, &fd);
+      classify_divergence(a, *a_, b, *b_, options_.gate, &fd, &seen_);
       if (a.rec.scope_path != UINT32_MAX) fd.scope_path = std::string(ra.string(a.rec.scope_path));
       fd.chain = {fd.op};
       rejected_.clear();
@@ -201,6 +202,14 @@ class StreamComparator {
     }
     track_collective(a, found_before, !found_before && pending_);
     if (pending_ && a.rec.depth == 0) finish_pending();
+  }
+
+  void remember_outputs(const BufferedOp& a, const BufferedOp& b) {
+    for (const auto& [op, set] : {std::pair{&a, &seen_.a}, std::pair{&b, &seen_.b}}) {
+      if (set->size() >= SeenOutputs::kMax || !op->outputs.present) continue;
+      for (size_t i = 0; i < op->outputs.count; ++i)
+        if (op->outputs.compared >> i & 1) set->insert(SeenOutputs::key(op->outputs.digests[i]));
+    }
   }
 
   // Where the stream's collectives stand relative to its first divergence (collectives_before
@@ -525,6 +534,7 @@ class StreamComparator {
   std::vector<std::string> rejected_;  // entries an inner op of the chain did not meet
   bool first_done_ = false;
   std::map<uint64_t, uint64_t> collectives_before_, collectives_after_;  // group -> seq
+  SeenOutputs seen_;
   uint64_t param_step_ = UINT64_MAX, param_pos_ = 0;
   std::map<uint64_t, bool> params_;
 };
@@ -565,33 +575,9 @@ Status count_stream(const std::string& name, const std::string& path, bool in_a,
   (in_a ? out->summary.ops_a : out->summary.ops_b) = n;
   (in_a ? out->records_a : out->records_b) = src.records_read();
   out->bytes = r.bytes_read();
-  StructuralDifference d;
-  d.stream = name;
-  if (first) {
-    d.step = first->rec.step;
-    d.phase = std::string(trace::phase_name(first->rec.phase));
-    (in_a ? d.op_a : d.op_b) = std::string(src.name_of(first->rec));
-    (in_a ? d.order_a : d.order_b) = first->rec.order;
-  }
-  (in_a ? d.skipped_a : d.skipped_b) = n;
-  d.detail = fmt::format("stream {} exists in run {} only ({} ops)", name, in_a ? "A" : "B", n);
-  out->structural_count = 1;
-  out->summary.structural = 1;
-  out->beyond_tolerance = true;
-  FirstDivergence fd;
-  fd.stream = name;
-  fd.process = fmt::format("r{}.{}", r.header().rank, r.header().process_role);
-  fd.rank = r.header().rank;
-  fd.step = d.step;
-  fd.phase = d.phase.empty() ? "other" : d.phase;
-  fd.op = in_a ? d.op_a : d.op_b;
-  fd.chain = {fd.op};
-  fd.order_a = d.order_a;
-  fd.order_b = d.order_b;
-  fd.divergence_class = "structural";
-  fd.detail = d.detail;
-  out->first = std::move(fd);
-  out->structural.push_back(std::move(d));
+  // Not a divergence: nothing to compare it with. diff_runs lists it as not compared, which
+  // makes the comparison incomplete (exit 5), unless it is a worker's prefetch.
+  if (first) out->unpartnered_first_step = first->rec.step;
   return Status();
 }
 

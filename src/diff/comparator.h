@@ -33,6 +33,8 @@ struct StreamResult {
   uint64_t records_a = 0, records_b = 0, bytes = 0;
   uint64_t max_step_a = 0, max_step_b = 0;  // the largest step of each run's ops
   bool cut_a = false, cut_b = false;  // no END record: that run's process did not end cleanly
+  // A stream in one run only: the step of its first op.
+  std::optional<uint64_t> unpartnered_first_step;
 };
 
 // A DataLoader worker's stream is compared up to the last step its consumer ran, in each run.

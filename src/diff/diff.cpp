@@ -287,15 +287,9 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
       if (!s.ok()) return s;
       // A worker stream in one run only whose first batch is for a step its consumer never
       // ran: prefetched as timing allowed, not a difference of the program.
-      if (workers && res.first && res.first->divergence_class == kClassStructural) {
+      if (workers && res.unpartnered_first_step) {
         const auto& limit = res.summary.in_a ? limits.last_step_a : limits.last_step_b;
-        if (limit && res.first->step > *limit) {
-          res.first.reset();
-          res.structural.clear();
-          res.structural_count = res.summary.structural = 0;
-          res.beyond_tolerance = false;
-          res.summary.consumer_last_step = *limit;
-        }
+        if (limit && *res.unpartnered_first_step > *limit) res.summary.consumer_last_step = *limit;
       }
       if (!workers) {
         auto [it, added] = last_step.try_emplace(head.process, res.max_step_a, res.max_step_b);

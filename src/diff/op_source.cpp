@@ -54,6 +54,7 @@ void OpSource::copy_output_digests(BufferedOp* b) const {
   OutputDigests& out = b->outputs;
   const auto& ids = b->rec.output_tensors;
   out.present = false;
+  out.results = b->rec.results_hash;
   if (ids.size() > OutputDigests::kMax) return;
   out.count = uint8_t(ids.size());
   out.compared = 0;
@@ -93,6 +94,13 @@ void OpSource::attach(const trace::CollectiveRecord& c) {
   }
 }
 
+std::string OpSource::allocated_by(int64_t id) const {
+  auto it = allocations_.find(id);
+  if (it == allocations_.end()) return "";
+  return std::string(reader_->string(it->second.name)) + " (op #" +
+         std::to_string(it->second.index) + ")";
+}
+
 bool OpSource::read_one() {
   if (stopped_) return false;
   for (;;) {
@@ -124,6 +132,12 @@ bool OpSource::read_one() {
     }
     b.compiled_region = last_region_step_ == b.rec.step ? last_region_ : BufferedOp::kNoRegion;
     copy_output_digests(&b);
+    for (int64_t id : b.rec.output_tensors) {
+      const trace::TensorDesc* t = reader_->tensor(id);
+      if (!t || !t->uninitialized()) continue;
+      if (allocations_.size() >= (1u << 16)) allocations_.clear();  // bounded, like the window
+      allocations_[id] = {b.rec.name, b.index};
+    }
     b.collective = is_collective(b.rec.name);
     b.received = false;
     b.coll = {};

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "trace/reader.h"
@@ -20,13 +21,14 @@ struct OutputDigests {
   uint8_t count = 0;
   uint8_t digest_len = 0;
   uint8_t compared = 0;  // bit i: output i is compared (not uninitialized)
+  uint64_t results = 0;  // OpRecord::results_hash: scalar returns are outputs too
   std::array<trace::DigestBytes, kMax> digests;
 
   // True when both are present and equal output by output: outputs_differ would find no
   // difference. False says nothing: compare the tensors.
   bool same_as(const OutputDigests& o) const {
     if (!present || !o.present || count != o.count || compared != o.compared ||
-        digest_len != o.digest_len)
+        digest_len != o.digest_len || results != o.results)
       return false;
     for (size_t i = 0; i < count; ++i)
       if ((compared >> i & 1) && std::memcmp(digests[i].data(), o.digests[i].data(), digest_len) != 0)
@@ -81,10 +83,21 @@ class OpSource {
   // step consumed (prefetched when the loop stopped) depend on timing, not on the program.
   void stop_after_step(uint64_t step) { last_step_ = step; }
   bool stopped_at_step_limit() const { return stopped_at_limit_; }
+  // The op that returned tensor `id` uninitialized (aten::empty), if it is known: "aten::empty
+  // (op #12)".
+  std::string allocated_by(int64_t id) const;
   // The largest step of the ops read so far.
   uint64_t max_step() const { return max_step_; }
 
  private:
+  // The op whose output a tensor id is, for the empty family's (uninitialized) outputs: a read of
+  // their bytes names the op that allocated them.
+  struct Allocation {
+    uint32_t name;
+    uint64_t index;
+  };
+  std::unordered_map<int64_t, Allocation> allocations_;
+
   bool read_one();
   void attach(const trace::CollectiveRecord& c);
   bool is_collective(uint32_t name);

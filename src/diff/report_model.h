@@ -96,6 +96,10 @@ struct FirstDivergence {
   // Made in a DataLoader worker: where the consumer read the batch ("r0.main.t-main at
   // aten::linear (op #12, step 0)"); empty otherwise.
   std::string batch_read_by;
+  // external-input from a non-tensor argument: its values in A and B ("0.5 vs 0.25").
+  std::string scalar_argument;
+  // external-input: the differing input is a different one of the same recorded tensors.
+  bool data_order = false;
   // The collectives of its stream around it, by process group: the last one before it (or the
   // op itself) and the first one from it on, by sequence number. They order divergences of
   // different ranks: one that precedes a collective its rank joined happened before one that

@@ -106,6 +106,8 @@ json report_to_json(const DiffReport& r) {
             {"batch_read_by", f.batch_read_by.empty() ? json(nullptr) : json(f.batch_read_by)},
             {"received_through", f.received_through.empty() ? json(nullptr) : json(f.received_through)},
             {"propagated_through", f.propagated_through},
+            {"scalar_argument", f.scalar_argument.empty() ? json(nullptr) : json(f.scalar_argument)},
+            {"data_order", f.data_order},
             {"index", f.index},
             {"order", {{"a", f.order_a}, {"b", f.order_b}}},
             {"offset", {{"a", f.offset_a}, {"b", f.offset_b}}},

@@ -219,9 +219,9 @@ bool TraceReader::decode_op(ByteReader& r, OpRecord* out) {
     if (!decode_values(r, &op.inputs, &op.input_tensors, &op.args_hash, 0)) return false;
   uint64_t n_out = r.varint();
   if (n_out > r.remaining()) return false;
-  uint64_t ignored = 0;
+  op.results_hash = 0;
   for (uint64_t i = 0; i < n_out; ++i)
-    if (!decode_values(r, &op.outputs, &op.output_tensors, &ignored, 0)) return false;
+    if (!decode_values(r, &op.outputs, &op.output_tensors, &op.results_hash, 0)) return false;
   if (op.name >= strings_.size()) return false;
   return !r.failed();
 }

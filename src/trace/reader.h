@@ -51,6 +51,7 @@ struct OpRecord {
   std::vector<Value> inputs, outputs;
   std::vector<int64_t> input_tensors, output_tensors;  // ids in argument order, lists expanded
   uint64_t args_hash = 0;  // of the non-tensor inputs, by content
+  uint64_t results_hash = 0;  // of the non-tensor outputs (item()'s scalar), by content
 
   bool has_rng() const { return bits & kOpHasRng; }
   bool is_random() const { return bits & kOpIsRandom; }

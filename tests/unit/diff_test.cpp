@@ -255,10 +255,16 @@ TEST(DiffTest, StreamInOneRunOnly) {
   Case c("lonely", Scenario{});
   c.b.add_stream("r0.main.t1", build(Scenario{}, false));
   DiffReport r = diff(c);
-  EXPECT_EQ(r.verdict, "divergent");
-  EXPECT_EQ(r.structural_count, 1u);
-  ASSERT_TRUE(r.first);
-  EXPECT_EQ(r.first->stream, "r0.main.t1");
+  // Nothing to compare it with: not a divergence, but not a pass either (fail closed).
+  EXPECT_EQ(r.verdict, "incomplete");
+  EXPECT_EQ(gate_exit_code(r), ExitCode::kIncomplete);
+  EXPECT_EQ(r.structural_count, 0u);
+  EXPECT_FALSE(r.first);
+  ASSERT_EQ(r.not_compared.size(), 1u);
+  EXPECT_NE(r.not_compared[0].find("stream r0.main.t1 is only in run B"), std::string::npos)
+      << r.not_compared[0];
+  r.gate.allow_truncated = true;
+  EXPECT_EQ(gate_exit_code(r), ExitCode::kIdentical);
 }
 
 TEST(DiffTest, ThreadCountDifferenceIsNamedAsCause) {

@@ -1,0 +1,90 @@
+"""Small programs whose verdict a gate must get right, one per case:
+
+    python gate_cases.py shuffle       # random.shuffle (unseeded) of samples torch made, stacked
+    python gate_cases.py scalar        # a scalar from Python's unseeded random passed to an op
+    python gate_cases.py item          # .item() of a seeded tensor, printed
+    python gate_cases.py garbage [--zeros-like]
+                                       # a sum over torch.empty bytes no op wrote (the freed
+                                       # memory held a run-dependent value), with or without an
+                                       # unrelated zeros_like in between
+    python gate_cases.py out-buffers   # resize_ and out= buffers over garbage, all overwritten
+Each prints what the test compares with the verdict.
+"""
+import hashlib
+import random
+import sys
+import time
+
+import numpy as np
+import torch
+
+
+def md5(t):
+    return hashlib.md5(t.detach().contiguous().numpy().tobytes()).hexdigest()
+
+
+def shuffle():
+    torch.manual_seed(0)
+    samples = [torch.randn(16) for _ in range(64)]
+    random.shuffle(samples)  # the bug: Python's random is not seeded
+    w = torch.randn(16, 4)
+    for step in range(2):
+        batch = torch.stack(samples[step * 8:(step + 1) * 8])
+        print(f"step {step} batch md5 {md5(batch)} out {(batch @ w).sum().item():.6f}")
+
+
+def scalar():
+    torch.manual_seed(0)
+    x = torch.randn(1000)
+    factor = random.random()  # the bug
+    y = x.mul(factor)
+    print(f"factor {factor!r} sum {y.sum().item():.6f}")
+
+
+def item():
+    torch.manual_seed(0)
+    x = torch.randn(100)
+    print(f"item {x.sum().item()!r}")
+
+
+def garbage(zeros_like):
+    n = 16384
+    a = np.full(n, float(time.time_ns() % 100000), dtype=np.float32)
+    del a  # its block is free again, holding a run-dependent value
+    buf = torch.empty(n)
+    if zeros_like:
+        z = torch.zeros_like(torch.ones(8))  # unrelated to buf
+    print(f"garbage sum {buf.sum().item()!r}")
+
+
+def out_buffers():
+    torch.manual_seed(0)
+    w = torch.randn(64, 64)
+    out = torch.empty(0)
+    acc = torch.empty(64, 64)
+    for step in range(3):
+        x = torch.randn(32, 64)
+        torch.matmul(x, w, out=out)        # resize_ of an empty out= buffer, then written
+        acc.resize_(32, 64).copy_(out)     # resize_ over garbage, then fully overwritten
+        torch.add(acc, 1.0, out=acc)
+        print(f"step {step} md5 {md5(acc)}")
+
+
+def main():
+    case = sys.argv[1]
+    if case == "shuffle":
+        shuffle()
+    elif case == "scalar":
+        scalar()
+    elif case == "item":
+        item()
+    elif case == "garbage":
+        garbage("--zeros-like" in sys.argv)
+    elif case == "out-buffers":
+        out_buffers()
+    else:
+        sys.exit(f"unknown case {case}")
+
+
+if __name__ == "__main__":
+    main()
