@@ -9,6 +9,14 @@ set(CMAKE_POSITION_INDEPENDENT_CODE ON)
 set(CMAKE_EXPORT_COMPILE_COMMANDS ON)
 add_compile_options(-Wall -Wextra -Wno-unused-parameter)
 string(APPEND CMAKE_CXX_FLAGS_RELWITHDEBINFO " -DNDEBUG -O2")
+# A sanitizer build (tests/sanitize.sh): DETAUDIT_SANITIZE=address,undefined instruments every
+# target, the interposer's too when hooks/ is built with it. Any finding stops the program.
+set(DETAUDIT_SANITIZE "" CACHE STRING "-fsanitize= list for every target, e.g. address,undefined")
+if(DETAUDIT_SANITIZE)
+  add_compile_options(-fsanitize=${DETAUDIT_SANITIZE} -fno-sanitize-recover=all
+                      -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=${DETAUDIT_SANITIZE})
+endif()
 
 find_package(OpenSSL REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
