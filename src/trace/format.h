@@ -46,8 +46,9 @@
 //                   [<float-stats> | <int-stats>]   ; if tensor-bits has kTensorHasStats
 //                   [<nan:varint> <inf:varint>]     ; if tensor-bits has kTensorHasNanInf
 //                   [<base-back:varint>]            ; if provenance is VIEW: own id - base id
-//   <float-stats> ::= <min:f32> <max:f32> <mean:f32> <l2:f32>
-//   <int-stats>   ::= <min:zvarint> <max:zvarint> <mean:f32>
+//   <float-stats> ::= <min:f64> <max:f64> <mean:f64> <l2:f64>
+//   <int-stats>   ::= <min:zvarint> <max:zvarint> <mean:f64>
+//                   ; the doubles computed, in the host-independent order of digest.cpp
 //   <str>       ::= <n:varint> <byte>{n}
 //
 // Every TENSOR_NEW takes the next tensor id (0, 1, ...) of its stream, inputs before outputs.

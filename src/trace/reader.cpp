@@ -348,12 +348,12 @@ bool TraceReader::decode_tensor(ByteReader& r, TensorDesc* t) {
     if (t->bits & kTensorIntStats) {
       t->stats.min = double(r.zvarint());
       t->stats.max = double(r.zvarint());
-      t->stats.mean = r.f32();
+      t->stats.mean = r.f64();
     } else {
-      t->stats.min = r.f32();
-      t->stats.max = r.f32();
-      t->stats.mean = r.f32();
-      t->stats.l2 = r.f32();
+      t->stats.min = r.f64();
+      t->stats.max = r.f64();
+      t->stats.mean = r.f64();
+      t->stats.l2 = r.f64();
     }
   }
   if (t->bits & kTensorHasNanInf) {

@@ -77,12 +77,13 @@ void write_tensor(ByteWriter& w, const TensorDesc& t, uint64_t base_back) {
     if (t.bits & kTensorIntStats) {
       w.zvarint(int64_t(t.stats.min));
       w.zvarint(int64_t(t.stats.max));
-      w.f32(float(t.stats.mean));
+      w.f64(t.stats.mean);
     } else {
-      w.f32(float(t.stats.min));
-      w.f32(float(t.stats.max));
-      w.f32(float(t.stats.mean));
-      w.f32(float(t.stats.l2));
+      // The doubles the digester computed: the tolerance gate compares these, not a rounding.
+      w.f64(t.stats.min);
+      w.f64(t.stats.max);
+      w.f64(t.stats.mean);
+      w.f64(t.stats.l2);
     }
   }
   if (t.bits & kTensorHasNanInf) {

@@ -1,6 +1,7 @@
 // Tensor statistics are the same bits on every host (issue 13): the summation order is a fixed
-// function of the element index (src/digest/digest.cpp), whatever the vector path, the split of
-// the bytes and the thread count.
+// function of the element index (src/digest/digest.cpp, docs/trace-format.md "Statistics"),
+// whatever the vector path, the split of the bytes and the thread count; the trace stores the
+// doubles and the tolerance gate compares them, not float32 roundings.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,7 +11,11 @@
 #include <thread>
 #include <vector>
 
+#include "diff/diff.h"
+#include "diff/report_model.h"
 #include "digest/digest.h"
+#include "trace/reader.h"
+#include "trace_builder.h"
 
 namespace detaudit {
 namespace {
@@ -352,6 +357,78 @@ TEST(StatsOrderTest, SameBitsWhateverTheSplitThreadsAndPath) {
       }
     }
   }
+}
+
+// ---- Stored as doubles, compared as doubles ------------------------------------------------
+
+// The statistics a trace holds are the doubles computed, not their float32 roundings.
+TEST(StatsFormatTest, StatisticsRoundTripAsDoubles) {
+  testing::TraceBuilder b;
+  b.step(0);
+  TensorDesc f = testing::tensor(0x10);
+  f.stats = {-1.0 / 3, 1e300, 0.1, std::sqrt(2.0), 0, 0};
+  TensorDesc i = testing::tensor(0x11, {4}, trace::Provenance::kOutput, 4);
+  i.bits |= trace::kTensorIntStats;
+  i.stats = {-7, 1 << 20, 1.0 / 7, 0, 0, 0};
+  b.op("aten::add").in_new(f).out_new(i).done();
+  b.end();
+  testing::RunDir run("stats_doubles/run-0");
+  run.add_stream("r0.main.t0", b);
+  trace::TraceReader r;
+  ASSERT_TRUE(r.open(run.stream_path("r0.main.t0")).ok());
+  ASSERT_EQ(r.next(), trace::ReadResult::kRecord);
+  while (r.kind() != trace::RecordKind::kOp) ASSERT_EQ(r.next(), trace::ReadResult::kRecord);
+  const TensorDesc* in = r.tensor(r.op().input_tensors.at(0));
+  const TensorDesc* out = r.tensor(r.op().output_tensors.at(0));
+  ASSERT_TRUE(in && out);
+  EXPECT_EQ(in->stats.min, -1.0 / 3);
+  EXPECT_EQ(in->stats.max, 1e300);  // beyond float32's range
+  EXPECT_EQ(in->stats.mean, 0.1);
+  EXPECT_EQ(in->stats.l2, std::sqrt(2.0));
+  EXPECT_EQ(out->stats.min, -7);
+  EXPECT_EQ(out->stats.max, 1 << 20);
+  EXPECT_EQ(out->stats.mean, 1.0 / 7);
+}
+
+// Two runs whose output means differ by 1e-7 at 20.25: less than half a float32 ulp there
+// (9.5e-7), so float32 statistics called them equal and any tolerance passed them. In double,
+// rtol 1e-12 fails the gate, rtol 1e-6 passes it.
+TEST(StatsFormatTest, ToleranceGateComparesDoubles) {
+  const double mean_a = 20.25, mean_b = 20.25 + 1e-7;
+  ASSERT_EQ(float(mean_a), float(mean_b)) << "the example must be below float32 resolution";
+  auto build = [](double mean, uint8_t digest) {
+    testing::TraceBuilder t;
+    t.step(0);
+    TensorDesc out = testing::tensor(0x21);
+    out.digest[0] = digest;
+    out.stats.mean = mean;
+    t.op("aten::mul").in_new(testing::tensor(0x20)).in_double(0.5).out_new(out).done();
+    t.end();
+    return t;
+  };
+  testing::RunDir a("stats_gate/run-0"), b("stats_gate/run-1");
+  a.add_stream("r0.main.t0", build(mean_a, 0x21));
+  b.add_stream("r0.main.t0", build(mean_b, 0x22));
+  auto diff = [&](double rtol) {
+    DiffOptions o;
+    o.gate = GateConfig{"tolerance", rtol, 0};
+    DiffReport r;
+    Status s = diff_runs(a.path(), b.path(), o, &r);
+    EXPECT_TRUE(s.ok()) << s.message();
+    return r;
+  };
+  DiffReport tight = diff(1e-12);
+  EXPECT_EQ(tight.verdict, "divergent");
+  EXPECT_TRUE(tight.beyond_tolerance);
+  EXPECT_EQ(gate_exit_code(tight), ExitCode::kDivergent);
+  ASSERT_TRUE(tight.first.has_value());
+  ASSERT_EQ(tight.first->magnitude.size(), 1u);
+  EXPECT_NEAR(tight.first->magnitude[0].mean, 1e-7, 1e-12);
+  EXPECT_FALSE(tight.first->magnitude[0].within_tolerance);
+
+  DiffReport loose = diff(1e-6);
+  EXPECT_FALSE(loose.beyond_tolerance);
+  EXPECT_EQ(gate_exit_code(loose), ExitCode::kIdentical);
 }
 
 }  // namespace
