@@ -49,7 +49,11 @@ class RecordPython(RecordedRuns):
             if "dtype" not in t:
                 continue  # a reference beyond the reader's window
             self.assertRegex(t["digest"], r"^[0-9a-f]{32}$", op)
-            if t.get("uninitialized") or t.get("not_read"):
+            if t.get("uninitialized") and t in tensors(op["inputs"]) and t["provenance"] == "view":
+                # A read of bytes the program's torch.empty returned and no op wrote: hashed,
+                # to be compared; its base is the empty's output.
+                self.assertNotEqual(t["digest"], "0" * 32, op)
+            elif t.get("uninitialized") or t.get("not_read"):
                 # Uninitialized bytes, and bytes the op overwrites unread, are not hashed: a zero
                 # digest and no statistics.
                 self.assertEqual(t["digest"], "0" * 32, op)
