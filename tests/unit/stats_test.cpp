@@ -335,7 +335,10 @@ TEST(StatsOrderTest, SameBitsWhateverTheSplitThreadsAndPath) {
   for (size_t i = 0; i < d.size(); ++i) d[i] = std::ldexp(double(f[i]), int(i % 9)) / 3.0;
   const std::pair<uint8_t, std::vector<uint8_t>> tensors[] = {
       {6, bytes_of(f)}, {5, bytes_of(h)}, {7, bytes_of(d)}};
-  for (const auto& [dtype, bytes] : tensors) {
+  for (const auto& tensor : tensors) {
+    // Not a structured binding: the lambdas below capture them, which C++17 (clang) forbids.
+    const uint8_t dtype = tensor.first;
+    const std::vector<uint8_t>& bytes = tensor.second;
     const TensorStats want = reference(dtype, bytes);
     for (StatsPath p : paths()) {
       ForcePath force(p);
