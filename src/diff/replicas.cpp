@@ -63,6 +63,7 @@ struct RankStream {
   std::string name;
   std::map<uint64_t, std::vector<Write>> writes;  // by step
   std::vector<OpSeen> ops;
+  bool all_reduces = false;  // ran an all-reduce: data parallel, not independent processes
 };
 
 bool is_parameter_write(const trace::OpRecord& op, std::string_view name) {
@@ -80,6 +81,7 @@ Status read_rank_stream(const std::string& path, std::vector<std::string>* names
     if (r.kind() != trace::RecordKind::kOp) continue;
     const trace::OpRecord& op = r.op();
     std::string_view name = r.string(op.name);
+    if (name.substr(0, 15) == "c10d::allreduce") out->all_reduces = true;
     if (out->ops.size() < kMaxOpsKept) {
       auto [it, added] = ids->try_emplace(std::string(name), uint32_t(names->size()));
       if (added) names->emplace_back(name);
@@ -172,6 +174,13 @@ Status check_replicas(const std::string& run_dir, ReplicaCheck* out) {
     out->not_checked = "the ranks recorded no optimizer step in common";
     return Status();
   }
+  for (const RankStream& s : ranks)
+    if (!s.all_reduces) {
+      // Ranks that train on their own (seeded alike, say) are not replicas of each other.
+      out->not_checked = fmt::format("rank {} ran no all-reduce: not data-parallel replicas",
+                                     s.rank);
+      return Status();
+    }
   const RankStream& ref = ranks[0];
   const std::vector<Write>& first_ref = ref.writes.at(steps[0]);
   for (const RankStream& s : ranks) {

@@ -2,10 +2,10 @@
 // every optimizer step. One run is enough to check it.
 //
 // The parameters are what the optimizer writes in place (its phase's in-place ops, in order,
-// one position per write), on each rank's main thread. Ranks are replicas when every such write
-// of their first recorded step agrees, in shape and in the parameter it read; otherwise they
-// are not data-parallel (tensor or pipeline parallel, sharded optimizers) and nothing is
-// checked. From there on, the first position where a rank's written parameter differs from
+// one position per write), on each rank's main thread. Ranks are replicas when each ran an
+// all-reduce and every such write of their first recorded step agrees, in shape and in the
+// parameter it read; otherwise they are independent processes or not data-parallel (tensor or
+// pipeline parallel, sharded optimizers) and nothing is checked. From there on, the first position where a rank's written parameter differs from
 // rank 0's is a replica divergence, with where the two ranks' streams part.
 #pragma once
 

@@ -10,7 +10,7 @@ import re
 import unittest
 
 from detaudit_testlib import (PYTHON, TORCH_VERSION, TmpDirCase, export_records, output_log,
-                              program, read_json, record_pair, run_detaudit)
+                              program, read_json, record_pair, run_detaudit, run_program)
 
 DDP = [PYTHON, program("ddp_train.py")]
 RACE_ATTEMPTS = 3
@@ -94,7 +94,14 @@ class SeededDdp(TmpDirCase):
                                 f"no all-reduce result is the bucket {bucket_rev}/{bucket_fwd}")
 
     def test_seeded_ddp_launched_with_rank_variables_is_identical(self):
-        self.check_ranks_and_allreduce(self.check_identical_pair("env"))
+        run = self.check_identical_pair("env")
+        self.check_ranks_and_allreduce(run)
+        # Recording changes nothing the ranks compute: the same final parameters as a plain run.
+        plain = run_program(DDP + ["--launch", "env", "--steps", "3"])
+        self.assertEqual(plain.returncode, 0, plain.stderr)
+        final = r"rank \d final [0-9a-f]{32}"
+        self.assertEqual(sorted(re.findall(final, plain.stdout)),
+                         sorted(re.findall(final, output_log(run))))
 
     def test_seeded_ddp_under_mp_spawn_is_identical_and_ranked(self):
         run = self.check_identical_pair("spawn")
@@ -145,6 +152,20 @@ class ReplicasInOneRun(TmpDirCase):
 
     def test_the_same_under_mp_spawn(self):
         self.check("spawn")
+
+    def test_ranks_training_on_their_own_are_not_replicas(self):
+        # two_ranks.py: two seeded processes with RANK set and no collective; rank 1 reseeds,
+        # so their parameters part after step 0. Not a replica divergence: not data parallel.
+        out = os.path.join(self.tmp, "own")
+        report = os.path.join(out, "risk.json")
+        proc = run_detaudit(["run", "--out", out, "-q", "--format", "json", "--output", report,
+                             "--", PYTHON, program("two_ranks.py"), "--steps", "3"])
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        check = read_json(report)["replicas"]
+        self.assertEqual(check["ranks"], [0, 1])
+        self.assertFalse(check["replicas"], check)
+        self.assertIn("no all-reduce", check["not_checked"])
+        self.assertIsNone(check["divergence"])
 
 
 class RaceOnOneRank(TmpDirCase):
