@@ -85,7 +85,7 @@ int write_risk_report(const Config& config, const RiskReport& risk) {
   if (Status s = parse_report_format(config.format, &format); !s.ok()) return report_error(s);
   const bool to_file = !config.output.empty();
   std::string text = format == ReportFormat::kHtml   ? render_risk_html(risk)
-                     : format == ReportFormat::kJson ? risk_report_to_json(risk).dump(2) + "\n"
+                     : format == ReportFormat::kJson ? risk_report_to_json(risk).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"
                                                      : render_risk_report(risk, !to_file && isatty(STDOUT_FILENO));
   // Replicas that disagree are a divergence one run shows: the gate fails on it.
   const int code = risk.replicas.divergence ? int(ExitCode::kDivergent) : 0;

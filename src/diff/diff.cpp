@@ -418,7 +418,9 @@ Status parse_report_format(const std::string& name, ReportFormat* out) {
 std::string render_report(const DiffReport& report, ReportFormat format, bool color) {
   switch (format) {
     case ReportFormat::kText: return render_text(report, color);
-    case ReportFormat::kJson: return report_to_json(report).dump(2) + "\n";
+    // Op names need not be UTF-8 (a C++ program names its own scopes): replaced, never thrown on.
+    case ReportFormat::kJson:
+      return report_to_json(report).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     case ReportFormat::kJunit: return render_junit(report);
     case ReportFormat::kMarkdown: return render_markdown(report);
     case ReportFormat::kHtml: return render_html(report);

@@ -751,5 +751,19 @@ TEST(DiffTest, ClashingThreadNamesPairByWhatTheyRan) {
 }
 
 
+// Found by fuzz_trace_reader's author (docs/fuzzing.md): a divergent op whose name is not UTF-8
+// made the JSON report throw, exit 3. It is replaced instead, like the timeline's names.
+TEST(DiffTest, JsonReportReplacesInvalidUtf8InOpNames) {
+  DiffReport r;
+  r.verdict = "divergent";
+  r.first.emplace();
+  r.first->op = std::string("scope\xff\xfe", 7);
+  r.first->chain = {r.first->op};
+  std::string text;
+  ASSERT_NO_THROW(text = render_report(r, ReportFormat::kJson, false));
+  nlohmann::json j = nlohmann::json::parse(text);
+  EXPECT_EQ(j["first_divergence"]["op"], "scope\xef\xbf\xbd\xef\xbf\xbd");
+}
+
 }  // namespace
 }  // namespace detaudit
