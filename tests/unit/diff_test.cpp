@@ -765,5 +765,32 @@ TEST(DiffTest, JsonReportReplacesInvalidUtf8InOpNames) {
   EXPECT_EQ(j["first_divergence"]["op"], "scope\xef\xbf\xbd\xef\xbf\xbd");
 }
 
+// A scalar return is an output: item() of the same recorded tensor returning another value
+// diverges there (the tensor digests agree).
+TraceBuilder item_returning(double value) {
+  TraceBuilder t;
+  t.step(0);
+  int64_t x = t.op("aten::ones").out_new(tensor(0x01)).done();
+  t.op("aten::_local_scalar_dense").in_ref(x).out_double(value).done();
+  t.end();
+  return t;
+}
+
+TEST(DiffTest, ScalarReturnsAreCompared) {
+  RunDir a("item/run-0"), b("item/run-1"), c("item/run-2");
+  a.add_stream("r0.main.t-main", item_returning(0.5));
+  b.add_stream("r0.main.t-main", item_returning(0.25));
+  c.add_stream("r0.main.t-main", item_returning(0.5));
+  DiffOptions o;
+  DiffReport r;
+  ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->op, "aten::_local_scalar_dense");
+  EXPECT_NE(r.first->detail.find("scalar return (0.5 vs 0.25)"), std::string::npos)
+      << r.first->detail;
+  ASSERT_TRUE(diff_runs(a.path(), c.path(), o, &r).ok());
+  EXPECT_EQ(r.verdict, "identical");
+}
+
 }  // namespace
 }  // namespace detaudit

@@ -87,6 +87,8 @@ class TraceBuilder {
     }
     Op& out_new(const TensorDesc& t, int64_t base_id = -1) { return tensor_new(&out_, t, base_id); }
     Op& out_ref(int64_t id) { return tensor_ref(&out_, id); }
+    // A scalar return (aten::item's).
+    Op& out_double(double v) { return scalar(&out_, ValueType::kDouble, [&](ByteWriter& w) { w.f64(v); }); }
     int64_t last_id() const { return last_id_; }
     // Writes the op record; returns the id of the last tensor it created.
     int64_t done();
