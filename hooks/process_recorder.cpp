@@ -81,10 +81,15 @@ void ProcessRecorder::adopt_group_rank(int64_t rank) {
 }
 
 const std::string& ProcessRecorder::process_name() {
+  bool ask_python;
+  {
+    std::lock_guard<std::mutex> lock(claim_mu_);
+    if (!process_name_.empty()) return process_name_;
+    ask_python = !rank_known_ && is_python_;
+  }
   // A torch.multiprocessing.spawn child knows its rank only as the spawn index. Asked outside
   // the lock: asking Python takes the GIL.
-  std::optional<int64_t> spawned;
-  if (!rank_known_ && process_name_.empty() && is_python_) spawned = python::spawn_index();
+  const std::optional<int64_t> spawned = ask_python ? python::spawn_index() : std::nullopt;
   std::lock_guard<std::mutex> lock(claim_mu_);
   if (process_name_.empty()) {
     if (spawned && !rank_known_) {

@@ -266,7 +266,9 @@ void classify_divergence(const BufferedOp& a, const OpSource& sa, const Buffered
   if (a.compiled_region != BufferedOp::kNoRegion)
     fd->compiled_region = std::string(ra.string(a.compiled_region));
   if (first_diff_input >= 0) {
-    const TensorDesc* ta = ra.tensor(oa.input_tensors[size_t(first_diff_input)]);
+    const size_t in = size_t(first_diff_input);
+    const TensorDesc* ta = ra.tensor(oa.input_tensors[in]);
+    const TensorDesc* tb = in < ob.input_tensors.size() ? rb.tensor(ob.input_tensors[in]) : nullptr;
     bool ext = false, uninit = false, compiled = false;
     std::string origin = origin_of(ta, ra, &ext, &uninit, &compiled);
     if ((ext || compiled) && is_cpu_generator_state(ta)) {
@@ -290,12 +292,10 @@ void classify_divergence(const BufferedOp& a, const OpSource& sa, const Buffered
       return;
     }
     if (!uninit) {  // either side: an uninitialized buffer in run B explains it too
-      const TensorDesc* tb = rb.tensor(ob.input_tensors[size_t(first_diff_input)]);
       bool ext_b = false;
       std::string origin_b = origin_of(tb, rb, &ext_b, &uninit);
       if (uninit) origin = origin_b;
     }
-    size_t in = size_t(first_diff_input);
     if (uninit && (filled_outside_recorded_ops(oa, fd->op, ra, in) ||
                    filled_outside_recorded_ops(ob, sb.name_of(ob), rb, in))) {
       fd->divergence_class = kClassExternal;
@@ -305,9 +305,8 @@ void classify_divergence(const BufferedOp& a, const OpSource& sa, const Buffered
           first_diff_input);
       return;
     }
-    const TensorDesc* tb = in < ob.input_tensors.size() ? rb.tensor(ob.input_tensors[in]) : nullptr;
-    if (!uninit && !ext && seen && ta && tb && seen->b.count(SeenOutputs::key(ta->digest)) &&
-        seen->a.count(SeenOutputs::key(tb->digest))) {
+    if (!uninit && !ext && seen && ta && tb && SeenOutputs::has(seen->b, ta->digest) &&
+        SeenOutputs::has(seen->a, tb->digest)) {
       // Each run's tensor is one the other run made too: the same tensors, picked in another
       // selection or order (a Python shuffle of samples, an unseeded sampler).
       fd->divergence_class = kClassExternal;

@@ -4,7 +4,7 @@
 
 #include <cstring>
 #include <string>
-#include <unordered_set>
+#include <algorithm>
 #include <vector>
 
 #include "catalog/catalog.h"
@@ -34,14 +34,18 @@ double largest_relative_difference(const trace::OpRecord& a, const trace::TraceR
 
 // The output digests each run made before the first divergence (their first 8 bytes), so an
 // input that is an earlier output in both runs, but a different one, is told apart: the same
-// tensors in a different order.
+// tensors in a different order. Appended on every matching op and searched once, at the first
+// divergence: a plain vector (8 bytes an output, at most 8 MB a run), not a hash set.
 struct SeenOutputs {
-  static constexpr size_t kMax = 1u << 21;
-  std::unordered_set<uint64_t> a, b;
+  static constexpr size_t kMax = 1u << 20;
+  std::vector<uint64_t> a, b;
   static uint64_t key(const trace::DigestBytes& d) {
     uint64_t k;
     std::memcpy(&k, d.data(), 8);
     return k;
+  }
+  static bool has(const std::vector<uint64_t>& keys, const trace::DigestBytes& d) {
+    return std::find(keys.begin(), keys.end(), key(d)) != keys.end();
   }
 };
 

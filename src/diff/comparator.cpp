@@ -205,10 +205,10 @@ class StreamComparator {
   }
 
   void remember_outputs(const BufferedOp& a, const BufferedOp& b) {
-    for (const auto& [op, set] : {std::pair{&a, &seen_.a}, std::pair{&b, &seen_.b}}) {
-      if (set->size() >= SeenOutputs::kMax || !op->outputs.present) continue;
+    for (const auto& [op, keys] : {std::pair{&a, &seen_.a}, std::pair{&b, &seen_.b}}) {
+      if (keys->size() >= SeenOutputs::kMax || !op->outputs.present) continue;
       for (size_t i = 0; i < op->outputs.count; ++i)
-        if (op->outputs.compared >> i & 1) set->insert(SeenOutputs::key(op->outputs.digests[i]));
+        if (op->outputs.compared >> i & 1) keys->push_back(SeenOutputs::key(op->outputs.digests[i]));
     }
   }
 

@@ -149,6 +149,7 @@ Status check_replicas(const std::string& run_dir, ReplicaCheck* out) {
     if (r.header().process_role == "main" && r.header().thread == "main")
       mains.emplace(r.header().rank, e.path().string());
   }
+  if (mains.size() < 2) return Status();  // one rank: nothing to compare, nothing to read
   std::vector<RankStream> ranks;
   std::vector<std::string> names;
   std::unordered_map<std::string, uint32_t> ids;

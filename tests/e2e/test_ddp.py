@@ -10,7 +10,8 @@ import re
 import unittest
 
 from detaudit_testlib import (PYTHON, TORCH_VERSION, TmpDirCase, export_records, output_log,
-                              program, read_json, record_pair, run_detaudit, run_program)
+                              program, read_json, record_pair, run_detaudit, run_program,
+                              tensors)
 
 DDP = [PYTHON, program("ddp_train.py")]
 RACE_ATTEMPTS = 3
@@ -24,23 +25,7 @@ def collectives(records, stream):
 
 
 def digests(values):
-    out = []
-    for v in values:
-        if isinstance(v, list):
-            out += digests(v)
-        elif isinstance(v, dict) and "digest" in v:
-            out.append(v["digest"])
-    return out
-
-
-def tensors_of(values):
-    out = []
-    for v in values:
-        if isinstance(v, list):
-            out += tensors_of(v)
-        elif isinstance(v, dict) and "dtype" in v:
-            out.append(v)
-    return out
+    return [t["digest"] for t in tensors(values) if "digest" in t]
 
 
 class SeededDdp(TmpDirCase):
@@ -77,7 +62,7 @@ class SeededDdp(TmpDirCase):
             # Receive buffers are geometry when the op returns, never compared there.
             for op, _ in calls:
                 if op["name"] == "c10d::allgather_":
-                    for t in tensors_of(op["inputs"][:1]):
+                    for t in tensors(op["inputs"][:1]):
                         self.assertTrue(t["not_read"], t)
             # Each all-reduce's recorded result is what the program saw after it: the summed
             # loss, and DDP's gradient bucket.
