@@ -792,5 +792,42 @@ TEST(DiffTest, ScalarReturnsAreCompared) {
   EXPECT_EQ(r.verdict, "identical");
 }
 
+// Two all-reduces of one step. `late` puts both COLLECTIVE records after the step's last op,
+// the second Work's first, as when gloo completes a later bucket first.
+TraceBuilder two_allreduces(uint8_t first_received, bool late) {
+  TraceBuilder b;
+  b.step(0);
+  TensorDesc recv = tensor(1, {8});
+  recv.bits |= trace::kTensorNotRead;
+  const std::vector<TensorDesc> first = {tensor(first_received, {8})}, second = {tensor(3, {8})};
+  b.op("c10d::allreduce_").in_list(1).in_new(recv).out_new(recv).done();
+  if (!late) b.collective(0, 1, first);
+  b.op("c10d::allreduce_").in_list(1).in_new(recv).out_new(recv).done();
+  if (!late) b.collective(1, 2, second);
+  b.op("aten::mul").in_new(tensor(4)).in_new(tensor(4)).out_new(tensor(5)).done();
+  if (late) {
+    b.collective(1, 2, second);
+    b.collective(0, 1, first);
+  }
+  b.end();
+  return b;
+}
+
+TEST(DiffTest, CollectiveRecordsAttachToTheirOpWhereverTheWorkCompleted) {
+  RunDir a("coll/run-0"), b("coll/run-1"), c("coll/run-2");
+  a.add_stream("r0.main.t-main", two_allreduces(2, false));
+  b.add_stream("r0.main.t-main", two_allreduces(2, true));
+  c.add_stream("r0.main.t-main", two_allreduces(9, true));
+  DiffOptions o;
+  DiffReport r;
+  ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
+  EXPECT_EQ(r.verdict, "identical") << (r.first ? r.first->detail : "");
+  ASSERT_TRUE(diff_runs(a.path(), c.path(), o, &r).ok());
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->op, "c10d::allreduce_");
+  EXPECT_EQ(r.first->index, 0u);
+  EXPECT_EQ(r.first->divergence_class, "remote-input");
+}
+
 }  // namespace
 }  // namespace detaudit

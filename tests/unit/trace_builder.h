@@ -170,6 +170,23 @@ class TraceBuilder {
   }
   int64_t next_tensor() const { return next_tensor_; }
 
+  // A COLLECTIVE record for the op of program order `op_order`: its receive buffers' contents,
+  // new tensors as the recorder writes them once the Work completed.
+  void collective(uint64_t op_order, uint64_t seq, const std::vector<TensorDesc>& received) {
+    trace::CollectiveInfo c;
+    c.op_order = op_order;
+    c.seq = seq;
+    c.group_size = 2;
+    ByteWriter& w = enc_.begin_collective(c);
+    w.varint(received.size());
+    for (const TensorDesc& t : received) {
+      w.u8(uint8_t(ValueType::kTensorNew));
+      trace::write_tensor(w, t, 0);
+      ++next_tensor_;
+    }
+    enc_.finish(&bytes_);
+  }
+
   void end() {
     trace::EndInfo e;
     e.ops = ops_;
