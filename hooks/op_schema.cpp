@@ -26,16 +26,20 @@ uint64_t scratch_outputs(std::string_view name) {
   return 0;
 }
 
-// In-place ops that never read self's bytes: they write every element, or only resize.
-bool overwrites_self(std::string_view name) {
+// In-place ops that write every element of self and never read its bytes.
+bool writes_all_of_self(std::string_view name) {
   static const char* kOps[] = {"aten::zero_",    "aten::fill_",       "aten::copy_",
                                "aten::normal_",  "aten::uniform_",    "aten::bernoulli_",
                                "aten::random_",  "aten::exponential_", "aten::geometric_",
-                               "aten::log_normal_", "aten::cauchy_", "aten::resize_",
-                               "aten::resize_as_", "aten::set_"};
+                               "aten::log_normal_", "aten::cauchy_"};
   for (const char* op : kOps)
     if (name == op) return true;
   return false;
+}
+
+// In-place ops that never read self's bytes and write none: they resize or re-point it.
+bool reshapes_self(std::string_view name) {
+  return name == "aten::resize_" || name == "aten::resize_as_" || name == "aten::set_";
 }
 
 // Ops whose output holds bytes that no op wrote: the empty family, and resize_, which kernels
@@ -66,8 +70,10 @@ OpInfo describe_op(const char* name, const OptionalOperatorName& op_name, bool s
   info.scratch_outputs = scratch_outputs(name);
   info.collective = collective_shape(name);
   // Receive buffers hold whatever they held (often `empty`'s bytes) until the Work completes.
-  if (info.collective.recv_arg >= 0 && info.collective.recv_arg != info.collective.send_arg)
+  if (info.collective.recv_arg >= 0 && info.collective.recv_arg != info.collective.send_arg) {
     info.overwritten_args |= uint64_t(1) << info.collective.recv_arg;
+    info.written_args |= uint64_t(1) << info.collective.recv_arg;
+  }
   if (!op_name) return info;
   auto handle = c10::Dispatcher::singleton().findOp(*op_name);
   if (!handle) return info;
@@ -83,7 +89,10 @@ OpInfo describe_op(const char* name, const OptionalOperatorName& op_name, bool s
     const c10::Argument& arg = args[i];
     if (arg.alias_info() && arg.alias_info()->isWrite()) {
       info.writes = true;
-      if (i < 64 && (arg.is_out() || (arg.name() == "self" && overwrites_self(name))))
+      const bool self = arg.name() == "self";
+      if (i < 64 && (arg.is_out() || (self && writes_all_of_self(name))))
+        info.written_args |= uint64_t(1) << i;
+      if (i < 64 && (arg.is_out() || (self && (writes_all_of_self(name) || reshapes_self(name)))))
         info.overwritten_args |= uint64_t(1) << i;
     }
     if (info.returns_uninitialized && arg.name() == "layout" && i < 64) info.layout_arg = int8_t(i);

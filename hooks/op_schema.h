@@ -31,6 +31,9 @@ struct OpInfo {
   // Arguments (by index, up to 64) the op overwrites without reading: out= tensors, and self
   // of zero_, fill_, copy_, resize_ and the random fills. Their old bytes are not hashed.
   uint64_t overwritten_args = 0;
+  // Those it writes in full (all but self of resize_, resize_as_ and set_): their old bytes
+  // reach no one after this op (TENSOR_WRITTEN).
+  uint64_t written_args = 0;
   CollectiveShape collective;
   // The `layout` argument of the empty family: given explicitly (not None) by the tensor
   // constructors (torch.tensor, as_tensor), which fill the buffer outside the dispatcher.

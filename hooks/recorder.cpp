@@ -272,12 +272,13 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f) {
       f.bits |= trace::kOpIsRandom | trace::kOpHasRng;
       f.rng = rng_state(fn);
     }
-    uint64_t overwritten = info.overwritten_args;
+    uint64_t overwritten = info.overwritten_args, written = info.written_args;
     if (info.collective.defined()) {
       f.collective = true;
       starting_collective_.emplace();
       starting_collective_->info.op_order = f.order;
-      overwritten = collective_overwritten(fn, info, &starting_collective_->info);
+      // A receive buffer is filled in full when the Work completes.
+      overwritten = written = collective_overwritten(fn, info, &starting_collective_->info);
     }
     if (info.layout_arg >= 0) {
       auto inputs = fn.inputs();
@@ -287,8 +288,12 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f) {
     if (proc.config().inputs) {
       auto inputs = fn.inputs();
       ByteWriter(&bytes_).varint(inputs.size());
-      for (size_t i = 0; i < inputs.size(); ++i)
-        capture_value(inputs[i], /*overwritten=*/i < 64 && (overwritten >> i) & 1);
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        const uint64_t bit = i < 64 ? uint64_t(1) << i : 0;
+        capture_value(inputs[i], (written & bit)       ? Use::kWrittenInFull
+                                 : (overwritten & bit) ? Use::kNotRead
+                                                       : Use::kRead);
+      }
     } else {
       ByteWriter(&bytes_).varint(0);
     }

@@ -162,6 +162,7 @@ class ThreadRecorder {
     bool cacheable = false;
     uint64_t storage_writes = 0;
     int64_t base_id = -1;
+    bool written = false;  // written in full by the op: a reference is a TENSOR_WRITTEN
     trace::TensorDesc desc;
   };
 
@@ -198,9 +199,11 @@ class ThreadRecorder {
   void begin_op(const at::RecordFunction& fn, Frame& f);
 
   // Value encoding (value_encoding.cpp): inputs when an op starts, outputs when it ends.
-  // `overwritten`: the op writes this argument without reading it (OpInfo::overwritten_args).
-  void capture_value(const c10::IValue& v, bool overwritten = false);
-  void capture_tensor(const at::Tensor& t, bool overwritten);
+  // How an op uses an argument: OpInfo::overwritten_args are not read, written_args are
+  // also written in full.
+  enum class Use : uint8_t { kRead, kNotRead, kWrittenInFull };
+  void capture_value(const c10::IValue& v, Use use = Use::kRead);
+  void capture_tensor(const at::Tensor& t, Use use);
   void flush_bytes_item();
   void emit_tensor(const Snapshot& s, trace::ByteWriter& w);
   // TENSOR_NEW with the next id; a view whose base is out of reach is written as external.

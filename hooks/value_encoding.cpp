@@ -16,7 +16,7 @@ void ThreadRecorder::flush_bytes_item() {
   bytes_item_start_ = bytes_.size();
 }
 
-void ThreadRecorder::capture_value(const c10::IValue& v, bool overwritten) {
+void ThreadRecorder::capture_value(const c10::IValue& v, Use use) {
   ByteWriter w(&bytes_);
   if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
@@ -27,7 +27,7 @@ void ThreadRecorder::capture_value(const c10::IValue& v, bool overwritten) {
       w.u8(uint8_t(ValueType::kTensorSkipped));
       w.varint(intern(why));
     } else {
-      capture_tensor(t, overwritten);
+      capture_tensor(t, use);
     }
   } else if (v.isNone()) {
     w.u8(uint8_t(ValueType::kNone));
@@ -61,17 +61,17 @@ void ThreadRecorder::capture_value(const c10::IValue& v, bool overwritten) {
     auto list = v.toTensorList();
     w.u8(uint8_t(ValueType::kList));
     w.varint(list.size());
-    for (const at::Tensor& t : list) capture_value(t, overwritten);
+    for (const at::Tensor& t : list) capture_value(t, use);
   } else if (v.isList()) {
     auto list = v.toListRef();
     w.u8(uint8_t(ValueType::kList));
     w.varint(list.size());
-    for (const c10::IValue& e : list) capture_value(e, overwritten);
+    for (const c10::IValue& e : list) capture_value(e, use);
   } else if (v.isTuple()) {
     const auto& elems = v.toTupleRef().elements();
     w.u8(uint8_t(ValueType::kList));
     w.varint(elems.size());
-    for (const c10::IValue& e : elems) capture_value(e, overwritten);
+    for (const c10::IValue& e : elems) capture_value(e, use);
   } else if (v.isDevice()) {
     w.u8(uint8_t(ValueType::kDevice));
     w.u8(uint8_t(v.toDevice().type()));
@@ -85,7 +85,7 @@ void ThreadRecorder::capture_value(const c10::IValue& v, bool overwritten) {
   }
 }
 
-void ThreadRecorder::capture_tensor(const at::Tensor& t, bool overwritten) {
+void ThreadRecorder::capture_tensor(const at::Tensor& t, Use use) {
   flush_bytes_item();
   if (snaps_top_ == snaps_.size()) snaps_.resize(snaps_.size() * 2 + 8);
   Snapshot& s = snaps_[snaps_top_];
@@ -97,6 +97,7 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t, bool overwritten) {
   s.cacheable = !impl->is_inference();
   s.version = tensor_version(t);
   s.base_id = -1;
+  s.written = use == Use::kWrittenInFull;
 
   if (s.cacheable) {
     TensorCache::Entry* e = cache_.lookup(t, s.version, /*allow_external=*/true);
@@ -121,7 +122,7 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t, bool overwritten) {
   const trace::TensorDesc* known = same_bytes_known ? cache_.described_geometry(st, t) : nullptr;
   if (known) {
     s.desc = *known;
-  } else if (overwritten) {
+  } else if (use != Use::kRead) {
     // Bytes the op never reads: their shape says enough. Not cached, so no later reader of this
     // version is told "not read".
     describe_geometry(t, hasher_->length(), &s.desc);
@@ -157,12 +158,23 @@ void ThreadRecorder::emit_tensor(const Snapshot& s, ByteWriter& w) {
     if (TensorCache::Entry* found = cache_.find_unchanged(s.key, s.version, s.storage_writes)) {
       TensorCache::Entry& e = *found;
       if (e.id >= 0 && next_tensor_id_ - e.id <= int64_t(trace::kRefWindow)) {
-        w.u8(uint8_t(ValueType::kTensorRef));
+        w.u8(uint8_t(s.written ? ValueType::kTensorWritten : ValueType::kTensorRef));
         w.varint(uint64_t(next_tensor_id_ - e.id));
         return;
       }
-      e.id = next_tensor_id_;
+      if (!s.written) e.id = next_tensor_id_;
     }
+  }
+  if (s.written) {
+    // Overwritten since the op began (a nested op wrote it) or out of reach: its old bytes,
+    // described again, would be compared as if read.
+    thread_local trace::TensorDesc desc;
+    desc = s.desc;
+    desc.digest.fill(0);
+    desc.bits = uint8_t((desc.bits | trace::kTensorNotRead) &
+                        ~(trace::kTensorHasStats | trace::kTensorHasNanInf | trace::kTensorIntStats));
+    write_new(w, desc, s.base_id);
+    return;
   }
   write_new(w, s.desc, s.base_id);
 }

@@ -172,8 +172,7 @@ bool dtype_matches(const std::string& want, uint8_t dtype) {
 
 const trace::TensorDesc* tensor_at(const OpFacts& f, const trace::Value& v) {
   if (!f.reader) return nullptr;
-  if (v.type != trace::ValueType::kTensorNew && v.type != trace::ValueType::kTensorRef)
-    return nullptr;
+  if (!trace::is_tensor(v.type)) return nullptr;
   return f.reader->tensor(v.tensor_id);
 }
 

@@ -122,9 +122,7 @@ bool filled_outside_recorded_ops(const trace::OpRecord& op, std::string_view nam
   return false;
 }
 
-bool is_tensor_value(const trace::Value& v) {
-  return v.type == trace::ValueType::kTensorNew || v.type == trace::ValueType::kTensorRef;
-}
+bool is_tensor_value(const trace::Value& v) { return trace::is_tensor(v.type); }
 
 std::string value_text(const trace::Value& v, const trace::TraceReader& r) {
   switch (v.type) {
@@ -231,7 +229,11 @@ void classify_divergence(const BufferedOp& a, const OpSource& sa, const Buffered
   for (size_t i = 0; i < std::max(oa.input_tensors.size(), ob.input_tensors.size()); ++i) {
     const TensorDesc* ta = i < oa.input_tensors.size() ? ra.tensor(oa.input_tensors[i]) : nullptr;
     const TensorDesc* tb = i < ob.input_tensors.size() ? rb.tensor(ob.input_tensors[i]) : nullptr;
-    TensorPair p{"input", int(i), digests_differ(ta, tb), side_of(ta, ra), side_of(tb, rb)};
+    // An input the op overwrites without reading: its old bytes reach nothing.
+    const bool written = oa.input_written(i) || ob.input_written(i);
+    TensorPair p{"input", int(i), !written && digests_differ(ta, tb), side_of(ta, ra),
+                 side_of(tb, rb)};
+    if (written) p.a.origin = p.b.origin = "not read: the op overwrites it";
     if (p.differs && first_diff_input < 0) first_diff_input = int(i);
     fd->inputs.push_back(std::move(p));
   }

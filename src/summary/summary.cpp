@@ -66,6 +66,11 @@ json value_json(const TraceReader& r, const std::vector<Value>& values, size_t* 
     case ValueType::kNone: return nullptr;
     case ValueType::kTensorNew:
     case ValueType::kTensorRef: return tensor_json(r, v);
+    case ValueType::kTensorWritten: {
+      json t = tensor_json(r, v);
+      t["written"] = true;  // this op overwrites it without reading it
+      return t;
+    }
     case ValueType::kTensorSkipped: return {{"skipped", std::string(r.string(uint64_t(v.i)))}};
     case ValueType::kInt: return v.i;
     case ValueType::kDouble: return v.d;

@@ -39,6 +39,8 @@
 //                 | DEVICE=13 <type:u8> <index:zvarint>
 //                 | GENERATOR=14 <state-digest:u64le>
 //                 | OTHER=15 <type-name:varint string id>
+//                 | TENSOR_WRITTEN=16 <back:varint> ; as TENSOR_REF, an input the op writes in
+//                                                   ; full without reading it (format 5)
 //   <tensor>    ::= <dtype:u8> <device-type:u8> <device-index:zvarint> <tensor-bits:u8>
 //                   ; tensor-bits: kTensor* below, provenance in bits 5-6
 //                   <ndim:varint> <size:varint>{ndim} [<stride:zvarint>{ndim}]  ; unless contiguous
@@ -65,7 +67,9 @@
 namespace detaudit::trace {
 
 inline constexpr char kMagic[3] = {'D', 'T', 'R'};
-inline constexpr uint32_t kFormatVersion = 4;
+inline constexpr uint32_t kFormatVersion = 5;
+// Format 4 lacks only TENSOR_WRITTEN: its overwrites read as reads, which can only confirm more.
+inline constexpr uint32_t kOldestReadableFormat = 4;
 inline constexpr size_t kMaxRecordBytes = 64u << 20;  // a larger length is corruption
 // A TENSOR_REF reaches back at most this many tensor ids, so readers keep a bounded window.
 inline constexpr uint64_t kRefWindow = 1u << 16;
@@ -128,8 +132,12 @@ inline constexpr uint32_t kAllowTf32Cudnn = 1u << 5;
 enum class ValueType : uint8_t {
   kNone = 0, kTensorNew = 1, kTensorRef = 2, kTensorSkipped = 3, kInt = 4, kDouble = 5,
   kBoolFalse = 6, kBoolTrue = 7, kString = 8, kIntList = 9, kDoubleList = 10, kBoolList = 11,
-  kList = 12, kDevice = 13, kGenerator = 14, kOther = 15,
+  kList = 12, kDevice = 13, kGenerator = 14, kOther = 15, kTensorWritten = 16,
 };
+
+inline bool is_tensor(ValueType t) {
+  return t == ValueType::kTensorNew || t == ValueType::kTensorRef || t == ValueType::kTensorWritten;
+}
 
 // Dtype codes are c10::ScalarType's numbering, which has been stable since 1.x.
 std::string_view dtype_name(uint8_t dtype);

@@ -53,11 +53,12 @@ Status TraceReader::open(const std::string& path) {
                          path_);
     return Status::error(error_, ExitCode::kBadInput);
   }
-  if (header_.version != kFormatVersion) {
+  if (header_.version < kOldestReadableFormat || header_.version > kFormatVersion) {
     // Digests of other formats are not comparable with this one's (format 2 hashes large
     // tensors as a tree of 1 MiB leaves).
-    error_ = fmt::format("{}: trace format {}, but this detaudit reads format {}: record the run "
-                         "again with this detaudit", path_, header_.version, kFormatVersion);
+    error_ = fmt::format("{}: trace format {}, but this detaudit reads formats {} to {}: record "
+                         "the run again with this detaudit", path_, header_.version,
+                         kOldestReadableFormat, kFormatVersion);
     return Status::error(error_, ExitCode::kBadInput);
   }
   return Status();
@@ -217,6 +218,12 @@ bool TraceReader::decode_op(ByteReader& r, OpRecord* out) {
   if (n_in > r.remaining()) return false;
   for (uint64_t i = 0; i < n_in; ++i)
     if (!decode_values(r, &op.inputs, &op.input_tensors, &op.args_hash, 0)) return false;
+  op.written_inputs = 0;
+  for (size_t i = 0, k = 0; i < op.inputs.size() && k < 64; ++i) {
+    if (!is_tensor(op.inputs[i].type)) continue;
+    if (op.inputs[i].type == ValueType::kTensorWritten) op.written_inputs |= uint64_t(1) << k;
+    ++k;
+  }
   uint64_t n_out = r.varint();
   if (n_out > r.remaining()) return false;
   op.results_hash = 0;
@@ -249,7 +256,9 @@ bool TraceReader::decode_values(ByteReader& r, std::vector<Value>* values,
       h = uint64_t(ValueType::kTensorRef);  // new or seen before: the same argument shape
       break;
     }
-    case ValueType::kTensorRef: {
+    case ValueType::kTensorRef:
+    case ValueType::kTensorWritten: {
+      h = uint64_t(ValueType::kTensorRef);  // read or overwritten: the same argument shape
       uint64_t back = r.varint();
       if (back == 0 || back > uint64_t(next_tensor_id_) || back > kRefWindow) return false;
       v.tensor_id = next_tensor_id_ - int64_t(back);

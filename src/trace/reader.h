@@ -29,7 +29,7 @@ enum class ReadResult {
 // kBoolList) has count = n and is followed by its n elements.
 struct Value {
   ValueType type = ValueType::kNone;
-  int64_t tensor_id = -1;  // kTensorNew, kTensorRef
+  int64_t tensor_id = -1;  // kTensorNew, kTensorRef, kTensorWritten
   int64_t i = 0;           // kInt, kDevice index, kString/kOther/kTensorSkipped string id
   double d = 0;            // kDouble
   uint64_t u = 0;          // kGenerator state digest, kDevice type
@@ -50,12 +50,15 @@ struct OpRecord {
   uint64_t rng = 0;
   std::vector<Value> inputs, outputs;
   std::vector<int64_t> input_tensors, output_tensors;  // ids in argument order, lists expanded
+  // Bit i: input_tensors[i] is written in full and not read (TENSOR_WRITTEN); the first 64.
+  uint64_t written_inputs = 0;
   uint64_t args_hash = 0;  // of the non-tensor inputs, by content
   uint64_t results_hash = 0;  // of the non-tensor outputs (item()'s scalar), by content
 
   bool has_rng() const { return bits & kOpHasRng; }
   bool is_random() const { return bits & kOpIsRandom; }
   bool has_seq_nr() const { return bits & kOpHasSeqNr; }
+  bool input_written(size_t i) const { return i < 64 && (written_inputs >> i & 1); }
 };
 
 // A COLLECTIVE record: where the collective stands in its group, and its receive buffers as

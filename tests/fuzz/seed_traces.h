@@ -76,12 +76,14 @@ class Seed {
       last_ = id;
       return *this;
     }
-    Values& ref(int64_t id) {
+    Values& ref(int64_t id, ValueType type = ValueType::kTensorRef) {
       ++top_;
-      w_.u8(uint8_t(ValueType::kTensorRef));
+      w_.u8(uint8_t(type));
       w_.varint(uint64_t(s_->next_tensor_ - id));
       return *this;
     }
+    // An input the op writes in full without reading.
+    Values& written(int64_t id) { return ref(id, ValueType::kTensorWritten); }
     Values& none() { return type(ValueType::kNone); }
     Values& boolean(bool v) { return type(v ? ValueType::kBoolTrue : ValueType::kBoolFalse); }
     Values& integer(int64_t v) { type(ValueType::kInt).w_.zvarint(v); return *this; }
@@ -224,8 +226,9 @@ inline std::string training() {
   s.op("aten::add_", [&](V& v) { v.ref(w).tensor(tensor(5)).real(-0.01); }, [&](V& v) { v.ref(w); },
        Phase::kOptimizer);
   s.step(1);
-  s.op("aten::mm", [&](V& v) { v.ref(w).tensor(tensor(7, {4, 4}, 6, Provenance::kExternal)); },
-       [](V& v) { v.tensor(tensor(8)); }, Phase::kForward, 0, kOpHasSeqNr);
+  int64_t z = s.op("aten::mm", [&](V& v) { v.ref(w).tensor(tensor(7, {4, 4}, 6, Provenance::kExternal)); },
+                   [](V& v) { v.tensor(tensor(8)); }, Phase::kForward, 0, kOpHasSeqNr);
+  s.op("aten::zero_", [&](V& v) { v.written(z); }, [](V& v) { v.tensor(tensor(0)); });
   s.end();
   return s.bytes();
 }

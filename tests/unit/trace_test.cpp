@@ -152,6 +152,43 @@ TEST(TraceTest, AnotherFormatVersionIsRejectedAtOpenWithWhatToDo) {
   EXPECT_NE(s.message().find("record the run again"), std::string::npos) << s.message();
 }
 
+// An overwritten input is a reference that says so, and format 4, which had none, still reads.
+TEST(TraceTest, WrittenInputsAreMarkedAndFormat4StillReads) {
+  for (uint32_t version : {kFormatVersion, kOldestReadableFormat}) {
+    std::string out;
+    RecordEncoder enc;
+    StreamHeader h;
+    h.version = version;
+    enc.header(h, &out);
+    enc.string("aten::mul", &out);
+    ByteWriter& w = enc.begin(RecordKind::kOp);
+    w.zvarint(0);
+    w.varint(0);
+    w.u8(0);
+    w.varint(0);
+    w.varint(3);  // a, b, out=: a new tensor, a reference to it, then it written in full
+    w.u8(uint8_t(ValueType::kTensorNew));
+    write_tensor(w, sample_tensor(1), 0);
+    w.u8(uint8_t(ValueType::kTensorRef));
+    w.varint(1);
+    w.u8(uint8_t(ValueType::kTensorWritten));
+    w.varint(1);
+    w.varint(0);
+    enc.finish(&out);
+    std::string path = temp_path("written.dtr");
+    write_file(path, out);
+    TraceReader r;
+    ASSERT_TRUE(r.open(path).ok()) << r.error();
+    ASSERT_EQ(r.next(), ReadResult::kRecord);
+    ASSERT_EQ(r.next(), ReadResult::kRecord);
+    const OpRecord& op = r.op();
+    ASSERT_EQ(op.input_tensors, (std::vector<int64_t>{0, 0, 0}));
+    EXPECT_FALSE(op.input_written(0));
+    EXPECT_FALSE(op.input_written(1));
+    EXPECT_TRUE(op.input_written(2));
+  }
+}
+
 TEST(TraceTest, NotATraceIsRejectedAtOpen) {
   std::string path = temp_path("garbage.dtr");
   write_file(path, "hello, this is not a trace at all");
