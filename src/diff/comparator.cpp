@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <mutex>
 #include <thread>
 
 #include "diff/aligner.h"
 #include "diff/classify.h"
+#include "diff/differing_versions.h"
 #include "diff/op_source.h"
 
 namespace detaudit {
@@ -127,7 +129,9 @@ class StreamComparator {
     // The loop stops at the first side to end; read the other up to its next op or its end.
     a.fill(1);
     b.fill(1);
-    if (pending_) finish_pending();
+    // Still open at the end: the program may read it after the stream, so it counts.
+    confirm_open("not overwritten before the stream ended");
+    settle(/*at_end=*/true);
     if (out_->first) {
       out_->first->collectives_before = collectives_before_;
       out_->first->collectives_after = collectives_after_;
@@ -152,56 +156,212 @@ class StreamComparator {
     return f;
   }
 
+  // An op whose outputs differ, counted once the difference it belongs to is a divergence.
+  struct DivergentOp {
+    uint64_t step = 0, order = 0;
+    double relative = 0;
+    bool beyond_tolerance = false;
+    std::optional<uint64_t> parameter;  // its position, if it updates a parameter
+    std::string name;
+  };
+
+  // A candidate first divergence (or a structural one), open until the program reads what
+  // differs, or until every differing version is overwritten unread (differing_versions.h).
+  struct Candidate {
+    FirstDivergence fd;
+    int64_t need_depth = -1;  // the enclosing op still to come; -1: its chain is complete
+    std::vector<std::string> rejected;  // catalog entries an inner op of the chain did not meet
+    DifferingVersions a, b;
+    bool confirmed = false;
+    std::string overwritten_by;
+    std::vector<DivergentOp> ops;
+  };
+
   void compare_pair(const BufferedOp& a, const BufferedOp& b) {
     const trace::TraceReader& ra = a_->reader();
     const trace::TraceReader& rb = b_->reader();
     ++out_->summary.compared;
     bool differ = !a.outputs.same_as(b.outputs) && outputs_differ(a.rec, ra, b.rec, rb);
-    if (differ) {
-      ++out_->divergent_ops;
-      ++out_->summary.divergent;
-      ++out_->per_step[a.rec.step];
-      if (!output_deltas(a.rec, ra, b.rec, rb, options_.gate, nullptr))
-        out_->beyond_tolerance = true;
-      if (out_->divergent_orders.size() < kMaxMarkedOps) out_->divergent_orders.push_back(a.rec.order);
-      StepPoint& p = out_->curve[a.rec.step];
-      ++p.divergent_ops;
-      p.max_relative = std::max(p.max_relative, largest_relative_difference(a.rec, ra, b.rec, rb));
-    }
-    track_parameter(a, differ);
+    const std::optional<uint64_t> parameter = parameter_position(a);
     track_loss(a, b);
-    const bool found_before = first_done_ || pending_;
-
+    std::optional<DivergentOp> op;
+    if (differ) {
+      op.emplace();
+      op->step = a.rec.step;
+      op->order = a.rec.order;
+      op->relative = largest_relative_difference(a.rec, ra, b.rec, rb);
+      op->beyond_tolerance = !output_deltas(a.rec, ra, b.rec, rb, options_.gate, nullptr);
+      op->parameter = parameter;
+      op->name = std::string(a_->name_of(a.rec));
+    }
     if (first_done_) {
-      track_collective(a, found_before, false);
+      if (op) count(*op);
+      track_collective(a);
       return;
     }
-    if (!pending_ && !differ) remember_outputs(a, b);
-    if (pending_) {
-      if (int64_t(a.rec.depth) == need_depth_) {
-        pending_->chain.insert(pending_->chain.begin(), std::string(a_->name_of(a.rec)));
-        if (!pending_->catalog && pending_->divergence_class != kClassStructural &&
-            !pending_->arose_in_compiled_region)
-          pending_->catalog = catalog_ref(options_.catalog, facts(a, *a_), &rejected_);
-        --need_depth_;
-      }
-    } else if (differ) {
-      pending_.emplace();
-      FirstDivergence& fd = *pending_;
-      fd.stream = name_;
-      fd.process = process_;
-      fd.rank = out_->rank;
-      classify_divergence(a, *a_, b, *b_, options_.gate, &fd, &seen_);
-      if (a.rec.scope_path != UINT32_MAX) fd.scope_path = std::string(ra.string(a.rec.scope_path));
-      fd.chain = {fd.op};
-      rejected_.clear();
-      // Not the op that read the region's output: the catalog would explain the wrong kernel.
-      if (!fd.arose_in_compiled_region)
-        fd.catalog = catalog_ref(options_.catalog, facts(a, *a_), &rejected_);
-      need_depth_ = int64_t(a.rec.depth) - 1;
+    if (open_.empty() && !differ) remember_outputs(a, b);
+
+    // A read of a differing version confirms its candidate; the first reader is the evidence.
+    Candidate* read_from = nullptr;
+    for (Candidate& c : open_) {
+      if (!c.a.read_by(a.rec, ra) && !c.b.read_by(b.rec, rb)) continue;
+      if (!c.confirmed)
+        c.fd.confirmed_by = fmt::format("read by {} (op #{}, step {})", a_->name_of(a.rec),
+                                        a.index, a.rec.step);
+      c.confirmed = true;
+      if (!read_from) read_from = &c;
     }
-    track_collective(a, found_before, !found_before && pending_);
-    if (pending_ && a.rec.depth == 0) finish_pending();
+    // The ops that enclose a candidate end after it: its chain, and its differing outputs.
+    Candidate* enclosed = nullptr;
+    for (Candidate& c : open_) {
+      if (c.need_depth < 0 || int64_t(a.rec.depth) != c.need_depth) continue;
+      c.fd.chain.insert(c.fd.chain.begin(), std::string(a_->name_of(a.rec)));
+      if (!c.fd.catalog && c.fd.divergence_class != kClassStructural &&
+          !c.fd.arose_in_compiled_region)
+        c.fd.catalog = catalog_ref(options_.catalog, facts(a, *a_), &c.rejected);
+      --c.need_depth;
+      if (differ) track_outputs(a, b, &c, /*enclosing=*/true);
+      if (!enclosed) enclosed = &c;
+    }
+    for (Candidate& c : open_) {
+      const bool forgot_a = c.a.forget_written(a.rec);
+      const bool forgot_b = c.b.forget_written(b.rec);
+      if ((forgot_a || forgot_b) && c.a.empty() && c.b.empty())
+        c.overwritten_by = fmt::format("{} (op #{})", a_->name_of(a.rec), a.index);
+    }
+    if (op) {
+      if (Candidate* owner = enclosed ? enclosed : read_from) {
+        owner->ops.push_back(std::move(*op));
+      } else {
+        open_candidate(a, b, std::move(*op));
+      }
+    }
+    if (a.collective && a.received) collectives_open_.push_back({a.index, a.coll.group, a.coll.seq});
+    // A top-level op encloses nothing further: chains end there (filters may hide some ops).
+    if (a.rec.depth == 0)
+      for (Candidate& c : open_) c.need_depth = -1;
+    for (Candidate& c : open_)
+      if (!c.confirmed && (!c.a.in_reach(ra) || !c.b.in_reach(rb)))
+        confirm(&c, "out of the trace's reference window before any read or overwrite");
+    if (open_.size() > kMaxOpen) confirm(&open_.front(), "too many differences open at once");
+    settle(/*at_end=*/false);
+  }
+
+  void open_candidate(const BufferedOp& a, const BufferedOp& b, DivergentOp op) {
+    Candidate& c = open_.emplace_back();
+    FirstDivergence& fd = c.fd;
+    fd.stream = name_;
+    fd.process = process_;
+    fd.rank = out_->rank;
+    classify_divergence(a, *a_, b, *b_, options_.gate, &fd, &seen_);
+    if (a.rec.scope_path != UINT32_MAX)
+      fd.scope_path = std::string(a_->reader().string(a.rec.scope_path));
+    fd.chain = {fd.op};
+    // Not the op that read the region's output: the catalog would explain the wrong kernel.
+    if (!fd.arose_in_compiled_region)
+      fd.catalog = catalog_ref(options_.catalog, facts(a, *a_), &c.rejected);
+    c.need_depth = int64_t(a.rec.depth) - 1;
+    track_outputs(a, b, &c);
+    // A differing scalar return went to Python: read there.
+    if (c.a.empty() && c.b.empty()) confirm(&c, "returned to Python (a scalar)");
+    c.ops.push_back(std::move(op));
+  }
+
+  // The differing tensor outputs, one set per run.
+  void track_outputs(const BufferedOp& a, const BufferedOp& b, Candidate* c,
+                     bool enclosing = false) {
+    const auto& oa = a.rec.output_tensors;
+    const auto& ob = b.rec.output_tensors;
+    for (size_t i = 0; i < std::min(oa.size(), ob.size()); ++i) {
+      const trace::TensorDesc* ta = a_->reader().tensor(oa[i]);
+      const trace::TensorDesc* tb = b_->reader().tensor(ob[i]);
+      if (!ta || !tb || ta->uninitialized() || tb->uninitialized() || ta->same_digest(*tb))
+        continue;
+      if (enclosing) {
+        c->a.add_enclosing_output(oa[i], a_->reader());
+        c->b.add_enclosing_output(ob[i], b_->reader());
+      } else {
+        c->a.add(oa[i]);
+        c->b.add(ob[i]);
+      }
+    }
+  }
+
+  void confirm(Candidate* c, const char* why) {
+    if (c->confirmed) return;
+    c->confirmed = true;
+    c->fd.confirmed_by = why;
+  }
+  void confirm_open(const char* why) {
+    for (Candidate& c : open_)
+      if (c.overwritten_by.empty()) confirm(&c, why);
+  }
+
+  // Resolves open candidates in order: an overwritten one is dropped, a confirmed one whose
+  // chain is complete is the first divergence, and every later difference counts.
+  void settle(bool at_end) {
+    while (!open_.empty()) {
+      Candidate& c = open_.front();
+      if (!c.confirmed && c.a.empty() && c.b.empty()) {
+        ++out_->unread;
+        ++out_->summary.unread;
+        if (!out_->first_unread)
+          out_->first_unread = UnreadDifference{name_, c.fd.step, c.fd.op, c.fd.index,
+                                                c.overwritten_by};
+        fold_collectives(open_.size() > 1 ? open_[1].fd.index : UINT64_MAX);
+        open_.pop_front();
+        continue;
+      }
+      if (!c.confirmed || (c.need_depth >= 0 && !at_end)) return;
+      out_->first = std::move(c.fd);
+      first_done_ = true;
+      fold_collectives(out_->first->index);
+      for (size_t i = 1; i < open_.size(); ++i) {
+        const Candidate& rest = open_[i];
+        if (!rest.overwritten_by.empty() && !rest.confirmed) {
+          ++out_->unread;
+          ++out_->summary.unread;
+          continue;
+        }
+        for (const DivergentOp& op : rest.ops) count(op);
+      }
+      for (const DivergentOp& op : open_.front().ops) count(op);
+      open_.clear();
+      return;
+    }
+    fold_collectives(UINT64_MAX);
+  }
+
+  // Collectives seen while candidates were open. Before the first divergence is known, those
+  // before op `index` are settled; once it is, a collective at the first op itself is both its
+  // last before and its first after (FirstDivergence::collectives_before).
+  void fold_collectives(uint64_t index) {
+    size_t kept = 0;
+    for (const SeenCollective& c : collectives_open_) {
+      const bool before = first_done_ ? c.index <= index : c.index < index;
+      if (before) collectives_before_[c.group] = c.seq;
+      if (first_done_ && c.index >= index) collectives_after_.emplace(c.group, c.seq);
+      if (!before && !first_done_) collectives_open_[kept++] = c;
+    }
+    collectives_open_.resize(kept);
+  }
+
+  void count(const DivergentOp& op) {
+    ++out_->divergent_ops;
+    ++out_->summary.divergent;
+    ++out_->per_step[op.step];
+    if (op.beyond_tolerance) out_->beyond_tolerance = true;
+    if (out_->divergent_orders.size() < kMaxMarkedOps) out_->divergent_orders.push_back(op.order);
+    StepPoint& p = out_->curve[op.step];
+    ++p.divergent_ops;
+    p.max_relative = std::max(p.max_relative, op.relative);
+    if (op.parameter) {
+      bool& diverged = params_[*op.parameter];
+      if (!diverged) {
+        diverged = true;
+        out_->parameters.push_back({name_, *op.parameter, op.name, op.step});
+      }
+    }
   }
 
   void remember_outputs(const BufferedOp& a, const BufferedOp& b) {
@@ -212,18 +372,10 @@ class StreamComparator {
     }
   }
 
-  // Where the stream's collectives stand relative to its first divergence (collectives_before
-  // and collectives_after in FirstDivergence).
-  void track_collective(const BufferedOp& a, bool after_first, bool is_first) {
-    if (!a.collective || !a.received) return;
-    if (!after_first) collectives_before_[a.coll.group] = a.coll.seq;
-    if (after_first || is_first) collectives_after_.emplace(a.coll.group, a.coll.seq);
-  }
-
-  void finish_pending() {
-    out_->first = std::move(pending_);
-    pending_.reset();
-    first_done_ = true;
+  // After the first divergence: the first collective of each group at or after it
+  // (collectives_after in FirstDivergence).
+  void track_collective(const BufferedOp& a) {
+    if (a.collective && a.received) collectives_after_.emplace(a.coll.group, a.coll.seq);
   }
 
   // The loss: backward starts from ones_like(loss); the last such 0-dim input before the step's
@@ -252,22 +404,19 @@ class StreamComparator {
   }
 
   // Parameters, approximately: the k-th in-place op of a step's optimizer phase.
-  void track_parameter(const BufferedOp& a, bool differ) {
+  std::optional<uint64_t> parameter_position(const BufferedOp& a) {
     if (a.rec.step != param_step_) {
       param_step_ = a.rec.step;
       param_pos_ = 0;
     }
-    if (a.rec.phase != trace::Phase::kOptimizer || a.rec.scope != trace::Scope::kFunction) return;
+    if (a.rec.phase != trace::Phase::kOptimizer || a.rec.scope != trace::Scope::kFunction)
+      return std::nullopt;
     std::string_view name = a_->name_of(a.rec);
-    if (!ends_with_underscore(name) || name == "aten::zero_") return;
+    if (!ends_with_underscore(name) || name == "aten::zero_") return std::nullopt;
     uint64_t pos = param_pos_++;
-    if (pos >= kMaxParameters) return;
-    auto [it, added] = params_.try_emplace(pos);
-    if (added) ++out_->parameters_tracked;
-    if (differ && !it->second) {
-      it->second = true;
-      out_->parameters.push_back({name_, pos, std::string(name), a.rec.step});
-    }
+    if (pos >= kMaxParameters) return std::nullopt;
+    if (params_.try_emplace(pos, false).second) ++out_->parameters_tracked;
+    return pos;
   }
 
   // Where a run of skipped ops sits: the chain of its first op within the run (outermost
@@ -314,7 +463,9 @@ class StreamComparator {
     ++out_->structural_count;
     ++out_->summary.structural;
     out_->beyond_tolerance = true;
-    if (!first_done_ && !pending_) {
+    // A difference still open came first, and may be what changed the sequence: it counts.
+    confirm_open("an op sequence difference followed it");
+    if (!first_done_ && open_.empty()) {
       FirstDivergence fd;
       fd.stream = name_;
       fd.process = process_;
@@ -329,14 +480,12 @@ class StreamComparator {
       fd.divergence_class = kClassStructural;
       fd.detail = d.detail;
       fd.nested = shape.nested;
-      if (shape.need_depth >= 0) {
-        // The enclosing ops are common to both runs and end later: collect them as they come.
-        pending_ = std::move(fd);
-        need_depth_ = shape.need_depth;
-      } else {
-        out_->first = std::move(fd);
-        first_done_ = true;
-      }
+      // The enclosing ops are common to both runs and end later: collect them as they come.
+      Candidate& c = open_.emplace_back();
+      c.fd = std::move(fd);
+      c.need_depth = shape.need_depth;
+      c.confirmed = true;
+      settle(/*at_end=*/false);
     }
     if (out_->structural.size() < kMaxStructural) out_->structural.push_back(std::move(d));
   }
@@ -529,10 +678,13 @@ class StreamComparator {
   OpSource* a_ = nullptr;
   OpSource* b_ = nullptr;
   uint64_t total_bytes_ = 0;
-  std::optional<FirstDivergence> pending_;
-  int64_t need_depth_ = -1;
-  std::vector<std::string> rejected_;  // entries an inner op of the chain did not meet
+  static constexpr size_t kMaxOpen = 64;  // candidates open at once; more confirm the oldest
+  std::deque<Candidate> open_;
   bool first_done_ = false;
+  struct SeenCollective {
+    uint64_t index, group, seq;
+  };
+  std::vector<SeenCollective> collectives_open_;  // while candidates are open
   std::map<uint64_t, uint64_t> collectives_before_, collectives_after_;  // group -> seq
   SeenOutputs seen_;
   uint64_t param_step_ = UINT64_MAX, param_pos_ = 0;

@@ -27,6 +27,8 @@ struct StreamResult {
   std::vector<uint64_t> divergent_orders;  // run A's program orders of divergent ops (bounded)
   std::vector<ParameterDivergence> parameters;
   uint64_t parameters_tracked = 0;
+  uint64_t unread = 0;
+  std::optional<UnreadDifference> first_unread;
   std::vector<Truncation> truncated;
   bool beyond_tolerance = false;
   std::vector<EnvDifference> step_settings;  // STEP records whose threads or flags differ

@@ -347,6 +347,8 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
     if (!res.loss.empty() && !r.loss.count(res.rank)) r.loss[res.rank] = res.loss;
     for (ParameterDivergence& p : res.parameters) r.parameters.push_back(std::move(p));
     r.parameters_tracked += res.parameters_tracked;
+    r.unread_differences += res.unread;
+    if (!r.first_unread && res.first_unread) r.first_unread = std::move(res.first_unread);
     for (const Truncation& t : res.truncated)
       r.not_compared.push_back(fmt::format("run {} stream {} was cut short after {} compared ops "
                                            "({})", t.run == "a" ? "A" : "B", t.stream,

@@ -80,6 +80,9 @@ struct FirstDivergence {
   std::string divergence_class;    // nondeterministic-op | rng-state | external-input |
                                    // uninitialized-memory | structural | input-differs
   std::string detail;              // one line of evidence
+  // Why it counts: what read the differing bytes first ("read by aten::mul (op #15, step 0)"),
+  // or why the diff could not rule a read out ("not overwritten before the stream ended").
+  std::string confirmed_by;
   bool nested = false;             // structural: every differing op is inside ops both runs ran
   bool args_differ = false;
   bool is_random = false;
@@ -143,10 +146,21 @@ struct Truncation {
   uint64_t ops_compared = 0;  // aligned ops of that stream compared before the cut
 };
 
+// A difference no op read: every differing tensor was overwritten in full first. Not a
+// divergence; the first one is reported so that it is not silent.
+struct UnreadDifference {
+  std::string stream;
+  uint64_t step = 0;
+  std::string op;
+  uint64_t index = 0;  // in run A's stream
+  std::string overwritten_by;  // "aten::zero_ (op #14)"
+};
+
 struct StreamSummary {
   std::string name;
   bool in_a = false, in_b = false;
   uint64_t ops_a = 0, ops_b = 0, compared = 0, divergent = 0, structural = 0;
+  uint64_t unread = 0;  // differences overwritten before any op read them
   bool truncated = false;
   bool alignment_lost = false;  // no resynchronisation found within the window
   // A DataLoader worker's stream: compared up to this step, the last its consumer ran. Batches
@@ -176,6 +190,8 @@ struct DiffReport {
   std::map<std::string, std::vector<uint64_t>> divergent_orders;  // stream -> run A's orders
   std::vector<ParameterDivergence> parameters;  // first divergent step per parameter
   uint64_t parameters_tracked = 0;
+  uint64_t unread_differences = 0;
+  std::optional<UnreadDifference> first_unread;
   std::vector<Truncation> truncated;
   // What was not compared: streams cut short (no END record) and streams in one run only, one
   // line each. Unless the gate allows truncation, any of them makes the comparison incomplete.

@@ -303,6 +303,7 @@ std::string first_divergence_card(const FirstDivergence& f) {
                               esc(f.stream), f.order_a, f.order_b));
   row("class", fmt::format("<span class=\"class\">{}</span> {}", esc(f.divergence_class),
                            esc(f.detail)));
+  if (!f.confirmed_by.empty()) row("counts", esc(f.confirmed_by));
   if (!f.batch_read_by.empty()) row("batch", "made in this DataLoader worker, read by " + esc(f.batch_read_by));
   if (!f.received_through.empty()) row("received", "through " + esc(f.received_through));
   for (const std::string& p : f.propagated_through) row("spread", "propagated through " + esc(p));
@@ -344,7 +345,6 @@ std::string first_divergence_card(const FirstDivergence& f) {
 }  // namespace
 
 std::string render_html(const DiffReport& r) {
-  const bool same = r.verdict == "identical";
   std::string upper = r.verdict;
   for (char& c : upper) c = char(std::toupper(uint8_t(c)));
   std::string b = fmt::format(
@@ -356,6 +356,12 @@ std::string render_html(const DiffReport& r) {
     for (const std::string& n : r.not_compared) b += "<li>" + esc(n) + "</li>";
     b += "</ul></section>";
   }
+  if (const auto& u = r.first_unread)
+    b += fmt::format("<section><h2>Unread differences</h2><p>{} difference(s) overwritten before "
+                     "any op read them: not divergences. The first: <code>{}</code> (op #{}, "
+                     "step {}) of <code>{}</code>, overwritten by <code>{}</code>.</p></section>",
+                     r.unread_differences, esc(u->op), u->index, u->step, esc(u->stream),
+                     esc(u->overwritten_by));
   if (r.first) b += first_divergence_card(*r.first);
   b += "<section><h2>How the difference grows</h2>" + growth_plot(r) + "</section>";
   b += "<section><h2>Loss</h2>" + loss_plot(r) + "</section>";

@@ -113,6 +113,7 @@ json report_to_json(const DiffReport& r) {
             {"offset", {{"a", f.offset_a}, {"b", f.offset_b}}},
             {"class", f.divergence_class},
             {"detail", f.detail},
+            {"confirmed_by", f.confirmed_by.empty() ? json(nullptr) : json(f.confirmed_by)},
             {"args_differ", f.args_differ},
             {"random", f.is_random},
             {"cause", f.cause.empty() ? json(nullptr) : json(f.cause)},
@@ -189,11 +190,18 @@ json report_to_json(const DiffReport& r) {
     j["truncated"] = {{"streams", t},
                       {"note", "the comparison stopped at the cut; ops after it were not compared"}};
   }
+  json unread = {{"count", r.unread_differences}, {"first", nullptr}};
+  if (r.first_unread)
+    unread["first"] = {{"stream", r.first_unread->stream}, {"step", r.first_unread->step},
+                       {"op", r.first_unread->op}, {"index", r.first_unread->index},
+                       {"overwritten_by", r.first_unread->overwritten_by}};
+  j["unread_differences"] = unread;
   json streams = json::array();
   for (const StreamSummary& s : r.streams)
     streams.push_back({{"name", s.name}, {"in_a", s.in_a}, {"in_b", s.in_b},
                        {"ops_a", s.ops_a}, {"ops_b", s.ops_b}, {"compared", s.compared},
                        {"divergent", s.divergent}, {"structural", s.structural},
+                       {"unread", s.unread},
                        {"truncated", s.truncated}, {"alignment_lost", s.alignment_lost},
                        {"compiled_regions", s.compiled_regions},
                        {"consumer_last_step", s.consumer_last_step ? json(*s.consumer_last_step)

@@ -30,6 +30,12 @@ std::string render_markdown(const DiffReport& r) {
                                 r.verdict == "identical" ? "identical" : "**" + r.verdict + "**",
                                 md_escape(one_line_verdict(r)));
   for (const std::string& n : r.not_compared) out += "> not compared: " + md_escape(n) + "\n\n";
+  if (const auto& u = r.first_unread)
+    out += "> " + md_escape(fmt::format("unread: {} difference(s) overwritten before any op read "
+                                 "them, not divergences; the first: {} (op #{}, step {}) of {}, "
+                                 "overwritten by {}",
+                                 r.unread_differences, u->op, u->index, u->step, u->stream,
+                                 u->overwritten_by)) + "\n\n";
   if (r.first) {
     const FirstDivergence& f = *r.first;
     out += "### First divergence\n\n| field | value |\n|---|---|\n";
@@ -44,6 +50,8 @@ std::string render_markdown(const DiffReport& r) {
       out += fmt::format("| propagated through | {} |\n", md_escape(p));
     out += fmt::format("| position | op #{} of `{}` |\n| class | {} |\n| detail | {} |\n",
                        f.index, f.stream, f.divergence_class, md_escape(f.detail));
+    if (!f.confirmed_by.empty())
+      out += fmt::format("| counts | {} |\n", md_escape(f.confirmed_by));
     out += fmt::format("| catalog | {} |\n| cause | {} |\n| remedy | {} |\n\n",
                        f.catalog ? md_escape(f.catalog->id) : "-", md_escape(f.cause),
                        md_escape(f.remedy));

@@ -51,6 +51,11 @@ std::string render_text(const DiffReport& r, bool color) {
   out += fmt::format("{} {}\n", st(same ? "1;32" : r.verdict == "incomplete" ? "1;33" : "1;31", word),
                      one_line_verdict(r));
   for (const std::string& n : r.not_compared) out += st("33", "  not compared: " + n) + "\n";
+  if (const auto& u = r.first_unread)
+    out += fmt::format("  unread: {} difference(s) overwritten before any op read them, not "
+                       "divergences; the first: {} (op #{}, step {}) of {}, overwritten by {}\n",
+                       r.unread_differences, u->op, u->index, u->step, u->stream,
+                       u->overwritten_by);
   out += fmt::format("  A: {}\n  B: {}\n", r.run_a, r.run_b);
   for (const ReplicaCheck& c : r.replicas)
     if (c.divergence || !c.not_checked.empty()) out += render_replica_check(c);
@@ -95,6 +100,7 @@ std::string render_text(const DiffReport& r, bool color) {
       out += fmt::format("  batch: made in this DataLoader worker for step {}, read by {}\n",
                          f.step, f.batch_read_by);
     out += fmt::format("  class: {} - {}\n", st("35", f.divergence_class), f.detail);
+    if (!f.confirmed_by.empty()) out += fmt::format("  counts: {}\n", f.confirmed_by);
     for (const std::string& p : f.propagated_through)
       out += fmt::format("  spread: propagated through {}\n", p);
     if (!f.compiled_region.empty())

@@ -1,7 +1,8 @@
 """The cause a gate reports, on real programs under the real interposer (programs/gate_cases.py):
 a Python shuffle of tensors torch made is data order, an unseeded Python scalar is external, a
 real read of torch.empty's garbage is uninitialized memory whatever ran in between, a scalar
-return is recorded, and resize_/out= buffers over garbage are identical.
+return is recorded, resize_/out= buffers over garbage are identical, and a race whose result is
+overwritten before any op reads it is not a divergence.
 
     cd build && ctest -R e2e.*test_gate_causes --output-on-failure
 """
@@ -14,6 +15,7 @@ from detaudit_testlib import (PYTHON, TmpDirCase, export_records, in_parallel, o
 
 CASES = [PYTHON, program("gate_cases.py")]
 GARBAGE_ATTEMPTS = 3
+RACE_ATTEMPTS = 3
 
 
 class GateCauses(TmpDirCase):
@@ -80,6 +82,40 @@ class GateCauses(TmpDirCase):
         self.assertEqual(report["verdict"], "identical",
                          f"{report.get('first_divergence')}\n{proc.stdout}")
         self.assertEqual(proc.returncode, 0)
+
+    def raced_pair(self, name, *flags):
+        """A pair in which the index_put_ race made the scratch buffers differ, or a skip."""
+        for attempt in range(RACE_ATTEMPTS):
+            proc, report, a, b = self.pair(f"{name}{attempt}", "overwritten", *flags)
+            raced = [re.findall(r"raced md5 (\w+)", output_log(r)) for r in (a, b)]
+            self.assertEqual(len(raced[0]), 3, output_log(a))
+            if raced[0] != raced[1]:
+                return proc, report, a, b
+        self.skipTest(f"the index_put race did not fire in {RACE_ATTEMPTS} pairs")
+
+    def test_a_race_overwritten_before_any_read_is_identical(self):
+        for flags, writer in (((), "aten::copy_"), (("--out",), "aten::mul")):
+            with self.subTest(writer=writer):
+                proc, report, a, b = self.raced_pair(f"unread{len(flags)}", *flags)
+                # The programs computed the same: the raced bytes never reached a result.
+                finals = [re.search(r"final md5 (\w+)", output_log(r)).group(1) for r in (a, b)]
+                self.assertEqual(finals[0], finals[1])
+                self.assertEqual(report["verdict"], "identical",
+                                 f"{report.get('first_divergence')}\n{proc.stdout}")
+                self.assertEqual(proc.returncode, 0, proc.stderr)
+                unread = report["unread_differences"]
+                self.assertGreaterEqual(unread["count"], 1, unread)
+                self.assertIn("index_put", unread["first"]["op"], unread)
+                self.assertTrue(unread["first"]["overwritten_by"].startswith(writer), unread)
+
+    def test_a_race_read_before_it_is_overwritten_is_the_divergence(self):
+        proc, report, a, b = self.raced_pair("read", "--read-first")
+        self.assertEqual(proc.returncode, 1, proc.stderr)
+        f = report["first_divergence"]
+        self.assertEqual(f["op"], "aten::_index_put_impl_", f)
+        self.assertEqual(f["class"], "nondeterministic-op", f)
+        self.assertEqual(f["catalog"]["id"], "index-put-accumulate-cpu", f)
+        self.assertTrue(f["confirmed_by"].startswith("read by aten::sum"), f)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <functional>
 
 #include <nlohmann/json.hpp>
 
@@ -10,6 +11,7 @@
 #include "diff/op_source.h"
 #include "diff/diff.h"
 #include "diff/report_model.h"
+#include "report/render.h"
 #include "trace_builder.h"
 
 namespace detaudit {
@@ -827,6 +829,172 @@ TEST(DiffTest, CollectiveRecordsAttachToTheirOpWhereverTheWorkCompleted) {
   EXPECT_EQ(r.first->op, "c10d::allreduce_");
   EXPECT_EQ(r.first->index, 0u);
   EXPECT_EQ(r.first->divergence_class, "remote-input");
+}
+
+// Rank 1 races, then all-reduces what it made; rank 0 receives the difference. The race
+// happened before rank 0's all-reduce, so it is the first divergence, read by the all-reduce.
+TEST(DiffTest, ARaceOnOneRankIsTheOriginOfWhatAnotherReceived) {
+  auto ranks = [](RunDir& run, uint8_t raced) {
+    TensorDesc recv = tensor(1, {8});
+    TraceBuilder r0(0);
+    r0.step(0);
+    r0.op("aten::mul").in_new(tensor(2, {8})).in_new(tensor(2, {8})).out_new(tensor(3, {8})).done();
+    const int64_t sent0 = r0.next_tensor() - 1;
+    r0.op("c10d::allreduce_").in_list(1).in_ref(sent0).out_new(recv).done();
+    r0.collective(1, 1, {tensor(uint8_t(raced + 100), {8})});
+    r0.end();
+    TraceBuilder r1(1);
+    r1.step(0);
+    const int64_t sent1 = r1.op("aten::index_add").in_new(tensor(2, {8})).in_new(tensor(4, {8})).out_new(tensor(raced, {8})).done();
+    r1.op("c10d::allreduce_").in_list(1).in_ref(sent1).out_new(recv).done();
+    r1.collective(1, 1, {tensor(uint8_t(raced + 100), {8})});
+    r1.end();
+    run.add_stream("r0.main.t-main", r0);
+    run.add_stream("r1.main.t-main", r1);
+  };
+  RunDir a("ranks/run-0"), b("ranks/run-1");
+  ranks(a, 5);
+  ranks(b, 6);
+  DiffOptions o;
+  DiffReport r;
+  ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->rank, 1);
+  EXPECT_EQ(r.first->op, "aten::index_add");
+  EXPECT_EQ(r.first->confirmed_by, "read by c10d::allreduce_ (op #1, step 0)");
+  EXPECT_EQ(r.first->propagated_through,
+            std::vector<std::string>{"c10d::allreduce_ #1 of group 0 to rank 0, step 0"});
+}
+
+// One step: a racing index_add_ writes `scratch` (its digest `raced`), then `then` uses it, then
+// the step's result is computed from a fresh input.
+TraceBuilder overwrite_case(uint8_t raced, const std::function<void(TraceBuilder&, int64_t)>& then) {
+  TraceBuilder b;
+  b.step(0);
+  const int64_t scratch = b.op("aten::index_add_").in_new(tensor(1)).in_new(tensor(2, {8}, Provenance::kExternal, 4)).in_new(tensor(3)).out_new(tensor(raced)).done();
+  then(b, scratch);
+  b.op("aten::mul").in_new(tensor(6)).in_new(tensor(6)).out_new(tensor(7)).done();
+  b.end();
+  return b;
+}
+
+DiffReport diff_cases(const std::string& name, TraceBuilder a, TraceBuilder b) {
+  RunDir ra(name + "/run-0"), rb(name + "/run-1");
+  ra.add_stream("r0.main.t-main", a);
+  rb.add_stream("r0.main.t-main", b);
+  DiffOptions o;
+  o.catalog = &catalog();
+  DiffReport r;
+  Status s = diff_runs(ra.path(), rb.path(), o, &r);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return r;
+}
+
+TEST(DiffTest, ADifferenceOverwrittenBeforeAnyReadIsNotADivergence) {
+  auto zeroed = [](TraceBuilder& b, int64_t scratch) {
+    b.op("aten::zero_").in_written(scratch).out_new(tensor(0)).done();
+  };
+  DiffReport r = diff_cases("unread", overwrite_case(4, zeroed), overwrite_case(5, zeroed));
+  EXPECT_EQ(r.verdict, "identical");
+  EXPECT_FALSE(r.first);
+  EXPECT_EQ(r.divergent_ops, 0u);
+  EXPECT_EQ(gate_exit_code(r), ExitCode::kIdentical);
+  EXPECT_EQ(r.unread_differences, 1u);
+  ASSERT_TRUE(r.first_unread);
+  EXPECT_EQ(r.first_unread->op, "aten::index_add_");
+  EXPECT_EQ(r.first_unread->overwritten_by, "aten::zero_ (op #1)");
+  EXPECT_NE(render_text(r, false).find("1 difference(s) overwritten before any op read them"),
+            std::string::npos);
+}
+
+TEST(DiffTest, ADifferenceReadBeforeItIsOverwrittenIsTheFirstDivergence) {
+  auto read_then_zeroed = [](TraceBuilder& b, int64_t scratch) {
+    b.op("aten::sum").in_ref(scratch).out_new(tensor(8, {})).done();
+    b.op("aten::zero_").in_written(scratch).out_new(tensor(0)).done();
+  };
+  DiffReport r = diff_cases("read", overwrite_case(4, read_then_zeroed),
+                            overwrite_case(5, read_then_zeroed));
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->op, "aten::index_add_");
+  EXPECT_EQ(r.first->confirmed_by, "read by aten::sum (op #1, step 0)");
+  EXPECT_EQ(r.unread_differences, 0u);
+  EXPECT_EQ(gate_exit_code(r), ExitCode::kDivergent);
+}
+
+TEST(DiffTest, AReadThroughAViewConfirms) {
+  auto viewed = [](TraceBuilder& b, int64_t scratch) {
+    TensorDesc view = tensor(9, {2, 4}, Provenance::kView);
+    b.op("aten::sum").in_new(view, scratch).out_new(tensor(8, {})).done();
+    b.op("aten::zero_").in_written(scratch).out_new(tensor(0)).done();
+  };
+  DiffReport r = diff_cases("view", overwrite_case(4, viewed), overwrite_case(5, viewed));
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->op, "aten::index_add_");
+  EXPECT_EQ(r.first->confirmed_by, "read by aten::sum (op #1, step 0)");
+}
+
+TEST(DiffTest, APartialOverwriteOrAResizeLeavesTheDifferenceCounted) {
+  auto partly = [](TraceBuilder& b, int64_t scratch) {
+    // scratch[0:2].zero_(): a view, not read, first seen: the rest of scratch still differs.
+    TensorDesc part = tensor(0, {2, 4}, Provenance::kView);
+    part.bits |= trace::kTensorNotRead;
+    b.op("aten::zero_").in_new(part, scratch).out_new(tensor(0, {2, 4})).done();
+    // resize_ reads nothing and writes nothing: the bytes are kept.
+    b.op("aten::resize_").in_ref(scratch).in_none().out_ref(scratch).done();
+  };
+  DiffReport r = diff_cases("partly", overwrite_case(4, partly), overwrite_case(5, partly));
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->op, "aten::index_add_");
+  EXPECT_EQ(r.unread_differences, 0u);
+  EXPECT_EQ(gate_exit_code(r), ExitCode::kDivergent);
+}
+
+TEST(DiffTest, ADifferenceNeverOverwrittenCountsAtTheStreamsEnd) {
+  auto kept = [](TraceBuilder&, int64_t) {};
+  DiffReport r = diff_cases("kept", overwrite_case(4, kept), overwrite_case(5, kept));
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->op, "aten::index_add_");
+  EXPECT_EQ(r.first->confirmed_by, "not overwritten before the stream ended");
+}
+
+// index_put_ hashes its output again after _index_put_impl_ wrote it: the same bytes under a
+// new id, which is the one later ops refer to.
+TEST(DiffTest, AnEnclosingOpsNewIdForTheSameBytesIsFollowed) {
+  auto nested = [](uint8_t raced) {
+    TraceBuilder b;
+    b.step(0);
+    const uint64_t outer = b.reserve_orders(2);
+    b.op("aten::_index_put_impl_", Phase::kForward, 1, int64_t(outer + 1)).in_new(tensor(1)).in_new(tensor(3)).out_new(tensor(raced)).done();
+    const int64_t scratch = b.op("aten::index_put_", Phase::kForward, 0, int64_t(outer)).in_new(tensor(1)).in_new(tensor(3)).out_new(tensor(raced)).done();
+    b.op("aten::copy_").in_written(scratch).in_new(tensor(6)).out_new(tensor(6)).done();
+    b.op("aten::mul").in_new(tensor(6)).in_new(tensor(6)).out_new(tensor(7)).done();
+    b.end();
+    return b;
+  };
+  DiffReport r = diff_cases("nested", nested(4), nested(5));
+  EXPECT_EQ(r.verdict, "identical") << (r.first ? r.first->confirmed_by : "");
+  EXPECT_EQ(r.unread_differences, 1u);
+  ASSERT_TRUE(r.first_unread);
+  EXPECT_EQ(r.first_unread->op, "aten::_index_put_impl_");
+}
+
+// A later difference that is read is the first divergence when the earlier one was overwritten
+// unread, and the earlier one is counted as unread.
+TEST(DiffTest, AnEarlierUnreadDifferenceYieldsToALaterReadOne) {
+  auto two = [](uint8_t v) {
+    return [v](TraceBuilder& b, int64_t scratch) {
+      const int64_t other =
+          b.op("aten::index_add_").in_new(tensor(10)).in_new(tensor(2, {8}, Provenance::kExternal, 4)).in_new(tensor(3)).out_new(tensor(v)).done();
+      b.op("aten::zero_").in_written(scratch).out_new(tensor(0)).done();
+      b.op("aten::sum").in_ref(other).out_new(tensor(v, {})).done();
+    };
+  };
+  DiffReport r = diff_cases("two", overwrite_case(4, two(11)), overwrite_case(5, two(12)));
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->index, 1u);
+  EXPECT_EQ(r.first->confirmed_by, "read by aten::sum (op #3, step 0)");
+  EXPECT_EQ(r.unread_differences, 1u);
+  EXPECT_EQ(r.divergent_ops, 2u);  // the second index_add_ and the sum, not the first
 }
 
 }  // namespace

@@ -69,6 +69,8 @@ class TraceBuilder {
     // Inputs. A tensor input returns the op so chains read naturally; ids via last_id().
     Op& in_new(const TensorDesc& t, int64_t base_id = -1) { return tensor_new(&in_, t, base_id); }
     Op& in_ref(int64_t id) { return tensor_ref(&in_, id); }
+    // An input the op writes in full without reading (an out= buffer, zero_'s self).
+    Op& in_written(int64_t id) { return tensor_ref(&in_, id, ValueType::kTensorWritten); }
     Op& in_int(int64_t v) { return scalar(&in_, ValueType::kInt, [&](ByteWriter& w) { w.zvarint(v); }); }
     Op& in_bool(bool v) { return scalar(&in_, v ? ValueType::kBoolTrue : ValueType::kBoolFalse, nullptr); }
     Op& in_none() { return scalar(&in_, ValueType::kNone, nullptr); }
@@ -119,10 +121,10 @@ class TraceBuilder {
       last_id_ = id;
       return *this;
     }
-    Op& tensor_ref(Values* v, int64_t id) {
+    Op& tensor_ref(Values* v, int64_t id, ValueType type = ValueType::kTensorRef) {
       count(v);
       ByteWriter w(&v->bytes);
-      w.u8(uint8_t(ValueType::kTensorRef));
+      w.u8(uint8_t(type));
       w.varint(uint64_t(b_->next_tensor_ - id));
       return *this;
     }

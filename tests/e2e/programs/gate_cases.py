@@ -8,6 +8,10 @@
                                        # memory held a run-dependent value), with or without an
                                        # unrelated zeros_like in between
     python gate_cases.py out-buffers   # resize_ and out= buffers over garbage, all overwritten
+    python gate_cases.py overwritten [--read-first] [--out]
+                                       # the CPU index_put_(accumulate=True) race writes a
+                                       # scratch buffer, overwritten in full (copy_, or an out=
+                                       # op) before any op reads it, unless --read-first
 Each prints what the test compares with the verdict.
 """
 import hashlib
@@ -70,6 +74,27 @@ def out_buffers():
         print(f"step {step} md5 {md5(acc)}")
 
 
+def overwritten(read_first, out):
+    torch.set_num_threads(2)  # the race needs two intra-op threads
+    torch.manual_seed(0)
+    n = 1 << 17
+    idx = torch.randint(0, n // 64, (1 << 20,))
+    vals = torch.randn(idx.numel())
+    base = torch.randn(n)
+    scratch = torch.zeros(n)
+    for step in range(3):
+        scratch.index_put_((idx,), vals, accumulate=True)
+        # Through NumPy, not an op: the test learns whether the race fired without a read.
+        print(f"step {step} raced md5 {hashlib.md5(scratch.numpy().tobytes()).hexdigest()}")
+        if read_first:
+            print(f"step {step} raced sum {scratch.sum().item()!r}")
+        if out:
+            torch.mul(base, 2.0, out=scratch)
+        else:
+            scratch.copy_(base)
+    print(f"final md5 {md5(scratch + 1)}")
+
+
 def main():
     case = sys.argv[1]
     if case == "shuffle":
@@ -82,6 +107,8 @@ def main():
         garbage("--zeros-like" in sys.argv)
     elif case == "out-buffers":
         out_buffers()
+    elif case == "overwritten":
+        overwritten("--read-first" in sys.argv, "--out" in sys.argv)
     else:
         sys.exit(f"unknown case {case}")
 

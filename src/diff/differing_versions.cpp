@@ -1,0 +1,69 @@
+#include "diff/differing_versions.h"
+
+#include <algorithm>
+
+namespace detaudit {
+
+void DifferingVersions::add(int64_t id) {
+  if (id >= 0 && !contains(id)) ids_.push_back(id);
+}
+
+void DifferingVersions::add_enclosing_output(int64_t id, const trace::TraceReader& r) {
+  const trace::TensorDesc* t = r.tensor(id);
+  if (t && !contains(id)) {
+    // No op read them in between (that would have confirmed), so equal bytes are one tensor.
+    ids_.erase(std::remove_if(ids_.begin(), ids_.end(),
+                              [&](int64_t old) {
+                                const trace::TensorDesc* o = r.tensor(old);
+                                return o && o->same_digest(*t) && o->dtype == t->dtype &&
+                                       o->sizes == t->sizes;
+                              }),
+               ids_.end());
+  }
+  add(id);
+}
+
+bool DifferingVersions::contains(int64_t id) const {
+  return std::find(ids_.begin(), ids_.end(), id) != ids_.end();
+}
+
+bool DifferingVersions::read_by(const trace::OpRecord& op, const trace::TraceReader& r) const {
+  if (ids_.empty()) return false;
+  for (size_t i = 0; i < op.input_tensors.size(); ++i) {
+    if (op.input_written(i)) continue;
+    // A view shares the bytes of its base: follow the bases inside the reader's window.
+    int64_t id = op.input_tensors[i];
+    for (int hops = 0; id >= 0 && hops < 64; ++hops) {
+      if (contains(id)) {
+        const trace::TensorDesc* t = r.tensor(op.input_tensors[i]);
+        if (!t || !t->not_read()) return true;
+        break;
+      }
+      const trace::TensorDesc* t = r.tensor(id);
+      if (!t || t->provenance() != trace::Provenance::kView) break;
+      id = t->base_id;
+    }
+  }
+  return false;
+}
+
+bool DifferingVersions::forget_written(const trace::OpRecord& op) {
+  bool forgot = false;
+  for (size_t i = 0; i < op.input_tensors.size() && i < 64; ++i) {
+    if (!op.input_written(i)) continue;
+    auto it = std::find(ids_.begin(), ids_.end(), op.input_tensors[i]);
+    if (it == ids_.end()) continue;
+    ids_.erase(it);
+    forgot = true;
+  }
+  return forgot;
+}
+
+bool DifferingVersions::in_reach(const trace::TraceReader& r) const {
+  // Half the window, as OpSource keeps buffered ops' tensors: a reference can never be missed.
+  for (int64_t id : ids_)
+    if (r.tensors_seen() - id > int64_t(trace::kRefWindow / 2)) return false;
+  return true;
+}
+
+}  // namespace detaudit
