@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs, builds and runs every test: core unit tests, then the end-to-end tests on real
-# programs once per torch, pip's torch 2.13 and Debian's libtorch 1.13, then the sanitizer build.
+# programs once per torch, pip's torch 2.13 and Debian's libtorch 1.13, then the sanitizer builds.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # chromium renders the HTML report for its test; python3-jsonschema checks the timeline's schema;
@@ -9,3 +9,5 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 (cd "$root/build" && ctest --output-on-failure -j "$(nproc)" --timeout 900)
 # ASan + UBSan: the unit tests, one end-to-end recording, 20 s of each fuzzer (docs/fuzzing.md).
 "$root/tests/sanitize.sh"
+# TSan: the unit tests, the diff's reading threads and the interposer's writer thread among them.
+"$root/tests/tsan.sh"
