@@ -24,6 +24,7 @@ using trace::ValueType;
 namespace {
 
 constexpr size_t kHandoverBytes = 256 * 1024;
+constexpr size_t kStreamReserve = 4 * kHandoverBytes;
 constexpr uint64_t kHandoverNs = 50'000'000;  // bounds what a kill -9 can lose
 
 uint64_t now_ns() {
@@ -137,6 +138,9 @@ void ThreadRecorder::open_stream() {
                                 layout::kTraceExt, &thread_name_);
   thread_name_ = thread_name_.substr(std::min(thread_name_.size(), process.size() + 3));
   stream_open_ = true;
+  // Room for a handover's bytes, taken now: when the buffer grows must not depend on timing.
+  stream_.bytes.reserve(kStreamReserve);
+  StreamWriter::instance().start();
   trace::StreamHeader h;
   h.algo = proc.config().digest;
   h.rank = proc.rank();

@@ -1,10 +1,13 @@
 #include "stream_writer.h"
 
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <new>
 
 namespace detaudit::hooks {
 namespace {
@@ -39,11 +42,24 @@ void StreamWriter::ensure_thread() {
   if (started_.compare_exchange_strong(expected, true)) std::thread([this] { run(); }).detach();
 }
 
+void StreamWriter::release(Chunk* chunk) { ::munmap(chunk, sizeof(Chunk) + chunk->size); }
+
 void StreamWriter::hand_over(StreamBuffer* stream) {
   if (stream->bytes.empty() || stream->fd < 0) return;
-  auto* chunk = new Chunk{stream->fd, std::move(stream->bytes), nullptr};
-  stream->bytes.clear();
-  stream->bytes.reserve(chunk->bytes.capacity());
+  const size_t n = stream->bytes.size();
+  void* mem = ::mmap(nullptr, sizeof(Chunk) + n, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) {
+    // No memory for a chunk: write after what is queued, on this thread, rather than lose it.
+    drain();
+    write_all(stream->fd, stream->bytes.data(), n);
+    stream->bytes.clear();
+    stream->committed.store(0, std::memory_order_release);
+    return;
+  }
+  auto* chunk = new (mem) Chunk{stream->fd, n, nullptr};
+  std::memcpy(chunk->data(), stream->bytes.data(), n);
+  stream->bytes.clear();  // keeps its capacity: no allocation on the op path
   stream->committed.store(0, std::memory_order_release);
   chunk->next = head_.load(std::memory_order_relaxed);
   while (!head_.compare_exchange_weak(chunk->next, chunk, std::memory_order_release,
@@ -66,8 +82,8 @@ size_t StreamWriter::write_pending() {
   size_t n = 0;
   while (ordered) {
     Chunk* next = ordered->next;
-    write_all(ordered->fd, ordered->bytes.data(), ordered->bytes.size());
-    delete ordered;
+    write_all(ordered->fd, ordered->data(), ordered->size);
+    release(ordered);
     ordered = next;
     ++n;
   }

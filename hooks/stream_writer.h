@@ -3,6 +3,10 @@
 // Each recording thread appends whole records to its own buffer and hands full buffers over as
 // chunks through a lock-free stack; one background thread writes them to the stream's file.
 // A thread that crashes asks the writer to save the committed part of its buffer as well.
+//
+// Chunks live in their own memory mappings, never in malloc's heap: handovers follow the clock
+// and the writer frees when it is done, and a program whose kernels give other bits at other
+// addresses must find its tensors where it would without the recorder's timing.
 #pragma once
 
 #include <atomic>
@@ -39,7 +43,9 @@ class StreamWriter {
  public:
   static StreamWriter& instance();
 
-  // Hands the buffer's bytes to the writer thread; the buffer is left empty.
+  // Starts the writer thread (when a stream opens: a deterministic point of the program).
+  void start() { ensure_thread(); }
+  // Hands the buffer's bytes to the writer thread; the buffer is left empty, its capacity kept.
   void hand_over(StreamBuffer* stream);
   // Writes everything handed over so far and waits for it (at exit, never on the op path).
   void drain();
@@ -53,11 +59,14 @@ class StreamWriter {
   void reset_after_fork();
 
  private:
+  // One mapping: this header, then `size` bytes.
   struct Chunk {
     int fd;
-    std::string bytes;
+    size_t size;
     Chunk* next;
+    char* data() { return reinterpret_cast<char*>(this + 1); }
   };
+  static void release(Chunk* chunk);
   StreamWriter() = default;
   void ensure_thread();
   void run();
