@@ -90,9 +90,9 @@ OpInfo describe_op(const char* name, const OptionalOperatorName& op_name, bool s
     if (arg.alias_info() && arg.alias_info()->isWrite()) {
       info.writes = true;
       const bool self = arg.name() == "self";
-      if (i < 64 && (arg.is_out() || (self && writes_all_of_self(name))))
-        info.written_args |= uint64_t(1) << i;
-      if (i < 64 && (arg.is_out() || (self && (writes_all_of_self(name) || reshapes_self(name)))))
+      const bool written = arg.is_out() || (self && writes_all_of_self(name));
+      if (i < 64 && written) info.written_args |= uint64_t(1) << i;
+      if (i < 64 && (written || (self && reshapes_self(name))))
         info.overwritten_args |= uint64_t(1) << i;
     }
     if (info.returns_uninitialized && arg.name() == "layout" && i < 64) info.layout_arg = int8_t(i);

@@ -297,12 +297,14 @@ class StreamComparator {
       if (c.overwritten_by.empty()) confirm(&c, why);
   }
 
+  static bool unread(const Candidate& c) { return !c.confirmed && c.a.empty() && c.b.empty(); }
+
   // Resolves open candidates in order: an overwritten one is dropped, a confirmed one whose
   // chain is complete is the first divergence, and every later difference counts.
   void settle(bool at_end) {
     while (!open_.empty()) {
       Candidate& c = open_.front();
-      if (!c.confirmed && c.a.empty() && c.b.empty()) {
+      if (unread(c)) {
         ++out_->unread;
         ++out_->summary.unread;
         if (!out_->first_unread)
@@ -316,14 +318,14 @@ class StreamComparator {
       out_->first = std::move(c.fd);
       first_done_ = true;
       fold_collectives(out_->first->index);
+      // Later candidates count as spread, unless they were overwritten unread.
       for (size_t i = 1; i < open_.size(); ++i) {
-        const Candidate& rest = open_[i];
-        if (!rest.overwritten_by.empty() && !rest.confirmed) {
+        if (unread(open_[i])) {
           ++out_->unread;
           ++out_->summary.unread;
           continue;
         }
-        for (const DivergentOp& op : rest.ops) count(op);
+        for (const DivergentOp& op : open_[i].ops) count(op);
       }
       for (const DivergentOp& op : open_.front().ops) count(op);
       open_.clear();

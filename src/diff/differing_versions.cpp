@@ -30,15 +30,12 @@ bool DifferingVersions::contains(int64_t id) const {
 bool DifferingVersions::read_by(const trace::OpRecord& op, const trace::TraceReader& r) const {
   if (ids_.empty()) return false;
   for (size_t i = 0; i < op.input_tensors.size(); ++i) {
-    if (op.input_written(i)) continue;
-    // A view shares the bytes of its base: follow the bases inside the reader's window.
     int64_t id = op.input_tensors[i];
+    const trace::TensorDesc* in = r.tensor(id);
+    if (op.input_written(i) || (in && in->not_read())) continue;
+    // A view shares the bytes of its base: follow the bases inside the reader's window.
     for (int hops = 0; id >= 0 && hops < 64; ++hops) {
-      if (contains(id)) {
-        const trace::TensorDesc* t = r.tensor(op.input_tensors[i]);
-        if (!t || !t->not_read()) return true;
-        break;
-      }
+      if (contains(id)) return true;
       const trace::TensorDesc* t = r.tensor(id);
       if (!t || t->provenance() != trace::Provenance::kView) break;
       id = t->base_id;
