@@ -242,6 +242,8 @@ void add_run_verb(CLI::App& app, VerbAction* action) {
   optional_flag(sub, args.get(), "--deterministic", &f.deterministic,
                 "torch.use_deterministic_algorithms: on, warn or off");
   optional_flag(sub, args.get(), "--threads", &f.threads, "intra-op threads (torch.set_num_threads)");
+  sub->add_flag("--no-mkl-vml-warm-up", f.no_mkl_vml_warm_up,
+                "leave oneMKL's VML kernels unresolved until the program's first calls");
   optional_flag(sub, args.get(), "--format", &f.format, "report format: text, json, junit, markdown or html");
   optional_flag(sub, args.get(), "--output", &f.output, "write the report to this file");
   optional_flag(sub, args.get(), "--fail-on", &f.fail_on, "any (default) or tolerance");

@@ -17,6 +17,31 @@ namespace detaudit::hooks {
 
 std::string torch_version() { return TORCH_VERSION; }
 
+namespace {
+
+bool g_mkl_vml_warmed_up = false;
+
+// oneMKL resolves each VML function's kernel on its first call, without a lock: intra-op threads
+// that make that first call together can run a low-accuracy kernel on their chunk
+// (pytorch#188792, oneMKL 2024.2 in torch's wheels). One serial call of every function ATen
+// routes to VML resolves them before the program runs; later calls compute what they would have.
+bool warm_up_mkl_vml() {
+  if (!at::hasMKL()) return false;
+  at::RecordFunctionGuard no_recording(false);
+  using UnaryOp = at::Tensor (*)(const at::Tensor&);
+  static const UnaryOp kVmlOps[] = {at::acos, at::asin,  at::atan, at::cos,  at::erf,   at::erfc,
+                                    at::erfinv, at::exp, at::log,  at::log10, at::log2, at::sin,
+                                    at::sqrt, at::tan,   at::tanh, at::trunc};
+  // 16 elements: contiguous, so ATen hands them to VML, and under any grain size, so serial.
+  for (at::ScalarType dtype : {at::kFloat, at::kDouble}) {
+    at::Tensor x = at::full({16}, 0.5, at::TensorOptions().dtype(dtype));
+    for (UnaryOp op : kVmlOps) op(x);
+  }
+  return true;
+}
+
+}  // namespace
+
 std::string apply_determinism(const DeterminismConfig& config) {
   std::string done;
   if (config.seed) {
@@ -31,6 +56,10 @@ std::string apply_determinism(const DeterminismConfig& config) {
   if (config.intra_op_threads) {
     at::set_num_threads(*config.intra_op_threads);
     done += " intra_op_threads=" + std::to_string(*config.intra_op_threads);
+  }
+  if (config.mkl_vml_warm_up && warm_up_mkl_vml()) {
+    g_mkl_vml_warmed_up = true;
+    done += " mkl_vml_warm_up";
   }
   return done;
 }
@@ -100,7 +129,9 @@ void write_environment(const std::string& path, const ProcessRecorder& proc) {
       {"allow_tf32_cublas", ctx.allowTF32CuBLAS()},
       {"allow_tf32_cudnn", ctx.allowTF32CuDNN()},
       {"float32_matmul_precision", matmul_precision()},
+      {"mkl_vml_warm_up", g_mkl_vml_warmed_up},
   };
+  j["mkl"] = at::hasMKL();
   nlohmann::json env = nlohmann::json::object();
   for (const char* var : kEnvVars) {
     const char* v = std::getenv(var);

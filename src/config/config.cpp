@@ -192,7 +192,8 @@ Status parse_select(const json& j, SelectConfig* sel) {
 }
 
 Status parse_determinism(const json& j, DeterminismConfig* d) {
-  if (Status s = check_object(j, "determinism", {"seed", "algorithms", "intra_op_threads"});
+  if (Status s = check_object(j, "determinism",
+                              {"seed", "algorithms", "intra_op_threads", "mkl_vml_warm_up"});
       !s.ok())
     return s;
   if (j.contains("seed")) {
@@ -228,6 +229,10 @@ Status parse_determinism(const json& j, DeterminismConfig* d) {
       d->intra_op_threads = int(n);
     }
   }
+  if (j.contains("mkl_vml_warm_up"))
+    if (Status s = get_bool(j["mkl_vml_warm_up"], "determinism.mkl_vml_warm_up", &d->mkl_vml_warm_up);
+        !s.ok())
+      return s;
   return Status();
 }
 
@@ -465,6 +470,7 @@ json config_to_json(const Config& c) {
   det["algorithms"] = c.determinism.algorithms.empty() ? json(nullptr) : json(c.determinism.algorithms);
   det["intra_op_threads"] =
       c.determinism.intra_op_threads ? json(*c.determinism.intra_op_threads) : json(nullptr);
+  det["mkl_vml_warm_up"] = c.determinism.mkl_vml_warm_up;
   j["determinism"] = det;
   j["gate"] = {{"fail_on", c.gate.fail_on}, {"rtol", c.gate.rtol}, {"atol", c.gate.atol},
                {"allow_truncated", c.gate.allow_truncated}};

@@ -49,6 +49,9 @@ struct DeterminismConfig {
   std::optional<uint64_t> seed;
   std::string algorithms;  // "on" | "warn" | "off" | "" (leave the program's choice)
   std::optional<int> intra_op_threads;
+  // Resolve oneMKL VML's kernels with one serial call each before the program runs: concurrent
+  // first calls from intra-op threads can run a low-accuracy kernel (pytorch#188792).
+  bool mkl_vml_warm_up = true;
 };
 
 struct GateConfig {

@@ -155,6 +155,47 @@ TEST(CatalogTest, IntegerFieldsOutOfRangeAreRejectedWithTheField) {
   }
 }
 
+// An in-place unary op on one tensor of this dtype (6 float32, 7 float64, 5 float16), read back.
+struct UnaryOp {
+  trace::TraceReader reader;
+  UnaryOp(const std::string& name, uint8_t dtype) {
+    TraceBuilder b;
+    b.step(0, 1, 2);
+    b.op(name).in_new(tensor(1, {97, 51}, Provenance::kOutput, dtype))
+        .out_new(tensor(2, {97, 51}, Provenance::kOutput, dtype)).done();
+    std::string path = std::string(::testing::TempDir()) + "/catalog_unary_" +
+                       std::to_string(dtype) + ".dtr";
+    RunDir::write(path, b.bytes());
+    EXPECT_TRUE(reader.open(path).ok());
+    while (reader.next() == trace::ReadResult::kRecord && reader.kind() != trace::RecordKind::kOp) {
+    }
+  }
+  OpFacts facts(std::string_view name, uint64_t threads) {
+    OpFacts f;
+    f.name = name;
+    f.op = &reader.op();
+    f.reader = &reader;
+    f.intra_op_threads = threads;
+    return f;
+  }
+};
+
+// oneMKL VML's first-call race: float32 and float64 only (ATen hands no other dtype to VML), and
+// only with several intra-op threads to make the first call together.
+TEST(CatalogTest, MklVmlFirstCallNeedsFloatOrDoubleOnSeveralThreads) {
+  std::vector<const CatalogEntry*> hits = catalog().lookup("aten::tanh_");
+  ASSERT_EQ(hits.size(), 1u);
+  const CatalogEntry& e = *hits[0];
+  EXPECT_EQ(e.id, "mkl-vml-first-call");
+  for (const char* op : {"aten::sqrt", "aten::exp_", "aten::log.out", "aten::erfinv"})
+    EXPECT_EQ(catalog().lookup(op).size(), 1u) << op;
+  UnaryOp f64("aten::tanh_", 7), f32("aten::tanh_", 6), f16("aten::tanh_", 5);
+  EXPECT_TRUE(evaluate(e, f64.facts("aten::tanh_", 2)).applies);
+  EXPECT_TRUE(evaluate(e, f32.facts("aten::tanh_", 4)).applies);
+  EXPECT_FALSE(evaluate(e, f16.facts("aten::tanh_", 2)).applies);
+  EXPECT_FALSE(evaluate(e, f64.facts("aten::tanh_", 1)).applies);
+}
+
 // resize_ is nondeterministic on quantized CPU tensors only: a float buffer's resize_ (every
 // out= kernel calls it) must not be flagged.
 TEST(CatalogTest, QuantizedResizeNeedsAQuantizedTensor) {

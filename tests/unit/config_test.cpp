@@ -40,6 +40,7 @@ TEST(ConfigTest, DefaultsWhenEmpty) {
   EXPECT_FALSE(c.determinism.seed);
   EXPECT_EQ(c.determinism.algorithms, "");
   EXPECT_FALSE(c.determinism.intra_op_threads);
+  EXPECT_TRUE(c.determinism.mkl_vml_warm_up);
   EXPECT_EQ(c.gate.fail_on, "any");
   EXPECT_EQ(c.format, "text");
   EXPECT_EQ(c.output, "");
@@ -204,6 +205,8 @@ TEST(ConfigTest, Determinism) {
   parse_error(R"({"determinism": {"intra_op_threads": 0}})", "determinism.intra_op_threads");
   parse_error(R"({"determinism": {"intra_op_threads": "2"}})", "determinism.intra_op_threads");
   parse_error(R"({"determinism": {"cudnn": true}})", "determinism.cudnn");
+  EXPECT_FALSE(parse_ok(R"({"determinism": {"mkl_vml_warm_up": false}})").determinism.mkl_vml_warm_up);
+  parse_error(R"({"determinism": {"mkl_vml_warm_up": "no"}})", "determinism.mkl_vml_warm_up");
 }
 
 TEST(ConfigTest, Gate) {
@@ -252,7 +255,7 @@ TEST(ConfigTest, RoundTripsThroughResolvedJson) {
     "select": {"steps": [1, "3-5", "8-"], "ops": {"include": ["aten::*"], "exclude": ["aten::view"]},
                "phases": ["backward"], "ranks": [0]},
     "digest": "xxh3", "record": {"stats": false, "inputs": true},
-    "determinism": {"seed": 7, "algorithms": "on", "intra_op_threads": 3},
+    "determinism": {"seed": 7, "algorithms": "on", "intra_op_threads": 3, "mkl_vml_warm_up": false},
     "gate": {"fail_on": "tolerance", "rtol": 0.001, "atol": 1e-6},
     "report": {"format": "markdown", "output": "r.md"}})");
   json j = config_to_json(c);
