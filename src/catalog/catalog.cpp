@@ -74,20 +74,25 @@ Status parse_condition(const json& j, const std::string& where, CatalogCondition
   if (j.contains("equals")) c->equals = j.at("equals");
   if (j.contains("given")) c->given = j.at("given").get<bool>();
   c->dtype = str_or(j, "dtype");
+  c->environment = str_or(j, "environment");
   c->min_numel = uint64_t(min_numel);
   c->min_intra_op_threads = uint64_t(min_threads);
   if (Status s = read_strings(j, "applies_to", where, &c->applies_to); !s.ok()) return s;
+  if (!c->environment.empty() && (!c->equals || c->arg >= 0))
+    return field_error(where, "an environment condition needs \"equals\" and no \"arg\"");
   int tests = int(c->equals.has_value()) + int(c->given.has_value()) + int(!c->dtype.empty()) +
               int(c->min_numel > 0) + int(c->min_intra_op_threads > 0);
   if (tests != 1)
     return field_error(where, "needs exactly one of equals, given, dtype, min_numel, "
                               "min_intra_op_threads");
-  if ((c->equals || c->given || c->min_numel) && c->arg < 0)
+  if ((c->equals || c->given || c->min_numel) && c->arg < 0 && c->environment.empty())
     return field_error(where, "an argument condition needs \"arg\" (positional index)");
   std::string who = c->arg >= 0 ? fmt::format("{} (input {})", c->name.empty() ? "arg" : c->name,
                                               c->arg)
                                 : std::string();
-  if (c->equals)
+  if (!c->environment.empty())
+    c->text = fmt::format("fingerprint {} == {}", c->environment, c->equals->dump());
+  else if (c->equals)
     c->text = fmt::format("{} == {}", who, c->equals->dump());
   else if (c->given)
     c->text = fmt::format("{} {}", who, *c->given ? "given" : "not given");
@@ -262,6 +267,14 @@ std::vector<const CatalogEntry*> Catalog::search(std::string_view query) const {
 }
 
 ConditionResult check_condition(const CatalogCondition& c, const OpFacts& f) {
+  if (!c.environment.empty()) {
+    if (!f.fingerprint) return ConditionResult::kUnknown;
+    auto it = f.fingerprint->find(c.environment);
+    if (it == f.fingerprint->end()) return ConditionResult::kUnknown;
+    // Flattened values are a string's text or the JSON of anything else (environment.h).
+    const std::string want = c.equals->is_string() ? c.equals->get<std::string>() : c.equals->dump();
+    return it->second == want ? ConditionResult::kMet : ConditionResult::kNotMet;
+  }
   if (c.min_intra_op_threads) {
     if (f.intra_op_threads == 0) return ConditionResult::kUnknown;
     return f.intra_op_threads >= c.min_intra_op_threads ? ConditionResult::kMet

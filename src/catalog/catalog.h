@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -23,7 +24,8 @@
 namespace detaudit {
 
 // One condition of an entry. Exactly one test is set: equals, given, dtype, min_numel or
-// min_intra_op_threads. Argument conditions name the positional input index and its name.
+// min_intra_op_threads. Argument conditions name the positional input index and its name; an
+// environment condition names a fingerprint key and tests it with equals.
 struct CatalogCondition {
   int arg = -1;                      // positional input index; -1 when not about an argument
   std::string name;                  // argument name, for people
@@ -32,6 +34,7 @@ struct CatalogCondition {
   std::string dtype;                 // "float32", "floating", ...: of the tensor argument
   uint64_t min_numel = 0;            // of the tensor argument
   uint64_t min_intra_op_threads = 0;
+  std::string environment;           // flattened fingerprint key ("determinism.mkl_vml_warm_up")
   std::vector<std::string> applies_to;  // op names; empty = the entry's dispatcher names
   std::string text;                  // rendered description
 };
@@ -63,6 +66,7 @@ struct OpFacts {
   const trace::OpRecord* op = nullptr;
   const trace::TraceReader* reader = nullptr;  // for strings and tensors; may be null
   uint64_t intra_op_threads = 0;               // 0 = unknown
+  const std::map<std::string, std::string>* fingerprint = nullptr;  // its process's; may be null
 };
 
 enum class ConditionResult { kMet, kNotMet, kUnknown };

@@ -76,9 +76,10 @@ class StreamComparator {
  public:
   StreamComparator(const std::string& name, const DiffOptions& options,
                    const std::vector<EnvDifference>& env, const ProgressFn& progress,
-                   StreamResult* out, const StreamLimits& limits)
+                   StreamResult* out, const StreamLimits& limits,
+                   const std::map<std::string, std::string>* fingerprint_a)
       : name_(name), options_(options), env_(env), progress_(progress), out_(out),
-        limits_(limits) {}
+        limits_(limits), fingerprint_a_(fingerprint_a) {}
 
   Status run(const std::string& path_a, const std::string& path_b) {
     trace::TraceReader ra, rb;
@@ -153,6 +154,7 @@ class StreamComparator {
     f.op = &op.rec;
     f.reader = &s.reader();
     if (const trace::StepInfo* st = s.step_info(op.rec.step)) f.intra_op_threads = st->intra_op_threads;
+    f.fingerprint = fingerprint_a_;
     return f;
   }
 
@@ -674,6 +676,7 @@ class StreamComparator {
   const ProgressFn& progress_;
   StreamResult* out_;
   StreamLimits limits_;
+  const std::map<std::string, std::string>* fingerprint_a_;
   uint64_t loss_step_ = UINT64_MAX;
   std::optional<std::pair<double, double>> loss_candidate_;
   bool loss_taken_ = false;
@@ -698,10 +701,11 @@ class StreamComparator {
 Status compare_stream(const std::string& name, const std::string& path_a,
                       const std::string& path_b, const DiffOptions& options,
                       const std::vector<EnvDifference>& env, const ProgressFn& progress,
-                      StreamResult* out, const StreamLimits& limits) {
+                      StreamResult* out, const StreamLimits& limits,
+                      const std::map<std::string, std::string>* fingerprint_a) {
   out->summary.name = name;
   out->summary.in_a = out->summary.in_b = true;
-  StreamComparator c(name, options, env, progress, out, limits);
+  StreamComparator c(name, options, env, progress, out, limits, fingerprint_a);
   return c.run(path_a, path_b);
 }
 

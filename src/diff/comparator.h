@@ -50,11 +50,13 @@ inline constexpr size_t kMaxStructural = 20;
 using ProgressFn = std::function<void(const std::string&, uint64_t, uint64_t)>;
 
 // Compares two trace files of one stream. A corrupt file is an error naming file and offset
-// (exit 3); a cut-short one is a Truncation in the result.
+// (exit 3); a cut-short one is a Truncation in the result. fingerprint_a: the flattened
+// environment fingerprint of the stream's process in run A, for catalog conditions; may be null.
 Status compare_stream(const std::string& name, const std::string& path_a,
                       const std::string& path_b, const DiffOptions& options,
                       const std::vector<EnvDifference>& env, const ProgressFn& progress,
-                      StreamResult* out, const StreamLimits& limits = {});
+                      StreamResult* out, const StreamLimits& limits = {},
+                      const std::map<std::string, std::string>* fingerprint_a = nullptr);
 
 // Reads a stream present in one run only: counts its ops, checks it is readable.
 Status count_stream(const std::string& name, const std::string& path, bool in_a,

@@ -279,9 +279,11 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
         }
       }
       auto ia = sa.find(name), ib = sb.find(name);
+      auto fingerprint = ea.find(head.process);
       Status s = ia != sa.end() && ib != sb.end()
                      ? compare_stream(name, ia->second, ib->second, options, r.environment,
-                                      progress, &res, limits)
+                                      progress, &res, limits,
+                                      fingerprint != ea.end() ? &fingerprint->second : nullptr)
                      : count_stream(name, ia != sa.end() ? ia->second : ib->second,
                                     ia != sa.end(), &res);
       if (!s.ok()) return s;

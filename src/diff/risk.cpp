@@ -67,10 +67,14 @@ Status risk_report(const std::string& run_dir, const Catalog& catalog, RiskRepor
     if (e.path().extension() == layout::kTraceExt) files.push_back(e.path().string());
   std::sort(files.begin(), files.end());
 
+  std::map<std::string, std::map<std::string, std::string>> env;
+  if (Status s = load_environment(run_dir, &env); !s.ok()) return s;
   std::map<Key, RiskHit> hits;
   for (const std::string& path : files) {
     trace::TraceReader reader;
     if (Status s = reader.open(path); !s.ok()) return s;
+    auto fingerprint = env.find(fmt::format("r{}.{}", reader.header().rank,
+                                            reader.header().process_role));
     std::string stream = fs::path(path).stem().string();
     // Entries per string id, looked up once per name.
     std::vector<std::vector<const CatalogEntry*>> by_name;
@@ -95,6 +99,7 @@ Status risk_report(const std::string& run_dir, const Catalog& catalog, RiskRepor
         f.op = &op;
         f.reader = &reader;
         if (!reader.steps().empty()) f.intra_op_threads = reader.steps().back().intra_op_threads;
+        if (fingerprint != env.end()) f.fingerprint = &fingerprint->second;
         CatalogMatch m = evaluate(*e, f);
         if (!m.applies) continue;
         RiskHit& h = hits[{e->id, std::string(f.name)}];
@@ -118,8 +123,6 @@ Status risk_report(const std::string& run_dir, const Catalog& catalog, RiskRepor
   std::stable_sort(r.hits.begin(), r.hits.end(),
                    [](const RiskHit& a, const RiskHit& b) { return a.count > b.count; });
 
-  std::map<std::string, std::map<std::string, std::string>> env;
-  if (Status s = load_environment(run_dir, &env); !s.ok()) return s;
   for (const auto& [process, flat] : env)
     if (process != "run") environment_risks(process, flat, catalog, &r.environment);
   if (Status s = check_replicas(run_dir, &r.replicas); !s.ok()) return s;

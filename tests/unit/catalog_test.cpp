@@ -2,6 +2,7 @@
 // and conditions work on recorded ops, and the single-run risk report finds what ran.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 #include <vector>
@@ -131,6 +132,13 @@ TEST(CatalogTest, BadCatalogsAreRejectedWithTheField) {
   s = Catalog::parse(nlohmann::json::parse(R"({"entries":[{"id":"x","ops":["a"],"remedy":"r",
       "sources":["s"],"uncertain":false,"conditions":[{"arg":1}]}]})"), &c);
   EXPECT_FALSE(s.ok());
+  for (const char* cond : {R"({"environment":"determinism.mkl_vml_warm_up"})",
+                           R"({"environment":"k","equals":false,"arg":0})"}) {
+    s = Catalog::parse(nlohmann::json::parse(std::string(R"({"entries":[{"id":"x","ops":["a"],
+        "remedy":"r","sources":["s"],"uncertain":false,"conditions":[)") + cond + "]}]}"), &c);
+    EXPECT_FALSE(s.ok()) << cond;
+    EXPECT_NE(s.message().find("environment condition"), std::string::npos) << s.message();
+  }
   EXPECT_EQ(Catalog::load("/nonexistent/catalog.json", &c).code(), ExitCode::kUsage);
 }
 
@@ -170,12 +178,14 @@ struct UnaryOp {
     while (reader.next() == trace::ReadResult::kRecord && reader.kind() != trace::RecordKind::kOp) {
     }
   }
-  OpFacts facts(std::string_view name, uint64_t threads) {
+  OpFacts facts(std::string_view name, uint64_t threads,
+                const std::map<std::string, std::string>* fingerprint = nullptr) {
     OpFacts f;
     f.name = name;
     f.op = &reader.op();
     f.reader = &reader;
     f.intra_op_threads = threads;
+    f.fingerprint = fingerprint;
     return f;
   }
 };
@@ -194,6 +204,20 @@ TEST(CatalogTest, MklVmlFirstCallNeedsFloatOrDoubleOnSeveralThreads) {
   EXPECT_TRUE(evaluate(e, f32.facts("aten::tanh_", 4)).applies);
   EXPECT_FALSE(evaluate(e, f16.facts("aten::tanh_", 2)).applies);
   EXPECT_FALSE(evaluate(e, f64.facts("aten::tanh_", 1)).applies);
+
+  // The interposer's warm-up, recorded in the fingerprint, rules the race out; a run that did
+  // not warm up meets the condition; a fingerprint without the key leaves it unknown.
+  const std::map<std::string, std::string> warmed{{"determinism.mkl_vml_warm_up", "true"}},
+      cold{{"determinism.mkl_vml_warm_up", "false"}}, older{{"torch_version", "2.13.0"}};
+  EXPECT_FALSE(evaluate(e, f64.facts("aten::tanh_", 2, &warmed)).applies);
+  CatalogMatch m = evaluate(e, f64.facts("aten::tanh_", 2, &cold));
+  EXPECT_TRUE(m.applies);
+  EXPECT_NE(std::find(m.met.begin(), m.met.end(), "fingerprint determinism.mkl_vml_warm_up == false"),
+            m.met.end());
+  m = evaluate(e, f64.facts("aten::tanh_", 2, &older));
+  EXPECT_TRUE(m.applies);
+  ASSERT_EQ(m.unknown.size(), 1u);
+  EXPECT_EQ(m.unknown[0], "fingerprint determinism.mkl_vml_warm_up == false");
 }
 
 // resize_ is nondeterministic on quantized CPU tensors only: a float buffer's resize_ (every
