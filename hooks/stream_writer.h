@@ -5,8 +5,8 @@
 // A thread that crashes asks the writer to save the committed part of its buffer as well.
 //
 // Chunks live in their own memory mappings, never in malloc's heap: handovers follow the clock
-// and the writer frees when it is done, and a program whose kernels give other bits at other
-// addresses must find its tensors where it would without the recorder's timing.
+// and the writer frees when it is done, so in the heap they would move the program's tensors
+// from run to run, and a kernel whose result depends on alignment would follow them.
 #pragma once
 
 #include <atomic>

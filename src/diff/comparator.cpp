@@ -15,6 +15,7 @@
 #include "diff/classify.h"
 #include "diff/differing_versions.h"
 #include "diff/op_source.h"
+#include "run_layout.h"
 
 namespace detaudit {
 namespace {
@@ -145,7 +146,7 @@ class StreamComparator {
 
  private:
   static std::string layout_process(const trace::TraceReader& r) {
-    return fmt::format("r{}.{}", r.header().rank, r.header().process_role);
+    return layout::process_name(r.header().rank, r.header().process_role);
   }
 
   OpFacts facts(const BufferedOp& op, const OpSource& s) const {

@@ -75,7 +75,7 @@ StreamHead read_head(const std::string& path) {
   StreamHead h;
   trace::TraceReader r;
   if (!r.open(path).ok()) return h;  // compare_stream reports what is wrong with it
-  h.process = fmt::format("r{}.{}", r.header().rank, r.header().process_role);
+  h.process = layout::process_name(r.header().rank, r.header().process_role);
   h.dataloader_worker = (r.header().flags & trace::kStreamDataLoaderWorker) != 0;
   return h;
 }

@@ -73,8 +73,8 @@ Status risk_report(const std::string& run_dir, const Catalog& catalog, RiskRepor
   for (const std::string& path : files) {
     trace::TraceReader reader;
     if (Status s = reader.open(path); !s.ok()) return s;
-    auto fingerprint = env.find(fmt::format("r{}.{}", reader.header().rank,
-                                            reader.header().process_role));
+    auto fingerprint =
+        env.find(layout::process_name(reader.header().rank, reader.header().process_role));
     std::string stream = fs::path(path).stem().string();
     // Entries per string id, looked up once per name.
     std::vector<std::vector<const CatalogEntry*>> by_name;

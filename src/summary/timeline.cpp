@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "summary/summary.h"
+#include "run_layout.h"
 #include "trace/reader.h"
 
 namespace detaudit::summary {
@@ -45,7 +46,7 @@ Status write_timeline(const std::string& run_dir, const TimelineMarks* marks, st
     const trace::StreamHeader& h = r.header();
     const uint64_t pid = h.pid;
     const int tid = ++tids_per_pid[pid];
-    const std::string process = fmt::format("r{}.{}", h.rank, h.process_role);
+    const std::string process = layout::process_name(h.rank, h.process_role);
     if (named_pids.insert(pid).second) {
       write_event(out, &first_event, {{"ph", "M"}, {"name", "process_name"}, {"pid", pid},
                                       {"tid", 0}, {"args", {{"name", process}}}});
