@@ -1,6 +1,6 @@
 // Collectives on the op path: which arguments a rank reads, its receive buffers written as
-// geometry when the op returns, and their contents in a COLLECTIVE record once the Work
-// completed (collectives.h says why).
+// geometry when the op returns, and their contents, described when the Work's future completed,
+// in a COLLECTIVE record (collectives.h and received_buffers.h say why).
 #include <ATen/ATen.h>
 
 #include "collectives.h"
@@ -67,37 +67,62 @@ void ThreadRecorder::emit_pending_output(const c10::IValue& v, ByteWriter& w) {
   }
 }
 
-void ThreadRecorder::emit_received(const at::Tensor& t, ByteWriter& w, uint64_t op_order) {
-  if (const char* why = unhashable_reason(t)) {
+void ThreadRecorder::follow_collective(PendingCollective& p, const std::vector<c10::IValue>& outputs) {
+  // Its buffers change when the Work completes, unseen: what the cache says of them is void.
+  for (const at::Tensor& t : p.received) cache_.wrote_unseen(t);
+  const Config& config = ProcessRecorder::instance().config();
+  p.buffers = std::make_shared<ReceivedBuffers>(std::move(p.received), config.digest, config.stats);
+  p.received.clear();
+  p.work = find_work(outputs);
+  if (p.work) p.future = work_future(p.work);
+  // Added before the caller holds the Work, so before any callback of the program's. Runs at
+  // once, here, if the collective already completed.
+  if (p.future) p.future->addCallback([buffers = p.buffers](c10::ivalue::Future&) {
+    buffers->describe_once();
+  });
+}
+
+bool ThreadRecorder::PendingCollective::ready() {
+  if (buffers->described()) return true;
+  if (future ? !future->completed() : work && !work_completed(work)) return false;
+  buffers->describe_once();  // or wait for the completing thread, which is at it
+  return true;
+}
+
+void ThreadRecorder::emit_received(const at::Tensor& t, const ReceivedBuffers::Described& d,
+                                   ByteWriter& w, uint64_t op_order) {
+  if (d.skipped) {
     w.u8(uint8_t(ValueType::kTensorSkipped));
-    w.varint(intern(why));
+    w.varint(intern(d.skipped));
     return;
   }
-  trace::TensorDesc desc;
-  totals_.bytes_hashed +=
-      describe_tensor(t, hasher_.get(), ProcessRecorder::instance().config().stats, &desc);
+  totals_.bytes_hashed += d.bytes;
   ++totals_.tensors_hashed;
   c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   if (impl->is_inference()) {
-    write_new(w, desc, -1);
+    write_new(w, d.desc, -1);
     return;
   }
-  // The buffer's new content, as if the collective's op had written it: later reads refer to it.
-  const uint32_t version = tensor_version(t);
-  TensorCache::Entry& e = cache_.remember(t, version, desc);
+  // The buffer's content when the collective completed, as if its op had written it: later
+  // reads of that version refer to it; a later write, even one no op made, is hashed anew.
+  TensorCache::Entry& e = cache_.remember(t, d.version, d.desc);
   e.written_order = op_order;
   e.id = write_new(w, e.desc, -1);
-  cache_.wrote(t, version, e);
+  cache_.wrote(t, d.version, e);
 }
 
 void ThreadRecorder::write_completed_collectives(bool at_end) {
-  if (!stream_open_ || !stream_.enter_write()) return;
+  if (!stream_open_) return;
+  // Described before the stream is entered: this may wait for the thread describing them.
+  bool any = at_end;
+  for (PendingCollective& p : pending_collectives_) any = p.ready() || any;
+  if (!any || !stream_.enter_write()) return;
   busy_ = true;
   size_t kept = 0;
   try {
     for (size_t i = 0; i < pending_collectives_.size(); ++i) {
       PendingCollective& p = pending_collectives_[i];
-      const bool done = !p.work || work_completed(p.work);
+      const bool done = p.buffers->described();
       if (!done && !at_end) {
         if (kept != i) pending_collectives_[kept] = std::move(p);
         ++kept;
@@ -105,9 +130,11 @@ void ThreadRecorder::write_completed_collectives(bool at_end) {
       }
       if (!done) p.info.state = trace::kCollectiveNotCompleted;
       ByteWriter& w = encoder_.begin_collective(p.info);
-      w.varint(done ? p.received.size() : 0);
+      const std::vector<at::Tensor>& received = p.buffers->tensors();
+      w.varint(done ? received.size() : 0);
       if (done)
-        for (const at::Tensor& t : p.received) emit_received(t, w, p.info.op_order);
+        for (size_t k = 0; k < received.size(); ++k)
+          emit_received(received[k], p.buffers->descriptions()[k], w, p.info.op_order);
       emit_string_records();
       encoder_.finish(&stream_.bytes);
       stream_.committed.store(stream_.bytes.size(), std::memory_order_release);

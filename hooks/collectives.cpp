@@ -73,6 +73,16 @@ bool work_completed(const c10::intrusive_ptr<c10::ivalue::Object>& work) {
   return !holder || static_cast<c10d::Work*>(holder.get())->isCompleted();
 }
 
+c10::intrusive_ptr<c10::ivalue::Future> work_future(const c10::intrusive_ptr<c10::ivalue::Object>& work) {
+  auto holder = holder_of(c10::IValue(work), "Work");
+  if (!holder) return {};
+  try {
+    return static_cast<c10d::Work*>(holder.get())->getFuture();
+  } catch (const std::exception&) {
+    return {};  // the base Work has none ("getFuture is not supported")
+  }
+}
+
 void tensors_of(const c10::IValue& v, std::vector<at::Tensor>* out) {
   if (v.isTensor()) {
     if (v.toTensor().defined()) out->push_back(v.toTensor());

@@ -4,8 +4,8 @@
 //
 // A collective returns at once with a Work; gloo fills the receive buffers later, on its own
 // thread. So the recorder writes the op when it returns, with its receive buffers as geometry
-// ("not read"), and writes a COLLECTIVE record with their contents once the Work has completed:
-// checked at the start of the thread's next op, never waited for.
+// ("not read"), describes their contents when the Work's future completes (received_buffers.h),
+// and writes them in a COLLECTIVE record at the thread's next op after that: never waited for.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -43,6 +43,10 @@ c10::intrusive_ptr<c10::ivalue::Object> find_work(const std::vector<c10::IValue>
 
 // Completed (successfully or not); never blocks.
 bool work_completed(const c10::intrusive_ptr<c10::ivalue::Object>& work);
+
+// The Work's future, or null for a Work that has none. gloo completes it before the Work itself:
+// a program waiting on it (DDP's reducer) runs on while the Work still reads not completed.
+c10::intrusive_ptr<c10::ivalue::Future> work_future(const c10::intrusive_ptr<c10::ivalue::Object>& work);
 
 // The tensors of one argument, lists of lists flattened.
 void tensors_of(const c10::IValue& v, std::vector<at::Tensor>* out);

@@ -370,9 +370,7 @@ void ThreadRecorder::write_record(const Frame& f, const at::RecordFunction& fn) 
   ++totals_.ops;
   stream_.committed.store(stream_.bytes.size(), std::memory_order_release);
   if (f.collective && starting_collective_) {
-    // Its buffers change when the Work completes, unseen: what the cache says of them is void.
-    for (const at::Tensor& t : starting_collective_->received) cache_.wrote_unseen(t);
-    starting_collective_->work = find_work(outputs);
+    follow_collective(*starting_collective_, outputs);
     pending_collectives_.push_back(std::move(*starting_collective_));
     starting_collective_.reset();
   }

@@ -25,6 +25,7 @@
 #include "digest/digest.h"
 #include "op_schema.h"
 #include "phase_tracker.h"
+#include "received_buffers.h"
 #include "stream_writer.h"
 #include "stream_identity.h"
 #include "tensor_cache.h"
@@ -212,17 +213,25 @@ class ThreadRecorder {
   void emit_output(const c10::IValue& v, trace::ByteWriter& w, const Frame& f, bool scratch = false);
   void emit_output_tensor(const at::Tensor& t, trace::ByteWriter& w, const Frame& f, bool scratch);
 
-  // A collective's receive buffers: geometry when the op returns, contents in a COLLECTIVE
-  // record once its Work completed (collectives.h).
+  // A collective's receive buffers: geometry when the op returns, contents described when its
+  // Work's future completed (received_buffers.h), written in a COLLECTIVE record at this
+  // thread's next op after that.
   struct PendingCollective {
     trace::CollectiveInfo info;
-    std::vector<at::Tensor> received;
+    std::vector<at::Tensor> received;  // until the op returns; then in `buffers`
     c10::intrusive_ptr<c10::ivalue::Object> work;
+    c10::intrusive_ptr<c10::ivalue::Future> future;  // the Work's, if it has one
+    std::shared_ptr<ReceivedBuffers> buffers;
+    // Described, or to be described now: the future (else the Work) completed.
+    bool ready();
   };
+  // Hands the returned op's receive buffers to the thread that completes its future.
+  void follow_collective(PendingCollective& p, const std::vector<c10::IValue>& outputs);
   uint64_t collective_overwritten(const at::RecordFunction& fn, const OpInfo& info,
                                   trace::CollectiveInfo* call);
   void emit_pending_output(const c10::IValue& v, trace::ByteWriter& w);
-  void emit_received(const at::Tensor& t, trace::ByteWriter& w, uint64_t op_order);
+  void emit_received(const at::Tensor& t, const ReceivedBuffers::Described& d, trace::ByteWriter& w,
+                     uint64_t op_order);
   // Writes a COLLECTIVE record for each pending collective whose Work completed; `at_end`: for
   // every one, "not completed" if it has not.
   void write_completed_collectives(bool at_end);
