@@ -223,6 +223,20 @@ bool earlier(const FirstDivergence& x, const FirstDivergence& y) {
   return x.order_a < y.order_a;
 }
 
+// Why no candidate could be named first: every one follows another through a collective (two
+// ranks each received a difference the other did not send), or no stream held a candidate.
+std::string why_no_first(const std::vector<const FirstDivergence*>& candidates, uint64_t ops) {
+  if (candidates.empty())
+    return fmt::format("{} divergent ops were counted, but no stream held a first divergence", ops);
+  std::vector<std::string> each;
+  for (const FirstDivergence* c : candidates)
+    each.push_back(fmt::format("rank {} step {} {} ({}{}{})", c->rank, c->step, c->op,
+                               c->divergence_class, c->received_through.empty() ? "" : " at ",
+                               c->received_through));
+  return fmt::format("every candidate follows another through a collective, so none came first: "
+                     "{}", fmt::join(each, "; "));
+}
+
 bool has_base_key(const std::vector<EnvDifference>& env, const EnvDifference& d) {
   std::string base = d.key.substr(0, d.key.find(' '));
   for (const EnvDifference& e : env)
@@ -386,12 +400,18 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
   r.verdict = r.divergent_ops > 0 || r.structural_count > 0 || replicas_disagree ? "divergent"
               : r.incomplete && !options.gate.allow_truncated ? "incomplete"
                                                                 : "identical";
+  // A divergence the report cannot place is no verdict a user can act on: the tool failed.
+  if (r.verdict == "divergent" && !r.first && !replicas_disagree) {
+    r.verdict = "unexplained";
+    r.unexplained = why_no_first(candidates, r.divergent_ops);
+  }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   *report = std::move(r);
   return Status();
 }
 
 ExitCode gate_exit_code(const DiffReport& report) {
+  if (report.verdict == "unexplained") return ExitCode::kUnexplained;
   const bool fails = report.verdict == "divergent" &&
                      !(report.gate.fail_on == "tolerance" && !report.beyond_tolerance);
   if (fails) return ExitCode::kDivergent;

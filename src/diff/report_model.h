@@ -175,7 +175,9 @@ struct DiffReport {
   // Data-parallel replicas within each run (run A's, then run B's): src/diff/replicas.h.
   std::vector<ReplicaCheck> replicas;
   std::string run_a, run_b;
-  std::string verdict = "identical";  // "identical" | "divergent" | "incomplete"
+  std::string verdict = "identical";  // "identical" | "divergent" | "incomplete" | "unexplained"
+  // Why a divergence could not be traced to a first divergent op (verdict "unexplained").
+  std::string unexplained;
   GateConfig gate;
   bool beyond_tolerance = false;      // some divergence exceeds the gate's rtol/atol
   std::vector<EnvDifference> environment;

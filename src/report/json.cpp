@@ -59,6 +59,10 @@ std::string one_line_verdict(const DiffReport& r) {
                        "ended early (ops after the cut were not compared)", r.ops_compared);
   if (r.verdict == "identical")
     return fmt::format("identical: {} ops compared, bit for bit", r.ops_compared);
+  if (r.verdict == "unexplained")
+    return fmt::format("unexplained: {} divergent ops, but detaudit could not name the first: {}. "
+                       "This is a detaudit bug (exit 6); please report it with both runs",
+                       r.divergent_ops, r.unexplained);
   if (!r.first) {
     for (const ReplicaCheck& c : r.replicas)
       if (c.divergence)
@@ -81,6 +85,7 @@ json report_to_json(const DiffReport& r) {
   for (const ReplicaCheck& c : r.replicas) j["replicas"].push_back(replica_check_to_json(c));
   j["incomplete"] = r.incomplete;
   j["not_compared"] = r.not_compared;
+  if (r.verdict == "unexplained") j["unexplained"] = r.unexplained;
   j["exit_code"] = int(gate_exit_code(r));
   j["run_a"] = r.run_a;
   j["run_b"] = r.run_b;

@@ -47,7 +47,10 @@ std::string render_text(const DiffReport& r, bool color) {
   Style st{color};
   std::string out;
   bool same = r.verdict == "identical";
-  const char* word = same ? "IDENTICAL" : r.verdict == "incomplete" ? "INCOMPLETE" : "DIVERGENT";
+  const char* word = same                        ? "IDENTICAL"
+                     : r.verdict == "incomplete"  ? "INCOMPLETE"
+                     : r.verdict == "unexplained" ? "UNEXPLAINED"
+                                                  : "DIVERGENT";
   out += fmt::format("{} {}\n", st(same ? "1;32" : r.verdict == "incomplete" ? "1;33" : "1;31", word),
                      one_line_verdict(r));
   for (const std::string& n : r.not_compared) out += st("33", "  not compared: " + n) + "\n";

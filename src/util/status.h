@@ -13,7 +13,8 @@ enum class ExitCode : int {
   kUsage = 2,        // bad flags or config
   kBadInput = 3,     // unreadable or corrupt trace or run directory
   kTargetFailed = 4,  // the audited program failed (nonzero exit or signal) in some run
-  kIncomplete = 5     // no divergence seen, but part of a run was not compared (a cut stream)
+  kIncomplete = 5,    // no divergence seen, but part of a run was not compared (a cut stream)
+  kUnexplained = 6    // ops diverged but no first divergence could be named: detaudit's fault
 };
 
 class Status {

@@ -866,6 +866,42 @@ TEST(DiffTest, ARaceOnOneRankIsTheOriginOfWhatAnotherReceived) {
             std::vector<std::string>{"c10d::allreduce_ #1 of group 0 to rank 0, step 0"});
 }
 
+// Both ranks send the same bytes in both runs, yet each received other bytes in run B: what a
+// recorder that hashed the buffers late would show. No op can have caused it, so the diff must
+// not call it a divergence of the program: it says why it cannot name a first (exit 6).
+TEST(DiffTest, DifferencesNoOpCausedAreUnexplainedNotDivergent) {
+  auto ranks = [](RunDir& run, uint8_t received) {
+    for (int64_t rank : {0, 1}) {
+      TensorDesc recv = tensor(1, {8});
+      TraceBuilder b(rank);
+      b.step(0);
+      const int64_t sent = b.op("aten::mul").in_new(tensor(2, {8})).in_new(tensor(2, {8})).out_new(tensor(3, {8})).done();
+      b.op("c10d::allreduce_").in_list(1).in_ref(sent).out_new(recv).done();
+      b.collective(1, 1, {tensor(uint8_t(received + rank), {8})});
+      b.end();
+      run.add_stream("r" + std::to_string(rank) + ".main.t-main", b);
+    }
+  };
+  RunDir a("unexplained/run-0"), b("unexplained/run-1");
+  ranks(a, 5);
+  ranks(b, 7);
+  DiffOptions o;
+  DiffReport r;
+  ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
+  EXPECT_FALSE(r.first);
+  EXPECT_EQ(r.verdict, "unexplained");
+  EXPECT_EQ(gate_exit_code(r), ExitCode::kUnexplained);
+  EXPECT_NE(r.unexplained.find("rank 0 step 0 c10d::allreduce_ (remote-input at c10d::allreduce_ #1"),
+            std::string::npos) << r.unexplained;
+  EXPECT_NE(r.unexplained.find("rank 1 step 0"), std::string::npos) << r.unexplained;
+  for (ReportFormat f : {ReportFormat::kText, ReportFormat::kJunit, ReportFormat::kMarkdown})
+    EXPECT_NE(render_report(r, f, false).find("could not name the first"), std::string::npos);
+  const auto json = nlohmann::json::parse(render_report(r, ReportFormat::kJson, false));
+  EXPECT_EQ(json["verdict"], "unexplained");
+  EXPECT_EQ(json["exit_code"], 6);
+  EXPECT_EQ(json["unexplained"], r.unexplained);
+}
+
 // One step: a racing index_add_ writes `scratch` (its digest `raced`), then `then` uses it, then
 // the step's result is computed from a fresh input.
 TraceBuilder overwrite_case(uint8_t raced, const std::function<void(TraceBuilder&, int64_t)>& then) {
