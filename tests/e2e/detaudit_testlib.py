@@ -184,6 +184,20 @@ def skipped(values):
     return values_with(values, "skipped")
 
 
+def digests(values):
+    return [t["digest"] for t in tensors(values) if "digest" in t]
+
+
+def collectives(records, stream):
+    """(op record, collective record) of each collective of a stream, in the order the ops ran.
+
+    COLLECTIVE records come in the order their Works completed (gloo may finish a later bucket
+    first), so they are put back in op order here, as the diff does."""
+    ops = {r["order"]: r for r in records if r["record"] == "op" and r["stream"] == stream}
+    calls = [c for c in records if c["record"] == "collective" and c["stream"] == stream]
+    return [(ops[c["order"]], c) for c in sorted(calls, key=lambda c: c["order"])]
+
+
 def stream_files(run_dir):
     d = os.path.join(run_dir, "streams")
     return sorted(f for f in os.listdir(d) if f.endswith(".dtr")) if os.path.isdir(d) else []

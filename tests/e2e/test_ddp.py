@@ -9,26 +9,12 @@ import os
 import re
 import unittest
 
-from detaudit_testlib import (PYTHON, TORCH_VERSION, TmpDirCase, export_records, output_log,
-                              program, read_json, record_pair, run_detaudit, run_program,
-                              tensors)
+from detaudit_testlib import (PYTHON, TORCH_VERSION, TmpDirCase, collectives, digests,
+                              export_records, output_log, program, read_json, record_pair,
+                              run_detaudit, run_program, tensors)
 
 DDP = [PYTHON, program("ddp_train.py")]
 RACE_ATTEMPTS = 3
-
-
-def collectives(records, stream):
-    """(op record, collective record) of each collective of a stream, in the order the ops ran.
-
-    COLLECTIVE records come in the order their Works completed (gloo may finish a later bucket
-    first), so they are put back in op order here, as the diff does."""
-    ops = {r["order"]: r for r in records if r["record"] == "op" and r["stream"] == stream}
-    calls = [c for c in records if c["record"] == "collective" and c["stream"] == stream]
-    return [(ops[c["order"]], c) for c in sorted(calls, key=lambda c: c["order"])]
-
-
-def digests(values):
-    return [t["digest"] for t in tensors(values) if "digest" in t]
 
 
 class SeededDdp(TmpDirCase):

@@ -9,6 +9,8 @@ Each rank trains a seeded DDP model on its own shard. Options make one rank misb
                     backward is the CPU index_put_(accumulate=True) race on 2 threads;
   --corrupt-rank R  after step --corrupt-step's optimizer step, rank R changes a parameter in
                     place with no collective: the replicas now disagree.
+--optimizer adam and --threads 1 make it the plain loop users write most: Adam, one intra-op thread
+a rank (as torchrun sets).
 Every rank prints, per step, the MD5 of the all-reduced loss and of its gradients in DDP's bucket
 order, and at the end the MD5 of its parameters.
 """
@@ -53,10 +55,11 @@ def train(rank, world, args):
     if "MASTER_ADDR" not in os.environ:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = nn.parallel.DistributedDataParallel(Net(rank == args.race_rank, 1 << 17 if args.race_rank >= 0 else 16))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = (torch.optim.Adam(model.parameters(), lr=1e-3) if args.optimizer == "adam" else
+           torch.optim.SGD(model.parameters(), lr=0.1))
     gen = torch.Generator().manual_seed(1000 + rank)
     n = model.module.table.numel()
     for step in range(args.steps):
@@ -93,6 +96,8 @@ def main():
     ap.add_argument("--race-rank", type=int, default=-1)
     ap.add_argument("--corrupt-rank", type=int, default=-1)
     ap.add_argument("--corrupt-step", type=int, default=1)
+    ap.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
+    ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     if args.launch == "none":
         train(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args)
