@@ -82,6 +82,25 @@ void ThreadRecorder::follow_collective(PendingCollective& p, const std::vector<c
   });
 }
 
+bool ThreadRecorder::unfilled_collective_buffer(const at::Tensor& t) {
+  // No allocation: this runs for every tensor of every op while a collective is in flight.
+  if (pending_collectives_.empty() || !t.defined() || !t.has_storage()) return false;
+  const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  for (PendingCollective& p : pending_collectives_)
+    for (const at::Tensor& r : p.buffers->tensors())
+      if (r.has_storage() && r.storage().unsafeGetStorageImpl() == storage) return !p.ready();
+  return false;
+}
+
+bool ThreadRecorder::returns_unfilled_buffer(const c10::IValue& v) {
+  if (pending_collectives_.empty()) return false;
+  if (v.isTensor()) return unfilled_collective_buffer(v.toTensor());
+  if (v.isTensorList())
+    for (const at::Tensor& t : v.toTensorList())
+      if (unfilled_collective_buffer(t)) return true;
+  return false;
+}
+
 bool ThreadRecorder::PendingCollective::ready() {
   if (buffers->described()) return true;
   if (future ? !future->completed() : work && !work_completed(work)) return false;

@@ -357,7 +357,7 @@ void ThreadRecorder::write_record(const Frame& f, const at::RecordFunction& fn) 
   const auto& outputs = fn.outputs();
   w.varint(outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) {
-    if (f.collective)
+    if (f.collective || returns_unfilled_buffer(outputs[i]))
       emit_pending_output(outputs[i], w);
     else
       emit_output(outputs[i], w, f, i < 64 && (f.info->scratch_outputs >> i) & 1);

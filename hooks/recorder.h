@@ -225,6 +225,11 @@ class ThreadRecorder {
     // Described, or to be described now: the future (else the Work) completed.
     bool ready();
   };
+  // Bytes a collective in flight is still filling. A functional collective
+  // (_c10d_functional::all_reduce) returns the buffer its inner c10d op fills later, and
+  // wait_tensor takes it before it is filled: neither reads it.
+  bool unfilled_collective_buffer(const at::Tensor& t);
+  bool returns_unfilled_buffer(const c10::IValue& v);
   // Hands the returned op's receive buffers to the thread that completes its future.
   void follow_collective(PendingCollective& p, const std::vector<c10::IValue>& outputs);
   uint64_t collective_overwritten(const at::RecordFunction& fn, const OpInfo& info,

@@ -98,6 +98,7 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t, Use use) {
   s.version = tensor_version(t);
   s.base_id = -1;
   s.written = use == Use::kWrittenInFull;
+  if (use == Use::kRead && unfilled_collective_buffer(t)) use = Use::kNotRead;
 
   if (s.cacheable) {
     TensorCache::Entry* e = cache_.lookup(t, s.version, /*allow_external=*/true);

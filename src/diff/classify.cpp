@@ -161,7 +161,7 @@ bool outputs_differ(const trace::OpRecord& a, const trace::TraceReader& ra,
   for (size_t i = 0; i < n; ++i) {
     const TensorDesc* ta = ra.tensor(a.output_tensors[i]);
     const TensorDesc* tb = rb.tensor(b.output_tensors[i]);
-    if (!ta || !tb || ta->uninitialized() || tb->uninitialized()) continue;
+    if (!ta || !tb || !ta->has_contents() || !tb->has_contents()) continue;
     if (!ta->same_digest(*tb)) return true;
   }
   return false;
@@ -175,7 +175,7 @@ bool output_deltas(const trace::OpRecord& a, const trace::TraceReader& ra,
   for (size_t i = 0; i < n; ++i) {
     const TensorDesc* ta = ra.tensor(a.output_tensors[i]);
     const TensorDesc* tb = rb.tensor(b.output_tensors[i]);
-    if (!ta || !tb || ta->uninitialized() || tb->uninitialized() || ta->same_digest(*tb))
+    if (!ta || !tb || !ta->has_contents() || !tb->has_contents() || ta->same_digest(*tb))
       continue;
     StatsDelta d = delta_of(*ta, *tb, gate, fmt::format("output {}", i));
     all_within = all_within && d.within_tolerance;
@@ -191,7 +191,7 @@ double largest_relative_difference(const trace::OpRecord& a, const trace::TraceR
   for (size_t i = 0; i < n; ++i) {
     const TensorDesc* ta = ra.tensor(a.output_tensors[i]);
     const TensorDesc* tb = rb.tensor(b.output_tensors[i]);
-    if (!ta || !tb || ta->uninitialized() || tb->uninitialized() || ta->same_digest(*tb) ||
+    if (!ta || !tb || !ta->has_contents() || !tb->has_contents() || ta->same_digest(*tb) ||
         !(ta->bits & trace::kTensorHasStats) || !(tb->bits & trace::kTensorHasStats))
       continue;
     const double xs[] = {ta->stats.min, ta->stats.max, ta->stats.mean, ta->stats.l2};

@@ -171,6 +171,9 @@ struct TensorDesc {
   }
   bool uninitialized() const { return bits & kTensorUninitialized; }
   bool not_read() const { return bits & kTensorNotRead; }
+  // Holds contents to compare: neither garbage nor geometry only (a buffer still being filled
+  // may be geometry in one run and hashed in the other).
+  bool has_contents() const { return !(bits & (kTensorUninitialized | kTensorNotRead)); }
   bool has_stats() const { return bits & kTensorHasStats; }
   uint64_t numel() const;
   bool same_digest(const TensorDesc& other) const;

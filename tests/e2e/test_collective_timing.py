@@ -12,8 +12,9 @@ import os
 import re
 import unittest
 
-from detaudit_testlib import (PYTHON, TmpDirCase, collectives, digests, export_records,
-                              output_log, program, record_pair, run_program)
+from detaudit_testlib import (PYTHON, TORCH_VERSION, TmpDirCase, collectives, digests,
+                              export_records, ops, output_log, program, record_pair, run_program,
+                              tensors)
 
 DDP_PAIRS = int(os.environ.get("DETAUDIT_DDP_PAIRS", "3"))
 REWRITE_PAIRS = int(os.environ.get("DETAUDIT_REWRITE_PAIRS", "2"))
@@ -50,13 +51,29 @@ class DeterministicDdp(TmpDirCase):
 
 class ResultRewrittenAtOnce(TmpDirCase):
     def test_recorded_result_is_the_collectives_whatever_comes_next(self):
+        self.check_pairs("rewrite", REWRITE)
+
+    @unittest.skipIf(TORCH_VERSION.startswith("1."), "functional collectives are torch 2.x's")
+    def test_functional_collectives_return_their_buffer_before_it_is_filled(self):
+        # _c10d_functional::all_reduce returns what its inner c10d::allreduce_ fills later: its
+        # output is not read there; the COLLECTIVE record has the result.
+        runs = self.check_pairs("functional", REWRITE + ["--functional"])
+        for op in ops(export_records(runs[0]), stream="r0.main.t-main"):
+            if op["name"].startswith("_c10d_functional::all_"):
+                for t in tensors(op["outputs"]):
+                    self.assertTrue(t["not_read"], op)
+
+    def check_pairs(self, name, command):
+        runs = []
         for i in range(REWRITE_PAIRS):
-            out = os.path.join(self.tmp, f"pair{i}")
-            proc, report = record_pair(out, REWRITE)
+            out = os.path.join(self.tmp, f"{name}{i}")
+            proc, report = record_pair(out, command)
             self.assertEqual(report["verdict"], "identical", f"pair {i}: {verdict_of(proc, report)}")
             self.assertEqual(proc.returncode, 0, proc.stderr)
             for run in ("run-0", "run-1"):
-                self.check_received(os.path.join(out, run))
+                runs.append(os.path.join(out, run))
+                self.check_received(runs[-1])
+        return runs
 
     def check_received(self, run):
         # Each call's recorded result is the sum the program computed from both ranks' inputs,

@@ -1033,5 +1033,29 @@ TEST(DiffTest, AnEarlierUnreadDifferenceYieldsToALaterReadOne) {
   EXPECT_EQ(r.divergent_ops, 2u);  // the second index_add_ and the sum, not the first
 }
 
+// A functional collective returns the buffer its inner c10d op fills: geometry when that op is
+// still in flight as the outer one returns, hashed when it already completed. Either way the
+// COLLECTIVE record holds the result, and the two runs agree.
+TEST(DiffTest, ABufferStillFillingInOneRunIsNotComparedWithItsContentsInTheOther) {
+  constexpr uint8_t kInFlight = 0;
+  auto run = [](uint8_t returned) {
+    TraceBuilder b;
+    b.step(0);
+    TensorDesc recv = tensor(1, {8});
+    recv.bits |= trace::kTensorNotRead;
+    const int64_t sent = b.op("aten::clone").in_new(tensor(2, {8})).out_new(tensor(2, {8})).done();
+    b.op("c10d::allreduce_").in_list(1).in_ref(sent).out_new(recv).done();
+    b.op("_c10d_functional::all_reduce").in_new(tensor(2, {8}))
+        .out_new(returned == kInFlight ? recv : tensor(returned, {8})).done();
+    b.collective(1, 1, {tensor(9, {8})});
+    b.end();
+    return b;
+  };
+  DiffReport r = diff_cases("filling", run(kInFlight), run(9));
+  EXPECT_EQ(r.verdict, "identical") << (r.first ? r.first->detail : "");
+  // Contents on both sides are still compared.
+  EXPECT_EQ(diff_cases("filled", run(9), run(7)).verdict, "divergent");
+}
+
 }  // namespace
 }  // namespace detaudit

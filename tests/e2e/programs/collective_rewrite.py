@@ -13,6 +13,10 @@ ways (taken in turn):
           op there would be recorded on whichever of gloo's threads ran it: issue 25);
   sync    dist.all_reduce() without async_op, then an in-place op;
   numpy   work.wait(), then a write through NumPy, which no op records.
+With --functional, each call goes through torch 2.x's functional collectives instead
+(`_c10d_functional::all_reduce`, as DTensor and compiled code call them), which return the buffer
+before it is filled. (No all-gather: gloo runs its copies on whichever of its threads is free,
+recorded there as ops in an order that follows timing, issue 25.)
 Every rank prints, per call, the MD5 of what the all-reduce must produce: with two ranks, gloo's
 sum is a0 + a1, computed here from both ranks' seeded inputs before the call.
 """
@@ -41,15 +45,18 @@ def contribution(call, rank, n):
     return torch.randn(n, generator=torch.Generator().manual_seed(1000 * call + rank))
 
 
-def main_rank(rank, world, calls, n):
+def main_rank(rank, world, calls, n, functional):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
     lines = []
     for call in range(calls):
-        mode = MODES[call % len(MODES)]
+        mode = "functional" if functional else MODES[call % len(MODES)]
         expected = sum(contribution(call, r, n) for r in range(world))
         buf = contribution(call, rank, n)
-        if mode == "sync":
+        if mode == "functional":
+            import torch.distributed._functional_collectives as funcol
+            buf = funcol.all_reduce(buf, "sum", dist.group.WORLD) * 0.5
+        elif mode == "sync":
             dist.all_reduce(buf)
             buf.mul_(0.5)
         elif mode == "then":
@@ -78,15 +85,17 @@ def main():
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--calls", type=int, default=40)
     ap.add_argument("--numel", type=int, default=4096)
+    ap.add_argument("--functional", action="store_true")
     ap.add_argument("--port", type=int, default=29500 + os.getpid() % 2000)
     args = ap.parse_args()
     if args.launch == "none":
-        main_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args.calls, args.numel)
+        main_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args.calls, args.numel,
+                  args.functional)
         return
     base = dict(os.environ, WORLD_SIZE=str(args.world), MASTER_ADDR="127.0.0.1",
                 MASTER_PORT=str(args.port))
     argv = [sys.executable, __file__, "--launch", "none", "--calls", str(args.calls),
-            "--numel", str(args.numel)]
+            "--numel", str(args.numel)] + (["--functional"] if args.functional else [])
     procs = [subprocess.Popen(argv, env=dict(base, RANK=str(r), LOCAL_RANK=str(r)))
              for r in range(args.world)]
     sys.exit(max(p.wait() for p in procs))
