@@ -14,9 +14,11 @@ ReceivedBuffers::ReceivedBuffers(std::vector<at::Tensor> tensors, trace::DigestA
 
 void ReceivedBuffers::describe_once() {
   std::unique_lock<std::mutex> lock(mu_);
-  if (state_ == State::kDescribing) done_.wait(lock, [&] { return state_ == State::kDescribed; });
-  if (state_ == State::kDescribed) return;
-  state_ = State::kDescribing;
+  if (claimed_) {
+    done_.wait(lock, [&] { return described(); });
+    return;
+  }
+  claimed_ = true;
   lock.unlock();
 
   // Either thread may get here; neither runs an op the program could see.
@@ -38,7 +40,6 @@ void ReceivedBuffers::describe_once() {
 
   lock.lock();
   descriptions_ = std::move(out);
-  state_ = State::kDescribed;
   described_.store(true, std::memory_order_release);
   lock.unlock();
   done_.notify_all();

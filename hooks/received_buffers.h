@@ -46,16 +46,14 @@ class ReceivedBuffers {
   const std::vector<Described>& descriptions() const { return descriptions_; }
 
  private:
-  enum class State { kPending, kDescribing, kDescribed };
-
   const std::vector<at::Tensor> tensors_;
   const trace::DigestAlgo algo_;
   const bool stats_;
   std::vector<Described> descriptions_;
   std::mutex mu_;
   std::condition_variable done_;
-  State state_ = State::kPending;
-  std::atomic<bool> described_{false};  // state_ == kDescribed, read without the lock
+  bool claimed_ = false;                // a thread is describing them, or has
+  std::atomic<bool> described_{false};  // set under mu_, read without it
 };
 
 }  // namespace detaudit::hooks
