@@ -30,17 +30,23 @@ def verdict_of(proc, report):
             f"{report.get('unexplained') or first}\n{proc.stdout}")
 
 
+def identical_pairs(case, name, command, pairs):
+    """Records `pairs` pairs of `command`; each must be identical. Returns every run's path."""
+    runs = []
+    for i in range(pairs):
+        out = os.path.join(case.tmp, f"{name}{i}")
+        proc, report = record_pair(out, command)
+        case.assertEqual(report["verdict"], "identical", f"pair {i}: {verdict_of(proc, report)}")
+        case.assertEqual(proc.returncode, 0, proc.stderr)
+        runs += [os.path.join(out, "run-0"), os.path.join(out, "run-1")]
+    return runs
+
+
 class DeterministicDdp(TmpDirCase):
     def test_every_recorded_pair_is_identical(self):
         finals = set()
-        for i in range(DDP_PAIRS):
-            out = os.path.join(self.tmp, f"pair{i}")
-            proc, report = record_pair(out, DDP)
-            self.assertEqual(report["verdict"], "identical", f"pair {i}: {verdict_of(proc, report)}")
-            self.assertEqual(proc.returncode, 0, proc.stderr)
-            for run in ("run-0", "run-1"):
-                finals.add(tuple(sorted(re.findall(r"rank \d final ([0-9a-f]{32})",
-                                                   output_log(os.path.join(out, run))))))
+        for run in identical_pairs(self, "ddp", DDP, DDP_PAIRS):
+            finals.add(tuple(sorted(re.findall(r"rank \d final ([0-9a-f]{32})", output_log(run)))))
         # The program is deterministic, and recording changed nothing it computed.
         plain = run_program(DDP)
         self.assertEqual(plain.returncode, 0, plain.stderr)
@@ -69,15 +75,9 @@ class ResultRewrittenAtOnce(TmpDirCase):
             self.assertTrue(t.get("not_read") or t["digest"] in results, t)
 
     def check_pairs(self, name, command):
-        runs = []
-        for i in range(REWRITE_PAIRS):
-            out = os.path.join(self.tmp, f"{name}{i}")
-            proc, report = record_pair(out, command)
-            self.assertEqual(report["verdict"], "identical", f"pair {i}: {verdict_of(proc, report)}")
-            self.assertEqual(proc.returncode, 0, proc.stderr)
-            for run in ("run-0", "run-1"):
-                runs.append(os.path.join(out, run))
-                self.check_received(runs[-1])
+        runs = identical_pairs(self, name, command, REWRITE_PAIRS)
+        for run in runs:
+            self.check_received(run)
         return runs
 
     def check_received(self, run):
