@@ -1,0 +1,113 @@
+"""Step time of a small CUDA CNN or transformer, for plain-vs-recorded figures. Prints one line
+`BENCH {json}`: median and mean step milliseconds over the timed steps (each step ends with a
+synchronize, so a step's time includes everything the recorder made the GPU do), and, with
+--count-bytes, the bytes the ops of one step wrote (what a recorder must digest), counted in an
+extra untimed step, plus the GPU's device-to-device copy bandwidth for scale."""
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+def cnn():
+    def block(i, o):
+        return nn.Sequential(nn.Conv2d(i, o, 3, padding=1), nn.BatchNorm2d(o), nn.ReLU())
+    model = nn.Sequential(block(3, 32), block(32, 32), nn.MaxPool2d(2), block(32, 64),
+                          block(64, 64), nn.MaxPool2d(2), block(64, 128), nn.AdaptiveAvgPool2d(1),
+                          nn.Flatten(), nn.Linear(128, 10))
+    x = torch.randn(64, 3, 32, 32)
+    y = torch.randint(0, 10, (64,))
+    return model, x, y, nn.functional.cross_entropy
+
+
+def transformer():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(1000, 256)
+            layer = nn.TransformerEncoderLayer(256, 8, 1024, dropout=0.0, batch_first=True)
+            self.enc = nn.TransformerEncoder(layer, 4)
+            self.head = nn.Linear(256, 1000)
+
+        def forward(self, tokens):
+            return self.head(self.enc(self.emb(tokens)))
+    x = torch.randint(0, 1000, (16, 128))
+    y = torch.randint(0, 1000, (16, 128))
+
+    def loss(out, target):
+        return nn.functional.cross_entropy(out.reshape(-1, 1000), target.reshape(-1))
+    return Net(), x, y, loss
+
+
+class CountBytes(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops += 1
+        for t in (out if isinstance(out, (list, tuple)) else [out]):
+            if isinstance(t, torch.Tensor) and t.is_cuda:
+                self.bytes += t.numel() * t.element_size()
+        return out
+
+
+def copy_bandwidth_gbs():
+    a = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    b.copy_(a)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    return 2 * 10 * a.numel() / (time.perf_counter() - t0) / 1e9  # read + write
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", choices=("cnn", "transformer"), required=True)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--count-bytes", action="store_true")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    model, x, y, loss_fn = {"cnn": cnn, "transformer": transformer}[args.model]()
+    model, x, y = model.cuda(), x.cuda(), y.cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def step():
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        torch.cuda.synchronize()
+        return loss
+
+    times = []
+    for i in range(args.warmup + args.steps):
+        t0 = time.perf_counter()
+        loss = step()
+        if i >= args.warmup:
+            times.append((time.perf_counter() - t0) * 1e3)
+    result = {"model": args.model, "steps": args.steps, "warmup": args.warmup,
+              "median_ms": statistics.median(times), "mean_ms": statistics.fmean(times),
+              "min_ms": min(times), "final_loss": loss.item(),
+              "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+              "parameters": sum(p.numel() for p in model.parameters())}
+    if args.count_bytes:
+        with CountBytes() as counter:
+            step()
+        result.update(ops_per_step=counter.ops, output_bytes_per_step=counter.bytes,
+                      copy_bandwidth_gbs=copy_bandwidth_gbs())
+    print("BENCH " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""Step time of a small CUDA CNN and a small transformer, plain and recorded with the device
+digest, written as JSON to DETAUDIT_GPU_BENCH_OUT (default <results>/gpu-bench.json; run.sh's
+results are $OUT on the device). A benchmark, not a timed test: nothing is asserted about speed,
+only that both runs ran and produced figures.
+
+The file also holds the bytes one step's ops write and the GPU's copy bandwidth, the figures
+docs/performance.md needs to set the digest's throughput against the memory bandwidth."""
+import json
+import os
+
+import pytest
+
+import gpulib
+
+PROGRAM = gpulib.program("bench_step.py")
+STEPS = os.environ.get("DETAUDIT_GPU_BENCH_STEPS", "30")
+RESULTS = {}
+
+
+def bench_line(text, what):
+    lines = [l for l in text.splitlines() if l.startswith("BENCH ")]
+    assert lines, f"{what}: no BENCH line in:\n{text[-3000:]}"
+    return json.loads(lines[-1][len("BENCH "):])
+
+
+@pytest.mark.parametrize("model", ["cnn", "transformer"])
+def test_step_time(model, gpu):
+    argv = [gpulib.PYTHON, PROGRAM, "--model", model, "--steps", STEPS]
+    plain = gpulib.run_plain(argv + ["--count-bytes"])
+    assert plain.returncode == 0, f"plain {model}: {plain.stderr[-3000:]}"
+    a = bench_line(plain.stdout, f"plain {model}")
+    with gpulib.TempDir() as tmp:
+        proc, run_dir = gpulib.record_one(tmp, argv, flags=["--digest", "device"])
+        assert proc.returncode == 0, f"recorded {model}: {gpulib.describe(proc)}"
+        b = bench_line(gpulib.output_log(run_dir), f"recorded {model}")
+        streams = os.listdir(os.path.join(run_dir, "streams"))
+        assert any(s.endswith(".dtr") for s in streams), f"no trace was written: {streams}"
+        trace_bytes = sum(os.path.getsize(os.path.join(run_dir, "streams", s)) for s in streams)
+    for r in (a, b):
+        assert r["median_ms"] > 0 and r["steps"] == int(STEPS), r
+    overhead_ms = b["median_ms"] - a["median_ms"]
+    result = {
+        "model": model, "device": a["device"], "torch": a["torch"], "steps_timed": a["steps"],
+        "plain_median_ms": a["median_ms"], "recorded_median_ms": b["median_ms"],
+        "ratio": b["median_ms"] / a["median_ms"], "overhead_ms_per_step": overhead_ms,
+        "plain": a, "recorded": b, "trace_bytes": trace_bytes,
+        "ops_per_step": a.get("ops_per_step"),
+        "output_bytes_per_step": a.get("output_bytes_per_step"),
+        "copy_bandwidth_gbs": a.get("copy_bandwidth_gbs"),
+        # Bytes written per step over the time recording added: a lower bound on how fast the
+        # recorder digests (its host work is in the added time too).
+        "digest_gbs_lower_bound": (a["output_bytes_per_step"] / (overhead_ms * 1e-3) / 1e9
+                                   if a.get("output_bytes_per_step") and overhead_ms > 0 else None),
+    }
+    print(json.dumps({k: v for k, v in result.items() if k not in ("plain", "recorded")}))
+    RESULTS[model] = result
+    path = os.environ.get("DETAUDIT_GPU_BENCH_OUT") or os.path.join(gpulib.results_dir(),
+                                                                    "gpu-bench.json")
+    with open(path, "w") as f:
+        json.dump(RESULTS, f, indent=1)
