@@ -15,7 +15,16 @@ class ProcessRecorder;
 std::string apply_determinism(const DeterminismConfig& config);
 uint32_t determinism_bits();
 uint64_t default_rng_digest();
+// The state digest of a CUDA device's default generator (-1: the current device); 0 where it
+// cannot be read. Call it only where CUDA is up: for a CUDA tensor, or after cuda_initialized().
+uint64_t cuda_rng_digest(int device_index);
+// Whether this process has started CUDA (cuInit ran). Never starts it.
+bool cuda_initialized();
 std::string torch_version();
+// Writes the fingerprint (atomically: a temporary file, then rename). Its "cuda" object is filled
+// in only where CUDA is already up.
 void write_environment(const std::string& path, const ProcessRecorder& proc);
+// At exit: the fingerprint again, if it was written before the program started CUDA.
+void rewrite_environment_if_cuda_started(const ProcessRecorder& proc);
 
 }  // namespace detaudit::hooks

@@ -79,6 +79,9 @@ OpInfo describe_op(const char* name, const OptionalOperatorName& op_name, bool s
   if (!handle) return info;
   info.composite = handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
                    handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd);
+  // Random ops without a Generator argument (native_dropout, rand, randperm, the RNN and
+  // attention kernels with dropout) carry the tag; on CUDA they draw from the device's generator.
+  info.is_random = handle->hasTag(at::Tag::nondeterministic_seeded);
   const c10::FunctionSchema& schema = handle->schema();
   for (const auto& ret : schema.returns()) {
     const auto* alias = ret.alias_info();

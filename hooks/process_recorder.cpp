@@ -225,6 +225,7 @@ void ProcessRecorder::finish_all() {
   }
   StreamWriter::instance().drain();
   process_name();  // a process that recorded nothing still leaves its .status
+  if (env_written_.load()) rewrite_environment_if_cuda_started(*this);
 }
 
 void ProcessRecorder::save_on_stop_signal(const char* signal_name) {

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "environment.h"
+#include "rng_source.h"
 #include "run_layout.h"
 #include "stream_identity.h"
 #include "tensor_digest.h"
@@ -189,8 +190,32 @@ const OpInfo& ThreadRecorder::op_info(const at::RecordFunction& fn) {
 }
 
 uint64_t ThreadRecorder::rng_state(const at::RecordFunction& fn) {
-  for (const c10::IValue& v : fn.inputs())
-    if (v.isGenerator()) return generator_digest(v.toGenerator());
+  auto inputs = fn.inputs();
+  const RngSource source = rng_source(inputs.size(), [&](size_t i) {
+    const c10::IValue& v = inputs[i];
+    RngArg a;
+    if (v.isGenerator()) {
+      a.what = RngArg::What::kGenerator;
+    } else if (v.isTensor() && v.toTensor().defined()) {
+      a.what = RngArg::What::kTensor;
+      a.device_type = int(v.toTensor().device().type());
+      a.device_index = v.toTensor().device().index();
+    } else if (v.isDevice()) {
+      a.what = RngArg::What::kDevice;
+      a.device_type = int(v.toDevice().type());
+      a.device_index = v.toDevice().index();
+    }
+    return a;
+  });
+  switch (source.kind) {
+    case RngSource::Kind::kExplicit: return generator_digest(inputs[source.arg].toGenerator());
+    case RngSource::Kind::kCuda:
+      // A CUDA tensor means CUDA is up. A Device argument alone does not (a C++ program's first
+      // torch::rand(..., kCUDA) starts it inside the op): reading the generator then would start it.
+      if (source.from_device_arg && !cuda_initialized()) return 0;
+      return cuda_rng_digest(source.device_index);
+    case RngSource::Kind::kCpu: break;
+  }
   return default_rng_digest();
 }
 
