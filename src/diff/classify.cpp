@@ -418,6 +418,27 @@ std::string describe(const EnvDifference& d) {
   return fmt::format("{} differs: {} vs {}", d.key, d.a, d.b);
 }
 
+// A difference in what a CUDA kernel ran on: the GPU, its driver, the CUDA libraries (the
+// fingerprint's "cuda" object), or an environment variable those libraries read. Whether CUDA
+// was up when the fingerprint was written (initialized, available, built) is not one.
+const EnvDifference* find_cuda_env(const std::vector<EnvDifference>& env) {
+  for (const EnvDifference& d : env) {
+    if (d.key.rfind("cuda.", 0) == 0 && d.key != "cuda.initialized" &&
+        d.key != "cuda.available" && d.key != "cuda.built")
+      return &d;
+  }
+  return find_env(env, {"env.CUBLAS_WORKSPACE_CONFIG", "env.NVIDIA_TF32_OVERRIDE",
+                        "env.TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "env.CUDA_LAUNCH_BLOCKING"});
+}
+
+// The first CUDA device among the op's tensors ("cuda:0"), or "".
+std::string cuda_device_of(const FirstDivergence& fd) {
+  for (const auto* v : {&fd.inputs, &fd.outputs})
+    for (const TensorPair& p : *v)
+      if (p.a.present && p.a.device.rfind("cuda", 0) == 0) return p.a.device;
+  return "";
+}
+
 }  // namespace
 
 void explain_cause(const std::vector<EnvDifference>& env, FirstDivergence* fd) {
@@ -440,6 +461,7 @@ void explain_cause(const std::vector<EnvDifference>& env, FirstDivergence* fd) {
         find_env(env, {"intra_op_threads", "step.intra_op_threads", "env.OMP_NUM_THREADS",
                        "env.MKL_NUM_THREADS"});
     const EnvDifference* det = find_env_containing(env, {"determinism."});
+    const EnvDifference* cuda = on_cpu ? nullptr : find_cuda_env(env);
     if (threads && on_cpu) {
       fd->cause = describe(*threads);
       fd->remedy = "run every time with the same intra-op thread count "
@@ -447,6 +469,13 @@ void explain_cause(const std::vector<EnvDifference>& env, FirstDivergence* fd) {
     } else if (det) {
       fd->cause = describe(*det);
       fd->remedy = "use the same determinism settings in every run";
+    } else if (cuda) {
+      fd->cause = describe(*cuda);
+      fd->remedy = cuda->key.rfind("env.", 0) == 0
+                       ? "set the CUDA libraries' environment variables the same in every run"
+                       : "compare runs on the same GPU model (architecture and SM count), driver "
+                         "and CUDA, cuDNN, cuBLAS and NCCL versions: GPU kernels reproduce bit "
+                         "for bit only there";
     } else if (fd->catalog) {
       fd->cause = fmt::format("{} is a known nondeterministic op ({}): {}", fd->catalog->op,
                               fd->catalog->id, fd->catalog->condition);
@@ -463,10 +492,19 @@ void explain_cause(const std::vector<EnvDifference>& env, FirstDivergence* fd) {
         seed = &d;
         break;
       }
+    const std::string device = cuda_device_of(*fd);
     fd->cause = seed ? describe(*seed)
-                     : "the random generator was seeded or consumed differently before this op";
-    fd->remedy = "seed every generator at program start (torch.manual_seed, random.seed, "
-                 "np.random.seed) and consume random numbers in the same order";
+                : device.empty()
+                    ? "the random generator was seeded or consumed differently before this op"
+                    : fmt::format("the default CUDA generator of {} (its seed and Philox offset) "
+                                  "was seeded or consumed differently before this op",
+                                  device);
+    fd->remedy = device.empty()
+                     ? "seed every generator at program start (torch.manual_seed, random.seed, "
+                       "np.random.seed) and consume random numbers in the same order"
+                     : "seed every generator at program start: torch.manual_seed(s) seeds the "
+                       "CPU's and every CUDA device's (C++: at::manual_seed), and consume random "
+                       "numbers in the same order";
   } else if (cls == kClassExternal) {
     const EnvDifference* hash = find_env(env, {"env.PYTHONHASHSEED"});
     fd->cause = hash ? describe(*hash)

@@ -112,7 +112,8 @@ std::vector<EnvDifference> diff_environment(
       if (k.find("threads") != std::string::npos) return 0;
       if (k.rfind("determinism.", 0) == 0) return 1;
       if (k.find("SEED") != std::string::npos || k.find("seed") != std::string::npos) return 2;
-      return 3;
+      if (k.rfind("cuda.", 0) == 0) return 3;  // the GPU and CUDA libraries
+      return 4;
     };
     return rank(x.key) < rank(y.key);
   });
