@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <fstream>
+#include <regex>
 #include <set>
 #include <vector>
 
@@ -46,6 +48,59 @@ TEST(CatalogTest, EveryEntryHasSourcesRemedyAndUncertainty) {
     }
   }
   EXPECT_EQ(catalog().entries().size(), j["entries"].size());
+}
+
+// Whether use_deterministic_algorithms(True) rules a CUDA entry out is stated, never left to a
+// default: `exists` is what the report's reader acts on.
+TEST(CatalogTest, EveryCudaEntryStatesWhetherDeterministicModeRulesItOut) {
+  std::ifstream in(catalog_file());
+  nlohmann::json j = nlohmann::json::parse(in);
+  int cuda = 0;
+  for (const auto& e : j["entries"]) {
+    const auto& devices = e["device"];
+    if (std::find(devices.begin(), devices.end(), "cuda") == devices.end()) continue;
+    ++cuda;
+    SCOPED_TRACE(e.value("id", "?"));
+    ASSERT_TRUE(e.contains("deterministic_alternative"));
+    const auto& alt = e["deterministic_alternative"];
+    ASSERT_TRUE(alt.contains("exists"));
+    EXPECT_TRUE(alt["exists"].is_boolean());
+  }
+  EXPECT_GT(cuda, 40);
+}
+
+// Where no deterministic implementation exists, deterministic mode raises on the op (or leaves
+// it as it is): a remedy that only says to turn it on sends the user into that error.
+TEST(CatalogTest, EntriesWithoutADeterministicAlternativeSayWhatToDoInstead) {
+  // Every way the catalog's remedies name deterministic mode.
+  const std::regex mode(
+      R"(use_deterministic_algorithms\([^)]*\)|setDeterministicAlgorithms\([^)]*\)|\(C\+\+: [^)]*\)|deterministic mode|det\. mode|warn_only=False)");
+  std::ifstream in(catalog_file());
+  nlohmann::json j = nlohmann::json::parse(in);
+  int without = 0;
+  for (const auto& e : j["entries"]) {
+    if (e["deterministic_alternative"].value("exists", false)) continue;
+    ++without;
+    const std::string id = e.value("id", "?"), remedy = e.value("remedy", "");
+    SCOPED_TRACE(id + ": " + remedy);
+    // Something is left once deterministic mode is taken out.
+    const std::string rest = std::regex_replace(remedy, mode, "");
+    EXPECT_TRUE(std::any_of(rest.begin(), rest.end(), [](char c) { return std::isalpha(c); }));
+    if (e.value("kind", "") != "op") continue;
+    // An op's remedy may name deterministic mode only to say that it raises or does nothing.
+    size_t begin = 0;
+    while (begin <= remedy.size()) {
+      size_t end = remedy.find(';', begin);
+      if (end == std::string::npos) end = remedy.size();
+      const std::string part = remedy.substr(begin, end - begin);
+      if (std::regex_search(part, mode) && part.find("raises") == std::string::npos &&
+          part.find("neither fixes nor flags") == std::string::npos &&
+          part.find("is deterministic in deterministic mode") == std::string::npos)
+        ADD_FAILURE() << "recommends deterministic mode: " << part;
+      begin = end + 1;
+    }
+  }
+  EXPECT_GT(without, 20);
 }
 
 TEST(CatalogTest, CoversEveryRowOfTheReferenceTable) {
