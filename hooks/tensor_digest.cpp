@@ -6,6 +6,8 @@
 
 #include <cstring>
 
+#include "digest/strided.h"
+
 namespace detaudit::hooks {
 
 bool has_no_data(const at::Tensor& t) {
@@ -27,91 +29,6 @@ const char* unhashable_reason(const at::Tensor& t) {
 }
 
 namespace {
-
-// Copies n elements `stride` elements apart into out, with loads of the element's own width.
-template <typename T>
-void gather(const char* src, int64_t stride, size_t n, char* out) {
-  for (size_t i = 0; i < n; ++i) std::memcpy(out + i * sizeof(T), src + int64_t(i) * stride * int64_t(sizeof(T)), sizeof(T));
-}
-
-void gather_elements(const char* src, int64_t stride, size_t n, size_t esize, char* out) {
-  switch (esize) {
-    case 1: return gather<uint8_t>(src, stride, n, out);
-    case 2: return gather<uint16_t>(src, stride, n, out);
-    case 4: return gather<uint32_t>(src, stride, n, out);
-    case 8: return gather<uint64_t>(src, stride, n, out);
-    default:
-      for (size_t i = 0; i < n; ++i)
-        std::memcpy(out + i * esize, src + int64_t(i) * stride * int64_t(esize), esize);
-  }
-}
-
-// Feeds the elements of a non-contiguous tensor in logical order, gathered into a staging buffer
-// so the hash sees large updates.
-void feed_strided(const at::Tensor& t, TensorDigester* digester) {
-  const size_t esize = size_t(t.element_size());
-  const auto* base = static_cast<const char*>(t.data_ptr());
-  // Drop size-1 dimensions and merge dimensions that are contiguous with each other.
-  trace::Dims sizes, strides;  // inline: small tensors are the common case here
-  sizes.resize(size_t(t.dim()));
-  strides.resize(size_t(t.dim()));
-  size_t ndim = 0;
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    if (t.size(d) == 1) continue;
-    if (ndim > 0 && strides[ndim - 1] == t.stride(d) * t.size(d)) {
-      sizes[ndim - 1] *= t.size(d);
-      strides[ndim - 1] = t.stride(d);
-      continue;
-    }
-    sizes[ndim] = t.size(d);
-    strides[ndim] = t.stride(d);
-    ++ndim;
-  }
-  sizes.resize(ndim);
-  strides.resize(ndim);
-  if (sizes.empty()) {
-    digester->update(base, esize);
-    return;
-  }
-  const size_t inner = size_t(sizes[ndim - 1]);
-  const int64_t inner_stride = strides[ndim - 1];
-  const int outer_dims = int(ndim) - 1;
-  trace::Dims index;
-  index.resize(size_t(outer_dims));
-  std::fill(index.begin(), index.end(), 0);
-  thread_local std::vector<char> staging(256 * 1024);
-  const size_t capacity = staging.size() / esize;  // elements
-  size_t used = 0;  // elements
-  auto flush = [&] {
-    digester->update(staging.data(), used * esize);
-    used = 0;
-  };
-  for (;;) {
-    int64_t offset = 0;
-    for (int d = 0; d < outer_dims; ++d) offset += index[size_t(d)] * strides[size_t(d)];
-    const char* row = base + offset * int64_t(esize);
-    if (inner_stride == 1 && inner >= capacity) {
-      flush();
-      digester->update(row, inner * esize);
-    } else {
-      for (size_t done = 0; done < inner;) {
-        if (used == capacity) flush();
-        const size_t n = std::min(inner - done, capacity - used);
-        gather_elements(row + int64_t(done) * inner_stride * int64_t(esize), inner_stride, n, esize,
-                        staging.data() + used * esize);
-        used += n;
-        done += n;
-      }
-    }
-    int d = outer_dims - 1;
-    for (; d >= 0; --d) {
-      if (++index[size_t(d)] < sizes[size_t(d)]) break;
-      index[size_t(d)] = 0;
-    }
-    if (d < 0) break;
-  }
-  flush();
-}
 
 // The leaves of a large tensor go to torch's own intra-op threads: they are idle while the op's
 // thread records, and their number is the one the program chose.
@@ -157,7 +74,8 @@ uint64_t describe_tensor(const at::Tensor& tensor, Hasher* hasher, bool with_sta
     if (t.is_contiguous())
       digester.update_all(t.data_ptr(), size_t(t.numel()) * size_t(t.element_size()), on_torch_pool);
     else
-      feed_strided(t, &digester);
+      feed_strided(t.data_ptr(), size_t(t.element_size()), t.sizes().data(), t.strides().data(),
+                   size_t(t.dim()), &digester);
   }
   digester.finish(desc);
   return digester.bytes();

@@ -34,6 +34,7 @@ size_t digest_length(DigestAlgo algo) {
     case DigestAlgo::kMd5: return 16;
     case DigestAlgo::kSha256: return 32;
     case DigestAlgo::kXxh3: return 16;
+    case DigestAlgo::kDevice: return 8;
   }
   return 0;
 }
@@ -43,12 +44,13 @@ std::string_view digest_name(DigestAlgo algo) {
     case DigestAlgo::kMd5: return "md5";
     case DigestAlgo::kSha256: return "sha256";
     case DigestAlgo::kXxh3: return "xxh3";
+    case DigestAlgo::kDevice: return "device";
   }
   return "unknown";
 }
 
 bool parse_digest_name(std::string_view name, DigestAlgo* out) {
-  for (DigestAlgo a : {DigestAlgo::kMd5, DigestAlgo::kSha256, DigestAlgo::kXxh3}) {
+  for (DigestAlgo a : {DigestAlgo::kMd5, DigestAlgo::kSha256, DigestAlgo::kXxh3, DigestAlgo::kDevice}) {
     if (digest_name(a) == name) {
       *out = a;
       return true;

@@ -78,7 +78,8 @@ enum class RecordKind : uint8_t {
   kHeader = 1, kString = 2, kStep = 3, kOp = 4, kEnd = 5, kScope = 6, kCollective = 7
 };
 
-enum class DigestAlgo : uint8_t { kMd5 = 1, kSha256 = 2, kXxh3 = 3 };
+// kDevice: the device digest (src/digest/lane_digest.h), computed on the GPU for CUDA tensors.
+enum class DigestAlgo : uint8_t { kMd5 = 1, kSha256 = 2, kXxh3 = 3, kDevice = 4 };
 size_t digest_length(DigestAlgo algo);
 std::string_view digest_name(DigestAlgo algo);
 bool parse_digest_name(std::string_view name, DigestAlgo* out);

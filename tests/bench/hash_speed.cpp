@@ -50,6 +50,40 @@ int main() {
   double stats = mbps(bytes, [&] { StatsAccumulator a(6); a.update(data.data(), bytes); (void)a.finish(); });
   std::printf("\"stats\": %.0f, ", stats);
 
+  // The device digest's CPU reference, and what its leaf size costs: a leaf's fold (31 rounds and
+  // an avalanche, one after another) against its words' rounds (32 lanes side by side).
+  for (bool with_stats : {false, true}) {
+    double v = mbps(bytes, [&] { DeviceDigester d(6, with_stats); d.update(data.data(), bytes); (void)d.finish(); });
+    std::printf("\"%s\": %.0f, ", with_stats ? "device_with_stats" : "device", v);
+  }
+  {
+    uint64_t acc[lanes::kLanes];
+    for (uint32_t l = 0; l < lanes::kLanes; ++l) acc[l] = lanes::lane_seed(0, l);
+    const auto* words = reinterpret_cast<const uint64_t*>(data.data());
+    const size_t rows = bytes / (8 * lanes::kLanes);
+    const double row_mbps = mbps(bytes, [&] {
+      for (size_t r = 0; r < rows; ++r)
+        for (uint32_t l = 0; l < lanes::kLanes; ++l)
+          acc[l] = lanes::xxh64_round(acc[l], words[r * lanes::kLanes + l]);
+    });
+    uint64_t folded = acc[0];
+    const size_t folds = 1 << 16;
+    const double fold_mbps = mbps(folds * 8, [&] {
+      for (size_t f = 0; f < folds; ++f) {
+        uint64_t v[lanes::kLanes];
+        for (uint32_t l = 0; l < lanes::kLanes; ++l) v[l] = acc[l] ^ folded;
+        for (uint32_t w = lanes::kLanes / 2; w >= 1; w /= 2)
+          for (uint32_t l = 0; l < w; ++l) v[l] = lanes::fold_hash(v[l], v[l + w]);
+        folded = lanes::leaf_hash(v[0], lanes::kLeafWords);
+      }
+    });
+    const double row_ns = 256 / row_mbps * 1e3, fold_ns = 8 / fold_mbps * 1e3;
+    std::printf("\"device_row_ns\": %.2f, \"device_fold_ns\": %.2f, \"device_fold_share_1k\": %.3f, "
+                "\"device_fold_share_4k\": %.3f, \"device_fold_share_16k\": %.3f, \"device_sink\": %llu, ",
+                row_ns, fold_ns, fold_ns / (4 * row_ns), fold_ns / (16 * row_ns), fold_ns / (64 * row_ns),
+                (unsigned long long)(folded & 1));
+  }
+
   // 8 tensors of 16 MiB, as a CNN's activations: read from memory, not from cache.
   std::vector<std::vector<uint8_t>> cold(8, std::vector<uint8_t>(16 << 20, 1));
   const size_t cold_bytes = cold.size() * cold[0].size();

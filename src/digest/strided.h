@@ -1,0 +1,17 @@
+// A strided view's elements fed to a digester in logical (row-major) order: the order that makes
+// a digest independent of layout. Torch-free, so views are tested without libtorch.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "digest/tensor_digester.h"
+
+namespace detaudit {
+
+// data points at the view's first element (its offset applied); strides are in elements and may
+// be zero (expanded) or negative. Gathers into a staging buffer so the hash sees large updates.
+void feed_strided(const void* data, size_t elem_size, const int64_t* sizes, const int64_t* strides,
+                  size_t dims, TensorDigester* digester);
+
+}  // namespace detaudit

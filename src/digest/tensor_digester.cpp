@@ -1,0 +1,183 @@
+#include "digest/tensor_digester.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
+#include "digest/md5_lanes.h"
+
+namespace detaudit {
+
+using trace::DigestAlgo;
+
+namespace {
+
+constexpr size_t kStatsBlock = kStatsBlockBytes;
+
+// One leaf, contiguous, in one call: what the streaming path computes for the same bytes.
+void digest_leaf(Hasher* h, const uint8_t* p, size_t n, bool with_stats, uint8_t* digest,
+                 StatsAccumulator* stats) {
+  h->reset();
+  for (size_t off = 0; off < n; off += kStatsBlock) {
+    const size_t m = std::min(kStatsBlock, n - off);
+    h->update(p + off, m);
+    if (with_stats) stats->update(p + off, m);
+  }
+  h->finish(digest);
+}
+
+// A hasher per thread and algorithm, for the leaves a pool thread hashes.
+Hasher& thread_hasher(DigestAlgo algo) {
+  thread_local std::unique_ptr<Hasher> hashers[4];
+  auto& h = hashers[size_t(algo) & 3];
+  if (!h || h->algo() != algo) h = std::make_unique<Hasher>(algo);
+  return *h;
+}
+
+}  // namespace
+
+TensorDigester::TensorDigester(Hasher* hasher, uint8_t dtype, bool with_stats)
+    : hasher_(hasher), dtype_(dtype), leaf_stats_(dtype) {
+  with_stats_ = with_stats && leaf_stats_.supported();
+  if (hasher_->algo() == DigestAlgo::kDevice)
+    device_.emplace(dtype, with_stats_);
+  else
+    hasher_->reset();
+}
+
+void TensorDigester::update(const void* data, size_t nbytes) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  bytes_ += nbytes;
+  if (device_) {
+    device_->update(p, nbytes);
+    return;
+  }
+  while (nbytes > 0) {
+    // A leaf closes only when more bytes follow: a tensor of exactly one leaf is hashed plain.
+    if (leaf_used_ == kLeafBytes) close_leaf();
+    const size_t take = std::min(nbytes, kLeafBytes - leaf_used_);
+    feed_leaf(p, take);
+    p += take;
+    nbytes -= take;
+  }
+}
+
+void TensorDigester::feed_leaf(const uint8_t* p, size_t n) {
+  leaf_used_ += n;
+  hasher_->update(p, n);
+  if (!with_stats_) return;
+  if (carry_used_ > 0) {
+    const size_t take = std::min(n, kStatsBlock - carry_used_);
+    std::memcpy(carry_.data() + carry_used_, p, take);
+    carry_used_ += take;
+    p += take;
+    n -= take;
+    if (carry_used_ < kStatsBlock) return;
+    leaf_stats_.update(carry_.data(), carry_used_);
+    carry_used_ = 0;
+  }
+  for (; n >= kStatsBlock; p += kStatsBlock, n -= kStatsBlock) leaf_stats_.update(p, kStatsBlock);
+  std::memcpy(carry_.data(), p, n);
+  carry_used_ = n;
+}
+
+void TensorDigester::flush_carry() {
+  if (carry_used_ > 0) leaf_stats_.update(carry_.data(), carry_used_);
+  carry_used_ = 0;
+}
+
+void TensorDigester::close_leaf() {
+  flush_carry();
+  closed_.emplace_back(dtype_);
+  hasher_->finish(closed_.back().digest.data());
+  closed_.back().stats = leaf_stats_;
+  hasher_->reset();
+  leaf_stats_ = StatsAccumulator(dtype_);
+  leaf_used_ = 0;
+}
+
+void TensorDigester::update_all(const void* data, size_t nbytes, const ParallelFor& parallel) {
+  if (nbytes <= kLeafBytes || bytes_ != 0 || device_) {
+    update(data, nbytes);
+    return;
+  }
+  const auto* p = static_cast<const uint8_t*>(data);
+  const size_t leaves = (nbytes + kLeafBytes - 1) / kLeafBytes;
+  closed_.assign(leaves, Leaf(dtype_));
+  const DigestAlgo algo = hasher_->algo();
+  const bool with_stats = with_stats_;
+  // MD5 of whole leaves runs 16 at a time in vector lanes; a pass costs the same for 2 leaves as
+  // for 16, so the leaves are spread over as few passes as there must be.
+  const size_t full = nbytes / kLeafBytes;
+  const bool lanes = algo == DigestAlgo::kMd5 && full >= 2 && Md5Lanes::available();
+  const size_t passes = lanes ? (full + Md5Lanes::kLanes - 1) / Md5Lanes::kLanes : 0;
+  const size_t first_single = lanes ? full : 0;  // leaves from here on are hashed one by one
+  parallel(passes + leaves - first_single, [&](size_t begin, size_t end) {
+    for (size_t unit = begin; unit < end; ++unit) {
+      if (unit < passes) {
+        const size_t from = full * unit / passes, to = full * (unit + 1) / passes;
+        digest_leaves_md5(p, from, to);
+        continue;
+      }
+      const size_t i = first_single + (unit - passes);
+      const size_t off = i * kLeafBytes;
+      digest_leaf(&thread_hasher(algo), p + off, std::min(kLeafBytes, nbytes - off), with_stats,
+                  closed_[i].digest.data(), &closed_[i].stats);
+    }
+  });
+  bytes_ = nbytes;
+}
+
+void TensorDigester::digest_leaves_md5(const uint8_t* p, size_t from, size_t to) {
+  const size_t n = to - from;
+  const uint8_t* lane[Md5Lanes::kLanes];
+  for (size_t l = 0; l < Md5Lanes::kLanes; ++l)  // spare lanes hash leaf `from` again, unread
+    lane[l] = p + (from + (l < n ? l : 0)) * kLeafBytes;
+  Md5Lanes md5;
+  // Block by block, so the statistics read what the hash just brought into cache.
+  for (size_t off = 0; off < kLeafBytes; off += kStatsBlock) {
+    md5.update(lane, kStatsBlock);
+    for (size_t l = 0; with_stats_ && l < n; ++l) closed_[from + l].stats.update(lane[l], kStatsBlock);
+    for (const uint8_t*& q : lane) q += kStatsBlock;
+  }
+  uint8_t digests[Md5Lanes::kLanes][16];
+  md5.finish(kLeafBytes, digests);
+  for (size_t l = 0; l < n; ++l) std::memcpy(closed_[from + l].digest.data(), digests[l], 16);
+}
+
+void TensorDigester::finish(trace::TensorDesc* out) {
+  if (device_) {
+    lane_result_to_desc(device_->finish(), dtype_, with_stats_, out);
+    return;
+  }
+  StatsAccumulator total(dtype_);
+  if (closed_.empty()) {
+    flush_carry();
+    hasher_->finish(out->digest.data());
+    total = leaf_stats_;
+  } else {
+    if (leaf_used_ > 0) close_leaf();
+    // The root: a header that no plain tensor of these bytes could collide with by accident,
+    // then the leaves' digests in order.
+    static constexpr char kTreeTag[16] = "detaudit-tree-1";
+    const uint64_t sizes[2] = {kLeafBytes, bytes_};
+    hasher_->reset();
+    hasher_->update(kTreeTag, sizeof kTreeTag);
+    hasher_->update(sizes, sizeof sizes);  // little-endian on every platform we build for
+    for (const Leaf& leaf : closed_) {
+      hasher_->update(leaf.digest.data(), hasher_->length());
+      total.merge(leaf.stats);
+    }
+    hasher_->finish(out->digest.data());
+    closed_.clear();
+  }
+  out->digest_len = uint8_t(hasher_->length());
+  out->bits &= uint8_t(~(trace::kTensorHasStats | trace::kTensorIntStats | trace::kTensorHasNanInf));
+  if (!with_stats_) return;
+  out->stats = total.finish();
+  out->bits |= trace::kTensorHasStats;
+  if (total.integral()) out->bits |= trace::kTensorIntStats;
+  if (out->stats.nan || out->stats.inf) out->bits |= trace::kTensorHasNanInf;
+}
+
+}  // namespace detaudit
