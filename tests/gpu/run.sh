@@ -226,7 +226,10 @@ setup_prefix() {
   local pkg_config
   pkg_config=$(command -v pkg-config || echo "$prefix/tools/pkg-config")
   dep_args+=("-DPKG_CONFIG_EXECUTABLE=$pkg_config")
-  dep_args+=("-DCMAKE_PREFIX_PATH=$usr" "-DOPENSSL_ROOT_DIR=$usr")
+  # The interposer is preloaded into programs that know nothing of the prefix: its libxxhash
+  # and libcrypto are found through its RUNPATH, which CMake leaves out for a directory the
+  # compiler reports as implicit.
+  dep_args+=("-DCMAKE_PREFIX_PATH=$usr" "-DOPENSSL_ROOT_DIR=$usr" "-DCMAKE_BUILD_RPATH=$libdir")
   [ -f "$usr/include/openssl/ssl.h" ] && dep_args+=("-DOPENSSL_INCLUDE_DIR=$usr/include")
   [ -f "$libdir/libcrypto.so" ] && dep_args+=("-DOPENSSL_CRYPTO_LIBRARY=$libdir/libcrypto.so")
   [ -f "$libdir/libssl.so" ] && dep_args+=("-DOPENSSL_SSL_LIBRARY=$libdir/libssl.so")
