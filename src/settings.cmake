@@ -7,7 +7,7 @@ set(CMAKE_CXX_STANDARD 17)
 set(CMAKE_CXX_STANDARD_REQUIRED ON)
 set(CMAKE_POSITION_INDEPENDENT_CODE ON)
 set(CMAKE_EXPORT_COMPILE_COMMANDS ON)
-add_compile_options(-Wall -Wextra -Wno-unused-parameter)
+add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:-Wall;-Wextra;-Wno-unused-parameter>")  # not nvcc's
 string(APPEND CMAKE_CXX_FLAGS_RELWITHDEBINFO " -DNDEBUG -O2")
 # A sanitizer build (tests/sanitize.sh): DETAUDIT_SANITIZE=address,undefined instruments every
 # target, the interposer's too when hooks/ is built with it. Any finding stops the program.

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Builds the interposer against pip's CUDA torch 2.14.1: compile and link only (there is no GPU
-# here), so that what is built for CUDA cannot rot on machines without one. The wheels (about
+# Builds the interposer, the device digest's kernels (hooks/device/) and the GPU check against
+# pip's CUDA torch 2.14.1: compile and link only (there is no GPU here), so that what is built
+# for CUDA cannot rot on machines without one. The reference's unit test, compiled by nvcc, runs
+# on the CPU: nvcc's host pass must give the bits g++ gives. The wheels (about
 # 5.5 GB) install from the local disk into <source>/.venv-cuda; nvcc is /usr/local/cuda's. The
 # interposer lands beside the others, in build/lib/detaudit/torch/2.14.1+cu130/.
 #   tests/cuda_build.sh
@@ -19,7 +21,9 @@ build="$root/build/torch/cuda"
 cmake -S "$root/hooks" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       "-DDETAUDIT_TORCH=$venv/bin/python" "-DDETAUDIT_INTERPOSER_DIR=$root/build/lib/detaudit" \
       >/dev/null
-cmake --build "$build" --target detaudit_hooks -j "$(nproc)"
+cmake --build "$build" --target detaudit_hooks detaudit_device detaudit_device_digest_check \
+      detaudit_device_digest_test_nvcc -j "$(nproc)"
+"$build/bin/detaudit_device_digest_test_nvcc" --gtest_brief=1
 version=$("$venv/bin/python" -c 'import torch; print(torch.__version__)')
 lib="$root/build/lib/detaudit/torch/$version/libdetaudit_hooks.so"
 # Linked for real against the CUDA libtorch, not a CPU one found elsewhere.

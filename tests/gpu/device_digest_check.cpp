@@ -1,0 +1,123 @@
+// The device digest kernel against its CPU reference, bit for bit, on a real GPU: every dtype,
+// empty, odd and multi-leaf sizes, random bytes (NaN and Inf patterns) and finite values, views
+// made contiguous on the stream as the recorder does, and tensors alone and in one batch.
+// Exit 0: all equal; 1: a mismatch (printed); 77: no GPU. Run by tests/gpu/test_device_digest.py.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "device/lane_kernel.h"
+#include "digest/device_digest.h"
+
+using namespace detaudit;
+
+namespace {
+
+int failures = 0;
+
+// The reference: the host copy, in logical order.
+lanes::LaneResult reference(const at::Tensor& t) {
+  at::Tensor h = t.cpu().contiguous();
+  DeviceDigester d(uint8_t(h.scalar_type()));
+  d.update(h.data_ptr(), size_t(h.nbytes()));
+  return d.finish();
+}
+
+std::vector<lanes::LaneResult> on_device(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> held;  // contiguous copies, made on the stream, alive until it is done
+  std::vector<device::DigestJob> jobs;
+  for (const at::Tensor& t : tensors) {
+    held.push_back(t.contiguous());
+    jobs.push_back({held.back().data_ptr(), uint64_t(held.back().nbytes()),
+                    uint8_t(t.scalar_type())});
+  }
+  const int n = int(jobs.size());
+  auto opts = at::TensorOptions().dtype(at::kByte).device(tensors[0].device());
+  at::Tensor scratch = at::empty({int64_t(device::lane_scratch_bytes(jobs.data(), n)) + 8}, opts);
+  at::Tensor results = at::empty({int64_t(n * sizeof(lanes::LaneResult))}, opts);
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  const int rc = device::launch_lane_digest(jobs.data(), n, scratch.data_ptr(),
+                                            static_cast<lanes::LaneResult*>(results.data_ptr()), stream);
+  if (rc != 0) {
+    std::printf("launch failed: %s\n", cudaGetErrorString(cudaError_t(rc)));
+    std::exit(1);
+  }
+  std::vector<lanes::LaneResult> out(static_cast<size_t>(n));
+  cudaMemcpyAsync(out.data(), results.data_ptr(), out.size() * sizeof(lanes::LaneResult),
+                  cudaMemcpyDeviceToHost, stream);
+  cudaStreamSynchronize(stream);
+  return out;
+}
+
+void expect_same(const std::string& what, const lanes::LaneResult& got, const lanes::LaneResult& want) {
+  if (got.root == want.root && std::memcmp(&got.stats, &want.stats, sizeof got.stats) == 0) return;
+  ++failures;
+  std::printf("MISMATCH %s: root %016llx vs %016llx, sum %.17g vs %.17g, sumsq %.17g vs %.17g, "
+              "min %g vs %g, max %g vs %g, count %llu vs %llu, nan %llu vs %llu, inf %llu vs %llu\n",
+              what.c_str(), (unsigned long long)got.root, (unsigned long long)want.root,
+              got.stats.sum, want.stats.sum, got.stats.sumsq, want.stats.sumsq, got.stats.min,
+              want.stats.min, got.stats.max, want.stats.max, (unsigned long long)got.stats.count,
+              (unsigned long long)want.stats.count, (unsigned long long)got.stats.nan,
+              (unsigned long long)want.stats.nan, (unsigned long long)got.stats.inf,
+              (unsigned long long)want.stats.inf);
+}
+
+}  // namespace
+
+int main() {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("no GPU: nothing checked\n");
+    return 77;
+  }
+  at::manual_seed(0);
+  const at::ScalarType dtypes[] = {at::kByte, at::kChar, at::kShort, at::kInt, at::kLong,
+                                   at::kHalf, at::kFloat, at::kDouble, at::kComplexFloat,
+                                   at::kComplexDouble, at::kBool, at::kBFloat16};
+  const std::vector<std::vector<int64_t>> shapes = {
+      {0}, {1}, {3}, {7, 3}, {1000}, {1025}, {4097}, {513, 7}, {(1 << 20) + 3}, {3, 1 << 19}};
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  int checked = 0;
+  for (at::ScalarType dtype : dtypes) {
+    const int64_t esize = int64_t(c10::elementSize(dtype));
+    std::vector<at::Tensor> batch;
+    for (const auto& shape : shapes) {
+      int64_t numel = 1;
+      for (int64_t s : shape) numel *= s;
+      // Random bytes: every bit pattern, NaNs and Infs included (bool: 0 and 1 only).
+      at::Tensor bytes = dtype == at::kBool
+                             ? at::randint(0, 2, {numel}, cuda.dtype(at::kByte))
+                             : at::randint(0, 256, {numel * esize}, cuda.dtype(at::kByte));
+      at::Tensor t = (dtype == at::kBool ? bytes.to(at::kBool) : bytes.view(dtype)).view(shape);
+      std::vector<std::pair<std::string, at::Tensor>> cases = {{"random bytes", t}};
+      if (at::isFloatingType(dtype) || at::isComplexType(dtype))
+        cases.push_back({"finite values", (at::randn(shape, cuda.dtype(at::kDouble)) *
+                                           at::exp2(at::randint(-10, 10, shape, cuda.dtype(at::kDouble))))
+                                              .to(dtype)});
+      if (shape.size() == 2) {
+        cases.push_back({"transposed", t.t()});
+        cases.push_back({"sliced with an offset", t.slice(1, 1)});
+        cases.push_back({"expanded", t.select(1, 0).unsqueeze(1).expand(shape)});
+      }
+      for (auto& [what, x] : cases) {
+        const std::string name = std::string(c10::toString(dtype)) + " " + what + " " +
+                                 c10::str(x.sizes());
+        expect_same(name, on_device({x})[0], reference(x));
+        ++checked;
+        if (batch.size() < size_t(device::kMaxBatch)) batch.push_back(x);
+      }
+    }
+    // One launch for many tensors gives each the result it gets alone.
+    const auto together = on_device(batch);
+    for (size_t i = 0; i < batch.size(); ++i)
+      expect_same(std::string(c10::toString(dtype)) + " in a batch of " + std::to_string(batch.size()),
+                  together[i], reference(batch[i]));
+  }
+  std::printf("%d tensors checked, %d mismatches\n", checked, failures);
+  return failures ? 1 : 0;
+}
