@@ -2,12 +2,14 @@
 
 namespace detaudit::trace {
 
-void RecordEncoder::finish(std::string* out) {
+void frame_record(std::string_view kind_and_body, std::string* out) {
   ByteWriter w(out);
-  w.varint(scratch_.size());
-  w.raw(scratch_.data(), scratch_.size());
-  w.u32(crc32c(0, scratch_.data(), scratch_.size()));
+  w.varint(kind_and_body.size());
+  w.raw(kind_and_body.data(), kind_and_body.size());
+  w.u32(crc32c(0, kind_and_body.data(), kind_and_body.size()));
 }
+
+void RecordEncoder::finish(std::string* out) { frame_record(scratch_, out); }
 
 void RecordEncoder::header(const StreamHeader& h, std::string* out) {
   ByteWriter& w = begin(RecordKind::kHeader);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "trace/bytes.h"
 #include "trace/format.h"
@@ -69,6 +70,9 @@ class RecordEncoder {
   std::string scratch_;
   ByteWriter writer_{&scratch_};
 };
+
+// Frames a record (its kind byte and body) into out: length, the bytes, their CRC-32C.
+void frame_record(std::string_view kind_and_body, std::string* out);
 
 // Writes the <tensor> production of a TENSOR_NEW value (without its type byte).
 void write_tensor(ByteWriter& w, const TensorDesc& t, uint64_t base_back);

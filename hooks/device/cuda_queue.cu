@@ -1,0 +1,56 @@
+#include "device/cuda_queue.h"
+
+#include <cuda_runtime.h>
+
+namespace detaudit::device {
+
+std::unique_ptr<CudaQueue> CudaQueue::create(int slots, std::string* error) {
+  std::unique_ptr<CudaQueue> q(new CudaQueue());
+  q->slots_ = slots;
+  const size_t bytes = size_t(slots) * kMaxBatch * sizeof(lanes::LaneResult);
+  cudaError_t rc = cudaGetDevice(&q->device_);
+  // Made once, at the first CUDA tensor: these calls may synchronize, the ones per op never do.
+  if (rc == cudaSuccess) rc = cudaHostAlloc(reinterpret_cast<void**>(&q->host_), bytes, cudaHostAllocDefault);
+  if (rc == cudaSuccess) rc = cudaMalloc(reinterpret_cast<void**>(&q->results_), bytes);
+  if (rc == cudaSuccess) q->events_ = new void*[size_t(slots)]();
+  for (int s = 0; rc == cudaSuccess && s < slots; ++s) {
+    // Blocking sync: the collector sleeps on an event rather than spinning a core.
+    rc = cudaEventCreateWithFlags(reinterpret_cast<cudaEvent_t*>(&q->events_[s]),
+                                  cudaEventDisableTiming | cudaEventBlockingSync);
+  }
+  if (rc != cudaSuccess) {
+    *error = std::string("device digest buffers: ") + cudaGetErrorString(rc);
+    return nullptr;
+  }
+  return q;
+}
+
+CudaQueue::~CudaQueue() {
+  if (events_)
+    for (int s = 0; s < slots_; ++s)
+      if (events_[s]) cudaEventDestroy(static_cast<cudaEvent_t>(events_[s]));
+  delete[] events_;
+  if (results_) cudaFree(results_);
+  if (host_) cudaFreeHost(host_);
+}
+
+bool CudaQueue::enqueue(const DigestJob* jobs, int n, void* stream, int slot) {
+  auto s = static_cast<cudaStream_t>(stream);
+  const size_t scratch_bytes = lane_scratch_bytes(jobs, n);
+  void* scratch = nullptr;
+  // Stream-ordered: allocated and freed in the stream's order, with no synchronization.
+  if (scratch_bytes && cudaMallocAsync(&scratch, scratch_bytes, s) != cudaSuccess) return false;
+  lanes::LaneResult* device_results = results_ + size_t(slot) * kMaxBatch;
+  bool ok = launch_lane_digest(jobs, n, scratch, device_results, stream) == 0;
+  if (scratch) cudaFreeAsync(scratch, s);
+  ok = ok && cudaMemcpyAsync(host_ + size_t(slot) * kMaxBatch, device_results,
+                             size_t(n) * sizeof(lanes::LaneResult), cudaMemcpyDeviceToHost,
+                             s) == cudaSuccess;
+  // Recorded even when something failed, so that wait() never waits on a stale event.
+  ok = cudaEventRecord(static_cast<cudaEvent_t>(events_[slot]), s) == cudaSuccess && ok;
+  return ok;
+}
+
+void CudaQueue::wait(int slot) { cudaEventSynchronize(static_cast<cudaEvent_t>(events_[slot])); }
+
+}  // namespace detaudit::device

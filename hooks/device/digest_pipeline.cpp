@@ -1,0 +1,70 @@
+#include "device/digest_pipeline.h"
+
+namespace detaudit::device {
+
+DigestPipeline::DigestPipeline(DeviceQueue* queue)
+    : queue_(queue), busy_(size_t(queue->slots()), false), collector_([this] { collect(); }) {}
+
+DigestPipeline::~DigestPipeline() {
+  drain();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  collector_.join();
+}
+
+void DigestPipeline::submit(const std::vector<DigestJob>& jobs, void* stream, Completion done) {
+  std::unique_lock<std::mutex> lock(mu_);
+  // Slots are taken in ring order, so the oldest in flight is always the next one to free.
+  if (busy_[size_t(next_slot_)]) {
+    ++full_waits_;
+    changed_.wait(lock, [&] { return !busy_[size_t(next_slot_)]; });
+  }
+  const int slot = next_slot_;
+  next_slot_ = (next_slot_ + 1) % queue_->slots();
+  busy_[size_t(slot)] = true;
+  ++submitted_;
+  // Enqueued under the lock: the ring's order is the streams' order, and the collector waits on
+  // slots in that order.
+  const bool enqueued = queue_->enqueue(jobs.data(), int(jobs.size()), stream, slot);
+  in_flight_.push_back({slot, int(jobs.size()), enqueued, std::move(done)});
+  lock.unlock();
+  changed_.notify_all();
+}
+
+void DigestPipeline::collect() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    changed_.wait(lock, [&] { return stopping_ || !in_flight_.empty(); });
+    if (in_flight_.empty()) return;  // stopping, nothing left
+    InFlight oldest = std::move(in_flight_.front());
+    in_flight_.pop_front();
+    lock.unlock();
+    if (oldest.enqueued) queue_->wait(oldest.slot);
+    oldest.done(oldest.enqueued ? queue_->results(oldest.slot) : nullptr, oldest.n);
+    lock.lock();
+    busy_[size_t(oldest.slot)] = false;
+    ++completed_;
+    changed_.notify_all();
+  }
+}
+
+void DigestPipeline::drain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  const uint64_t target = submitted_;
+  changed_.wait(lock, [&] { return completed_ >= target; });
+}
+
+uint64_t DigestPipeline::ring_full_waits() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return full_waits_;
+}
+
+uint64_t DigestPipeline::batches() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return submitted_;
+}
+
+}  // namespace detaudit::device

@@ -1,0 +1,75 @@
+// Device digests without blocking the op's thread. The op's thread enqueues a batch's digest on
+// the op's stream, right behind the op, into a slot of a small ring; a collector thread waits for
+// the slots in the order they were filled and hands each batch's results to its completion. The
+// op's thread waits only when every slot is busy, for the oldest one, and that is counted.
+//
+// Torch-free and CUDA-free: a DeviceQueue does the device's part (cuda_queue.cpp on a GPU; the
+// unit tests drive a fake one whose completions they control).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "device/lane_kernel.h"
+
+namespace detaudit::device {
+
+class DeviceQueue {
+ public:
+  virtual ~DeviceQueue() = default;
+  virtual int slots() const = 0;
+  // Enqueues the digest of jobs[0..n) into `slot` on `stream` (a cudaStream_t), behind what the
+  // stream already holds. Never waits for the device. False when the device refused it (the
+  // results are then absent).
+  virtual bool enqueue(const DigestJob* jobs, int n, void* stream, int slot) = 0;
+  // Blocks until slot's batch is done (the collector's thread only).
+  virtual void wait(int slot) = 0;
+  // slot's n results, once wait() returned.
+  virtual const lanes::LaneResult* results(int slot) = 0;
+};
+
+class DigestPipeline {
+ public:
+  // Runs on the collector thread, in submission order: results is null when the batch could not
+  // be enqueued, else one LaneResult per job.
+  using Completion = std::function<void(const lanes::LaneResult* results, int n)>;
+
+  explicit DigestPipeline(DeviceQueue* queue);
+  ~DigestPipeline();  // drains
+  DigestPipeline(const DigestPipeline&) = delete;
+  DigestPipeline& operator=(const DigestPipeline&) = delete;
+
+  // From an op's thread: enqueues on `stream` now, returns without waiting unless the ring is full.
+  void submit(const std::vector<DigestJob>& jobs, void* stream, Completion done);
+  // Waits until every batch submitted so far has completed (at exit, on SIGTERM and SIGINT).
+  void drain();
+  // How often submit() found every slot busy and waited for the oldest.
+  uint64_t ring_full_waits() const;
+  uint64_t batches() const;
+
+ private:
+  struct InFlight {
+    int slot;
+    int n;
+    bool enqueued;
+    Completion done;
+  };
+  void collect();
+
+  DeviceQueue* queue_;
+  mutable std::mutex mu_;
+  std::condition_variable changed_;
+  std::deque<InFlight> in_flight_;  // oldest first
+  std::vector<bool> busy_;
+  int next_slot_ = 0;
+  uint64_t submitted_ = 0, completed_ = 0, full_waits_ = 0;
+  bool stopping_ = false;
+  std::thread collector_;
+};
+
+}  // namespace detaudit::device
