@@ -233,7 +233,7 @@ void add_run_verb(CLI::App& app, VerbAction* action) {
   optional_flag(sub, args.get(), "--exclude-ops", &f.exclude_ops, "ops not to record, comma-separated globs");
   optional_flag(sub, args.get(), "--phases", &f.phases, "forward,backward,optimizer (default all)");
   optional_flag(sub, args.get(), "--ranks", &f.ranks, "ranks to record: \"0,2-3\" or \"all\"");
-  optional_flag(sub, args.get(), "--digest", &f.digest, "md5 (default), sha256 or xxh3");
+  optional_flag(sub, args.get(), "--digest", &f.digest, "md5 (default), sha256, xxh3 or device");
   sub->add_flag("--no-stats", f.no_stats, "do not record min/max/mean/L2 of tensors");
   sub->add_flag("--rehash-inputs", f.rehash_inputs,
                 "hash every input at every top-level op (programs that write tensors through NumPy)");

@@ -377,7 +377,7 @@ Status parse_config(const json& j, Config* out) {
     if (Status s = parse_select(j["select"], &c.select); !s.ok()) return s;
   if (j.contains("digest")) {
     std::string name;
-    if (Status s = get_choice(j["digest"], "digest", {"md5", "sha256", "xxh3"}, &name); !s.ok())
+    if (Status s = get_choice(j["digest"], "digest", {"md5", "sha256", "xxh3", "device"}, &name); !s.ok())
       return s;
     trace::parse_digest_name(name, &c.digest);
   }

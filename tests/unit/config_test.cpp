@@ -173,6 +173,7 @@ TEST(ConfigTest, Digest) {
   EXPECT_EQ(parse_ok(R"({"digest": "sha256"})").digest, trace::DigestAlgo::kSha256);
   EXPECT_EQ(parse_ok(R"({"digest": "xxh3"})").digest, trace::DigestAlgo::kXxh3);
   EXPECT_EQ(parse_ok(R"({"digest": "md5"})").digest, trace::DigestAlgo::kMd5);
+  EXPECT_EQ(parse_ok(R"({"digest": "device"})").digest, trace::DigestAlgo::kDevice);
   std::string m = parse_error(R"({"digest": "crc32"})", "digest");
   EXPECT_NE(m.find("\"md5\", \"sha256\", \"xxh3\""), std::string::npos) << m;
   parse_error(R"({"digest": 1})", "digest");
