@@ -86,6 +86,15 @@ class StreamComparator {
     trace::TraceReader ra, rb;
     if (Status s = ra.open(path_a); !s.ok()) return s;
     if (Status s = rb.open(path_b); !s.ok()) return s;
+    // Digests of two algorithms never match: comparing them would report every tensor.
+    if (ra.header().algo != rb.header().algo)
+      return Status::error(
+          fmt::format("{}: recorded with the {} digest, {} with the {} digest: they cannot be "
+                      "compared; record both runs with the same --digest",
+                      path_a, trace::digest_name(ra.header().algo), path_b,
+                      trace::digest_name(rb.header().algo)),
+          ExitCode::kBadInput);
+    out_->summary.digest = std::string(trace::digest_name(ra.header().algo));
     out_->rank = ra.header().rank;
     process_ = layout_process(ra);
     OpSource a(&ra), b(&rb);

@@ -158,6 +158,7 @@ struct UnreadDifference {
 
 struct StreamSummary {
   std::string name;
+  std::string digest;  // the algorithm both runs recorded it with ("md5", "device", ...)
   bool in_a = false, in_b = false;
   uint64_t ops_a = 0, ops_b = 0, compared = 0, divergent = 0, structural = 0;
   uint64_t unread = 0;  // differences overwritten before any op read them

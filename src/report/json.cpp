@@ -203,7 +203,7 @@ json report_to_json(const DiffReport& r) {
   j["unread_differences"] = unread;
   json streams = json::array();
   for (const StreamSummary& s : r.streams)
-    streams.push_back({{"name", s.name}, {"in_a", s.in_a}, {"in_b", s.in_b},
+    streams.push_back({{"name", s.name}, {"digest", s.digest}, {"in_a", s.in_a}, {"in_b", s.in_b},
                        {"ops_a", s.ops_a}, {"ops_b", s.ops_b}, {"compared", s.compared},
                        {"divergent", s.divergent}, {"structural", s.structural},
                        {"unread", s.unread},

@@ -366,6 +366,37 @@ TEST(DiffTest, CorruptStreamIsAnErrorNamingFileAndOffset) {
   EXPECT_NE(st.message().find("offset"), std::string::npos);
 }
 
+// A run recorded with another digest is not a divergence at every tensor: it is refused.
+TEST(DiffTest, StreamsRecordedWithDifferentDigestsAreNotCompared) {
+  RunDir a("digests/run-0"), b("digests/run-1");
+  for (auto [dir, algo] : {std::pair{&a, trace::DigestAlgo::kMd5}, {&b, trace::DigestAlgo::kDevice}}) {
+    TraceBuilder t(0, "main", "main", algo);
+    t.step(0);
+    t.op("aten::add").in_int(1).in_int(2).done();
+    t.end();
+    dir->add_stream("r0.main.t0", t);
+  }
+  DiffOptions o;
+  DiffReport r;
+  Status st = diff_runs(a.path(), b.path(), o, &r);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code(), ExitCode::kBadInput);
+  EXPECT_NE(st.message().find("md5 digest"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("device digest"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("--digest"), std::string::npos) << st.message();
+
+  // The same digest on both sides: compared, and the report names it per stream.
+  RunDir c("digests/run-2");
+  TraceBuilder t(0, "main", "main", trace::DigestAlgo::kDevice);
+  t.step(0);
+  t.op("aten::add").in_int(1).in_int(2).done();
+  t.end();
+  c.add_stream("r0.main.t0", t);
+  ASSERT_TRUE(diff_runs(b.path(), c.path(), o, &r).ok());
+  ASSERT_EQ(r.streams.size(), 1u);
+  EXPECT_EQ(r.streams[0].digest, "device");
+}
+
 TEST(DiffTest, MissingRunDirectoryIsBadInput) {
   DiffOptions o;
   DiffReport r;

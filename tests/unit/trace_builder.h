@@ -140,8 +140,10 @@ class TraceBuilder {
     int64_t last_id_ = -1;
   };
 
-  explicit TraceBuilder(int64_t rank = 0, std::string role = "main", std::string thread = "main") {
+  explicit TraceBuilder(int64_t rank = 0, std::string role = "main", std::string thread = "main",
+                        trace::DigestAlgo algo = trace::DigestAlgo::kMd5) {
     trace::StreamHeader h;
+    h.algo = algo;
     h.rank = rank;
     h.process_role = std::move(role);
     h.thread = std::move(thread);
