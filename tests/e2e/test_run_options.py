@@ -11,8 +11,8 @@ import os
 import unittest
 
 from detaudit_testlib import (RecordedRuns, PYTHON, example, export_records, in_parallel, make_temp_dir, ops,
-                              program, read_json, record, remove_dir, run_detaudit, steps,
-                              tensors)
+                              output_log, program, read_json, record, remove_dir, run_detaudit,
+                              steps, tensors)
 
 SGD = [PYTHON, example("train_sgd.py")]
 
@@ -27,6 +27,8 @@ class RunOptions(RecordedRuns):
             "ops": (["--ops", "aten::add*", "--threads", "2", "--seed", "7",
                      "--deterministic", "warn"], SGD + ["--steps", "2"]),
             "seeded": (["--runs", "2", "--seed", "7"], [PYTHON, program("print_random.py")]),
+            "device": (["--runs", "2", "--digest", "device"], SGD + ["--steps", "2"]),
+            "device_values": (["--digest", "device"], [PYTHON, program("device_digest_values.py")]),
         }
 
     def digests(self, recs):
@@ -99,6 +101,36 @@ class RunOptions(RecordedRuns):
             self.assertRegex(d, r"^[0-9a-f]{64}$")
         env = read_json(os.path.join(self.runs["sha256"][1], "streams", "r0.main.env.json"))
         self.assertEqual(env["digest"], "sha256")
+
+    def test_device_digests_are_8_bytes_with_stats_and_identical_twice(self):
+        r, run0 = self.runs["device"]
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("IDENTICAL", r.stdout)
+        recs = self.records("device")
+        self.assertEqual(recs[0]["digest"], "device")
+        ds = self.digests(recs)
+        self.assertGreater(len(ds), 100)
+        for d in ds:
+            self.assertRegex(d, r"^[0-9a-f]{16}$")
+        self.assertTrue(any("stats" in t for o in ops(recs) for t in tensors(o["outputs"])))
+        # A run recorded with another digest is refused, not reported divergent everywhere.
+        md5_run = self.runs["twice"][1]
+        d = run_detaudit(["diff", md5_run, run0])
+        self.assertEqual(d.returncode, 3, d.stdout + d.stderr)
+        self.assertIn("--digest", d.stderr)
+
+    def test_device_digest_is_the_specs(self):
+        """What the recorder wrote equals the spec, computed independently in Python by the
+        program, for an op's output and for a non-contiguous input (its logical order)."""
+        r, run_dir = self.runs["device_values"]
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        want = json.loads([l for l in output_log(run_dir).splitlines() if l.startswith("{")][-1])
+        recs = self.records("device_values")
+        mul = [o for o in ops(recs, "aten::mul") if tensors(o["outputs"])]
+        clone = ops(recs, "aten::clone")
+        self.assertTrue(mul and clone, [o["name"] for o in ops(recs)])
+        self.assertEqual(tensors(mul[0]["outputs"])[0]["digest"], want["mul_output"])
+        self.assertEqual(tensors(clone[0]["inputs"])[0]["digest"], want["clone_input"])
 
     def test_xxh3_digests_are_16_bytes_and_no_stats(self):
         recs = self.records("xxh3")
