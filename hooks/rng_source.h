@@ -1,6 +1,6 @@
 // Which generator a random op draws from, decided from what its arguments are, without torch:
 // the recorder digests that generator's state before the op runs, and the rule is unit-tested on
-// machines without a GPU (tests/unit/rng_source_test.cpp).
+// machines without a GPU (tests/unit/cuda_state_test.cpp).
 //
 // - An explicit Generator argument is the op's generator.
 // - Else a Device argument (factories, `*_like(..., device=)`) says where the op draws: the
@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 namespace detaudit::hooks {
 
@@ -36,9 +37,7 @@ inline constexpr int kCudaDeviceType = 1;  // c10::DeviceType::CUDA
 // `describe(i)` returns the RngArg of argument i, for i < n.
 template <typename Describe>
 RngSource rng_source(size_t n, Describe describe) {
-  RngSource cuda_tensor;
-  bool have_cuda_tensor = false, have_device = false;
-  RngSource device;
+  std::optional<RngSource> device, cuda_tensor;
   for (size_t i = 0; i < n; ++i) {
     const RngArg a = describe(i);
     switch (a.what) {
@@ -49,27 +48,25 @@ RngSource rng_source(size_t n, Describe describe) {
         return s;
       }
       case RngArg::What::kDevice:
-        if (!have_device) {
-          have_device = true;
-          device.kind = a.device_type == kCudaDeviceType ? RngSource::Kind::kCuda
-                                                         : RngSource::Kind::kCpu;
-          device.device_index = a.device_index;
-          device.from_device_arg = true;
+        if (!device) {
+          device.emplace();
+          device->kind = a.device_type == kCudaDeviceType ? RngSource::Kind::kCuda
+                                                          : RngSource::Kind::kCpu;
+          device->device_index = a.device_index;
+          device->from_device_arg = true;
         }
         break;
       case RngArg::What::kTensor:
-        if (!have_cuda_tensor && a.device_type == kCudaDeviceType) {
-          have_cuda_tensor = true;
-          cuda_tensor.kind = RngSource::Kind::kCuda;
-          cuda_tensor.device_index = a.device_index;
+        if (!cuda_tensor && a.device_type == kCudaDeviceType) {
+          cuda_tensor.emplace();
+          cuda_tensor->kind = RngSource::Kind::kCuda;
+          cuda_tensor->device_index = a.device_index;
         }
         break;
       case RngArg::What::kOther: break;
     }
   }
-  if (have_device) return device;
-  if (have_cuda_tensor) return cuda_tensor;
-  return RngSource{};
+  return device ? *device : cuda_tensor ? *cuda_tensor : RngSource{};
 }
 
 }  // namespace detaudit::hooks

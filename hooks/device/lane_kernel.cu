@@ -46,8 +46,7 @@ __device__ void shfl_down_stats(LaneStats* s, unsigned width) {
 }
 
 // One warp per leaf, over every leaf of the batch.
-__global__ void leaf_kernel(Batch batch, uint64_t* leaf_hashes, LaneStats* leaf_stats,
-                            bool with_stats) {
+__global__ void leaf_kernel(Batch batch, uint64_t* leaf_hashes, LaneStats* leaf_stats) {
   const uint64_t total = batch.first_leaf[batch.n];
   const uint32_t lane = threadIdx.x % kLanes;
   const uint64_t warps = uint64_t(gridDim.x) * blockDim.x / kLanes;
@@ -67,7 +66,7 @@ __global__ void leaf_kernel(Batch batch, uint64_t* leaf_hashes, LaneStats* leaf_
     for (uint32_t k = lane; k < count; k += kLanes) {
       const uint64_t w = load_word(p, first + k, job.bytes);
       acc = xxh64_round(acc, w);
-      if (with_stats && type.kind != ElementKind::kNone) {
+      if (type.kind != ElementKind::kNone) {
         const uint64_t left = job.bytes - 8 * (first + k);  // bytes from this word on
         add_word(&st, w, type, uint32_t(min(uint64_t(8), left) / type.size));
       }
@@ -153,7 +152,7 @@ int launch_lane_digest(const DigestJob* jobs, int n, void* scratch, LaneResult* 
     constexpr int kThreads = 256;  // 8 warps, 8 leaves a block a pass
     const uint64_t blocks = (leaves * kLanes + kThreads - 1) / kThreads;
     leaf_kernel<<<unsigned(blocks < 65535 * 16 ? blocks : 65535 * 16), kThreads, 0, s>>>(
-        batch, hashes, stats, true);
+        batch, hashes, stats);
   }
   tensor_kernel<<<unsigned(n), kTreeThreads, 0, s>>>(batch, hashes, stats, results);
   return int(cudaGetLastError());

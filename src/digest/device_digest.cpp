@@ -1,7 +1,8 @@
 #include "digest/device_digest.h"
 
-#include <cmath>
 #include <cstring>
+
+#include "digest/stats.h"
 
 // Built with -ffp-contract=off (src/CMakeLists.txt): a fused x * x + q would round once, and the
 // kernel's statistics would no longer equal these.
@@ -122,24 +123,12 @@ void lane_result_to_desc(const LaneResult& r, uint8_t dtype, bool with_stats,
                          trace::TensorDesc* out) {
   for (int i = 0; i < 8; ++i) out->digest[size_t(i)] = uint8_t(r.root >> (8 * i));
   out->digest_len = 8;
-  out->bits &= uint8_t(~(trace::kTensorHasStats | trace::kTensorIntStats | trace::kTensorHasNanInf));
   const ElementType type = element_type(dtype);
-  if (!with_stats || type.kind == ElementKind::kNone) return;
+  const bool integral = !is_floating(type.kind);
   const LaneStats& s = r.stats;
-  trace::TensorStats t;
-  t.nan = s.nan;
-  t.inf = s.inf;
-  if (s.count > 0) {
-    // +0.0 for either zero: which one a min or max keeps depends on the operand order.
-    t.min = s.min == 0 ? 0.0 : s.min;
-    t.max = s.max == 0 ? 0.0 : s.max;
-    t.mean = s.sum / double(s.count);
-    if (is_floating(type.kind)) t.l2 = std::sqrt(s.sumsq);
-  }
-  out->stats = t;
-  out->bits |= trace::kTensorHasStats;
-  if (!is_floating(type.kind)) out->bits |= trace::kTensorIntStats;
-  if (t.nan || t.inf) out->bits |= trace::kTensorHasNanInf;
+  const trace::TensorStats stats =
+      summarize_stats(s.min, s.max, s.sum, s.sumsq, s.count, s.nan, s.inf, integral);
+  store_stats(with_stats && type.kind != ElementKind::kNone ? &stats : nullptr, integral, out);
 }
 
 }  // namespace detaudit

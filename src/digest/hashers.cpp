@@ -4,6 +4,7 @@
 #include <xxhash.h>
 
 #include <cstring>
+#include <optional>
 
 #include "digest/device_digest.h"
 #include "digest/xxh3_wide.h"
@@ -27,7 +28,7 @@ struct Hasher::State {
   EVP_MD* md = nullptr;
   XXH3_state_t* xxh = nullptr;
   Xxh3WideState* wide = nullptr;  // instead of xxh, where the CPU has AVX-512
-  std::unique_ptr<DeviceDigester> device;
+  std::optional<DeviceDigester> device;
 };
 
 Hasher::Hasher(DigestAlgo algo) : algo_(algo), state_(std::make_unique<State>()) {
@@ -54,7 +55,7 @@ Hasher::~Hasher() {
 
 void Hasher::reset() {
   if (algo_ == DigestAlgo::kDevice)
-    state_->device = std::make_unique<DeviceDigester>(/*dtype=*/0, /*with_stats=*/false);
+    state_->device.emplace(/*dtype=*/0, /*with_stats=*/false);
   else if (state_->wide)
     xxh3_wide_reset(state_->wide);
   else if (state_->xxh)

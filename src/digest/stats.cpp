@@ -477,22 +477,31 @@ void StatsAccumulator::update_block(const uint8_t* p, size_t n) {
   }
 }
 
-trace::TensorStats StatsAccumulator::finish() const {
+trace::TensorStats summarize_stats(double min, double max, double sum, double sumsq,
+                                   uint64_t count, uint64_t nan, uint64_t inf, bool integral) {
   trace::TensorStats s;
-  s.nan = nan_;
-  s.inf = inf_;
-  if (count_ == 0) return s;
-  if (integral()) {
-    s.min = double(imin_);
-    s.max = double(imax_);
-  } else {
-    // +0.0 for either zero: which one a min or max keeps depends on the operand order.
-    s.min = min_ == 0 ? 0.0 : min_;
-    s.max = max_ == 0 ? 0.0 : max_;
-    s.l2 = std::sqrt(sumsq_);
-  }
-  s.mean = sum_ / double(count_);
+  s.nan = nan;
+  s.inf = inf;
+  if (count == 0) return s;
+  s.min = min == 0 ? 0.0 : min;
+  s.max = max == 0 ? 0.0 : max;
+  if (!integral) s.l2 = std::sqrt(sumsq);
+  s.mean = sum / double(count);
   return s;
+}
+
+void store_stats(const trace::TensorStats* stats, bool integral, trace::TensorDesc* out) {
+  out->bits &= uint8_t(~(trace::kTensorHasStats | trace::kTensorIntStats | trace::kTensorHasNanInf));
+  if (!stats) return;
+  out->stats = *stats;
+  out->bits |= trace::kTensorHasStats;
+  if (integral) out->bits |= trace::kTensorIntStats;
+  if (stats->nan || stats->inf) out->bits |= trace::kTensorHasNanInf;
+}
+
+trace::TensorStats StatsAccumulator::finish() const {
+  return integral() ? summarize_stats(double(imin_), double(imax_), sum_, 0, count_, nan_, inf_, true)
+                    : summarize_stats(min_, max_, sum_, sumsq_, count_, nan_, inf_, false);
 }
 
 void StatsAccumulator::merge(const StatsAccumulator& next) {

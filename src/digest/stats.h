@@ -40,6 +40,13 @@ class StatsAccumulator {
   int64_t imin_, imax_;
 };
 
+// The stored statistics from running sums: mean and L2 from the sums, no L2 for integers, and a
+// zero min or max as +0.0 (which zero a min or max keeps depends on the operand order).
+trace::TensorStats summarize_stats(double min, double max, double sum, double sumsq,
+                                   uint64_t count, uint64_t nan, uint64_t inf, bool integral);
+// Sets out's statistics and their bits; with no statistics (null), clears the bits.
+void store_stats(const trace::TensorStats* stats, bool integral, trace::TensorDesc* out);
+
 // The code paths of the float statistics. Each computes the same lanes, so each gives the same
 // bits; kAuto takes the fastest the CPU has. For tests and benchmarks: force_stats_path is global
 // and not meant to change while tensors are being digested.

@@ -172,12 +172,8 @@ void TensorDigester::finish(trace::TensorDesc* out) {
     closed_.clear();
   }
   out->digest_len = uint8_t(hasher_->length());
-  out->bits &= uint8_t(~(trace::kTensorHasStats | trace::kTensorIntStats | trace::kTensorHasNanInf));
-  if (!with_stats_) return;
-  out->stats = total.finish();
-  out->bits |= trace::kTensorHasStats;
-  if (total.integral()) out->bits |= trace::kTensorIntStats;
-  if (out->stats.nan || out->stats.inf) out->bits |= trace::kTensorHasNanInf;
+  const trace::TensorStats stats = total.finish();
+  store_stats(with_stats_ ? &stats : nullptr, total.integral(), out);
 }
 
 }  // namespace detaudit
