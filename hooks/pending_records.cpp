@@ -1,13 +1,29 @@
 #include "pending_records.h"
 
+#include "digest/device_digest.h"
 #include "trace/records.h"
 
 namespace detaudit::hooks {
 
-std::vector<PendingRecords::Hole*> PendingRecords::hold(std::string kind_and_body,
-                                                         std::vector<std::unique_ptr<Hole>> holes) {
-  std::vector<Hole*> out;
-  for (auto& h : holes) out.push_back(h.get());
+void PendingDigest::complete(const lanes::LaneResult* result) {
+  if (result)
+    result_ = *result;
+  else
+    failed_ = true;
+  done_.store(true, std::memory_order_release);
+}
+
+void PendingDigest::apply(trace::TensorDesc* desc) const {
+  if (failed_) {
+    desc->digest.fill(0);
+    desc->bits = uint8_t((desc->bits | trace::kTensorNotRead) &
+                         ~(trace::kTensorHasStats | trace::kTensorHasNanInf | trace::kTensorIntStats));
+    return;
+  }
+  lane_result_to_desc(result_, dtype_, with_stats_, desc);
+}
+
+void PendingRecords::hold(std::string kind_and_body, std::vector<Hole> holes) {
   Entry e;
   e.body = std::move(kind_and_body);
   e.holes = std::move(holes);
@@ -17,7 +33,6 @@ std::vector<PendingRecords::Hole*> PendingRecords::hold(std::string kind_and_bod
     e.body.swap(framed);
   }
   entries_.push_back(std::move(e));
-  return out;
 }
 
 size_t PendingRecords::release(std::string* stream) {
@@ -27,15 +42,16 @@ size_t PendingRecords::release(std::string* stream) {
     if (e.holes.empty()) {
       stream->append(e.body);
     } else {
-      for (const auto& h : e.holes)
-        if (!h->filled.load(std::memory_order_acquire)) return released;
+      for (const Hole& h : e.holes)
+        if (!h.digest->done()) return released;
       std::string body;
       size_t at = 0;
       trace::ByteWriter w(&body);
-      for (const auto& h : e.holes) {
-        body.append(e.body, at, h->offset - at);
-        trace::write_tensor(w, h->desc, h->base_back);
-        at = h->offset;
+      for (Hole& h : e.holes) {
+        body.append(e.body, at, h.offset - at);
+        h.digest->apply(&h.desc);
+        trace::write_tensor(w, h.desc, h.base_back);
+        at = h.offset;
       }
       body.append(e.body, at, std::string::npos);
       trace::frame_record(body, stream);

@@ -1,10 +1,10 @@
 // Records whose tensors are digested elsewhere (on the GPU) and finish later, kept in program
 // order. A record with pending tensors is held, with everything the stream writes after it,
-// until its tensors are filled in; then it is framed and released to the stream's buffer as if it
-// had been written whole. The file stays in program order and a reader sees ordinary records:
+// until its tensors' digests are in; then it is framed and released to the stream's buffer as if
+// it had been written whole. The file stays in program order and a reader sees ordinary records:
 // the collective's way of completing outputs later, without a record of its own.
 //
-// One op thread writes and releases; the collector thread only fills holes. Torch-free.
+// One op thread writes and releases; the collector thread only completes digests. Torch-free.
 #pragma once
 
 #include <atomic>
@@ -14,19 +14,42 @@
 #include <string>
 #include <vector>
 
+#include "digest/lane_digest.h"
 #include "trace/format.h"
 
 namespace detaudit::hooks {
 
+// A tensor's device digest on its way. Shared by every description of that tensor version (the
+// op's record, the cache, later records that name the same bytes), completed once.
+class PendingDigest {
+ public:
+  PendingDigest(uint8_t dtype, bool with_stats) : dtype_(dtype), with_stats_(with_stats) {}
+  // The collector's thread: the result, or null when the device could not compute it.
+  void complete(const lanes::LaneResult* result);
+  bool done() const { return done_.load(std::memory_order_acquire); }
+  // Once done(): fills desc's digest and statistics. A digest the device failed to compute
+  // leaves the tensor described by its geometry, as not read: nothing is compared that was not
+  // computed.
+  void apply(trace::TensorDesc* desc) const;
+  bool failed() const { return failed_; }
+
+ private:
+  uint8_t dtype_;
+  bool with_stats_;
+  bool failed_ = false;
+  lanes::LaneResult result_{};
+  std::atomic<bool> done_{false};
+};
+
 class PendingRecords {
  public:
-  // A tensor whose digest and statistics are filled in later: its <tensor> production goes at
-  // `offset` of the record's body.
+  // A tensor whose digest is filled in later: its <tensor> production goes at `offset` of the
+  // record's body.
   struct Hole {
     size_t offset = 0;
     uint64_t base_back = 0;
-    trace::TensorDesc desc;
-    std::atomic<bool> filled{false};
+    trace::TensorDesc desc;  // all but the digest and statistics
+    std::shared_ptr<const PendingDigest> digest;
   };
 
   // Where the stream's next records go: `stream` itself while nothing is held, else behind the
@@ -38,22 +61,20 @@ class PendingRecords {
     return &entries_.back().body;
   }
   bool empty() const { return entries_.empty(); }
+  size_t held() const { return entries_.size(); }
 
   // Holds a record: `kind_and_body` as RecordEncoder's scratch (kind byte, then the body with
-  // the holes left out), and the holes, by increasing offset. Returns them, for the collector.
-  std::vector<Hole*> hold(std::string kind_and_body, std::vector<std::unique_ptr<Hole>> holes);
+  // the holes left out), and its holes, by increasing offset.
+  void hold(std::string kind_and_body, std::vector<Hole> holes);
 
-  // Marks a hole's desc complete (the collector's thread, after writing hole->desc).
-  static void fill(Hole* hole) { hole->filled.store(true, std::memory_order_release); }
-
-  // Moves the leading records whose holes are all filled into `stream`, framed. Returns the
+  // Moves the leading records whose digests are all done into `stream`, framed. Returns the
   // number of records released.
   size_t release(std::string* stream);
 
  private:
   struct Entry {
-    std::string body;  // a held record's kind and body; or framed records written after one
-    std::vector<std::unique_ptr<Hole>> holes;  // empty: `body` is already framed bytes
+    std::string body;         // a held record's kind and body; or framed records written after one
+    std::vector<Hole> holes;  // empty: `body` is already framed bytes
   };
   std::deque<Entry> entries_;
 };

@@ -51,6 +51,8 @@ bool CudaQueue::enqueue(const DigestJob* jobs, int n, void* stream, int slot) {
   return ok;
 }
 
-void CudaQueue::wait(int slot) { cudaEventSynchronize(static_cast<cudaEvent_t>(events_[slot])); }
+bool CudaQueue::wait(int slot) {
+  return cudaEventSynchronize(static_cast<cudaEvent_t>(events_[slot])) == cudaSuccess;
+}
 
 }  // namespace detaudit::device

@@ -18,7 +18,7 @@ class CudaQueue : public DeviceQueue {
 
   int slots() const override { return slots_; }
   bool enqueue(const DigestJob* jobs, int n, void* stream, int slot) override;
-  void wait(int slot) override;
+  bool wait(int slot) override;
   const lanes::LaneResult* results(int slot) override { return host_ + size_t(slot) * kMaxBatch; }
   int device() const { return device_; }
 

@@ -1,5 +1,7 @@
 #include "device/digest_pipeline.h"
 
+#include <chrono>
+
 namespace detaudit::device {
 
 DigestPipeline::DigestPipeline(DeviceQueue* queue)
@@ -42,8 +44,8 @@ void DigestPipeline::collect() {
     InFlight oldest = std::move(in_flight_.front());
     in_flight_.pop_front();
     lock.unlock();
-    if (oldest.enqueued) queue_->wait(oldest.slot);
-    oldest.done(oldest.enqueued ? queue_->results(oldest.slot) : nullptr, oldest.n);
+    const bool ok = oldest.enqueued && queue_->wait(oldest.slot);
+    oldest.done(ok ? queue_->results(oldest.slot) : nullptr, oldest.n);
     lock.lock();
     busy_[size_t(oldest.slot)] = false;
     ++completed_;
@@ -55,6 +57,20 @@ void DigestPipeline::drain() {
   std::unique_lock<std::mutex> lock(mu_);
   const uint64_t target = submitted_;
   changed_.wait(lock, [&] { return completed_ >= target; });
+}
+
+bool DigestPipeline::drain_for(int ms) {
+  uint64_t target = UINT64_MAX;
+  for (int waited = 0;; ++waited) {
+    if (mu_.try_lock()) {
+      if (target == UINT64_MAX) target = submitted_;
+      const bool done = completed_ >= target;
+      mu_.unlock();
+      if (done) return true;
+    }
+    if (waited >= ms) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 uint64_t DigestPipeline::ring_full_waits() const {

@@ -27,8 +27,9 @@ class DeviceQueue {
   // stream already holds. Never waits for the device. False when the device refused it (the
   // results are then absent).
   virtual bool enqueue(const DigestJob* jobs, int n, void* stream, int slot) = 0;
-  // Blocks until slot's batch is done (the collector's thread only).
-  virtual void wait(int slot) = 0;
+  // Blocks until slot's batch is done (the collector's thread only). False when the device
+  // reported an error instead: the results are then absent.
+  virtual bool wait(int slot) = 0;
   // slot's n results, once wait() returned.
   virtual const lanes::LaneResult* results(int slot) = 0;
 };
@@ -46,8 +47,11 @@ class DigestPipeline {
 
   // From an op's thread: enqueues on `stream` now, returns without waiting unless the ring is full.
   void submit(const std::vector<DigestJob>& jobs, void* stream, Completion done);
-  // Waits until every batch submitted so far has completed (at exit, on SIGTERM and SIGINT).
+  // Waits until every batch submitted so far has completed (at exit, at a thread's end).
   void drain();
+  // The same from a stop signal's handler: never blocks on the lock (the interrupted thread may
+  // hold it), gives up after `ms` milliseconds. True if everything completed.
+  bool drain_for(int ms);
   // How often submit() found every slot busy and waited for the oldest.
   uint64_t ring_full_waits() const;
   uint64_t batches() const;

@@ -47,10 +47,12 @@ class FakeQueue : public device::DeviceQueue {
     pending_.push_back(slot);
     return true;
   }
-  void wait(int slot) override {
+  bool wait(int slot) override {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return done_[size_t(slot)]; });
+    return !failing_;
   }
+  void fail_from_now() { failing_ = true; }
   const LaneResult* results(int slot) override { return results_[size_t(slot)].data(); }
 
   // Completes one pending slot, chosen by `pick` among them; false if none is pending.
@@ -74,6 +76,7 @@ class FakeQueue : public device::DeviceQueue {
   std::vector<std::vector<LaneResult>> results_;
   std::vector<bool> done_;
   std::vector<int> pending_;
+  std::atomic<bool> failing_{false};
 };
 
 // One op thread's stream: OP records with one output tensor each, digested on the "device"
@@ -119,22 +122,23 @@ struct Program {
     w.u8(uint8_t(trace::ValueType::kTensorNew));
     if (!on_device) {
       trace::write_tensor(w, want, 0);
-      for (auto* h : held.hold(std::move(body), {})) (void)h;
+      held.hold(std::move(body), {});
       return;
     }
-    auto hole = std::make_unique<PendingRecords::Hole>();
-    hole->offset = body.size();
-    hole->desc = desc;
-    std::vector<std::unique_ptr<PendingRecords::Hole>> holes;
+    auto digest = std::make_shared<hooks::PendingDigest>(6, true);
+    PendingRecords::Hole hole;
+    hole.offset = body.size();
+    hole.desc = desc;
+    hole.digest = digest;
+    std::vector<PendingRecords::Hole> holes;
     holes.push_back(std::move(hole));
-    PendingRecords::Hole* h = held.hold(std::move(body), std::move(holes))[0];
+    held.hold(std::move(body), std::move(holes));
     buffers.push_back(std::move(data));
     pipeline->submit({DigestJob{buffers.back().data(), n * 4, 6}}, /*stream=*/nullptr,
-                     [h](const LaneResult* r, int count) {
+                     [digest](const LaneResult* r, int count) {
                        ASSERT_EQ(count, 1);
                        ASSERT_NE(r, nullptr);
-                       lane_result_to_desc(r[0], 6, true, &h->desc);
-                       PendingRecords::fill(h);
+                       digest->complete(r);
                      });
     // The program writes the memory again at once (the next op reuses it): the digest must be
     // of the bytes at the op's end.
@@ -254,6 +258,90 @@ TEST(DigestPipelineTest, DrainWhileDigestsArePendingWritesEveryRecord) {
   EXPECT_TRUE(drained.load());
   EXPECT_EQ(p.held.release(&p.stream), 12u);
   p.check("drain");
+}
+
+// A stop signal's handler may interrupt a thread inside submit(), holding the pipeline's lock:
+// its drain gives up after its time instead of waiting forever, and succeeds once all completed.
+TEST(DigestPipelineTest, ASignalHandlersDrainNeverBlocks) {
+  FakeQueue queue(4);
+  device::DigestPipeline pipeline(&queue);
+  Program p;
+  p.header();
+  std::mt19937 rng(6);
+  for (int i = 0; i < 3; ++i) p.op(&pipeline, 100, true, &rng);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(pipeline.drain_for(30)) << "digests are pending";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  while (queue.complete_one(nullptr)) {
+  }
+  EXPECT_TRUE(pipeline.drain_for(2000));
+  EXPECT_EQ(p.held.release(&p.stream), 3u);
+  p.check("drain_for");
+}
+
+// A batch the device could not digest still releases its records, whole and in order, with the
+// tensor described by its geometry as not read: nothing uncomputed is compared.
+TEST(DigestPipelineTest, AFailedBatchLeavesRecordsWholeAndMarksItsTensorsNotRead) {
+  FakeQueue queue(4);
+  queue.fail_from_now();
+  device::DigestPipeline pipeline(&queue);
+  std::string stream;
+  PendingRecords held;
+  trace::RecordEncoder encoder;
+  trace::StreamHeader h;
+  h.algo = trace::DigestAlgo::kDevice;
+  encoder.header(h, held.sink(&stream));
+  encoder.string("aten::add", held.sink(&stream));
+  std::vector<float> data(64, 1.f);
+  // Two records name the same tensor version: one digest, two holes.
+  auto digest = std::make_shared<hooks::PendingDigest>(6, true);
+  for (int op = 0; op < 2; ++op) {
+    std::string body(1, char(trace::RecordKind::kOp));
+    trace::ByteWriter w(&body);
+    w.zvarint(1);
+    w.varint(0);
+    w.u8(0);
+    w.varint(0);
+    w.varint(0);
+    w.varint(1);
+    w.u8(uint8_t(trace::ValueType::kTensorNew));
+    PendingRecords::Hole hole;
+    hole.offset = body.size();
+    hole.desc.dtype = 6;
+    hole.desc.device_type = 1;
+    hole.desc.device_index = 0;
+    hole.desc.bits = trace::kTensorContiguous;
+    hole.desc.digest_len = 8;
+    hole.desc.sizes.resize(1);
+    hole.desc.sizes[0] = 64;
+    hole.digest = digest;
+    std::vector<PendingRecords::Hole> holes;
+    holes.push_back(std::move(hole));
+    held.hold(std::move(body), std::move(holes));
+  }
+  pipeline.submit({DigestJob{data.data(), 256, 6}}, nullptr,
+                  [digest](const LaneResult* r, int) { digest->complete(r); });
+  while (queue.complete_one(nullptr)) {
+  }
+  pipeline.drain();
+  EXPECT_TRUE(digest->failed());
+  EXPECT_EQ(held.release(&stream), 2u);
+  const std::string path = testing::TempDir() + "/pipeline_failed_" + std::to_string(::getpid()) + ".dtr";
+  std::ofstream(path, std::ios::binary) << stream;
+  trace::TraceReader r;
+  ASSERT_TRUE(r.open(path).ok());
+  size_t ops = 0;
+  while (r.next() == trace::ReadResult::kRecord) {
+    if (r.kind() != trace::RecordKind::kOp) continue;
+    const trace::TensorDesc* t = r.tensor(r.op().output_tensors[0]);
+    ASSERT_NE(t, nullptr);
+    EXPECT_TRUE(t->not_read());
+    EXPECT_FALSE(t->has_contents());
+    EXPECT_EQ(t->numel(), 64u);
+    ++ops;
+  }
+  EXPECT_EQ(ops, 2u);
+  std::remove(path.c_str());
 }
 
 }  // namespace
