@@ -155,12 +155,12 @@ void ThreadRecorder::write_completed_collectives(bool at_end) {
         for (size_t k = 0; k < received.size(); ++k)
           emit_received(received[k], p.buffers->descriptions()[k], w, p.info.op_order);
       emit_string_records();
-      encoder_.finish(&stream_.bytes);
+      encoder_.finish(sink());
       stream_.committed.store(stream_.bytes.size(), std::memory_order_release);
     }
   } catch (const std::exception&) {
-    // Never throw into libtorch: the partial record is dropped, the stream stays whole.
-    stream_.bytes.resize(stream_.committed.load());
+    // Never throw into libtorch: the record was being encoded apart and is dropped; the buffer
+    // holds whole records.
   }
   pending_collectives_.resize(kept);
   busy_ = false;

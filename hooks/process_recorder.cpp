@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "device_digests.h"
 #include "environment.h"
 #include "python_state.h"
 #include "recorder.h"
@@ -225,20 +226,34 @@ void ProcessRecorder::finish_all() {
   }
   StreamWriter::instance().drain();
   process_name();  // a process that recorded nothing still leaves its .status
+  const std::string device = device_digest_status();
+  if (!device.empty() && !status_path_.empty()) std::ofstream(status_path_, std::ios::app) << device << "\n";
   if (env_written_.load()) rewrite_environment_if_cuda_started(*this);
 }
 
 void ProcessRecorder::save_on_stop_signal(const char* signal_name) {
   // No lock: the handler may run while a thread holds it. Threads keep running meanwhile; each
   // buffer is saved up to its last whole record.
+  // Digests already on a device first: the records that wait for them are then whole.
+  drain_device_digests_for(2000);
+  std::vector<ThreadRecorder*> threads;
   std::vector<StreamBuffer*> streams;
   for (ThreadRecorder* t : threads_)
-    if (t) streams.push_back(t->stream());
+    if (t) {
+      threads.push_back(t);
+      streams.push_back(t->stream());
+    }
   ThreadRecorder* own = ThreadRecorder::current_if_any();
-  StreamWriter::instance().freeze_and_save(streams, own ? own->stream() : nullptr);
+  StreamWriter::instance().freeze_and_save(streams, own ? own->stream() : nullptr,
+                                           [&](size_t i) { threads[i]->release_held_for_save(); });
   if (status_path_.empty()) return;
   int fd = ::open(status_path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
   if (fd < 0) return;
+  const std::string device = device_digest_status();
+  if (!device.empty()) {
+    (void)!::write(fd, device.data(), device.size());
+    (void)!::write(fd, "\n", 1);
+  }
   const char prefix[] = "interrupted by ";
   (void)!::write(fd, prefix, sizeof prefix - 1);
   (void)!::write(fd, signal_name, std::strlen(signal_name));

@@ -89,6 +89,7 @@ ThreadRecorder::ThreadRecorder()
     : fork_generation_(ProcessRecorder::instance().fork_generation()),
       cache_(ProcessRecorder::instance().config().rehash_inputs) {
   hasher_ = std::make_unique<Hasher>(ProcessRecorder::instance().config().digest);
+  device_digest_ = ProcessRecorder::instance().config().digest == trace::DigestAlgo::kDevice;
   frames_.resize(64);
   ProcessRecorder::instance().register_thread(this);
 }
@@ -101,7 +102,11 @@ ThreadRecorder::~ThreadRecorder() {
 void ThreadRecorder::finish() {
   if (!pending_collectives_.empty()) write_completed_collectives(/*at_end=*/true);
   if (!stream_open_ || !stream_.enter_write()) return;
-  encoder_.end(totals_, &stream_.bytes);
+  if (!held_.empty()) {
+    drain_device_digests();
+    release_held();
+  }
+  encoder_.end(totals_, sink());
   stream_.committed.store(stream_.bytes.size(), std::memory_order_release);
   StreamWriter::instance().hand_over(&stream_);
   stream_open_ = false;  // a later op on this thread would start a second stream file
@@ -114,6 +119,8 @@ void ThreadRecorder::reset_after_fork() {
   stream_.fd = -1;
   stream_.bytes.clear();
   stream_.committed.store(0);
+  held_ = PendingRecords();
+  device_batch_ = DeviceBatch();
   stream_open_ = false;
   thread_name_.clear();
   identity_.reset();
@@ -333,6 +340,8 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f) {
     report_swallowed(fn.name(), e.what());
     f.recorded = false;
   }
+  // The inputs' digests go on the stream now, ahead of the op's own kernels.
+  if (!device_batch_.empty()) device_batch_.submit();
   if (saw_fake_tensor_) f.recorded = false;  // torch.compile tracing, not the program's work
   saw_fake_tensor_ = false;
   if (!f.recorded) {
@@ -344,7 +353,7 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f) {
 }
 
 void ThreadRecorder::emit_string_records() {
-  for (const std::string& s : pending_strings_) string_encoder_.string(s, &stream_.bytes);
+  for (const std::string& s : pending_strings_) string_encoder_.string(s, sink());
   pending_strings_.clear();
 }
 
@@ -355,13 +364,13 @@ void ThreadRecorder::write_record(const Frame& f, const at::RecordFunction& fn) 
     trace::StepInfo info = proc.step_info();
     info.step = f.step;
     info.order = f.step == step_started_ ? step_first_order_ : f.order;
-    encoder_.step(info, &stream_.bytes);
+    encoder_.step(info, sink());
     last_step_written_ = f.step;
     phases_.new_step();
   }
   if (f.scope_id != last_scope_written_) {
     emit_string_records();  // the path's string precedes the SCOPE record that names it
-    encoder_.scope(f.scope_id, &stream_.bytes);
+    encoder_.scope(f.scope_id, sink());
     last_scope_written_ = f.scope_id;
   }
 
@@ -390,9 +399,15 @@ void ThreadRecorder::write_record(const Frame& f, const at::RecordFunction& fn) 
 
   // Strings interned while encoding this op must precede it in the file.
   emit_string_records();
-  encoder_.finish(&stream_.bytes);
+  if (holes_.empty()) {
+    encoder_.finish(sink());
+  } else {
+    held_.hold(encoder_.scratch(), std::move(holes_));
+    holes_.clear();
+  }
   last_order_written_ = f.order;
   ++totals_.ops;
+  release_held();
   stream_.committed.store(stream_.bytes.size(), std::memory_order_release);
   if (f.collective && starting_collective_) {
     follow_collective(*starting_collective_, outputs);
@@ -400,6 +415,11 @@ void ThreadRecorder::write_record(const Frame& f, const at::RecordFunction& fn) 
     starting_collective_.reset();
   }
   after_record();
+}
+
+void ThreadRecorder::release_held() {
+  if (!held_.empty() && held_.release(&stream_.bytes))
+    stream_.committed.store(stream_.bytes.size(), std::memory_order_release);
 }
 
 void ThreadRecorder::after_record() {
@@ -440,13 +460,16 @@ void ThreadRecorder::on_end(const at::RecordFunction& fn) {
     try {
       write_record(f, fn);
     } catch (const std::exception& e) {
-      // Never throw into libtorch. The partial record is dropped, the stream stays whole.
+      // Never throw into libtorch. The record was being encoded apart, and is dropped; what the
+      // buffer holds is whole records.
       report_swallowed(fn.name(), e.what());
-      stream_.bytes.resize(stream_.committed.load());
+      holes_.clear();
     }
     busy_ = false;
     stream_.leave_write();
   }
+  // The outputs' digests go on the stream behind the op.
+  if (!device_batch_.empty()) device_batch_.submit();
   if (f.collective) starting_collective_.reset();  // not recorded after all
   items_.resize(f.items_begin);
   bytes_.resize(f.bytes_begin);

@@ -22,8 +22,10 @@
 #include <vector>
 
 #include "config/config.h"
+#include "device_digests.h"
 #include "digest/digest.h"
 #include "op_schema.h"
+#include "pending_records.h"
 #include "phase_tracker.h"
 #include "received_buffers.h"
 #include "stream_writer.h"
@@ -154,6 +156,9 @@ class ThreadRecorder {
   // Writes the END record and hands everything over.
   void finish();
   StreamBuffer* stream() { return &stream_; }
+  // From a stop signal's handler, once this thread is out of its buffer for good: the held
+  // records whose digests are in, into the buffer to be saved.
+  void release_held_for_save() { release_held(); }
 
  private:
   // A tensor argument captured when the op started, written when it ends.
@@ -165,6 +170,7 @@ class ThreadRecorder {
     int64_t base_id = -1;
     bool written = false;  // written in full by the op: a reference is a TENSOR_WRITTEN
     trace::TensorDesc desc;
+    std::shared_ptr<const PendingDigest> pending;  // desc's device digest, while on its way
   };
 
   // Encoded inputs: raw bytes, or a pointer to a snapshot.
@@ -207,8 +213,15 @@ class ThreadRecorder {
   void capture_tensor(const at::Tensor& t, Use use);
   void flush_bytes_item();
   void emit_tensor(const Snapshot& s, trace::ByteWriter& w);
-  // TENSOR_NEW with the next id; a view whose base is out of reach is written as external.
-  int64_t write_new(trace::ByteWriter& w, const trace::TensorDesc& desc, int64_t base_id);
+  // Digest and statistics of t's contents, into desc. A CUDA tensor under the device digest is
+  // enqueued on its device (`pending` then says when its digest is in); others are hashed here.
+  // Returns the bytes digested.
+  uint64_t describe_contents(const at::Tensor& t, trace::TensorDesc* desc,
+                             std::shared_ptr<const PendingDigest>* pending);
+  // TENSOR_NEW with the next id; a view whose base is out of reach is written as external. A
+  // desc whose device digest is still on its way leaves a hole in the record (pending_records.h).
+  int64_t write_new(trace::ByteWriter& w, const trace::TensorDesc& desc, int64_t base_id,
+                    const std::shared_ptr<const PendingDigest>& pending = nullptr);
   // `scratch`: a partly written workspace (OpInfo::scratch_outputs), described as uninitialized.
   void emit_output(const c10::IValue& v, trace::ByteWriter& w, const Frame& f, bool scratch = false);
   void emit_output_tensor(const at::Tensor& t, trace::ByteWriter& w, const Frame& f, bool scratch);
@@ -243,6 +256,10 @@ class ThreadRecorder {
 
   void emit_string_records();
   void write_record(const Frame& f, const at::RecordFunction& fn);
+  // Where the stream's records go now: its buffer, or behind a record still held.
+  std::string* sink() { return held_.sink(&stream_.bytes); }
+  // Moves the held records whose digests are in to the buffer (inside enter_write()).
+  void release_held();
   void after_record();
   uint64_t rng_state(const at::RecordFunction& fn);
 
@@ -256,7 +273,11 @@ class ThreadRecorder {
   StreamBuffer stream_;
   trace::RecordEncoder encoder_;         // op records
   trace::RecordEncoder string_encoder_;  // string records, written while an op body is open
-  std::string body_;  // the record being built
+  // Device digests: the tensors of the next launch, and records waiting for digests.
+  bool device_digest_ = false;
+  DeviceBatch device_batch_;
+  std::vector<PendingRecords::Hole> holes_;  // of the record being encoded
+  PendingRecords held_;
 
   // By "name.overload": overloads differ (linspace is composite, linspace.out writes `out`).
   std::unordered_map<std::string, OpInfo> ops_;

@@ -123,12 +123,15 @@ void StreamWriter::crash_flush(StreamBuffer* stream) {
   for (int i = 0; i < 1000 && !crash_done_.load(std::memory_order_acquire); ++i) sleep_ms(1);
 }
 
-void StreamWriter::freeze_and_save(const std::vector<StreamBuffer*>& streams, StreamBuffer* own) {
+void StreamWriter::freeze_and_save(const std::vector<StreamBuffer*>& streams, StreamBuffer* own,
+                                   const std::function<void(size_t)>& settle) {
   g_streams_frozen.store(true);
-  for (StreamBuffer* s : streams) {
+  for (size_t k = 0; k < streams.size(); ++k) {
+    StreamBuffer* s = streams[k];
     if (!s) continue;
     // The handler's own thread may have been interrupted inside a write: it cannot leave it.
     for (int i = 0; s != own && i < 200 && s->writing.load(); ++i) sleep_ms(1);
+    if (!s->writing.load()) settle(k);
     if (!s->writing.load() || s == own) crash_flush(s);
   }
 }

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <cstdint>
 #include <string>
 #include <thread>
@@ -53,8 +54,10 @@ class StreamWriter {
   void crash_flush(StreamBuffer* stream);
   // From a stop signal's handler: freeze every stream, wait (briefly) for threads inside a
   // write to leave it, then save each buffer's committed bytes. `own` is the handler's thread's
-  // buffer, saved as it stands.
-  void freeze_and_save(const std::vector<StreamBuffer*>& streams, StreamBuffer* own);
+  // buffer, saved as it stands. `settle(i)` runs first for each stream i whose thread is out of
+  // it for good.
+  void freeze_and_save(const std::vector<StreamBuffer*>& streams, StreamBuffer* own,
+                       const std::function<void(size_t)>& settle);
   // In a forked child: forget the parent's queue and thread.
   void reset_after_fork();
 

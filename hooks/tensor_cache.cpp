@@ -70,32 +70,41 @@ bool TensorCache::bytes_known(const StorageState* st, uint32_t version) const {
   return st && st->id >= 0 && st->version == version && !st->uninitialized;
 }
 
-const trace::TensorDesc* TensorCache::described_geometry(StorageState* st, const at::Tensor& t) {
+const trace::TensorDesc* TensorCache::described_geometry(StorageState* st, const at::Tensor& t,
+                                                         std::shared_ptr<const PendingDigest>* pending) {
   if (!st || rehash_inputs_) return nullptr;
   auto it = entries_.find(st->last);
   if (it != entries_.end()) {
     const Entry& last = it->second;
     const bool same_storage = last.storage == t.storage().unsafeGetStorageImpl();
     if (same_storage && last.version == st->last_version && last.storage_writes == st->writes &&
-        same_geometry(last.desc, last.storage_offset, t))
+        same_geometry(last.desc, last.storage_offset, t)) {
+      *pending = last.pending;
       return &last.desc;
+    }
   }
   for (const StorageState::View& v : st->views)
-    if (v.writes == st->writes && same_geometry(v.desc, v.offset, t)) return &v.desc;
+    if (v.writes == st->writes && same_geometry(v.desc, v.offset, t)) {
+      *pending = v.pending;
+      return &v.desc;
+    }
   return nullptr;
 }
 
 void TensorCache::remember_geometry(StorageState* st, const at::Tensor& t,
-                                    const trace::TensorDesc& desc) {
+                                    const trace::TensorDesc& desc,
+                                    const std::shared_ptr<const PendingDigest>& pending) {
   if (!st) return;
   StorageState::View& v = st->views[st->next_view++ % st->views.size()];
   v.writes = st->writes;
   v.offset = t.storage_offset();
   v.desc = desc;
+  v.pending = pending;
 }
 
 TensorCache::Entry& TensorCache::remember(const at::Tensor& t, uint32_t version,
-                                          const trace::TensorDesc& desc) {
+                                          const trace::TensorDesc& desc,
+                                          std::shared_ptr<const PendingDigest> pending) {
   make_room();
   Entry& e = entries_[t.unsafeGetTensorImpl()];
   e = Entry{};
@@ -104,6 +113,7 @@ TensorCache::Entry& TensorCache::remember(const at::Tensor& t, uint32_t version,
   e.storage_offset = t.storage_offset();
   e.top_level_serial = top_level_serial_;
   e.desc = desc;
+  e.pending = std::move(pending);
   return e;
 }
 

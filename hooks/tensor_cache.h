@@ -24,6 +24,7 @@
 #include <memory_resource>
 #include <unordered_map>
 
+#include "pending_records.h"
 #include "trace/records.h"
 
 namespace detaudit::hooks {
@@ -45,6 +46,7 @@ class TensorCache {
     uint64_t written_order = 0;     // order of the op whose output it is; 0 when seen as input
     uint64_t top_level_serial = 0;  // the top-level op during which it was described
     trace::TensorDesc desc;
+    std::shared_ptr<const PendingDigest> pending;  // desc's device digest, while on its way
   };
 
   // The last recorded write to a storage, and geometries of its bytes read since.
@@ -64,6 +66,7 @@ class TensorCache {
       uint64_t writes = UINT64_MAX;
       int64_t offset = 0;
       trace::TensorDesc desc;
+      std::shared_ptr<const PendingDigest> pending;
     };
     std::array<View, 2> views;  // w.t() each timestep: two geometries of the same bytes
     uint8_t next_view = 0;
@@ -82,11 +85,16 @@ class TensorCache {
   StorageState* storage_of(const at::Tensor& t);
   // The written tensor whose bytes t views, if they are unchanged and not uninitialized.
   bool bytes_known(const StorageState* st, uint32_t version) const;
-  // A description of exactly t's bytes made since the storage's last write, if any.
-  const trace::TensorDesc* described_geometry(StorageState* st, const at::Tensor& t);
-  void remember_geometry(StorageState* st, const at::Tensor& t, const trace::TensorDesc& desc);
-  // A fresh entry for this tensor version, described by `desc`.
-  Entry& remember(const at::Tensor& t, uint32_t version, const trace::TensorDesc& desc);
+  // A description of exactly t's bytes made since the storage's last write, if any, and its
+  // device digest if that is still on its way.
+  const trace::TensorDesc* described_geometry(StorageState* st, const at::Tensor& t,
+                                              std::shared_ptr<const PendingDigest>* pending);
+  void remember_geometry(StorageState* st, const at::Tensor& t, const trace::TensorDesc& desc,
+                         const std::shared_ptr<const PendingDigest>& pending);
+  // A fresh entry for this tensor version, described by `desc` (and `pending`, its device digest
+  // on its way).
+  Entry& remember(const at::Tensor& t, uint32_t version, const trace::TensorDesc& desc,
+                  std::shared_ptr<const PendingDigest> pending = nullptr);
   // An op wrote this tensor (entry `e`, now written as trace id e.id): it is the storage's new
   // content, and every other entry over the storage retires.
   // `filled_outside`: a tensor constructor's `empty`, about to be filled with data.

@@ -2,6 +2,7 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
+#include <c10/core/GradMode.h>
 #include <xxhash.h>
 
 #include <cstring>
@@ -59,11 +60,13 @@ uint64_t describe_tensor(const at::Tensor& tensor, Hasher* hasher, bool with_sta
   describe_geometry(tensor, hasher->length(), desc);
 
   // The slow, synchronising path for device tensors; the CPU path never copies. The copies are
-  // ours, not the program's: no RecordFunction callback (a profiler's) should see them. The guard
-  // costs a rebuild of libtorch's thread-local callback list, so only this path pays for it.
+  // ours, not the program's: no RecordFunction callback (a profiler's) should see them, and no
+  // autograd node should take a sequence number from the program's. The guard costs a rebuild of
+  // libtorch's thread-local callback list, so only this path pays for it.
   at::Tensor t = tensor;
   if (!t.device().is_cpu() || t.is_conj() || t.is_neg()) {
     at::RecordFunctionGuard no_recording(false);
+    c10::AutoGradMode no_autograd(false);
     if (!t.device().is_cpu()) t = t.to(at::kCPU);
     if (t.is_conj()) t = t.resolve_conj();
     if (t.is_neg()) t = t.resolve_neg();

@@ -97,6 +97,7 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t, Use use) {
   s.cacheable = !impl->is_inference();
   s.version = tensor_version(t);
   s.base_id = -1;
+  s.pending.reset();
   s.written = use == Use::kWrittenInFull;
   if (use == Use::kRead && unfilled_collective_buffer(t)) use = Use::kNotRead;
 
@@ -106,6 +107,7 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t, Use use) {
     // (torch.tensor(list), NumPy): hash them as found.
     if (e && !e->desc.uninitialized()) {
       s.desc = e->desc;
+      s.pending = e->pending;
       s.base_id = e->base_id;
       s.storage_writes = e->storage_writes;
       return;
@@ -120,7 +122,8 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t, Use use) {
                            : compiled_region_in_step_ ? trace::Provenance::kCompiled
                                                       : trace::Provenance::kExternal;
   if (same_bytes_known) s.base_id = st->id;
-  const trace::TensorDesc* known = same_bytes_known ? cache_.described_geometry(st, t) : nullptr;
+  const trace::TensorDesc* known =
+      same_bytes_known ? cache_.described_geometry(st, t, &s.pending) : nullptr;
   if (known) {
     s.desc = *known;
   } else if (use != Use::kRead) {
@@ -132,7 +135,7 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t, Use use) {
     s.cacheable = false;
     return;
   } else {
-    totals_.bytes_hashed += describe_tensor(t, hasher_.get(), ProcessRecorder::instance().config().stats, &s.desc);
+    totals_.bytes_hashed += describe_contents(t, &s.desc, &s.pending);
     ++totals_.tensors_hashed;
     if (st && st->garbage && st->version == s.version && st->id >= 0) {
       // Bytes no op wrote since an `empty` (and no constructor filled): a read of garbage,
@@ -141,11 +144,11 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t, Use use) {
       prov = trace::Provenance::kView;
       s.base_id = st->id;
     }
-    cache_.remember_geometry(st, t, s.desc);
+    cache_.remember_geometry(st, t, s.desc, s.pending);
   }
   s.desc.set_provenance(prov);
   if (!s.cacheable) return;
-  TensorCache::Entry& e = cache_.remember(t, s.version, s.desc);
+  TensorCache::Entry& e = cache_.remember(t, s.version, s.desc, s.pending);
   e.external_serial = prov != trace::Provenance::kView ? top_level_serial_ : 0;
   e.storage = st ? t.storage().unsafeGetStorageImpl() : nullptr;
   e.storage_writes = st ? st->writes : 0;
@@ -177,21 +180,48 @@ void ThreadRecorder::emit_tensor(const Snapshot& s, ByteWriter& w) {
     write_new(w, desc, s.base_id);
     return;
   }
-  write_new(w, s.desc, s.base_id);
+  write_new(w, s.desc, s.base_id, s.pending);
 }
 
-int64_t ThreadRecorder::write_new(ByteWriter& w, const trace::TensorDesc& desc, int64_t base_id) {
+uint64_t ThreadRecorder::describe_contents(const at::Tensor& t, trace::TensorDesc* desc,
+                                           std::shared_ptr<const PendingDigest>* pending) {
+  const bool stats = ProcessRecorder::instance().config().stats;
+  if (device_digest_ && t.numel() > 0 && digests_on_device(t)) {
+    describe_geometry(t, hasher_->length(), desc);
+    *pending = device_batch_.add(t, stats);
+    return uint64_t(t.numel()) * uint64_t(t.element_size());
+  }
+  pending->reset();
+  return describe_tensor(t, hasher_.get(), stats, desc);
+}
+
+int64_t ThreadRecorder::write_new(ByteWriter& w, const trace::TensorDesc& desc, int64_t base_id,
+                                  const std::shared_ptr<const PendingDigest>& pending) {
   const int64_t id = next_tensor_id_++;
   w.u8(uint8_t(ValueType::kTensorNew));
-  if (desc.provenance() != trace::Provenance::kView) {
-    trace::write_tensor(w, desc, 0);
-  } else if (base_id >= 0 && base_id < id && id - base_id <= int64_t(trace::kRefWindow)) {
-    trace::write_tensor(w, desc, uint64_t(id - base_id));
-  } else {
-    trace::TensorDesc external = desc;
-    external.set_provenance(trace::Provenance::kExternal);
-    trace::write_tensor(w, external, 0);
+  uint64_t base_back = 0;
+  thread_local trace::TensorDesc copy;
+  const trace::TensorDesc* out = &desc;
+  if (desc.provenance() == trace::Provenance::kView) {
+    if (base_id >= 0 && base_id < id && id - base_id <= int64_t(trace::kRefWindow)) {
+      base_back = uint64_t(id - base_id);
+    } else {
+      copy = desc;
+      copy.set_provenance(trace::Provenance::kExternal);
+      out = &copy;
+    }
   }
+  if (pending && !pending->done()) {
+    // Filled in when the digest is in: the record waits, in its place (pending_records.h).
+    holes_.push_back({encoder_.scratch().size(), base_back, *out, pending});
+    return id;
+  }
+  if (pending) {
+    if (out != &copy) copy = desc;
+    pending->apply(&copy);
+    out = &copy;
+  }
+  trace::write_tensor(w, *out, base_back);
   return id;
 }
 
@@ -264,23 +294,24 @@ void ThreadRecorder::emit_output_tensor(const at::Tensor& t, ByteWriter& w, cons
   }
   if (!e) {
     thread_local trace::TensorDesc desc;
+    std::shared_ptr<const PendingDigest> pending;
     if (f.info->returns_uninitialized || scratch) {
       // Uninitialized bytes: their digest would differ run to run and mean nothing.
       describe_geometry(t, hasher_->length(), &desc);
       desc.bits |= trace::kTensorUninitialized;
     } else {
-      totals_.bytes_hashed += describe_tensor(t, hasher_.get(), ProcessRecorder::instance().config().stats, &desc);
+      totals_.bytes_hashed += describe_contents(t, &desc, &pending);
       ++totals_.tensors_hashed;
     }
     if (cacheable) {
-      e = &cache_.remember(t, version, desc);
+      e = &cache_.remember(t, version, desc, std::move(pending));
       e->written_order = f.order;
     } else {
-      write_new(w, desc, -1);
+      write_new(w, desc, -1, pending);
       return;
     }
   }
-  e->id = write_new(w, e->desc, e->base_id);
+  e->id = write_new(w, e->desc, e->base_id, e->pending);
   // This op wrote a new version: retire what the cache holds for aliases of its storage.
   // Only the program's own `empty` leaves garbage: a kernel's internal one (mse_loss's) is
   // written by that kernel, unseen, before a nested op reads it.

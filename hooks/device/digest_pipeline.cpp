@@ -73,14 +73,5 @@ bool DigestPipeline::drain_for(int ms) {
   }
 }
 
-uint64_t DigestPipeline::ring_full_waits() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return full_waits_;
-}
-
-uint64_t DigestPipeline::batches() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return submitted_;
-}
 
 }  // namespace detaudit::device

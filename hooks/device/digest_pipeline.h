@@ -7,6 +7,7 @@
 // unit tests drive a fake one whose completions they control).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -52,9 +53,9 @@ class DigestPipeline {
   // The same from a stop signal's handler: never blocks on the lock (the interrupted thread may
   // hold it), gives up after `ms` milliseconds. True if everything completed.
   bool drain_for(int ms);
-  // How often submit() found every slot busy and waited for the oldest.
-  uint64_t ring_full_waits() const;
-  uint64_t batches() const;
+  // How often submit() found every slot busy and waited for the oldest. Never blocks.
+  uint64_t ring_full_waits() const { return full_waits_.load(std::memory_order_relaxed); }
+  uint64_t batches() const { return submitted_.load(std::memory_order_relaxed); }
 
  private:
   struct InFlight {
@@ -71,7 +72,9 @@ class DigestPipeline {
   std::deque<InFlight> in_flight_;  // oldest first
   std::vector<bool> busy_;
   int next_slot_ = 0;
-  uint64_t submitted_ = 0, completed_ = 0, full_waits_ = 0;
+  uint64_t completed_ = 0;
+  // Read without the lock too: a signal handler may have interrupted the thread that holds it.
+  std::atomic<uint64_t> submitted_{0}, full_waits_{0};
   bool stopping_ = false;
   std::thread collector_;
 };

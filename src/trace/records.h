@@ -57,6 +57,8 @@ class RecordEncoder {
     return writer_;
   }
   void finish(std::string* out);
+  // The record begun so far: its kind byte and body.
+  const std::string& scratch() const { return scratch_; }
 
   void header(const StreamHeader& h, std::string* out);
   void string(std::string_view s, std::string* out);

@@ -96,7 +96,11 @@ TEST(StreamWriterTest, AFreezeWhileThreadsWriteSavesWholeRecordsInOrder) {
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   std::vector<StreamBuffer*> all;
   for (StreamBuffer& b : streams.buffers) all.push_back(&b);
-  StreamWriter::instance().freeze_and_save(all, nullptr);
+  // Each thread leaves its write: each stream is settled (its held records released) before
+  // it is saved.
+  std::vector<size_t> settled;
+  StreamWriter::instance().freeze_and_save(all, nullptr, [&](size_t i) { settled.push_back(i); });
+  EXPECT_EQ(settled, (std::vector<size_t>{0, 1, 2}));
   for (std::thread& th : threads) th.join();
   StreamWriter::instance().drain();
   g_streams_frozen.store(false);  // for the tests that follow in this process
