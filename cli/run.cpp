@@ -170,6 +170,16 @@ int run_main(const RunArgs& args) {
                                         &options.hooks_library);
       !s.ok())
     return report_error(s);
+  if (!config.digest_chosen) {
+    // A CUDA run's tensors are digested on their GPU, with no copy and no synchronization.
+    run::InterposerBuild build;
+    if (run::read_interposer_build(std::filesystem::path(options.hooks_library).parent_path().string(), &build).ok() &&
+        run::default_digest(config, build) == trace::DigestAlgo::kDevice) {
+      config.digest = trace::DigestAlgo::kDevice;
+      if (!args.quiet)
+        fmt::print(stderr, "detaudit: digest: device (a CUDA torch and a GPU; --digest md5 hashes host copies)\n");
+    }
+  }
 
   for (int i = 0; i < config.runs; ++i)
     if (Status s = run::check_run_dir(run::run_dir_path(config, i), args.force); !s.ok())
@@ -233,7 +243,7 @@ void add_run_verb(CLI::App& app, VerbAction* action) {
   optional_flag(sub, args.get(), "--exclude-ops", &f.exclude_ops, "ops not to record, comma-separated globs");
   optional_flag(sub, args.get(), "--phases", &f.phases, "forward,backward,optimizer (default all)");
   optional_flag(sub, args.get(), "--ranks", &f.ranks, "ranks to record: \"0,2-3\" or \"all\"");
-  optional_flag(sub, args.get(), "--digest", &f.digest, "md5 (default), sha256, xxh3 or device");
+  optional_flag(sub, args.get(), "--digest", &f.digest, "md5, sha256, xxh3 or device (default: device on a CUDA run with a GPU, else md5)");
   sub->add_flag("--no-stats", f.no_stats, "do not record min/max/mean/L2 of tensors");
   sub->add_flag("--rehash-inputs", f.rehash_inputs,
                 "hash every input at every top-level op (programs that write tensors through NumPy)");

@@ -380,6 +380,7 @@ Status parse_config(const json& j, Config* out) {
     if (Status s = get_choice(j["digest"], "digest", {"md5", "sha256", "xxh3", "device"}, &name); !s.ok())
       return s;
     trace::parse_digest_name(name, &c.digest);
+    c.digest_chosen = true;
   }
   if (j.contains("record")) {
     const json& r = j["record"];

@@ -68,6 +68,7 @@ struct Config {
   std::string out = "audit";
   SelectConfig select;
   trace::DigestAlgo digest = trace::DigestAlgo::kMd5;
+  bool digest_chosen = false;  // by the config or --digest: no default replaces it
   bool stats = true;
   bool inputs = true;
   bool rehash_inputs = false;  // trust no cached input across top-level ops

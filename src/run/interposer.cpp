@@ -4,9 +4,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "run/launcher.h"
@@ -140,12 +142,31 @@ Status read_interposer_build(const std::string& dir, InterposerBuild* build) {
   build->cxx11_abi = fields["cxx11_abi"] != "0";
   build->libtorch_cpu = fields["libtorch_cpu"];
   build->python = fields["python"];
+  build->device_digest = fields["device_digest"] == "ON";
   if (build->version.empty())
     return Status::error(fmt::format("{}: no version= line; rebuild the interposer", description));
   if (!fs::exists(build->library))
     return Status::error(fmt::format("{} has no {} beside it: its build did not finish",
                                      description, kLibraryName));
   return Status();
+}
+
+trace::DigestAlgo default_digest(const Config& config, const InterposerBuild& build,
+                                 const std::string& dev_dir) {
+  if (!build.device_digest) return trace::DigestAlgo::kMd5;
+  const char* ours = std::getenv("CUDA_VISIBLE_DEVICES");
+  std::optional<std::string> visible = ours ? std::optional<std::string>(ours) : std::nullopt;
+  if (auto it = config.target.env.find("CUDA_VISIBLE_DEVICES"); it != config.target.env.end())
+    visible = it->second;
+  if (visible && (visible->empty() || visible->rfind("-1", 0) == 0)) return trace::DigestAlgo::kMd5;
+  std::error_code ec;
+  for (fs::directory_iterator it(dev_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() > 6 && name.rfind("nvidia", 0) == 0 &&
+        std::all_of(name.begin() + 6, name.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
+      return trace::DigestAlgo::kDevice;
+  }
+  return trace::DigestAlgo::kMd5;
 }
 
 std::vector<InterposerBuild> list_interposers(const std::string& lib_dir) {

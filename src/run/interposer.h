@@ -22,6 +22,7 @@ struct InterposerBuild {
   bool cxx11_abi = true;     // _GLIBCXX_USE_CXX11_ABI of that torch
   std::string libtorch_cpu;  // the real path of the libtorch_cpu it linked
   std::string python;        // the Python it was built for; empty for "system" or a prefix
+  bool device_digest = false;  // built with the device digest's CUDA kernels
 };
 
 // Reads <dir>/torch.txt ("key=value" lines) and checks that the library beside it exists.
@@ -50,6 +51,13 @@ const InterposerBuild* match_interposer(const std::vector<InterposerBuild>& buil
 // The one-line command that builds an interposer for `torch` (what DETAUDIT_TORCH to pass).
 std::string build_command_for(const ProgramTorch& torch, const std::string& source_dir,
                               const std::string& lib_dir);
+
+// The digest a run gets when neither the config nor --digest names one: the device digest where
+// the interposer has its kernels and the program can see a GPU (a /dev/nvidia<N> device, and
+// CUDA_VISIBLE_DEVICES, from the target's env or ours, not hiding them all); otherwise MD5.
+// `dev_dir` is /dev, a test's folder in tests.
+trace::DigestAlgo default_digest(const Config& config, const InterposerBuild& build,
+                                 const std::string& dev_dir = "/dev");
 
 // Picks the interposer for the program: an explicit one ($DETAUDIT_HOOKS) must fit its torch when
 // a torch.txt stands beside it; otherwise the matching build. Fails with kUsage, in one line

@@ -174,6 +174,9 @@ TEST(ConfigTest, Digest) {
   EXPECT_EQ(parse_ok(R"({"digest": "xxh3"})").digest, trace::DigestAlgo::kXxh3);
   EXPECT_EQ(parse_ok(R"({"digest": "md5"})").digest, trace::DigestAlgo::kMd5);
   EXPECT_EQ(parse_ok(R"({"digest": "device"})").digest, trace::DigestAlgo::kDevice);
+  // Named: `detaudit run` picks no default over it (run::default_digest).
+  EXPECT_TRUE(parse_ok(R"({"digest": "md5"})").digest_chosen);
+  EXPECT_FALSE(parse_ok(R"({"runs": 2})").digest_chosen);
   std::string m = parse_error(R"({"digest": "crc32"})", "digest");
   EXPECT_NE(m.find("\"md5\", \"sha256\", \"xxh3\""), std::string::npos) << m;
   parse_error(R"({"digest": 1})", "digest");

@@ -157,5 +157,33 @@ TEST(InterposerTest, BuildCommandForACppProgramNamesItsLibtorch) {
             std::string::npos);
 }
 
+// A CUDA run gets the device digest by default: an interposer with the kernels, and a GPU the
+// program can see. Anything less keeps MD5 (host copies).
+TEST(InterposerTest, TheDeviceDigestIsTheDefaultOnlyWithKernelsAndAVisibleGpu) {
+  const std::string lib = temp_dir("device_default");
+  add_build(lib, "2.14.1+cu130", "/venv/torch/lib/libtorch_cpu.so");
+  const fs::path dir = fs::path(lib) / "torch" / "2.14.1+cu130";
+  std::ofstream(dir / "torch.txt", std::ios::app) << "device_digest=ON\n";
+  InterposerBuild build;
+  ASSERT_TRUE(read_interposer_build(dir.string(), &build).ok());
+  EXPECT_TRUE(build.device_digest);
+
+  const std::string dev = temp_dir("device_default_dev");
+  std::ofstream(dev + "/nvidiactl") << "";  // the driver alone: no GPU
+  Config config;
+  ::unsetenv("CUDA_VISIBLE_DEVICES");
+  EXPECT_EQ(default_digest(config, build, dev), trace::DigestAlgo::kMd5);
+  std::ofstream(dev + "/nvidia0") << "";
+  EXPECT_EQ(default_digest(config, build, dev), trace::DigestAlgo::kDevice);
+  config.target.env["CUDA_VISIBLE_DEVICES"] = "";
+  EXPECT_EQ(default_digest(config, build, dev), trace::DigestAlgo::kMd5);
+  config.target.env["CUDA_VISIBLE_DEVICES"] = "-1";
+  EXPECT_EQ(default_digest(config, build, dev), trace::DigestAlgo::kMd5);
+  config.target.env["CUDA_VISIBLE_DEVICES"] = "0";
+  EXPECT_EQ(default_digest(config, build, dev), trace::DigestAlgo::kDevice);
+  build.device_digest = false;  // a CPU torch, or built without nvcc
+  EXPECT_EQ(default_digest(config, build, dev), trace::DigestAlgo::kMd5);
+}
+
 }  // namespace
 }  // namespace detaudit::run
