@@ -389,7 +389,7 @@ std::string render_html(const DiffReport& r) {
     b += "</table></section>";
   }
   b += "<section><h2>Streams compared</h2><table><tr><th>stream</th><th>ops A</th><th>ops B</th>"
-       "<th>compared</th><th>divergent</th><th>structural</th><th>notes</th></tr>";
+       "<th>compared</th><th>divergent</th><th>structural</th><th>digest</th><th>notes</th></tr>";
   for (const StreamSummary& s : r.streams) {
     std::string notes;
     if (s.truncated) notes += "truncated ";
@@ -398,8 +398,8 @@ std::string render_html(const DiffReport& r) {
     if (s.consumer_last_step) notes += fmt::format("worker, up to step {} ", *s.consumer_last_step);
     if (!s.compiled_regions.empty()) notes += "torch.compile regions (opaque) ";
     b += fmt::format("<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
-                     "<td>{}</td><td>{}</td></tr>", esc(s.name), s.ops_a, s.ops_b, s.compared,
-                     s.divergent, s.structural, esc(notes));
+                     "<td>{}</td><td>{}</td><td>{}</td></tr>", esc(s.name), s.ops_a, s.ops_b,
+                     s.compared, s.divergent, s.structural, esc(s.digest), esc(notes));
   }
   b += fmt::format("</table><p class=\"muted\">{} ops compared in {:.2f} s; {} divergent.</p>"
                    "</section></main>",

@@ -1,6 +1,7 @@
 // The JSON report (schema in docs/report.md), and helpers shared by the renderers.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "diff/diff.h"
@@ -48,6 +49,17 @@ std::string shape_string(const std::vector<int64_t>& sizes) {
 }
 
 std::string short_digest(const std::string& hex) { return hex.substr(0, 12); }
+
+std::string digests_used(const DiffReport& r) {
+  std::vector<std::string> names;
+  for (const StreamSummary& s : r.streams)
+    if (!s.digest.empty() && std::find(names.begin(), names.end(), s.digest) == names.end())
+      names.push_back(s.digest);
+  std::sort(names.begin(), names.end());
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
 
 std::string one_line_verdict(const DiffReport& r) {
   if (r.verdict == "incomplete")

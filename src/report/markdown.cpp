@@ -88,7 +88,9 @@ std::string render_markdown(const DiffReport& r) {
     }
     out += "\n";
   }
-  out += fmt::format("_{} ops compared in {:.2f}s_\n", r.ops_compared, r.seconds);
+  const std::string digests = digests_used(r);
+  out += fmt::format("_{} ops compared in {:.2f}s{}_\n", r.ops_compared, r.seconds,
+                     digests.empty() ? "" : " (digest: " + digests + ")");
   return out;
 }
 

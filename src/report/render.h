@@ -19,5 +19,7 @@ std::string render_html(const DiffReport& r);  // self-contained: inline CSS and
 std::string shape_string(const std::vector<int64_t>& sizes);
 std::string short_digest(const std::string& hex);  // first 12 hex digits
 std::string one_line_verdict(const DiffReport& r);
+// The digests the streams were recorded with, "md5" or "device, md5" ("" if no stream).
+std::string digests_used(const DiffReport& r);
 
 }  // namespace detaudit

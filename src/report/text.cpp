@@ -163,7 +163,9 @@ std::string render_text(const DiffReport& r, bool color) {
                              ? ""
                              : fmt::format(", first at step {}", r.parameters.front().first_step));
   }
-  out += fmt::format("\n{} ops compared in {:.2f}s\n", r.ops_compared, r.seconds);
+  const std::string digests = digests_used(r);
+  out += fmt::format("\n{} ops compared in {:.2f}s{}\n", r.ops_compared, r.seconds,
+                     digests.empty() ? "" : " (digest: " + digests + ")");
   return out;
 }
 

@@ -395,6 +395,9 @@ TEST(DiffTest, StreamsRecordedWithDifferentDigestsAreNotCompared) {
   ASSERT_TRUE(diff_runs(b.path(), c.path(), o, &r).ok());
   ASSERT_EQ(r.streams.size(), 1u);
   EXPECT_EQ(r.streams[0].digest, "device");
+  EXPECT_NE(render_report(r, ReportFormat::kText, false).find("(digest: device)"), std::string::npos);
+  EXPECT_NE(render_report(r, ReportFormat::kMarkdown, false).find("(digest: device)"), std::string::npos);
+  EXPECT_NE(render_report(r, ReportFormat::kHtml, false).find("<td>device</td>"), std::string::npos);
 }
 
 TEST(DiffTest, MissingRunDirectoryIsBadInput) {
