@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 import unittest
 
 SOURCE_DIR = os.environ.get(
@@ -88,6 +89,42 @@ def run_detaudit(args, env=None, cwd=None, timeout=DEFAULT_TIMEOUT, check=None):
             f"detaudit {' '.join(map(str, args))}: exit {r.returncode}, expected {check}\n"
             f"--- stdout\n{r.stdout}\n--- stderr\n{r.stderr}")
     return r
+
+
+def signal_mid_run(out, sig, program_args, flags=(), env=None, at_step=30):
+    """Records tests/e2e/programs/train_forever.py PROGRAM_ARGS under `detaudit run --out OUT
+    FLAGS`, sends SIG to the target once it printed step AT_STEP; returns (run dir, detaudit's
+    exit code, its stderr). Raises AssertionError if the target never started recording."""
+    run_dir = os.path.join(out, "run-0")
+    full_env = dict(os.environ, **(env or {}))
+    proc = subprocess.Popen([BIN, "run", "--out", out, "-q", *flags, "--", PYTHON,
+                             program("train_forever.py"), *program_args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env)
+    try:
+        env_path = os.path.join(run_dir, "streams", "r0.main.env.json")
+        log = os.path.join(run_dir, "output.log")
+        deadline, pid = time.time() + 90, None
+        while time.time() < deadline:
+            if pid is None and os.path.exists(env_path):
+                try:
+                    pid = read_json(env_path)["pid"]
+                except (ValueError, KeyError):
+                    pass  # still being written
+            if pid is not None and os.path.exists(log):
+                with open(log) as f:
+                    if f"step {at_step} " in f.read():
+                        break
+            time.sleep(0.05)
+        if pid is None:
+            raise AssertionError("the target never started recording")
+        time.sleep(0.3)  # let the writer hand some steps to disk; the target keeps running
+        os.kill(pid, sig)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return run_dir, proc.returncode, stderr
 
 
 def run_program(argv, env=None, cwd=None, timeout=300):

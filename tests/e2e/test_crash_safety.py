@@ -10,12 +10,11 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import time
 import unittest
 
-from detaudit_testlib import (BIN, PYTHON, example, export_records, in_parallel, make_temp_dir,
-                              ops, program, read_json, record, remove_dir, run_detaudit, steps)
+from detaudit_testlib import (PYTHON, example, export_records, in_parallel, make_temp_dir,
+                              ops, program, read_json, record, remove_dir, run_detaudit, signal_mid_run,
+                              steps)
 
 CRASH_AT = 2
 TRACE = os.path.join("streams", "r0.main.t-main.dtr")
@@ -100,36 +99,7 @@ class CrashSafety(unittest.TestCase):
     def kill_mid_run(self, name, sig, *args):
         """Records train_forever.py ARGS until step 30, then sends SIG to it; returns (run dir,
         detaudit's exit code, its stderr)."""
-        out = os.path.join(self.tmp, name)
-        run_dir = os.path.join(out, "run-0")
-        proc = subprocess.Popen([BIN, "run", "--out", out, "-q", "--", PYTHON,
-                                 program("train_forever.py"), *args],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            env_path = os.path.join(run_dir, "streams", "r0.main.env.json")
-            log = os.path.join(run_dir, "output.log")
-            deadline = time.time() + 60
-            pid = None
-            while time.time() < deadline:
-                if pid is None and os.path.exists(env_path):
-                    try:
-                        pid = read_json(env_path)["pid"]
-                    except (ValueError, KeyError):
-                        pass  # still being written
-                if pid is not None and os.path.exists(log):
-                    with open(log) as f:
-                        if "step 30 " in f.read():
-                            break
-                time.sleep(0.05)
-            self.assertIsNotNone(pid, "the target never started recording")
-            time.sleep(0.3)  # let the writer hand some steps to disk; the target keeps running
-            os.kill(pid, sig)
-            stdout, stderr = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        return run_dir, proc.returncode, stderr
+        return signal_mid_run(os.path.join(self.tmp, name), sig, args)
 
     def test_sigkill_mid_run_leaves_a_readable_trace(self):
         run_dir, code, stderr = self.kill_mid_run("killed", signal.SIGKILL)

@@ -11,12 +11,10 @@ leave whole records in program order.
 import os
 import re
 import signal
-import subprocess
-import time
 import unittest
 
-from detaudit_testlib import (BIN, PYTHON, example, export_records, in_parallel, make_temp_dir, ops,
-                              program, read_json, record, remove_dir, run_detaudit, tensors)
+from detaudit_testlib import (PYTHON, example, export_records, in_parallel, make_temp_dir, ops, record,
+                              remove_dir, run_detaudit, signal_mid_run, tensors)
 
 HELD = {"DETAUDIT_DEVICE_QUEUE": "host"}
 SGD = [PYTHON, example("train_sgd.py"), "--steps", "3"]
@@ -88,34 +86,10 @@ class HeldRecords(unittest.TestCase):
         self.assertIn("device digests:", status(run0))
 
     def test_sigterm_with_digests_pending_saves_whole_records_in_order(self):
-        out = os.path.join(self.tmp, "sigterm")
-        run_dir = os.path.join(out, "run-0")
-        env = dict(os.environ, **HELD)
-        proc = subprocess.Popen([BIN, "run", "--out", out, "-q", "--digest", "device", "--",
-                                 PYTHON, program("train_forever.py"), "--spin-threads", "2"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        try:
-            env_path = os.path.join(run_dir, "streams", "r0.main.env.json")
-            log = os.path.join(run_dir, "output.log")
-            deadline, pid = time.time() + 90, None
-            while time.time() < deadline:
-                if pid is None and os.path.exists(env_path):
-                    try:
-                        pid = read_json(env_path)["pid"]
-                    except (ValueError, KeyError):
-                        pass
-                if pid is not None and os.path.exists(log):
-                    with open(log) as f:
-                        if "step 20 " in f.read():
-                            break
-                time.sleep(0.05)
-            self.assertIsNotNone(pid, "the target never started recording")
-            os.kill(pid, signal.SIGTERM)
-            _, stderr = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        self.assertEqual(proc.returncode, 4, stderr)
+        run_dir, code, stderr = signal_mid_run(
+            os.path.join(self.tmp, "sigterm"), signal.SIGTERM, ["--spin-threads", "2"],
+            flags=["--digest", "device"], env=HELD, at_step=20)
+        self.assertEqual(code, 4, stderr)
         self.assertIn("interrupted by SIGTERM", status(run_dir))
         recs, e = export_records(run_dir, check=False)
         self.assertEqual(e.returncode, 0, e.stderr)
