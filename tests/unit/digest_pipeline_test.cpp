@@ -79,6 +79,21 @@ class FakeQueue : public device::DeviceQueue {
   std::atomic<bool> failing_{false};
 };
 
+// An OP record's kind and body up to its one output's <tensor>: the next op, "aten::add", no
+// inputs, a TENSOR_NEW to follow.
+std::string op_with_one_output() {
+  std::string body(1, char(trace::RecordKind::kOp));
+  trace::ByteWriter w(&body);
+  w.zvarint(1);  // order delta
+  w.varint(0);   // name: "aten::add"
+  w.u8(0);       // op bits
+  w.varint(0);   // depth
+  w.varint(0);   // no inputs
+  w.varint(1);
+  w.u8(uint8_t(trace::ValueType::kTensorNew));
+  return body;
+}
+
 // One op thread's stream: OP records with one output tensor each, digested on the "device"
 // (held until the digest comes back) or on the host (written at once).
 struct Program {
@@ -111,16 +126,9 @@ struct Program {
     lane_result_to_desc(ref.finish(), 6, true, &want);
     expected.push_back(want);
 
-    std::string body(1, char(trace::RecordKind::kOp));
-    trace::ByteWriter w(&body);
-    w.zvarint(1);  // order delta
-    w.varint(0);   // name: "aten::add"
-    w.u8(0);       // op bits
-    w.varint(0);   // depth
-    w.varint(0);   // no inputs
-    w.varint(1);
-    w.u8(uint8_t(trace::ValueType::kTensorNew));
+    std::string body = op_with_one_output();
     if (!on_device) {
+      trace::ByteWriter w(&body);
       trace::write_tensor(w, want, 0);
       held.hold(std::move(body), {});
       return;
@@ -296,15 +304,7 @@ TEST(DigestPipelineTest, AFailedBatchLeavesRecordsWholeAndMarksItsTensorsNotRead
   // Two records name the same tensor version: one digest, two holes.
   auto digest = std::make_shared<hooks::PendingDigest>(6, true);
   for (int op = 0; op < 2; ++op) {
-    std::string body(1, char(trace::RecordKind::kOp));
-    trace::ByteWriter w(&body);
-    w.zvarint(1);
-    w.varint(0);
-    w.u8(0);
-    w.varint(0);
-    w.varint(0);
-    w.varint(1);
-    w.u8(uint8_t(trace::ValueType::kTensorNew));
+    std::string body = op_with_one_output();
     PendingRecords::Hole hole;
     hole.offset = body.size();
     hole.desc.dtype = 6;
