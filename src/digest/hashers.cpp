@@ -92,4 +92,24 @@ void Hasher::finish(uint8_t* out) {
   }
 }
 
+void Hasher::digest_once(const void* data, size_t n, uint8_t* out) {
+  if (state_->wide) {
+    xxh3_wide_oneshot(data, n, out);
+  } else if (algo_ == DigestAlgo::kXxh3) {
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits(data, n));
+    std::memcpy(out, c.digest, 16);
+  } else if (algo_ == DigestAlgo::kDevice) {
+    DeviceDigester d(/*dtype=*/0, /*with_stats=*/false);
+    d.update(data, n);
+    const uint64_t root = d.finish().root;
+    for (int i = 0; i < 8; ++i) out[i] = uint8_t(root >> (8 * i));
+  } else {
+    unsigned int len = 0;
+    EVP_DigestInit_ex(state_->evp, state_->md, nullptr);
+    EVP_DigestUpdate(state_->evp, data, n);
+    EVP_DigestFinal_ex(state_->evp, out, &len);
+  }
+}
+
 }  // namespace detaudit

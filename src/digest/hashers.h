@@ -22,6 +22,9 @@ class Hasher {
   void reset();
   void update(const void* data, size_t n);
   void finish(uint8_t* out);  // length() bytes; reset() before reuse
+  // The digest of n bytes in one call, as reset(), update(), finish() give it, without the
+  // streaming state's copies (most of the cost on a small tensor). reset() before the next update().
+  void digest_once(const void* data, size_t n, uint8_t* out);
 
  private:
   struct State;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 namespace detaudit {
@@ -26,10 +27,67 @@ void gather_elements(const char* src, int64_t stride, size_t n, size_t esize, ch
   }
 }
 
-// Feeds the elements of a non-contiguous tensor in logical order, gathered into a staging buffer
-// so the hash sees large updates.
+// Copies every element into out in logical (row-major) order. The inner loop runs along the
+// dimension of smallest stride, so the reads follow memory and the per-row overhead is spread
+// over the longest run (a transposed [64, 4] walks 4 runs of 64, not 64 runs of 4).
+template <typename T>
+void gather_all(const char* base, const int64_t* sizes, const int64_t* strides, size_t ndim,
+                char* out) {
+  int64_t out_strides[trace::Dims::kInline];
+  out_strides[ndim - 1] = 1;
+  for (size_t d = ndim - 1; d > 0; --d) out_strides[d - 1] = out_strides[d] * sizes[d];
+  size_t inner = 0;
+  for (size_t d = 1; d < ndim; ++d) {
+    const int64_t a = strides[d] < 0 ? -strides[d] : strides[d];
+    const int64_t b = strides[inner] < 0 ? -strides[inner] : strides[inner];
+    if (a < b || (a == b && sizes[d] > sizes[inner])) inner = d;
+  }
+  const int64_t n = sizes[inner], src_step = strides[inner], dst_step = out_strides[inner];
+  int64_t index[trace::Dims::kInline] = {};
+  const T* src = reinterpret_cast<const T*>(base);
+  T* dst = reinterpret_cast<T*>(out);
+  int64_t src_off = 0, dst_off = 0;
+  for (;;) {
+    const T* s = src + src_off;
+    T* o = dst + dst_off;
+    for (int64_t i = 0; i < n; ++i) o[i * dst_step] = s[i * src_step];
+    size_t d = ndim;
+    for (; d > 0; --d) {
+      const size_t k = d - 1;
+      if (k == inner) continue;
+      src_off += strides[k];
+      dst_off += out_strides[k];
+      if (++index[k] < sizes[k]) break;
+      src_off -= strides[k] * sizes[k];
+      dst_off -= out_strides[k] * sizes[k];
+      index[k] = 0;
+    }
+    if (d == 0) return;
+  }
+}
+
+struct Bytes16 {
+  uint8_t b[16];
+};
+
+bool gather_all_elements(const char* base, size_t esize, const int64_t* sizes,
+                         const int64_t* strides, size_t ndim, char* out) {
+  switch (esize) {
+    case 1: gather_all<uint8_t>(base, sizes, strides, ndim, out); return true;
+    case 2: gather_all<uint16_t>(base, sizes, strides, ndim, out); return true;
+    case 4: gather_all<uint32_t>(base, sizes, strides, ndim, out); return true;
+    case 8: gather_all<uint64_t>(base, sizes, strides, ndim, out); return true;
+    case 16: gather_all<Bytes16>(base, sizes, strides, ndim, out); return true;
+    default: return false;
+  }
+}
+
+void serially(size_t n, const std::function<void(size_t, size_t)>& fn) { fn(0, n); }
+
 }  // namespace
 
+// Feeds the elements of a non-contiguous tensor in logical order, gathered into a staging buffer
+// so the hash sees large updates.
 void feed_strided(const void* data, size_t esize, const int64_t* view_sizes,
                   const int64_t* view_strides, size_t dims, TensorDigester* digester) {
   const auto* base = static_cast<const char*>(data);
@@ -53,7 +111,16 @@ void feed_strided(const void* data, size_t esize, const int64_t* view_sizes,
   sizes.resize(ndim);
   strides.resize(ndim);
   if (sizes.empty()) {
-    digester->update(base, esize);
+    digester->update_all(base, esize, serially);
+    return;
+  }
+  thread_local std::vector<char> staging(256 * 1024);
+  // A view that fits the staging buffer is gathered whole and digested in one call.
+  size_t total = esize;
+  for (int64_t s : sizes) total *= size_t(s);
+  if (total <= staging.size() && ndim <= trace::Dims::kInline &&
+      gather_all_elements(base, esize, sizes.data(), strides.data(), ndim, staging.data())) {
+    digester->update_all(staging.data(), total, serially);
     return;
   }
   const size_t inner = size_t(sizes[ndim - 1]);
@@ -62,7 +129,6 @@ void feed_strided(const void* data, size_t esize, const int64_t* view_sizes,
   trace::Dims index;
   index.resize(size_t(outer_dims));
   std::fill(index.begin(), index.end(), 0);
-  thread_local std::vector<char> staging(256 * 1024);
   const size_t capacity = staging.size() / esize;  // elements
   size_t used = 0;  // elements
   auto flush = [&] {

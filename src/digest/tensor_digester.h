@@ -37,8 +37,9 @@ class TensorDigester {
  public:
   TensorDigester(Hasher* hasher, uint8_t dtype, bool with_stats);
   void update(const void* data, size_t nbytes);
-  // The whole tensor at once, contiguous: its leaves are hashed through `parallel`. Same digest
-  // and statistics as update(); call it instead of update(), not after.
+  // The whole tensor at once, contiguous: its leaves are hashed through `parallel`, a small
+  // tensor in one call to the hasher. Same digest and statistics as update(); call it instead
+  // of update(), not after.
   void update_all(const void* data, size_t nbytes, const ParallelFor& parallel);
   // Sets digest, digest_len, stats and the stats bits of `out`.
   void finish(trace::TensorDesc* out);
@@ -66,6 +67,8 @@ class TensorDigester {
   std::array<uint8_t, kStatsBlockBytes> carry_;
   size_t carry_used_ = 0;
   std::vector<Leaf> closed_;    // leaves before the open one
+  bool whole_ = false;          // update_all() digested a one-leaf tensor into whole_digest_
+  trace::DigestBytes whole_digest_{};
   std::optional<DeviceDigester> device_;  // the device digest instead of all the above
 };
 

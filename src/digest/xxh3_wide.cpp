@@ -41,4 +41,10 @@ void xxh3_wide_digest(const Xxh3WideState* s, uint8_t out[16]) {
   for (int i = 0; i < 16; ++i) out[i] = c.digest[i];
 }
 
+void xxh3_wide_oneshot(const void* data, size_t n, uint8_t out[16]) {
+  XXH128_canonical_t c;
+  XXH128_canonicalFromHash(&c, XXH3_128bits(data, n));
+  for (int i = 0; i < 16; ++i) out[i] = c.digest[i];
+}
+
 }  // namespace detaudit

@@ -19,5 +19,6 @@ void xxh3_wide_free(Xxh3WideState* s);
 void xxh3_wide_reset(Xxh3WideState* s);
 void xxh3_wide_update(Xxh3WideState* s, const void* data, size_t n);
 void xxh3_wide_digest(const Xxh3WideState* s, uint8_t out[16]);  // canonical (big-endian) bytes
+void xxh3_wide_oneshot(const void* data, size_t n, uint8_t out[16]);  // the same, in one call
 
 }  // namespace detaudit
