@@ -11,6 +11,7 @@
 
 #include "digest/digest.h"
 #include "digest/md5_lanes.h"
+#include "digest/strided.h"
 #include "digest/xxh3_wide.h"
 #include "trace/reader.h"
 #include "trace/records.h"
@@ -101,6 +102,77 @@ TEST(TraceTest, RoundTripsEveryField) {
   EXPECT_EQ(out->sizes.to_vector(), (std::vector<int64_t>{2, 3}));
   EXPECT_FLOAT_EQ(out->stats.mean, 0.5);
   EXPECT_EQ(r.next(), ReadResult::kEof);
+}
+
+// Tensors of up to Dims::kInline dimensions are encoded into a stack buffer, larger ones straight
+// into the record: both read back field for field.
+TEST(TraceTest, TensorsOfEveryRankRoundTrip) {
+  std::vector<TensorDesc> tensors;
+  for (size_t rank : {size_t(0), size_t(2), Dims::kInline, Dims::kInline + 1, size_t(9)}) {
+    TensorDesc t;
+    t.dtype = rank % 2 ? 4 : 6;  // int64 with integer statistics, or float32
+    t.device_type = 1;
+    t.device_index = int32_t(rank) - 1;
+    t.bits = kTensorHasStats | kTensorHasNanInf | (rank % 2 ? kTensorIntStats : 0);
+    std::vector<int64_t> sizes, strides;
+    for (size_t d = 0; d < rank; ++d) {
+      sizes.push_back(int64_t(d + 2) * 300);
+      strides.push_back(d % 2 ? -int64_t(d) * 70000 : int64_t(d));
+    }
+    t.sizes.assign(sizes.begin(), sizes.end());
+    t.strides.assign(strides.begin(), strides.end());
+    if (rank == 0) t.bits |= kTensorContiguous;
+    t.digest_len = 32;
+    for (size_t i = 0; i < 32; ++i) t.digest[i] = uint8_t(i * 7 + rank);
+    t.stats = {rank % 2 ? -5.0 : -1.25, rank % 2 ? 1e6 : 2.5, 0.125, 3.5, 7, 300};
+    tensors.push_back(t);
+  }
+  std::string out;
+  RecordEncoder enc;
+  StreamHeader header;
+  header.algo = DigestAlgo::kSha256;  // 32-byte digests
+  enc.header(header, &out);
+  enc.string("aten::op", &out);
+  enc.step(StepInfo{}, &out);
+  ByteWriter& w = enc.begin(RecordKind::kOp);
+  w.zvarint(1);
+  w.varint(0);
+  w.u8(uint8_t(Phase::kForward));
+  w.varint(0);
+  w.varint(tensors.size());
+  for (const TensorDesc& t : tensors) {
+    w.u8(uint8_t(ValueType::kTensorNew));
+    write_tensor(w, t, 0);
+  }
+  w.varint(0);
+  enc.finish(&out);
+  const std::string path = temp_path("ranks.dtr");
+  write_file(path, out);
+  TraceReader r;
+  ASSERT_TRUE(r.open(path).ok()) << r.error();
+  ASSERT_EQ(r.next(), ReadResult::kRecord);
+  ASSERT_EQ(r.next(), ReadResult::kRecord);
+  ASSERT_EQ(r.next(), ReadResult::kRecord) << r.error();
+  ASSERT_EQ(r.op().input_tensors.size(), tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorDesc& want = tensors[i];
+    const TensorDesc* got = r.tensor(r.op().input_tensors[i]);
+    ASSERT_NE(got, nullptr) << i;
+    EXPECT_EQ(got->sizes.to_vector(), want.sizes.to_vector()) << i;
+    if (!(want.bits & kTensorContiguous)) {
+      EXPECT_EQ(got->strides.to_vector(), want.strides.to_vector()) << i;
+    }
+    EXPECT_EQ(got->device_index, want.device_index) << i;
+    EXPECT_TRUE(got->same_digest(want)) << i;
+    EXPECT_EQ(got->stats.min, want.stats.min) << i;
+    EXPECT_EQ(got->stats.max, want.stats.max) << i;
+    EXPECT_EQ(got->stats.mean, want.stats.mean) << i;
+    if (!(want.bits & kTensorIntStats)) {
+      EXPECT_EQ(got->stats.l2, want.stats.l2) << i;
+    }
+    EXPECT_EQ(got->stats.nan, want.stats.nan) << i;
+    EXPECT_EQ(got->stats.inf, want.stats.inf) << i;
+  }
 }
 
 TEST(TraceTest, EveryCutReadsCleanlyUpToTheLastWholeRecord) {
@@ -345,12 +417,12 @@ TEST(DigestTreeTest, SameDigestAndStatsWhateverTheSplitAndThreads) {
   const size_t leaf_floats = kLeafBytes / 4;
   // 3.5 leaves: one vector pass of 3 MD5 leaves and a short leaf; 16: one full pass; 33.5: three
   // passes of 11 leaves and a short leaf, spread over the threads.
-  for (size_t n : {size_t(0), size_t(1000), leaf_floats, leaf_floats + 1, leaf_floats * 7 / 2,
+  for (size_t n : {size_t(0), size_t(1000), size_t(16384), size_t(16385), leaf_floats, leaf_floats + 1, leaf_floats * 7 / 2,
                    leaf_floats * 16, leaf_floats * 67 / 2}) {
     std::vector<float> v(n);
     for (size_t i = 0; i < n; ++i) v[i] = float((i * 2654435761u) % 10007) * 1e-3f - 5.f;
     if (n > 5000) v[n - 3000] = NAN;
-    for (DigestAlgo algo : {DigestAlgo::kMd5, DigestAlgo::kXxh3}) {
+    for (DigestAlgo algo : {DigestAlgo::kMd5, DigestAlgo::kSha256, DigestAlgo::kXxh3}) {
       const std::string what = std::string(digest_name(algo)) + " n=" + std::to_string(n);
       TensorDesc whole = digest_of(algo, v, [&](TensorDigester& d) { d.update(v.data(), n * 4); });
       TensorDesc pieces = digest_of(algo, v, [&](TensorDigester& d) {
@@ -364,6 +436,69 @@ TEST(DigestTreeTest, SameDigestAndStatsWhateverTheSplitAndThreads) {
       expect_same(whole, three, what + " 3 threads");
       if (n > 5000) {
         EXPECT_EQ(whole.stats.nan, 1u) << what;
+      }
+    }
+  }
+}
+
+// A strided view digests as the bytes of its elements in logical order, whichever way it is
+// gathered: whole into the staging buffer (small views), or row by row (views beyond it).
+TEST(DigestTreeTest, StridedViewsDigestAsTheirLogicalBytes) {
+  struct View {
+    const char* what;
+    std::vector<int64_t> sizes, strides;
+    int64_t offset;  // elements into the base
+  };
+  const int64_t big = 520;  // 520 x 520 elements: past the staging buffer for every dtype here
+  const View views[] = {
+      {"transposed", {10, 6}, {1, 10}, 0},
+      {"transposed, short rows", {64, 4}, {1, 64}, 0},
+      {"3-d permutation", {5, 4, 3}, {1, 15, 5}, 0},
+      {"flipped rows (negative stride)", {6, 10}, {-10, 1}, 50},
+      {"flipped columns", {6, 10}, {10, -1}, 9},
+      {"every other row and column", {3, 5}, {20, 2}, 1},
+      {"expanded row (zero stride)", {7, 10}, {0, 1}, 20},
+      {"size-1 dims around a column", {1, 6, 1}, {60, 10, 1}, 9},
+      {"seven dims", {2, 2, 2, 2, 2, 2, 2}, {1, 2, 4, 8, 16, 32, 64}, 0},
+      {"large, transposed", {big, big}, {1, big}, 0},
+  };
+  struct Dtype {
+    uint8_t code;
+    size_t size;
+  };
+  const Dtype dtypes[] = {{0, 1}, {5, 2}, {6, 4}, {7, 8}, {10, 16}};
+  for (const Dtype& dt : dtypes) {
+    std::vector<uint8_t> base(size_t(big * big) * dt.size);
+    for (size_t i = 0; i < base.size(); ++i) base[i] = uint8_t((i * 2654435761u) >> 13);
+    for (const View& v : views) {
+      std::vector<uint8_t> logical;
+      std::vector<int64_t> index(v.sizes.size(), 0);
+      int64_t numel = 1;
+      for (int64_t s : v.sizes) numel *= s;
+      for (int64_t e = 0; e < numel; ++e) {
+        int64_t off = v.offset;
+        for (size_t d = 0; d < index.size(); ++d) off += index[d] * v.strides[d];
+        const auto* p = base.data() + off * int64_t(dt.size);
+        logical.insert(logical.end(), p, p + dt.size);
+        for (size_t d = index.size(); d-- > 0;) {
+          if (++index[d] < v.sizes[d]) break;
+          index[d] = 0;
+        }
+      }
+      for (DigestAlgo algo : {DigestAlgo::kMd5, DigestAlgo::kSha256, DigestAlgo::kXxh3}) {
+        const std::string what = std::string(v.what) + ", " + std::string(digest_name(algo)) + ", dtype " +
+                                 std::to_string(dt.code);
+        Hasher h(algo);
+        TensorDigester want_d(&h, dt.code, true);
+        want_d.update(logical.data(), logical.size());
+        TensorDesc want;
+        want_d.finish(&want);
+        TensorDigester got_d(&h, dt.code, true);
+        feed_strided(base.data() + v.offset * int64_t(dt.size), dt.size, v.sizes.data(),
+                     v.strides.data(), v.sizes.size(), &got_d);
+        TensorDesc got;
+        got_d.finish(&got);
+        expect_same(want, got, what);
       }
     }
   }
