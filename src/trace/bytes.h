@@ -20,6 +20,10 @@ class ByteWriter {
   explicit ByteWriter(std::string* out) : out_(out) {}
   void u8(uint8_t v) { out_->push_back(char(v)); }
   void varint(uint64_t v) {
+    if (v < 0x80) {  // most varints: an inline store, not a call into std::string
+      out_->push_back(char(v));
+      return;
+    }
     char buf[10];
     int n = 0;
     while (v >= 0x80) { buf[n++] = char(v | 0x80); v >>= 7; }
@@ -36,6 +40,27 @@ class ByteWriter {
 
  private:
   std::string* out_;
+};
+
+// Writes what ByteWriter writes into a buffer the caller sized for it: no bounds checks, no
+// calls, for records encoded on the op's thread and appended in one piece.
+class SpanWriter {
+ public:
+  explicit SpanWriter(char* p) : begin_(p), p_(p) {}
+  void u8(uint8_t v) { *p_++ = char(v); }
+  void varint(uint64_t v) {
+    while (v >= 0x80) { *p_++ = char(v | 0x80); v >>= 7; }
+    *p_++ = char(v);
+  }
+  void zvarint(int64_t v) { varint(zigzag(v)); }
+  void u64(uint64_t v) { raw(&v, 8); }
+  void f64(double v) { raw(&v, 8); }
+  void raw(const void* p, size_t n) { std::memcpy(p_, p, n); p_ += n; }
+  size_t size() const { return size_t(p_ - begin_); }
+
+ private:
+  char* begin_;
+  char* p_;
 };
 
 // Reads what ByteWriter wrote; every read checks bounds and sets failed() instead of throwing.

@@ -65,7 +65,10 @@ void RecordEncoder::end(const EndInfo& e, std::string* out) {
   finish(out);
 }
 
-void write_tensor(ByteWriter& w, const TensorDesc& t, uint64_t base_back) {
+namespace {
+
+template <typename Writer>
+void write_tensor_to(Writer& w, const TensorDesc& t, uint64_t base_back) {
   w.u8(t.dtype);
   w.u8(t.device_type);
   w.zvarint(t.device_index);
@@ -93,6 +96,23 @@ void write_tensor(ByteWriter& w, const TensorDesc& t, uint64_t base_back) {
     w.varint(t.stats.inf);
   }
   if (t.provenance() == Provenance::kView) w.varint(base_back);
+}
+
+// The most a tensor of up to Dims::kInline dimensions takes: the fixed bytes, two varints per
+// dimension, a digest, four statistics, two counts and a base.
+constexpr size_t kMaxInlineTensorBytes = 3 + 10 + 10 + 2 * 10 * Dims::kInline + 32 + 32 + 20 + 10;
+
+}  // namespace
+
+void write_tensor(ByteWriter& w, const TensorDesc& t, uint64_t base_back) {
+  if (t.sizes.size() > Dims::kInline || t.strides.size() > Dims::kInline) {
+    write_tensor_to(w, t, base_back);
+    return;
+  }
+  char buf[kMaxInlineTensorBytes];
+  SpanWriter span(buf);
+  write_tensor_to(span, t, base_back);
+  w.raw(buf, span.size());
 }
 
 }  // namespace detaudit::trace
