@@ -94,9 +94,17 @@ __attribute__((constructor)) void attach() {
     return;
   }
   // Two callbacks with one body, one of them on at a time (ProcessRecorder::set_callbacks).
+  // The op callback takes the scopes a training program's ops and marks run in, not the mobile,
+  // static-runtime and build-feature ones: the autograd engine rebuilds libtorch's callback list
+  // of every scope a callback takes, on every task it runs.
   proc.set_callbacks(at::addGlobalCallback(at::RecordFunctionCallback(on_op_start, on_op_end)
                                                .needsInputs(true)
-                                               .needsOutputs(true)),
+                                               .needsOutputs(true)
+                                               .scopes({at::RecordScope::FUNCTION,
+                                                        at::RecordScope::BACKWARD_FUNCTION,
+                                                        at::RecordScope::TORCHSCRIPT_FUNCTION,
+                                                        at::RecordScope::CUSTOM_CLASS,
+                                                        at::RecordScope::USER_SCOPE})),
                      at::addGlobalCallback(at::RecordFunctionCallback(on_op_start, on_op_end)
                                                .scopes({at::RecordScope::USER_SCOPE})));
   pthread_atfork(atfork_prepare, atfork_parent, atfork_child);

@@ -44,7 +44,7 @@ uint64_t ThreadRecorder::collective_overwritten(const at::RecordFunction& fn, co
 void ThreadRecorder::emit_pending_output(const c10::IValue& v, ByteWriter& w) {
   if (v.isTensor() && v.toTensor().defined() && !unhashable_reason(v.toTensor())) {
     // Not filled yet: the COLLECTIVE record holds the contents.
-    thread_local trace::TensorDesc desc;
+    trace::TensorDesc& desc = desc_scratch_;
     describe_geometry(v.toTensor(), hasher_->length(), &desc);
     desc.bits |= trace::kTensorNotRead;
     write_new(w, desc, -1);

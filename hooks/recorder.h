@@ -277,6 +277,9 @@ class ThreadRecorder {
   bool device_digest_ = false;
   DeviceBatch device_batch_;
   std::vector<PendingRecords::Hole> holes_;  // of the record being encoded
+  // Descriptions made while encoding a value, reused: write_new() copies into the second while
+  // its caller holds the first.
+  trace::TensorDesc desc_scratch_, desc_copy_;
   PendingRecords held_;
 
   // By "name.overload": overloads differ (linspace is composite, linspace.out writes `out`).

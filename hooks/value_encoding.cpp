@@ -172,7 +172,7 @@ void ThreadRecorder::emit_tensor(const Snapshot& s, ByteWriter& w) {
   if (s.written) {
     // Overwritten since the op began (a nested op wrote it) or out of reach: its old bytes,
     // described again, would be compared as if read.
-    thread_local trace::TensorDesc desc;
+    trace::TensorDesc& desc = desc_scratch_;
     desc = s.desc;
     desc.digest.fill(0);
     desc.bits = uint8_t((desc.bits | trace::kTensorNotRead) &
@@ -200,7 +200,7 @@ int64_t ThreadRecorder::write_new(ByteWriter& w, const trace::TensorDesc& desc, 
   const int64_t id = next_tensor_id_++;
   w.u8(uint8_t(ValueType::kTensorNew));
   uint64_t base_back = 0;
-  thread_local trace::TensorDesc copy;
+  trace::TensorDesc& copy = desc_copy_;
   const trace::TensorDesc* out = &desc;
   if (desc.provenance() == trace::Provenance::kView) {
     if (base_id >= 0 && base_id < id && id - base_id <= int64_t(trace::kRefWindow)) {
@@ -271,7 +271,7 @@ void ThreadRecorder::emit_output_tensor(const at::Tensor& t, ByteWriter& w, cons
   if (f.info->repoints_storage) {
     // set_: the bytes are whatever the new storage holds (a DataLoader worker's batch, a fresh
     // allocation). They are compared where an op reads them; what the cache said is void.
-    thread_local trace::TensorDesc desc;
+    trace::TensorDesc& desc = desc_scratch_;
     describe_geometry(t, hasher_->length(), &desc);
     desc.bits |= trace::kTensorNotRead;
     cache_.forget(impl);
@@ -293,7 +293,7 @@ void ThreadRecorder::emit_output_tensor(const at::Tensor& t, ByteWriter& w, cons
     return;
   }
   if (!e) {
-    thread_local trace::TensorDesc desc;
+    trace::TensorDesc& desc = desc_scratch_;
     std::shared_ptr<const PendingDigest> pending;
     if (f.info->returns_uninitialized || scratch) {
       // Uninitialized bytes: their digest would differ run to run and mean nothing.
