@@ -11,12 +11,15 @@ import argparse
 import glob
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+import callgrind_stages
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -110,7 +113,22 @@ def default_torch_bin(build, python, py):
     sys.exit(f"bench: no C++ workloads in {build}/torch/*/bin for {python}; pass --torch-bin")
 
 
-def mode_env(args, mode_config, run_dir):
+BASELINE = " [baseline]"  # a recording mode run with --baseline-hooks' interposer
+
+
+def with_baselines(args, modes):
+    """Each recording mode, then its twin on the baseline interposer, when there is one."""
+    if not args.baseline_hooks:
+        return modes
+    out = []
+    for name, cfg in modes:
+        out.append((name, cfg))
+        if isinstance(cfg, dict):
+            out.append((name + BASELINE, cfg))
+    return out
+
+
+def mode_env(args, mode_config, run_dir, name=""):
     env = dict(os.environ)
     if mode_config is None or mode_config in PEERS:
         return env
@@ -118,7 +136,7 @@ def mode_env(args, mode_config, run_dir):
     config_path = os.path.join(run_dir, "config.json")
     with open(config_path, "w") as f:
         json.dump(mode_config, f)
-    env["LD_PRELOAD"] = args.hooks
+    env["LD_PRELOAD"] = args.baseline_hooks if name.endswith(BASELINE) else args.hooks
     env["DETAUDIT_RUN_DIR"] = run_dir
     env["DETAUDIT_CONFIG"] = config_path
     return env
@@ -131,21 +149,21 @@ def trace_stats(args, run_dir):
 
 
 def bench_workload(args, lang, workload, raw, tmp):
-    modes = [m for m in MODES if m[0] in args.modes and not (m[1] in PEERS and lang == "cpp")]
+    modes = with_baselines(args, [m for m in MODES if m[0] in args.modes and not (m[1] in PEERS and lang == "cpp")])
     times = {name: [] for name, _ in modes}
     cpu_times = {name: [] for name, _ in modes}
     extra = {}
     for rep in range(args.repeats):
         for name, cfg in modes:
             run_dir = os.path.join(tmp, f"{lang}-{workload}-{len(extra)}-{rep}-{abs(hash(name))}")
-            env = mode_env(args, cfg, run_dir)
+            env = mode_env(args, cfg, run_dir, name)
             cmd = workload_cmd(args, lang, workload, peer=cfg if cfg in PEERS else None)
             result = run_measured(cmd, env)
             times[name].append(result["ms_per_step"])
             cpu_times[name].append(result["cpu_ms_per_step"])
             if rep == 0:
-                info = {"rss_mb": peak_rss_mb(cmd, mode_env(args, cfg, run_dir + "-rss"))}
-                if isinstance(cfg, dict) and name != "loaded, recording off":
+                info = {"rss_mb": peak_rss_mb(cmd, mode_env(args, cfg, run_dir + "-rss", name))}
+                if isinstance(cfg, dict) and not name.startswith("loaded, recording off"):
                     info.update(trace_stats(args, run_dir))
                 if cfg == "md5":
                     info["bytes_hashed_per_step"] = result["peer_bytes_per_step"]
@@ -187,7 +205,7 @@ def bench_workload(args, lang, workload, raw, tmp):
 INSTRUCTION_MODES = ["plain", "loaded, recording off", "md5 + stats", "xxh3 + stats"]
 
 
-def callgrind_instructions(args, workload, mode_config, run_dir, steps):
+def callgrind_instructions(args, workload, name, mode_config, run_dir, steps):
     """Instructions executed inside the C++ workload's step function, per step: exact, and unmoved
     by other guests on a shared host, unlike time."""
     out = os.path.join(run_dir + "-cg", "callgrind.out")
@@ -196,7 +214,7 @@ def callgrind_instructions(args, workload, mode_config, run_dir, steps):
            f"--toggle-collect=*{workload}()::{{lambda()#1}}::operator()*", f"--callgrind-out-file={out}",
            os.path.join(args.torch_bin, "bench_workloads"), "--workload", workload,
            "--steps", str(steps), "--warmup", "1", "--threads", "2"]
-    return subprocess.Popen(cmd, env=mode_env(args, mode_config, run_dir), stdout=subprocess.DEVNULL,
+    return subprocess.Popen(cmd, env=mode_env(args, mode_config, run_dir, name), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL), out
 
 
@@ -209,32 +227,40 @@ def read_callgrind_total(path):
 
 
 def bench_instructions(args, tmp):
-    """Per C++ workload and mode: instructions per step and per recorded op, two runs at a time."""
+    """Per C++ workload and mode: instructions per step and per recorded op, two runs at a time,
+    and for each recording mode the recorder's stages (callgrind_stages.py)."""
     steps = 3
     configs = dict(MODES)
+    configs.update({name + BASELINE: cfg for name, cfg in MODES})
+    names = [name for name, _ in with_baselines(args, [(n, configs[n]) for n in INSTRUCTION_MODES])]
     jobs = []
     for workload in [w for w in args.only.split(",") if w in ("lstm", "embed")]:
-        for name in INSTRUCTION_MODES:
+        for name in names:
             jobs.append((workload, name, os.path.join(tmp, f"cg-{workload}-{abs(hash(name))}")))
     results = {}
     for i in range(0, len(jobs), 2):
-        started = [(job, *callgrind_instructions(args, job[0], configs[job[1]], job[2], steps))
+        started = [(job, *callgrind_instructions(args, job[0], job[1], configs[job[1]], job[2], steps))
                    for job in jobs[i:i + 2]]
         for (workload, name, run_dir), proc, out in started:
             if proc.wait() != 0:
                 sys.exit(f"bench: callgrind failed for {workload} {name}")
-            per_step = read_callgrind_total(out) / (steps + 1)
             ops = None
-            if isinstance(configs[name], dict) and name != "loaded, recording off":
-                ops = trace_stats(args, run_dir)["ops"] / (steps + 1)
-            results[(workload, name)] = (per_step, ops)
+            if isinstance(configs[name], dict) and not name.startswith("loaded, recording off"):
+                ops = trace_stats(args, run_dir)["ops"]
+            results[(workload, name)] = (callgrind_stages.Profile(out), ops)
             print(f"done instructions {workload} {name}", file=sys.stderr, flush=True)
     rows = []
-    for (workload, name), (per_step, ops) in results.items():
+    for (workload, name), (profile, ops) in results.items():
         plain = results[(workload, "plain")][0]
-        rows.append({"workload": f"{workload} (cpp)", "mode": name, "instructions_per_step": per_step,
-                     "ratio": per_step / plain, "ops_per_step": ops,
-                     "instructions_per_op": (per_step - plain) / ops if ops else None})
+        per_step = profile.total / (steps + 1)
+        plain_per_step = plain.total / (steps + 1)
+        row = {"workload": f"{workload} (cpp)", "mode": name, "instructions_per_step": per_step,
+               "ratio": per_step / plain_per_step, "ops_per_step": ops / (steps + 1) if ops else None,
+               "instructions_per_op": (profile.total - plain.total) / ops if ops else None}
+        if ops:
+            row["stages_per_op"] = {stage: cost / ops for stage, cost in
+                                    callgrind_stages.stages(profile, plain.total)}
+        rows.append(row)
     return rows
 
 
@@ -271,6 +297,8 @@ def main():
                    help="the interpreter of the Python workloads (default: <source>/.venv's); "
                         "the C++ workloads use the same torch")
     p.add_argument("--hooks", help="the interposer (default: the build's, for --python's torch)")
+    p.add_argument("--baseline-hooks", help="another interposer (the one before a change): each "
+                   "recording mode also runs on it, interleaved, as '<mode> [baseline]'")
     p.add_argument("--torch-bin", help="the C++ workloads' directory (default: the build's, "
                                        "for --python's torch)")
     p.add_argument("--detaudit", help="the CLI whose diff is timed (default: the build's)")
@@ -290,7 +318,8 @@ def main():
     if args.quick:
         args.repeats, args.steps, args.diff_ops = 1, 3, 1_000_000
     names = [name for name, _ in MODES]
-    chosen = names if args.modes is None else ["plain"] + [m.strip() for m in args.modes.split(",")]
+    # A comma followed by a space is inside a name ("loaded, recording off").
+    chosen = names if args.modes is None else ["plain"] + [m.strip() for m in re.split(r",(?! )", args.modes)]
     args.modes = {m for m in chosen if m}
     if args.modes - set(names):
         sys.exit(f"bench: unknown modes {sorted(args.modes - set(names))}; known: {names}")
@@ -346,6 +375,13 @@ def main():
         for r in instructions:
             print(f"| {r['workload']} | {r['mode']} | {r['instructions_per_step'] / 1e6:.1f}M | "
                   f"{r['ratio']:.2f} | {fmt(r['ops_per_step'], '.0f')} | {fmt(r['instructions_per_op'], '.0f')} |")
+        staged = [r for r in instructions if r.get("stages_per_op")]
+        if staged:
+            print("\nInstructions per recorded op, by stage (tests/bench/callgrind_stages.py):\n")
+            print("| stage | " + " | ".join(f"{r['workload']} {r['mode']}" for r in staged) + " |")
+            print("|---|" + "---:|" * len(staged))
+            for stage in staged[0]["stages_per_op"]:
+                print(f"| {stage} | " + " | ".join(f"{r['stages_per_op'][stage]:,.0f}" for r in staged) + " |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"raw": raw, "rows": rows, "diff": diffs, "instructions": instructions}, f, indent=1)
