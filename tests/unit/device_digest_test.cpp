@@ -12,6 +12,7 @@
 
 #include "digest/digest.h"
 #include "digest/strided.h"
+#include "strided_reference.h"
 
 namespace detaudit {
 namespace {
@@ -256,21 +257,9 @@ TEST(DeviceDigestTest, ViewsAreDigestedInLogicalOrder) {
     const size_t esize = trace::dtype_size(dtype);
     const auto base = random_bytes(60 * esize, dtype);
     for (const View& v : views) {
-      // The logical order, element by element.
-      std::vector<uint8_t> logical;
-      std::vector<int64_t> index(v.sizes.size(), 0);
+      const std::vector<uint8_t> logical = logical_bytes(base, esize, v.sizes, v.strides, v.offset);
       int64_t numel = 1;
       for (int64_t s : v.sizes) numel *= s;
-      for (int64_t e = 0; e < numel; ++e) {
-        int64_t off = v.offset;
-        for (size_t d = 0; d < index.size(); ++d) off += index[d] * v.strides[d];
-        logical.insert(logical.end(), base.begin() + off * int64_t(esize),
-                       base.begin() + (off + 1) * int64_t(esize));
-        for (size_t d = index.size(); d-- > 0;) {
-          if (++index[d] < v.sizes[d]) break;
-          index[d] = 0;
-        }
-      }
       const SpecResult want = spec_digest(logical, dtype);
       Hasher h(trace::DigestAlgo::kDevice);
       TensorDigester digester(&h, dtype, true);

@@ -12,6 +12,7 @@
 #include "digest/digest.h"
 #include "digest/md5_lanes.h"
 #include "digest/strided.h"
+#include "strided_reference.h"
 #include "digest/xxh3_wide.h"
 #include "trace/reader.h"
 #include "trace/records.h"
@@ -471,20 +472,7 @@ TEST(DigestTreeTest, StridedViewsDigestAsTheirLogicalBytes) {
     std::vector<uint8_t> base(size_t(big * big) * dt.size);
     for (size_t i = 0; i < base.size(); ++i) base[i] = uint8_t((i * 2654435761u) >> 13);
     for (const View& v : views) {
-      std::vector<uint8_t> logical;
-      std::vector<int64_t> index(v.sizes.size(), 0);
-      int64_t numel = 1;
-      for (int64_t s : v.sizes) numel *= s;
-      for (int64_t e = 0; e < numel; ++e) {
-        int64_t off = v.offset;
-        for (size_t d = 0; d < index.size(); ++d) off += index[d] * v.strides[d];
-        const auto* p = base.data() + off * int64_t(dt.size);
-        logical.insert(logical.end(), p, p + dt.size);
-        for (size_t d = index.size(); d-- > 0;) {
-          if (++index[d] < v.sizes[d]) break;
-          index[d] = 0;
-        }
-      }
+      const std::vector<uint8_t> logical = logical_bytes(base, dt.size, v.sizes, v.strides, v.offset);
       for (DigestAlgo algo : {DigestAlgo::kMd5, DigestAlgo::kSha256, DigestAlgo::kXxh3}) {
         const std::string what = std::string(v.what) + ", " + std::string(digest_name(algo)) + ", dtype " +
                                  std::to_string(dt.code);
