@@ -18,9 +18,23 @@ if(DETAUDIT_SANITIZE)
   add_link_options(-fsanitize=${DETAUDIT_SANITIZE})
 endif()
 
-find_package(OpenSSL REQUIRED)
-find_package(nlohmann_json 3.10 REQUIRED)
-find_package(fmt REQUIRED)
-find_package(PkgConfig REQUIRED)
-pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+# A missing library stops the configure with one line naming the Debian package that has it
+# (`pip install .` shows CMake's output; that line is the one to read). The leading space keeps
+# CMake from wrapping it.
+macro(detaudit_require found debian_package)
+  if(NOT ${found})
+    message(FATAL_ERROR " detaudit: missing build dependency: install Debian's ${debian_package} "
+            "(sudo apt-get install ${debian_package}), then build again")
+  endif()
+endmacro()
+find_package(OpenSSL QUIET)
+detaudit_require(OpenSSL_FOUND libssl-dev)
+find_package(nlohmann_json 3.10 QUIET)
+detaudit_require(nlohmann_json_FOUND nlohmann-json3-dev)
+find_package(fmt QUIET)
+detaudit_require(fmt_FOUND libfmt-dev)
+find_package(PkgConfig QUIET)
+detaudit_require(PkgConfig_FOUND pkg-config)
+pkg_check_modules(XXHASH QUIET IMPORTED_TARGET libxxhash)
+detaudit_require(XXHASH_FOUND libxxhash-dev)
 include(GNUInstallDirs)
