@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Installs what is missing (Debian packages, and pip's torch 2.13 in .venv), builds, and audits a
-# built-in example: a Python training script whose backward pass races on float atomics
+# Installs what is missing (Debian packages, and pip's torch 2.13 in .venv), builds and installs
+# detaudit into .venv with pip (tests/build.sh), and audits a built-in example: a Python training script whose backward pass races on float atomics
 # (index_put_ with accumulate=True on 2 threads). Prints the verdict.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/tests/build.sh"
 out=${1:-"$root/audit"}
 set +e
-"$root/build/bin/detaudit" run --runs 2 --out "$out" --force -- \
+"$root/.venv/bin/detaudit" run --runs 2 --out "$out" --force -- \
   "$root/.venv/bin/python" "$root/examples/nondet_index_put.py"
 code=$?
 set -e
@@ -17,4 +17,4 @@ case $code in
   1) echo "quickstart: the two runs diverged; the report above says where and why";;
   *) exit "$code";;
 esac
-echo "quickstart: runs are in $out (try: build/bin/detaudit show $out/run-0)"
+echo "quickstart: runs are in $out (try: .venv/bin/detaudit show $out/run-0)"

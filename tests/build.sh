@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Installs what is missing and builds detaudit into ./build (Release, with the interposer) for the
-# torch of <source>/.venv, and with --debian-torch for Debian's libtorch 1.13 too.
-#   tests/build.sh [--debian-torch]
+# Installs what is missing and builds detaudit into ./build for the torch of <source>/.venv (and
+# with --debian-torch for Debian's libtorch 1.13 too), by the route users take: `pip install
+# --no-build-isolation .` into that environment (pyproject.toml), keeping CMake's build tree in
+# ./build, with the tests, for ctest. .venv/bin/detaudit is then the installed CLI.
+#   tests/build.sh [--debian-torch] [extra-debian-package...]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/tests/install_deps.sh" "$@"
 torches="$root/.venv/bin/python"
 for a in "$@"; do [ "$a" = --debian-torch ] && torches="$torches;system"; done
-cmake -S "$root" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-      "-DDETAUDIT_TORCH=$torches" >/dev/null
-cmake --build "$root/build" -j "$(nproc)"
+"$root/.venv/bin/pip" install --no-build-isolation --disable-pip-version-check -v "$root" \
+  -C build-dir="$root/build" -C cmake.build-type=RelWithDebInfo \
+  -C "cmake.define.DETAUDIT_TORCH=$torches" -C cmake.define.DETAUDIT_BUILD_TESTS=ON \
+  -C cmake.define.DETAUDIT_BUILD_EXAMPLES=ON

@@ -30,9 +30,10 @@ fi
 
 # Pinned: an open range would pull a CUDA build of several GB.
 venv="$root/.venv"
-if ! "$venv/bin/python" -c 'import torch, numpy; assert torch.__version__.startswith("2.13.0")' \
+if ! "$venv/bin/python" -c 'import torch, numpy, scikit_build_core, pytest; assert torch.__version__.startswith("2.13.0")' \
      2>/dev/null; then
   echo "detaudit: creating $venv with torch 2.13.0" >&2
   python3 -m venv "$venv" 2>/dev/null || /usr/bin/python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check torch==2.13.0 numpy==2.4.6
+  "$venv/bin/pip" install -q --disable-pip-version-check torch==2.13.0 numpy==2.4.6 \
+    scikit-build-core==1.1.2 pytest==8.3.3
 fi
