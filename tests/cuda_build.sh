@@ -5,10 +5,14 @@
 # on the CPU: nvcc's host pass must give the bits g++ gives. The wheels (about
 # 5.5 GB) install from the local disk into <source>/.venv-cuda; nvcc is /usr/local/cuda's. The
 # interposer lands beside the others, in build/lib/detaudit/torch/2.14.1+cu130/.
-#   tests/cuda_build.sh
+# --venv-only makes the environment and stops: CI does that while the other tests run, since
+# unpacking the wheels waits on the disk, not the cores.
+#   tests/cuda_build.sh [--venv-only]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-"$root/tests/install_deps.sh"
+venv_only=0
+[ "${1:-}" = --venv-only ] && venv_only=1
+((venv_only)) || "$root/tests/install_deps.sh"
 [ -x /usr/local/cuda/bin/nvcc ] || { echo "cuda_build: no nvcc in /usr/local/cuda" >&2; exit 1; }
 venv="$root/.venv-cuda"
 if ! "$venv/bin/python" -c 'import torch; assert torch.__version__.startswith("2.14.1")
@@ -17,6 +21,7 @@ assert torch.version.cuda' 2>/dev/null; then
   python3 -m venv "$venv" 2>/dev/null || /usr/bin/python3 -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check torch==2.14.1
 fi
+((venv_only)) && exit 0
 build="$root/build/torch/cuda"
 cmake -S "$root/hooks" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       "-DDETAUDIT_TORCH=$venv/bin/python" "-DDETAUDIT_INTERPOSER_DIR=$root/build/lib/detaudit" \
