@@ -189,6 +189,13 @@ def test_deterministic_training_with_workers_and_threads():
         opt.step()
 
 
+@pytest.mark.reproducible(runs=3)
+def test_three_runs():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    model(torch.randn(8, 4)).sum().backward()
+
+
 def test_not_marked_runs_once_in_process():
     assert os.environ.get("DETAUDIT_PYTEST_CHILD") is None
 '''
@@ -225,6 +232,7 @@ class PytestPlugin(TmpDirCase):
     def test_racy_test_fails_with_the_verdict_and_a_deterministic_one_passes(self):
         for attempt in range(RACE_ATTEMPTS):
             r, cases, reports = self.pytest("-k", "racy or deterministic or not_marked")
+            self.assertIn("1 deselected", r.stdout)
             self.assertEqual(cases.get("test_deterministic_training_with_workers_and_threads",
                                        ("missing",))[0], "passed", r.stdout + r.stderr)
             self.assertEqual(cases.get("test_not_marked_runs_once_in_process", ("missing",))[0],
@@ -248,6 +256,15 @@ class PytestPlugin(TmpDirCase):
             self.assertNotEqual(r.returncode, 0)
             return
         self.fail(f"the race never fired in {RACE_ATTEMPTS} pairs")
+
+    def test_the_markers_runs_are_recorded_and_every_pair_is_diffed(self):
+        r, cases, reports = self.pytest("-k", "three_runs")
+        self.assertEqual(cases["test_three_runs"][0], "passed", r.stdout)
+        out = self.report_dir(reports, "test_three_runs")
+        for i in (1, 2):
+            self.assertEqual(load_report(os.path.join(out, f"report.run-{i}.json"))["verdict"],
+                             "identical")
+        self.assertTrue(os.path.exists(os.path.join(out, "report.html")))
 
     def test_skips_with_the_reason_when_the_interposer_cannot_attach(self):
         missing = os.path.join(self.tmp, "no-such-interposer.so")

@@ -123,21 +123,43 @@ def _describe(report, html):
     return "\n".join(lines)
 
 
+def _failed_run_log(out, runs):
+    """The end of the output of the first recorded run whose pytest said it failed."""
+    logs = []
+    for i in range(runs):
+        path = os.path.join(out, f"run-{i}", "output.log")
+        if os.path.exists(path):
+            with open(path, errors="replace") as f:
+                logs.append(f.read())
+    failed = [log for log in logs if re.search(r"\b\d+ (failed|errors?)\b", log)]
+    return (failed or logs or [""])[0][-4000:]
+
+
+def _pair_reports(out, runs):
+    """run-0 against each later run: (run index, its JSON report path), as `run` names them."""
+    if runs == 2:
+        return [(1, os.path.join(out, "report.json"))]
+    return [(i, os.path.join(out, f"report.run-{i}.json")) for i in range(1, runs)]
+
+
 def _check(item):
     cli = _cli()
     if cli is None:
         pytest.skip("detaudit: no detaudit CLI found (pip install --no-build-isolation the "
                     "detaudit source, or set DETAUDIT_CLI)")
     runs, flags = _run_flags(item)
+    if runs < 2:
+        pytest.fail(f"detaudit: runs={runs}: a reproducibility check needs at least 2 runs",
+                    pytrace=False)
     out = os.path.join(_out_dir(item.config), _slug(item.nodeid))
     os.makedirs(out, exist_ok=True)
-    report_json = os.path.join(out, "report.json")
+    pairs = _pair_reports(out, runs)
     html = os.path.join(out, "report.html")
-    for stale in (report_json, html):
+    for stale in [path for _, path in pairs] + [html]:
         if os.path.exists(stale):
             os.remove(stale)
     command = [cli, "run", "--runs", str(runs), "--out", out, "--force", "-q",
-               "--format", "json", "--output", report_json] + flags
+               "--format", "json", "--output", os.path.join(out, "report.json")] + flags
     command += ["--", *_child_command(item, os.path.join(out, "child-junit.xml"))]
     env = dict(os.environ, **{_CHILD_ENV: "1"})
     done = subprocess.run(command, cwd=str(item.config.rootpath), env=env,
@@ -146,21 +168,20 @@ def _check(item):
     if code in (_USAGE, _BAD_INPUT) and "interposer" in done.stderr:
         pytest.skip(f"detaudit cannot attach: {_last_line(done.stderr)}")
     if code == _TARGET_FAILED:
-        logs = [os.path.join(out, f"run-{i}", "output.log") for i in range(runs)]
-        tail = ""
-        for log in logs:
-            if os.path.exists(log):
-                with open(log, errors="replace") as f:
-                    tail = f.read()[-4000:]
-                break
         pytest.fail(f"detaudit: the test failed under recording ({_last_line(done.stderr)})\n"
-                    f"{tail}", pytrace=False)
-    if not os.path.exists(report_json):
-        pytest.fail(f"detaudit run exited {code}: {done.stderr.strip()[-2000:]}", pytrace=False)
-    with open(report_json) as f:
-        report = json.load(f)
+                    f"{_failed_run_log(out, runs)}", pytrace=False)
+    reports = []
+    for index, path in pairs:
+        if not os.path.exists(path):
+            pytest.fail(f"detaudit run exited {code} without {path}: "
+                        f"{done.stderr.strip()[-2000:]}", pytrace=False)
+        with open(path) as f:
+            reports.append((index, json.load(f)))
+    # The pair to show: the first that is not identical, else run-0 against run-1.
+    index, report = next(((i, r) for i, r in reports if r.get("verdict") != "identical"),
+                         reports[0])
     # The same diff, rendered for people: beside the JUnit file.
-    subprocess.run([cli, "diff", os.path.join(out, "run-0"), os.path.join(out, "run-1"),
+    subprocess.run([cli, "diff", os.path.join(out, "run-0"), os.path.join(out, f"run-{index}"),
                     "--format", "html", "--output", html] + _gate_flags(flags),
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     item.user_properties.append(("detaudit_report", html))
