@@ -58,7 +58,8 @@ DETAUDIT_AVX512 inline __attribute__((always_inline)) void round(__m512i& a, __m
     f = _mm512_ternarylogic_epi32(b, c, d, 0x39);
   f = _mm512_add_epi32(_mm512_add_epi32(f, a),
                        _mm512_add_epi32(_mm512_set1_epi32(int(kK[I])), m[message_word(I)]));
-  __m512i next_b = _mm512_add_epi32(b, _mm512_rol_epi32(f, kS[I]));
+  constexpr int kShift = kS[I];  // an immediate even at -O0, where gcc folds no array read
+  __m512i next_b = _mm512_add_epi32(b, _mm512_rol_epi32(f, kShift));
   a = d;
   d = c;
   c = b;
