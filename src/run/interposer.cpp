@@ -229,6 +229,14 @@ std::string build_command_for(const ProgramTorch& torch, const std::string& sour
                 ? "system"
                 : prefix.string();
   }
+  // A pip-installed detaudit (lib_dir inside the package) is advised pip's route: install
+  // detaudit into the program's own environment, built for its torch.
+  const fs::path package = fs::path(lib_dir).parent_path().parent_path();
+  std::error_code ec;
+  if (!torch.python.empty() && fs::exists(package / "__init__.py", ec))
+    return fmt::format("{} -m pip install --no-build-isolation {} (detaudit in that environment, "
+                       "built for its torch)",
+                       torch.python, source_dir);
   std::string name = torch.version.empty() ? "program" : torch.version;
   std::replace_if(
       name.begin(), name.end(), [](char ch) { return !std::isalnum(ch) && ch != '.'; }, '_');

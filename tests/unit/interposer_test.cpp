@@ -157,6 +157,21 @@ TEST(InterposerTest, BuildCommandForACppProgramNamesItsLibtorch) {
             std::string::npos);
 }
 
+TEST(InterposerTest, APipInstalledDetauditAdvisesPipIntoTheProgramsEnvironment) {
+  std::string package = temp_dir("pip") + "/site-packages/detaudit";
+  std::filesystem::create_directories(package + "/lib/detaudit");
+  ProgramTorch t;
+  t.python = "/other/venv/bin/python";
+  t.libtorch_cpu = "/other/venv/torch/lib/libtorch_cpu.so";
+  const std::string lib = package + "/lib/detaudit";
+  EXPECT_NE(build_command_for(t, "/src", lib).find("-DDETAUDIT_TORCH="), std::string::npos)
+      << "a build tree, not a package: CMake";
+  std::ofstream(package + "/__init__.py") << "";
+  EXPECT_EQ(build_command_for(t, "/src", lib),
+            "/other/venv/bin/python -m pip install --no-build-isolation /src (detaudit in that "
+            "environment, built for its torch)");
+}
+
 // A CUDA run gets the device digest by default: an interposer with the kernels, and a GPU the
 // program can see. Anything less keeps MD5 (host copies).
 TEST(InterposerTest, TheDeviceDigestIsTheDefaultOnlyWithKernelsAndAVisibleGpu) {
