@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs what is missing (Debian packages, and pip's torch 2.13 in .venv), builds and installs
-# detaudit into .venv with pip (tests/build.sh), and audits a built-in example: a Python training script whose backward pass races on float atomics
-# (index_put_ with accumulate=True on 2 threads). Prints the verdict.
+# detaudit into .venv with pip (tests/build.sh --no-tests), and audits a built-in example: a
+# Python training script whose backward pass races on float atomics (index_put_ with
+# accumulate=True on 2 threads). Prints the verdict.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-"$root/tests/build.sh"
+"$root/tests/build.sh" --no-tests
 out=${1:-"$root/audit"}
 set +e
 "$root/.venv/bin/detaudit" run --runs 2 --out "$out" --force -- \

@@ -3,13 +3,22 @@
 # with --debian-torch for Debian's libtorch 1.13 too), by the route users take: `pip install
 # --no-build-isolation .` into that environment (pyproject.toml), keeping CMake's build tree in
 # ./build, with the tests, for ctest. .venv/bin/detaudit is then the installed CLI.
-#   tests/build.sh [--debian-torch] [extra-debian-package...]
+# --no-tests (quickstart.sh) leaves out the tests and the C++ examples: what a user needs only.
+#   tests/build.sh [--debian-torch] [--no-tests] [extra-debian-package...]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-"$root/tests/install_deps.sh" "$@"
 torches="$root/.venv/bin/python"
-for a in "$@"; do [ "$a" = --debian-torch ] && torches="$torches;system"; done
+tests=ON
+deps=()
+for a in "$@"; do
+  case $a in
+    --debian-torch) torches="$torches;system"; deps+=("$a");;
+    --no-tests) tests=OFF;;
+    *) deps+=("$a");;
+  esac
+done
+"$root/tests/install_deps.sh" "${deps[@]}"
 "$root/.venv/bin/pip" install --no-build-isolation --disable-pip-version-check -v "$root" \
   -C build-dir="$root/build" -C cmake.build-type=RelWithDebInfo \
-  -C "cmake.define.DETAUDIT_TORCH=$torches" -C cmake.define.DETAUDIT_BUILD_TESTS=ON \
-  -C cmake.define.DETAUDIT_BUILD_EXAMPLES=ON
+  -C "cmake.define.DETAUDIT_TORCH=$torches" -C "cmake.define.DETAUDIT_BUILD_TESTS=$tests" \
+  -C "cmake.define.DETAUDIT_BUILD_EXAMPLES=$tests"
