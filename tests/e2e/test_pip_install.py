@@ -29,6 +29,28 @@ def grads(run_dir):
     return re.findall(r"step (\d+) grad sha256 (\w+)", output_log(run_dir))
 
 
+def index_put_verdict(case, launcher, python):
+    """Records nondet_index_put.py in pairs with an installed `detaudit` until the program's own
+    gradients differ; each verdict must match them. Returns that pair's first divergence."""
+    for attempt in range(RACE_ATTEMPTS):
+        out = os.path.join(case.tmp, f"audit-{attempt}")
+        report = os.path.join(out, "report.json")
+        r = run([launcher, "run", "--runs", "2", "--out", out, "-q", "--format", "json",
+                 "--output", report, "--", python, example("nondet_index_put.py"), "--steps", "3"])
+        a, b = grads(os.path.join(out, "run-0")), grads(os.path.join(out, "run-1"))
+        case.assertEqual(len(a), 3, r.stderr + output_log(os.path.join(out, "run-0")))
+        verdict = load_report(report)
+        if a == b:
+            case.assertEqual((r.returncode, verdict["verdict"]), (0, "identical"), r.stderr)
+            continue
+        case.assertEqual(r.returncode, 1, r.stderr)
+        first = verdict["first_divergence"]
+        case.assertEqual((first["op"], first["class"]),
+                         ("aten::_index_put_impl_", "nondeterministic-op"))
+        return first
+    case.fail(f"the race never fired in {RACE_ATTEMPTS} pairs")
+
+
 @unittest.skipUnless(INSTALLED_HERE, "pip's install is into .venv, whose torch is tested there")
 class InstalledCommand(TmpDirCase):
     def test_detaudit_is_on_the_environments_path_and_runs_the_packaged_cli(self):
@@ -51,29 +73,8 @@ class InstalledCommand(TmpDirCase):
                                                     "libdetaudit_hooks.so")))
 
     def test_run_twice_on_the_index_put_race_gives_the_verdict_the_program_shows(self):
-        launcher = os.path.join(VENV, "bin", "detaudit")
-        for attempt in range(RACE_ATTEMPTS):
-            out = os.path.join(self.tmp, f"audit-{attempt}")
-            report = os.path.join(out, "report.json")
-            r = run([launcher, "run", "--runs", "2", "--out", out, "-q", "--format", "json",
-                     "--output", report, "--", VENV_PYTHON, example("nondet_index_put.py"),
-                     "--steps", "3"], env={"PATH": os.path.dirname(launcher) + ":" +
-                                           os.environ.get("PATH", "")})
-            a, b = grads(os.path.join(out, "run-0")), grads(os.path.join(out, "run-1"))
-            self.assertEqual(len(a), 3, output_log(os.path.join(out, "run-0")))
-            verdict = load_report(report)
-            if a == b:
-                self.assertEqual(r.returncode, 0, r.stderr)
-                self.assertEqual(verdict["verdict"], "identical")
-                continue
-            self.assertEqual(r.returncode, 1, r.stderr)
-            first = verdict["first_divergence"]
-            self.assertEqual(first["op"], "aten::_index_put_impl_")
-            self.assertEqual(first["class"], "nondeterministic-op")
-            self.assertEqual(first["catalog"]["id"], "index-put-accumulate-cpu")
-            return
-        self.fail(f"the race never fired in {RACE_ATTEMPTS} pairs")
-
+        first = index_put_verdict(self, os.path.join(VENV, "bin", "detaudit"), VENV_PYTHON)
+        self.assertEqual(first["catalog"]["id"], "index-put-accumulate-cpu")
 
     def test_an_isolated_build_stops_with_one_line_naming_the_missing_torch(self):
         # Without --no-build-isolation pip builds in a fresh environment that has no torch.
@@ -83,7 +84,6 @@ class InstalledCommand(TmpDirCase):
         self.assertRegex(r.stdout + r.stderr,
                          r"detaudit: \S+ cannot import torch: install torch into that environment "
                          r"first; with pip, build with --no-build-isolation")
-
 
     def test_a_missing_library_stops_the_build_with_the_debian_package_to_install(self):
         for package, debian in (("CLI11", "libcli11-dev"), ("fmt", "libfmt-dev"),
@@ -118,24 +118,7 @@ class DebianTorchThroughPip(TmpDirCase):
                       "--config-settings=cmake.define.CMAKE_CXX_FLAGS_RELEASE=-O0 -DNDEBUG"]):
             r = run([python, "-m", "pip", *argv], timeout=1200)
             self.assertEqual(r.returncode, 0, (r.stdout + r.stderr)[-4000:])
-        launcher = os.path.join(venv, "bin", "detaudit")
-        for attempt in range(RACE_ATTEMPTS):
-            out = os.path.join(self.tmp, f"audit-{attempt}")
-            report = os.path.join(out, "report.json")
-            r = run([launcher, "run", "--runs", "2", "--out", out, "-q", "--format", "json",
-                     "--output", report, "--", python, example("nondet_index_put.py"),
-                     "--steps", "3"])
-            a, b = grads(os.path.join(out, "run-0")), grads(os.path.join(out, "run-1"))
-            self.assertEqual(len(a), 3, r.stderr + output_log(os.path.join(out, "run-0")))
-            if a == b:
-                self.assertEqual((r.returncode, load_report(report)["verdict"]), (0, "identical"))
-                continue
-            self.assertEqual(r.returncode, 1, r.stderr)
-            first = load_report(report)["first_divergence"]
-            self.assertEqual((first["op"], first["class"]),
-                             ("aten::_index_put_impl_", "nondeterministic-op"))
-            return
-        self.fail(f"the race never fired in {RACE_ATTEMPTS} pairs")
+        index_put_verdict(self, os.path.join(venv, "bin", "detaudit"), python)
 
 
 PLUGIN_TESTS = '''
