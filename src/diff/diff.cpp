@@ -146,23 +146,24 @@ Signature signature_of(const std::string& path) {
   return s;
 }
 
+// The name without its "~<k>" marks, of the process or of the thread.
+std::string base(const std::string& name) {
+  std::string out;
+  for (size_t i = 0; i < name.size(); ++i) {
+    if (name[i] == '~' && i + 1 < name.size() && std::isdigit(uint8_t(name[i + 1]))) {
+      while (i + 1 < name.size() && std::isdigit(uint8_t(name[i + 1]))) ++i;
+      continue;
+    }
+    out += name[i];
+  }
+  return out;
+}
+
 // Threads (or processes) that claimed the same name ("thread", "thread~1") did so in the order
 // the scheduler started them. Such streams pair by what they ran: the same first ops and outputs, else the
 // same first op names, else in name order. Run B's streams are renamed to their partners'.
 void pair_clashing_streams(const std::map<std::string, std::string>& sa,
                            std::map<std::string, std::string>* sb) {
-  // The name without its "~<k>" marks, of the process or of the thread.
-  auto base = [](const std::string& name) {
-    std::string out;
-    for (size_t i = 0; i < name.size(); ++i) {
-      if (name[i] == '~' && i + 1 < name.size() && std::isdigit(uint8_t(name[i + 1]))) {
-        while (i + 1 < name.size() && std::isdigit(uint8_t(name[i + 1]))) ++i;
-        continue;
-      }
-      out += name[i];
-    }
-    return out;
-  };
   std::map<std::string, std::pair<std::vector<std::string>, std::vector<std::string>>> groups;
   for (const auto& [n, _] : sa) groups[base(n)].first.push_back(n);
   for (const auto& [n, _] : *sb) groups[base(n)].second.push_back(n);
@@ -205,6 +206,54 @@ void pair_clashing_streams(const std::map<std::string, std::string>& sa,
   }
 }
 
+// Takes the streams of library thread pools out of `sa` and `sb`, grouped by process.
+std::map<std::pair<std::string, std::string>, PoolComparison> take_pools(
+    std::map<std::string, std::string>* sa, std::map<std::string, std::string>* sb,
+    std::map<std::pair<std::string, std::string>, std::pair<std::vector<std::string>,
+                                                            std::vector<std::string>>>* paths) {
+  std::map<std::pair<std::string, std::string>, PoolComparison> pools;
+  for (auto* streams : {sa, sb}) {
+    for (auto it = streams->begin(); it != streams->end();) {
+      const size_t t = it->first.find(".t-");
+      const LibraryPool* pool =
+          t == std::string::npos ? nullptr : library_pool(base(it->first.substr(t + 3)));
+      if (!pool) {
+        ++it;
+        continue;
+      }
+      auto key = std::pair{it->first.substr(0, t), std::string(pool->thread)};
+      PoolComparison& c = pools[key];
+      c.process = key.first;
+      c.pool = pool;
+      (streams == sa ? c.streams_a : c.streams_b).push_back(it->first);
+      auto& [pa, pb] = (*paths)[key];
+      (streams == sa ? pa : pb).push_back(it->second);
+      it = streams->erase(it);
+    }
+  }
+  return pools;
+}
+
+// One line for all pools of a kind: how they were compared, and what matched.
+void note_pools(DiffReport* r) {
+  std::map<std::string, std::vector<const PoolComparison*>> by_pool;
+  for (const PoolComparison& c : r->library_pools) by_pool[c.pool->thread].push_back(&c);
+  for (const auto& [thread, pools] : by_pool) {
+    uint64_t a = 0, b = 0, matched = 0;
+    std::vector<std::string> processes;
+    for (const PoolComparison* c : pools) {
+      a += c->ops_a;
+      b += c->ops_b;
+      matched += c->matched;
+      processes.push_back(c->process);
+    }
+    r->notes.push_back(fmt::format(
+        "{} ({}): {}; their ops were compared as one set per process, not thread by thread: {} "
+        "of {} in run A matched run B's {}",
+        thread, fmt::join(processes, ", "), pools.front()->pool->why, matched, a, b));
+  }
+}
+
 // x happened before y: x's rank joined a collective after x that y's rank had joined before y.
 bool happened_before(const FirstDivergence& x, const FirstDivergence& y) {
   if (x.rank == y.rank) return false;
@@ -225,7 +274,15 @@ bool earlier(const FirstDivergence& x, const FirstDivergence& y) {
 
 // Why no candidate could be named first: every one follows another through a collective (two
 // ranks each received a difference the other did not send), or no stream held a candidate.
-std::string why_no_first(const std::vector<const FirstDivergence*>& candidates, uint64_t ops) {
+std::string why_no_first(const std::vector<const FirstDivergence*>& candidates, uint64_t ops,
+                         const std::vector<PoolComparison>& pools) {
+  for (const PoolComparison& c : pools)
+    if (candidates.empty() && (c.unmatched_a || c.unmatched_b))
+      return fmt::format("only ops of {}'s {} threads differ ({} of run A, {} of run B unmatched; "
+                         "the first: {} in step {}), and those are compared as a set, with no "
+                         "order to name a first by",
+                         c.process, c.pool->thread, c.unmatched_a, c.unmatched_b,
+                         c.first_unmatched_op, c.first_unmatched_step);
   if (candidates.empty())
     return fmt::format("{} divergent ops were counted, but no stream held a first divergence", ops);
   std::vector<std::string> each;
@@ -256,6 +313,9 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
   std::map<std::string, std::string> sa, sb;
   if (Status s = list_streams(run_a, &sa); !s.ok()) return s;
   if (Status s = list_streams(run_b, &sb); !s.ok()) return s;
+  std::map<std::pair<std::string, std::string>,
+           std::pair<std::vector<std::string>, std::vector<std::string>>> pool_paths;
+  auto pools = take_pools(&sa, &sb, &pool_paths);
   pair_clashing_streams(sa, &sb);
   std::map<std::string, std::map<std::string, std::string>> ea, eb;
   if (Status s = load_environment(run_a, &ea); !s.ok()) return s;
@@ -386,6 +446,18 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
     r.bytes_read += res.bytes;
     r.streams.push_back(std::move(res.summary));
   }
+  for (auto& [key, c] : pools) {
+    const auto& [pa, pb] = pool_paths[key];
+    if (Status s = compare_pool(pa, pb, &c); !s.ok()) return s;
+    r.ops_compared += c.matched;
+    r.divergent_ops += std::max(c.unmatched_a, c.unmatched_b);
+    if (c.truncated)
+      r.not_compared.push_back(fmt::format("a {} thread of {} has no END record: the process did "
+                                           "not end cleanly, so its last ops may be missing",
+                                           c.pool->thread, c.process));
+    r.library_pools.push_back(std::move(c));
+  }
+  note_pools(&r);
   if (r.first) trace_to_worker(sa, heads, firsts, &*r.first);
   if (r.first) explain_cause(r.environment, &*r.first);
   r.incomplete = !r.not_compared.empty();
@@ -403,7 +475,7 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
   // A divergence the report cannot place is no verdict a user can act on: the tool failed.
   if (r.verdict == "divergent" && !r.first && !replicas_disagree) {
     r.verdict = "unexplained";
-    r.unexplained = why_no_first(candidates, r.divergent_ops);
+    r.unexplained = why_no_first(candidates, r.divergent_ops, r.library_pools);
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   *report = std::move(r);

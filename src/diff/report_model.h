@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "diff/library_threads.h"
 #include "diff/replicas.h"
 #include "trace/format.h"
 
@@ -200,6 +201,9 @@ struct DiffReport {
   // line each. Unless the gate allows truncation, any of them makes the comparison incomplete.
   std::vector<std::string> not_compared;
   bool incomplete = false;
+  // Streams compared otherwise than op by op, said once: library thread pools (library_threads.h).
+  std::vector<PoolComparison> library_pools;
+  std::vector<std::string> notes;
   std::vector<StreamSummary> streams;
   uint64_t ops_compared = 0, records_a = 0, records_b = 0, bytes_read = 0;
   double seconds = 0;

@@ -356,6 +356,11 @@ std::string render_html(const DiffReport& r) {
     for (const std::string& n : r.not_compared) b += "<li>" + esc(n) + "</li>";
     b += "</ul></section>";
   }
+  if (!r.notes.empty()) {
+    b += "<section><h2>Notes</h2><ul>";
+    for (const std::string& n : r.notes) b += "<li>" + esc(n) + "</li>";
+    b += "</ul></section>";
+  }
   if (const auto& u = r.first_unread)
     b += fmt::format("<section><h2>Unread differences</h2><p>{} difference(s) overwritten before "
                      "any op read them: not divergences. The first: <code>{}</code> (op #{}, "

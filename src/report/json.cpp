@@ -97,6 +97,18 @@ json report_to_json(const DiffReport& r) {
   for (const ReplicaCheck& c : r.replicas) j["replicas"].push_back(replica_check_to_json(c));
   j["incomplete"] = r.incomplete;
   j["not_compared"] = r.not_compared;
+  j["notes"] = r.notes;
+  j["library_threads"] = json::array();
+  for (const PoolComparison& c : r.library_pools) {
+    json p = {{"process", c.process},      {"threads", c.pool->thread},
+              {"streams_a", c.streams_a},  {"streams_b", c.streams_b},
+              {"ops_a", c.ops_a},          {"ops_b", c.ops_b},
+              {"matched", c.matched},      {"unmatched_a", c.unmatched_a},
+              {"unmatched_b", c.unmatched_b}, {"why", c.pool->why}};
+    if (c.unmatched_a || c.unmatched_b)
+      p["first_unmatched"] = {{"step", c.first_unmatched_step}, {"op", c.first_unmatched_op}};
+    j["library_threads"].push_back(std::move(p));
+  }
   if (r.verdict == "unexplained") j["unexplained"] = r.unexplained;
   j["exit_code"] = int(gate_exit_code(r));
   j["run_a"] = r.run_a;

@@ -56,6 +56,17 @@ std::string render_junit(const DiffReport& r) {
     cases += fmt::format("  <testcase classname=\"detaudit.streams\" name=\"{}\">{}</testcase>\n",
                          xml_escape(s.name), body);
   }
+  for (const PoolComparison& c : r.library_pools) {
+    std::string body;
+    if ((c.unmatched_a || c.unmatched_b) && fails) {
+      ++failures;
+      body = fmt::format("<failure message=\"{} ops of run A and {} of run B unmatched\"/>",
+                         c.unmatched_a, c.unmatched_b);
+    }
+    body += "<system-out>" + xml_escape(c.pool->why) + ": compared as one set</system-out>";
+    cases += fmt::format("  <testcase classname=\"detaudit.library_threads\" name=\"{} {}\">{}"
+                         "</testcase>\n", xml_escape(c.process), c.pool->thread, body);
+  }
   std::string props;
   for (const EnvDifference& d : r.environment)
     props += fmt::format("    <property name=\"{}\" value=\"{}\"/>\n",
@@ -65,7 +76,7 @@ std::string render_junit(const DiffReport& r) {
       "<testsuites name=\"detaudit\" tests=\"{0}\" failures=\"{1}\">\n"
       "<testsuite name=\"detaudit diff\" tests=\"{0}\" failures=\"{1}\" errors=\"0\" "
       "time=\"{2:.3f}\">\n  <properties>\n{3}  </properties>\n{4}</testsuite>\n</testsuites>\n",
-      r.streams.size() + 1, failures, r.seconds, props, cases);
+      r.streams.size() + r.library_pools.size() + 1, failures, r.seconds, props, cases);
 }
 
 }  // namespace detaudit

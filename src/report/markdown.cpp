@@ -30,6 +30,7 @@ std::string render_markdown(const DiffReport& r) {
                                 r.verdict == "identical" ? "identical" : "**" + r.verdict + "**",
                                 md_escape(one_line_verdict(r)));
   for (const std::string& n : r.not_compared) out += "> not compared: " + md_escape(n) + "\n\n";
+  for (const std::string& n : r.notes) out += "> note: " + md_escape(n) + "\n\n";
   if (const auto& u = r.first_unread)
     out += "> " + md_escape(fmt::format("unread: {} difference(s) overwritten before any op read "
                                  "them, not divergences; the first: {} (op #{}, step {}) of {}, "

@@ -60,6 +60,7 @@ std::string render_text(const DiffReport& r, bool color) {
                        r.unread_differences, u->op, u->index, u->step, u->stream,
                        u->overwritten_by);
   out += fmt::format("  A: {}\n  B: {}\n", r.run_a, r.run_b);
+  for (const std::string& n : r.notes) out += "  note: " + n + "\n";
   for (const ReplicaCheck& c : r.replicas)
     if (c.divergence || !c.not_checked.empty()) out += render_replica_check(c);
   if (!same && r.gate.fail_on == "tolerance")
