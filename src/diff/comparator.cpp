@@ -216,7 +216,7 @@ class StreamComparator {
     // A read of a differing version confirms its candidate; the first reader is the evidence.
     Candidate* read_from = nullptr;
     for (Candidate& c : open_) {
-      if (!c.a.read_by(a.rec, ra) && !c.b.read_by(b.rec, rb)) continue;
+      if (!reads_differing_bytes(c, a.rec, ra, b.rec, rb)) continue;
       if (!c.confirmed)
         c.fd.confirmed_by = fmt::format("read by {} (op #{}, step {})", a_->name_of(a.rec),
                                         a.index, a.rec.step);
@@ -236,8 +236,8 @@ class StreamComparator {
       if (!enclosed) enclosed = &c;
     }
     for (Candidate& c : open_) {
-      const bool forgot_a = c.a.forget_written(a.rec);
-      const bool forgot_b = c.b.forget_written(b.rec);
+      const bool forgot_a = c.a.forget_written(a.rec, ra);
+      const bool forgot_b = c.b.forget_written(b.rec, rb);
       if ((forgot_a || forgot_b) && c.a.empty() && c.b.empty())
         c.overwritten_by = fmt::format("{} (op #{})", a_->name_of(a.rec), a.index);
     }
@@ -257,6 +257,24 @@ class StreamComparator {
         confirm(&c, "out of the trace's reference window before any read or overwrite");
     if (open_.size() > kMaxOpen) confirm(&open_.front(), "too many differences open at once");
     settle(/*at_end=*/false);
+  }
+
+  // An input that is (a view of) a differing version, unless what the op read there hashed
+  // the same in both runs: a view of an identical slot of a buffer that differs elsewhere.
+  static bool reads_differing_bytes(const Candidate& c, const trace::OpRecord& a,
+                                    const trace::TraceReader& ra, const trace::OpRecord& b,
+                                    const trace::TraceReader& rb) {
+    const size_t n = std::max(a.input_tensors.size(), b.input_tensors.size());
+    for (size_t i = 0; i < n; ++i) {
+      if (!c.a.read_at(a, i, ra) && !c.b.read_at(b, i, rb)) continue;
+      const trace::TensorDesc* ta = i < a.input_tensors.size() ? ra.tensor(a.input_tensors[i]) : nullptr;
+      const trace::TensorDesc* tb = i < b.input_tensors.size() ? rb.tensor(b.input_tensors[i]) : nullptr;
+      const bool same_bytes = ta && tb && ta->has_contents() && tb->has_contents() &&
+                              ta->dtype == tb->dtype && ta->sizes == tb->sizes &&
+                              ta->same_digest(*tb);
+      if (!same_bytes) return true;
+    }
+    return false;
   }
 
   void open_candidate(const BufferedOp& a, const BufferedOp& b, DivergentOp op) {

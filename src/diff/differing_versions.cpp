@@ -27,31 +27,43 @@ bool DifferingVersions::contains(int64_t id) const {
   return std::find(ids_.begin(), ids_.end(), id) != ids_.end();
 }
 
-bool DifferingVersions::read_by(const trace::OpRecord& op, const trace::TraceReader& r) const {
-  if (ids_.empty()) return false;
-  for (size_t i = 0; i < op.input_tensors.size(); ++i) {
-    int64_t id = op.input_tensors[i];
-    const trace::TensorDesc* in = r.tensor(id);
-    if (op.input_written(i) || (in && in->not_read())) continue;
-    // A view shares the bytes of its base: follow the bases inside the reader's window.
-    for (int hops = 0; id >= 0 && hops < 64; ++hops) {
-      if (contains(id)) return true;
-      const trace::TensorDesc* t = r.tensor(id);
-      if (!t || t->provenance() != trace::Provenance::kView) break;
-      id = t->base_id;
-    }
+bool DifferingVersions::read_at(const trace::OpRecord& op, size_t i,
+                                const trace::TraceReader& r) const {
+  if (ids_.empty() || i >= op.input_tensors.size()) return false;
+  int64_t id = op.input_tensors[i];
+  const trace::TensorDesc* in = r.tensor(id);
+  if (op.input_written(i) || (in && in->not_read())) return false;
+  // A view shares the bytes of its base: follow the bases inside the reader's window.
+  for (int hops = 0; id >= 0 && hops < 64; ++hops) {
+    if (contains(id)) return true;
+    const trace::TensorDesc* t = r.tensor(id);
+    if (!t || t->provenance() != trace::Provenance::kView) break;
+    id = t->base_id;
   }
   return false;
 }
 
-bool DifferingVersions::forget_written(const trace::OpRecord& op) {
+bool DifferingVersions::forget_written(const trace::OpRecord& op, const trace::TraceReader& r) {
   bool forgot = false;
-  for (size_t i = 0; i < op.input_tensors.size() && i < 64; ++i) {
-    if (!op.input_written(i)) continue;
-    auto it = std::find(ids_.begin(), ids_.end(), op.input_tensors[i]);
-    if (it == ids_.end()) continue;
-    ids_.erase(it);
-    forgot = true;
+  for (size_t i = 0; i < op.input_tensors.size() && !ids_.empty(); ++i) {
+    int64_t id = op.input_tensors[i];
+    const trace::TensorDesc* in = r.tensor(id);
+    if (!op.input_written(i) && !(in && in->not_read())) continue;
+    // FSDP2's uniform_ on the sharded parameter writes a view of the padded buffer's slot.
+    const uint64_t numel = in ? in->numel() : 0;
+    for (int hops = 0; id >= 0 && hops < 64; ++hops) {
+      auto it = std::find(ids_.begin(), ids_.end(), id);
+      if (it != ids_.end()) {
+        ids_.erase(it);
+        forgot = true;
+        break;
+      }
+      const trace::TensorDesc* t = r.tensor(id);
+      if (!t || t->provenance() != trace::Provenance::kView) break;
+      id = t->base_id;
+      const trace::TensorDesc* base = r.tensor(id);
+      if (!base || base->numel() != numel) break;  // a part of it: the rest may still differ
+    }
   }
   return forgot;
 }

@@ -18,10 +18,12 @@ class DifferingVersions {
   // (a backend kernel's output hashed again), it replaces it, as later ops refer to the newest.
   void add_enclosing_output(int64_t id, const trace::TraceReader& r);
   bool empty() const { return ids_.empty(); }
-  // An input that is one of them, or a view of one, and that the op does not overwrite.
-  bool read_by(const trace::OpRecord& op, const trace::TraceReader& r) const;
-  // Forgets those the op writes in full without reading (TENSOR_WRITTEN); true if any.
-  bool forget_written(const trace::OpRecord& op);
+  // Input i is one of them, or a view of one, and the op reads it (does not overwrite it).
+  bool read_at(const trace::OpRecord& op, size_t i, const trace::TraceReader& r) const;
+  // Forgets those the op writes in full without reading: an input TENSOR_WRITTEN, or NOT_READ
+  // (an in-place op that overwrites it, a receive buffer), that is one of them or a view of one
+  // with as many elements. True if any.
+  bool forget_written(const trace::OpRecord& op, const trace::TraceReader& r);
   // The oldest can still be referenced: a later read of it would show as a reference.
   bool in_reach(const trace::TraceReader& r) const;
 

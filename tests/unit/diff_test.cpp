@@ -992,12 +992,15 @@ TEST(DiffTest, ADifferenceReadBeforeItIsOverwrittenIsTheFirstDivergence) {
 }
 
 TEST(DiffTest, AReadThroughAViewConfirms) {
-  auto viewed = [](TraceBuilder& b, int64_t scratch) {
-    TensorDesc view = tensor(9, {2, 4}, Provenance::kView);
-    b.op("aten::sum").in_new(view, scratch).out_new(tensor(8, {})).done();
-    b.op("aten::zero_").in_written(scratch).out_new(tensor(0)).done();
+  // The view's own bytes differ too (AViewOfAnIdenticalSlot... below is the other case).
+  auto viewed = [](uint8_t fill) {
+    return [fill](TraceBuilder& b, int64_t scratch) {
+      TensorDesc view = tensor(fill, {2, 4}, Provenance::kView);
+      b.op("aten::sum").in_new(view, scratch).out_new(tensor(8, {})).done();
+      b.op("aten::zero_").in_written(scratch).out_new(tensor(0)).done();
+    };
   };
-  DiffReport r = diff_cases("view", overwrite_case(4, viewed), overwrite_case(5, viewed));
+  DiffReport r = diff_cases("view", overwrite_case(4, viewed(9)), overwrite_case(5, viewed(10)));
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->op, "aten::index_add_");
   EXPECT_EQ(r.first->confirmed_by, "read by aten::sum (op #1, step 0)");
@@ -1089,6 +1092,96 @@ TEST(DiffTest, ABufferStillFillingInOneRunIsNotComparedWithItsContentsInTheOther
   EXPECT_EQ(r.verdict, "identical") << (r.first ? r.first->detail : "");
   // Contents on both sides are still compared.
   EXPECT_EQ(diff_cases("filled", run(9), run(7)).verdict, "divergent");
+}
+
+// FSDP2's all-gather reads this rank's slot of a buffer whose other slots hold garbage: a view
+// whose bytes hashed the same in both runs reads nothing that differs.
+TEST(DiffTest, AViewOfAnIdenticalSlotOfADifferingBufferDoesNotConfirm) {
+  auto gathered = [](TraceBuilder& b, int64_t scratch) {
+    TensorDesc slot = tensor(9, {2, 4}, Provenance::kView);
+    b.op("c10d::_allgather_base_").in_written(scratch).in_new(slot, scratch).out_new(tensor(0)).done();
+  };
+  DiffReport r = diff_cases("slot", overwrite_case(4, gathered), overwrite_case(5, gathered));
+  EXPECT_EQ(r.verdict, "identical");
+  EXPECT_FALSE(r.first);
+  EXPECT_EQ(r.unread_differences, 1u);
+  ASSERT_TRUE(r.first_unread);
+  EXPECT_EQ(r.first_unread->overwritten_by, "c10d::_allgather_base_ (op #1)");
+
+  // The same read where the slot's bytes differ confirms.
+  auto differing_slot = [](uint8_t fill) {
+    return [fill](TraceBuilder& b, int64_t scratch) {
+      b.op("c10d::_allgather_base_").in_written(scratch)
+          .in_new(tensor(fill, {2, 4}, Provenance::kView), scratch).out_new(tensor(0)).done();
+    };
+  };
+  r = diff_cases("slot2", overwrite_case(4, differing_slot(9)), overwrite_case(5, differing_slot(10)));
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->op, "aten::index_add_");
+  EXPECT_EQ(r.first->confirmed_by, "read by c10d::_allgather_base_ (op #1, step 0)");
+}
+
+// uniform_ on a DTensor's local shard writes a view of the padded buffer that covers it all.
+TEST(DiffTest, AnOverwriteThroughAWholeViewForgetsTheDifference) {
+  auto reinitialised = [](TraceBuilder& b, int64_t scratch) {
+    TensorDesc whole = tensor(0, {4, 4}, Provenance::kView);
+    whole.bits |= trace::kTensorNotRead;
+    b.op("aten::uniform_").in_new(whole, scratch).out_new(tensor(0x44)).done();
+  };
+  DiffReport r = diff_cases("whole", overwrite_case(4, reinitialised), overwrite_case(5, reinitialised));
+  EXPECT_EQ(r.verdict, "identical");
+  EXPECT_EQ(r.unread_differences, 1u);
+  ASSERT_TRUE(r.first_unread);
+  EXPECT_EQ(r.first_unread->overwritten_by, "aten::uniform_ (op #1)");
+}
+
+// gloo's runloop threads: the same work, split between two threads as timing allowed.
+TEST(DiffTest, LibraryPoolThreadsAreComparedAsOneSetPerProcess) {
+  auto work = [](TraceBuilder& t, uint8_t fill) {
+    t.op("aten::copy_").in_new(tensor(0x10)).in_new(tensor(fill)).out_new(tensor(fill)).done();
+  };
+  auto pool_thread = [&](std::vector<uint8_t> fills, uint64_t step = 0) {
+    TraceBuilder t;
+    t.step(step);
+    for (uint8_t f : fills) work(t, f);
+    t.end();
+    return t;
+  };
+  RunDir a("pool/run-0"), b("pool/run-1");
+  a.add_stream("r0.main.t0", build(Scenario{}, false));
+  b.add_stream("r0.main.t0", build(Scenario{}, false));
+  a.add_stream("r0.main.t-pt_gloo_runloop", pool_thread({1, 2, 3}));
+  a.add_stream("r0.main.t-pt_gloo_runloop~1", pool_thread({4}));
+  b.add_stream("r0.main.t-pt_gloo_runloop", pool_thread({2}, 1));  // another step, by timing
+  b.add_stream("r0.main.t-pt_gloo_runloop~1", pool_thread({4, 1, 3}));
+  DiffOptions o;
+  o.catalog = &catalog();
+  DiffReport r;
+  ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
+  EXPECT_EQ(r.verdict, "identical");
+  EXPECT_EQ(r.structural_count, 0u);
+  ASSERT_EQ(r.library_pools.size(), 1u);
+  EXPECT_EQ(r.library_pools[0].process, "r0.main");
+  EXPECT_EQ(r.library_pools[0].matched, 4u);
+  ASSERT_EQ(r.notes.size(), 1u);
+  EXPECT_NE(r.notes[0].find("pt_gloo_runloop (r0.main)"), std::string::npos) << r.notes[0];
+  for (ReportFormat f : {ReportFormat::kText, ReportFormat::kMarkdown, ReportFormat::kHtml})
+    EXPECT_NE(render_report(r, f, false).find("compared as one set per process"), std::string::npos);
+  const auto json = nlohmann::json::parse(render_report(r, ReportFormat::kJson, false));
+  EXPECT_EQ(json["library_threads"][0]["matched"], 4);
+  EXPECT_EQ(json["library_threads"][0]["unmatched_a"], 0);
+
+  // Different data in the pool still counts; with nothing else differing, no first is named.
+  RunDir c("pool2/run-0"), d("pool2/run-1");
+  c.add_stream("r0.main.t0", build(Scenario{}, false));
+  d.add_stream("r0.main.t0", build(Scenario{}, false));
+  c.add_stream("r0.main.t-pt_gloo_runloop", pool_thread({1, 2}));
+  d.add_stream("r0.main.t-pt_gloo_runloop", pool_thread({1, 9}));
+  ASSERT_TRUE(diff_runs(c.path(), d.path(), o, &r).ok());
+  EXPECT_EQ(r.verdict, "unexplained");
+  EXPECT_EQ(r.divergent_ops, 1u);
+  EXPECT_NE(r.unexplained.find("only ops of r0.main's pt_gloo_runloop threads differ"),
+            std::string::npos) << r.unexplained;
 }
 
 }  // namespace
