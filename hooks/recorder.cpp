@@ -321,6 +321,16 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f) {
       f.constructor_empty =
           size_t(info.layout_arg) < inputs.size() && !inputs[size_t(info.layout_arg)].isNone();
     }
+    if (info.returns_uninitialized && !f.constructor_empty) {
+      const Frame* enclosing = nullptr;
+      // A tensor subclass's handler (`PythonSubclass`) stands between the op and the empty
+      // its __torch_dispatch__ runs.
+      for (size_t k = depth_ - 1; k-- > 0 && !enclosing;)
+        if (frames_[k].mark == Mark::kOp &&
+            !(frames_[k].info && std::string_view(frames_[k].info->name) == "PythonSubclass"))
+          enclosing = &frames_[k];
+      f.program_empty = f.depth == 0 || (enclosing && enclosing->program_empty);
+    }
     if (proc.config().inputs) {
       auto inputs = fn.inputs();
       ByteWriter(&bytes_).varint(inputs.size());

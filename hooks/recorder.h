@@ -192,6 +192,9 @@ class ThreadRecorder {
     uint32_t depth = 0;
     bool collective = false;
     bool constructor_empty = false;  // an `empty` a tensor constructor fills (OpInfo::layout_arg)
+    // An `empty` whose garbage the program may read: a top-level one, or one an enclosing program
+    // `empty` runs (DTensor's empty_like on its local tensor). A kernel's own is written by it.
+    bool program_empty = false;
     int64_t seq_nr = -1;
     uint64_t rng = 0;
     const OpInfo* info = nullptr;

@@ -315,7 +315,7 @@ void ThreadRecorder::emit_output_tensor(const at::Tensor& t, ByteWriter& w, cons
   // This op wrote a new version: retire what the cache holds for aliases of its storage.
   // Only the program's own `empty` leaves garbage: a kernel's internal one (mse_loss's) is
   // written by that kernel, unseen, before a nested op reads it.
-  cache_.wrote(t, version, *e, f.constructor_empty || f.depth > 0);
+  cache_.wrote(t, version, *e, !f.program_empty);
 }
 
 }  // namespace detaudit::hooks
