@@ -541,6 +541,17 @@ void explain_cause(const std::vector<EnvDifference>& env, FirstDivergence* fd) {
     fd->cause = "an op read memory returned by the empty family (uninitialized)";
     fd->remedy = "initialise the buffer (torch.zeros) or enable deterministic mode with "
                  "fill_uninitialized_memory=True";
+    // FSDP2 gathers sharded parameters: garbage there is a parameter no initialiser wrote.
+    const bool fsdp_parameter = fd->scope_path.find("FSDP::") != std::string::npos ||
+                                (!fd->chain.empty() && fd->chain.front().rfind("fsdp::", 0) == 0);
+    if (fsdp_parameter) {
+      fd->cause = "FSDP gathered a parameter shard that no op wrote: memory from the empty "
+                  "family, as module.to_empty() leaves every parameter until something "
+                  "initialises it";
+      fd->remedy = "after model.to_empty(), initialise every parameter: reset_parameters() "
+                   "must reach each submodule (or load a checkpoint); "
+                   "torch.use_deterministic_algorithms(True) only fills the garbage with NaN";
+    }
   } else if (cls == kClassStructural) {
     const EnvDifference* ver = find_env(env, {"torch_version", "build_config"});
     const EnvDifference* threads =
