@@ -56,6 +56,14 @@ TensorSide side_of(const TensorDesc* t, const trace::TraceReader& r) {
   return s;
 }
 
+// The tensor a view's bytes belong to, if t is a view and its base is still in the window.
+const TensorDesc* viewed_base(const TensorDesc* t, const trace::TraceReader& r) {
+  if (!t || t->provenance() != trace::Provenance::kView) return nullptr;
+  for (int hops = 0; t && hops < 64 && t->provenance() == trace::Provenance::kView; ++hops)
+    t = r.tensor(t->base_id);
+  return t && t->has_contents() ? t : nullptr;
+}
+
 bool within(double a, double b, const GateConfig& g) {
   if (std::isnan(a) && std::isnan(b)) return true;
   if (std::isinf(a) || std::isinf(b)) return a == b;
@@ -319,6 +327,21 @@ void classify_divergence(const BufferedOp& a, const OpSource& sa, const Buffered
           first_diff_input);
       return;
     }
+    // The same through views (addmm's expanded bias): each view's base is an output the other
+    // run made too, so the tensors were created or picked in another order.
+    const TensorDesc* base_a = viewed_base(ta, ra);
+    const TensorDesc* base_b = viewed_base(tb, rb);
+    if (!uninit && !ext && seen && base_a && base_b && !base_a->same_digest(*base_b) &&
+        SeenOutputs::has(seen->b, base_a->digest) && SeenOutputs::has(seen->a, base_b->digest)) {
+      fd->divergence_class = kClassExternal;
+      fd->data_order = true;
+      fd->data_order_through_view = true;
+      fd->detail = fmt::format(
+          "input {} is, in both runs, a view of an earlier op's output that agreed, but of a "
+          "different one: the same tensors, created or picked in a different order",
+          first_diff_input);
+      return;
+    }
     if (uninit) {
       fd->divergence_class = kClassUninitialized;
     } else if (ext) {
@@ -517,6 +540,16 @@ void explain_cause(const std::vector<EnvDifference>& env, FirstDivergence* fd) {
                   "differently (a shuffle by Python's random, an unseeded sampler)";
       fd->remedy = "seed the order: random.seed(s) before a Python shuffle, and DataLoader("
                    "generator=torch.Generator().manual_seed(s)) for its sampler";
+    }
+    if (!hash && fd->data_order_through_view) {
+      fd->cause = fd->hash_seed_unset
+                      ? "tensors were created or picked in another order: likely Python's hash "
+                        "randomization, as PYTHONHASHSEED is unset in both runs and iterating a "
+                        "set of names (or a dict built from one) orders them anew in each process"
+                      : "tensors were created or picked in another order: the same values reach "
+                        "this op through views of different tensors";
+      fd->remedy = "create and pick tensors in a fixed order: iterate sorted(names), not a set; "
+                   "or run with PYTHONHASHSEED=0. If a shuffle picks them, seed it (random.seed)";
     }
     if (!hash && !fd->scalar_argument.empty()) {
       fd->cause = fmt::format("a Python value passed to the op differs ({}): drawn from an "

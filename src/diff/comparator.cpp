@@ -229,7 +229,7 @@ class StreamComparator {
       if (c.need_depth < 0 || int64_t(a.rec.depth) != c.need_depth) continue;
       c.fd.chain.insert(c.fd.chain.begin(), std::string(a_->name_of(a.rec)));
       if (!c.fd.catalog && c.fd.divergence_class != kClassStructural &&
-          !c.fd.arose_in_compiled_region)
+          !c.fd.arose_in_compiled_region && !c.fd.data_order)
         c.fd.catalog = catalog_ref(options_.catalog, facts(a, *a_), &c.rejected);
       --c.need_depth;
       if (differ) track_outputs(a, b, &c, /*enclosing=*/true);
@@ -284,11 +284,18 @@ class StreamComparator {
     fd.process = process_;
     fd.rank = out_->rank;
     classify_divergence(a, *a_, b, *b_, options_.gate, &fd, &seen_);
+    if (fd.data_order && fingerprint_a_) {
+      auto seed = fingerprint_a_->find("env.PYTHONHASHSEED");
+      auto python = fingerprint_a_->find("python");
+      fd.hash_seed_unset = seed != fingerprint_a_->end() && seed->second == "null" &&
+                           python != fingerprint_a_->end() && python->second == "true";
+    }
     if (a.rec.scope_path != UINT32_MAX)
       fd.scope_path = std::string(a_->reader().string(a.rec.scope_path));
     fd.chain = {fd.op};
-    // Not the op that read the region's output: the catalog would explain the wrong kernel.
-    if (!fd.arose_in_compiled_region)
+    // Not the op that read the region's output, nor one handed other tensors: the catalog
+    // would explain the wrong kernel.
+    if (!fd.arose_in_compiled_region && !fd.data_order)
       fd.catalog = catalog_ref(options_.catalog, facts(a, *a_), &c.rejected);
     c.need_depth = int64_t(a.rec.depth) - 1;
     track_outputs(a, b, &c);

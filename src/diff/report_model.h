@@ -104,6 +104,8 @@ struct FirstDivergence {
   std::string scalar_argument;
   // external-input: the differing input is a different one of the same recorded tensors.
   bool data_order = false;
+  bool data_order_through_view = false;  // the differing input is a view of such an output
+  bool hash_seed_unset = false;  // PYTHONHASHSEED unset in run A's Python process (data order)
   // The collectives of its stream around it, by process group: the last one before it (or the
   // op itself) and the first one from it on, by sequence number. They order divergences of
   // different ranks: one that precedes a collective its rank joined happened before one that

@@ -137,6 +137,8 @@ json report_to_json(const DiffReport& r) {
             {"propagated_through", f.propagated_through},
             {"scalar_argument", f.scalar_argument.empty() ? json(nullptr) : json(f.scalar_argument)},
             {"data_order", f.data_order},
+            {"data_order_through_view", f.data_order_through_view},
+            {"hash_seed_unset", f.hash_seed_unset},
             {"index", f.index},
             {"order", {{"a", f.order_a}, {"b", f.order_b}}},
             {"offset", {{"a", f.offset_a}, {"b", f.offset_b}}},

@@ -144,12 +144,12 @@ def record(out_dir, command, flags=(), env=None, cwd=None, timeout=300):
     return r, os.path.join(out_dir, "run-0")
 
 
-def record_pair(out, command, flags=()):
+def record_pair(out, command, flags=(), env=None):
     """`detaudit run --runs 2` with a JSON report in OUT/report.json; returns (proc, report).
-    The runs are OUT/run-0 and OUT/run-1."""
+    The runs are OUT/run-0 and OUT/run-1. env: as for run_detaudit."""
     report = os.path.join(out, "report.json")
     r = run_detaudit(["run", "--runs", "2", "--out", out, "--format", "json", "--output", report,
-                      "-q", *flags, "--", *command])
+                      "-q", *flags, "--", *command], env=env)
     if not os.path.exists(report):
         raise AssertionError(f"no report from detaudit run (exit {r.returncode}):\n{r.stderr}")
     return r, load_report(report)

@@ -1,5 +1,6 @@
 """The cause a gate reports, on real programs under the real interposer (programs/gate_cases.py):
-a Python shuffle of tensors torch made is data order, an unseeded Python scalar is external, a
+a Python shuffle of tensors torch made is data order, and so are parameters created in a set's
+order (seen through addmm's view of its bias) with PYTHONHASHSEED named, an unseeded Python scalar is external, a
 real read of torch.empty's garbage is uninitialized memory whatever ran in between, a scalar
 return is recorded, resize_/out= buffers over garbage are identical, and a race whose result is
 overwritten before any op reads it is not a divergence.
@@ -37,6 +38,31 @@ class GateCauses(TmpDirCase):
         self.assertIn(f["op"], ("aten::cat", "aten::stack"), f)
         self.assertIn("random.seed", f["remedy"])
         self.assertIn("generator=", f["remedy"])
+
+    def test_parameters_created_in_set_order_are_data_order_with_pythonhashseed(self):
+        out = os.path.join(self.tmp, "set-order")
+        proc, report = record_pair(out, CASES + ["set-order"], env={"PYTHONHASHSEED": None})
+        a, b = os.path.join(out, "run-0"), os.path.join(out, "run-1")
+        order_a = re.findall(r"step 0 order (\S+)", output_log(a))
+        order_b = re.findall(r"step 0 order (\S+)", output_log(b))
+        self.assertEqual(len(order_a), 1, output_log(a))
+        if order_a == order_b:
+            self.assertEqual(report["verdict"], "identical", report.get("first_divergence"))
+            self.skipTest("Python's hash randomization gave the same set order twice")
+        self.assertEqual(proc.returncode, 1, proc.stderr)
+        f = report["first_divergence"]
+        self.assertEqual(f["class"], "external-input", f)
+        self.assertTrue(f["data_order"], f)
+        self.assertTrue(f["data_order_through_view"], f)  # addmm's expanded bias
+        self.assertTrue(f["hash_seed_unset"], f)
+        self.assertIn("aten::addmm", f["chain"], f)
+        self.assertIsNone(f["catalog"], f)  # MKL's entry would explain the wrong thing
+        self.assertIn("PYTHONHASHSEED", f["cause"])
+        self.assertIn("sorted(", f["remedy"])
+        # The remedy, verified: with the hash seed fixed, the runs are identical.
+        out = os.path.join(self.tmp, "set-order-seeded")
+        proc, report = record_pair(out, CASES + ["set-order"], env={"PYTHONHASHSEED": "0"})
+        self.assertEqual(report["verdict"], "identical", report.get("first_divergence"))
 
     def test_unseeded_python_scalar_is_external_with_its_values(self):
         proc, report, a, b = self.pair("scalar", "scalar")

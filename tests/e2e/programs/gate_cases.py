@@ -8,6 +8,8 @@
                                        # memory held a run-dependent value), with or without an
                                        # unrelated zeros_like in between
     python gate_cases.py out-buffers   # resize_ and out= buffers over garbage, all overwritten
+    python gate_cases.py set-order     # seeded parameters created while iterating a set of
+                                       # names: their order follows Python's hash randomization
     python gate_cases.py overwritten [--read-first] [--out]
                                        # the CPU index_put_(accumulate=True) race writes a
                                        # scratch buffer, overwritten in full (copy_, or an out=
@@ -61,6 +63,20 @@ def garbage(zeros_like):
     print(f"garbage sum {buf.sum().item()!r}")
 
 
+def set_order():
+    torch.manual_seed(0)
+    names = {"alpha", "beta", "gamma", "delta", "epsilon"}
+    params = {n: torch.nn.Parameter(torch.randn(8)) for n in names}
+    w = torch.nn.Parameter(torch.randn(8, 8))
+    opt = torch.optim.SGD([*params.values(), w], lr=0.1)
+    for step in range(2):
+        loss = (torch.addmm(params["alpha"], torch.ones(4, 8), w) * params["beta"]).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        print(f"step {step} order {','.join(names)} loss {loss.item():.9f}")
+
+
 def out_buffers():
     torch.manual_seed(0)
     w = torch.randn(64, 64)
@@ -105,6 +121,8 @@ def main():
         item()
     elif case == "garbage":
         garbage("--zeros-like" in sys.argv)
+    elif case == "set-order":
+        set_order()
     elif case == "out-buffers":
         out_buffers()
     elif case == "overwritten":
