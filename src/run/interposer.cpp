@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -183,6 +184,29 @@ std::vector<InterposerBuild> list_interposers(const std::string& lib_dir) {
   return builds;
 }
 
+// `sh -c SCRIPT` (bash, dash, zsh alike): the first word of SCRIPT that is a Python, or a script
+// a Python runs (torchrun), as the program's PATH finds it.
+std::string shell_script_python(const std::vector<std::string>& command,
+                                const std::vector<std::string>& env) {
+  static const char* kShells[] = {"sh", "bash", "dash", "zsh"};
+  const std::string shell = fs::path(command[0]).filename().string();
+  if (std::find(std::begin(kShells), std::end(kShells), shell) == std::end(kShells)) return "";
+  auto c = std::find(command.begin() + 1, command.end(), "-c");
+  if (c == command.end() || c + 1 == command.end()) return "";
+  std::string script = *(c + 1);
+  for (char& ch : script)
+    if (std::strchr(";&|()'\"`<>\n\t", ch)) ch = ' ';
+  std::istringstream words(script);
+  for (std::string w; words >> w;) {
+    if (w.find('=') != std::string::npos || w[0] == '$' || w[0] == '-') continue;
+    const std::string found = find_program(w, env);
+    if (found.empty()) continue;
+    if (is_python_name(found)) return found;
+    if (std::string python = script_python(found); !python.empty()) return python;
+  }
+  return "";
+}
+
 ProgramTorch probe_program_torch(const Config& c) {
   ProgramTorch torch;
   if (c.target.command.empty()) return torch;
@@ -200,6 +224,8 @@ ProgramTorch probe_program_torch(const Config& c) {
       return torch;
     }
   }
+  if (std::string python = shell_script_python(c.target.command, env); !python.empty())
+    if (probe_python(python, c, env, &torch)) return torch;
   // A shell script or a launcher: most likely it runs the Python on its PATH.
   probe_python("python3", c, env, &torch);
   return torch;

@@ -101,6 +101,28 @@ TEST(InterposerTest, AScriptIsProbedThroughItsInterpreter) {
   EXPECT_EQ(chosen, lib + "/torch/1.13.1/libdetaudit_hooks.so");
 }
 
+// `bash -c "cd run && /venv/bin/torchrun ..."`: the Python the script runs, not the PATH's.
+TEST(InterposerTest, AShellCommandIsProbedThroughThePythonItRuns) {
+  std::string dir = temp_dir("shell");
+  std::string lib = dir + "/lib/detaudit";
+  add_build(lib, "1.13.1", "/usr/lib/libtorch_cpu.so.1.13");
+  add_build(lib, "2.13.0+cpu", "/venv/torch/lib/libtorch_cpu.so");
+  std::string python = fake_python(dir, "2.13.0+cpu", "/elsewhere/libtorch_cpu.so");
+  std::string script = dir + "/torchrun";
+  std::ofstream(script) << "#!/usr/bin/env " << python << "\nimport sys\n";
+  fs::permissions(script, fs::perms::owner_all);
+  for (const std::string& line :
+       {"mkdir -p \"$DETAUDIT_RUN_DIR/w\" && cd \"$DETAUDIT_RUN_DIR/w\" && exec " + script +
+            " --nproc-per-node 2 train.py",
+        "OMP_NUM_THREADS=1 " + python + " -u train.py"}) {
+    Config c;
+    c.target.command = {"bash", "-c", line};
+    std::string chosen;
+    ASSERT_TRUE(choose_interposer(c, "", lib, "/src", &chosen).ok()) << line;
+    EXPECT_EQ(chosen, lib + "/torch/2.13.0+cpu/libdetaudit_hooks.so") << line;
+  }
+}
+
 TEST(InterposerTest, NoMatchNamesTheTorchAndTheBuildCommand) {
   std::string dir = temp_dir("nomatch");
   std::string lib = dir + "/lib/detaudit";
