@@ -4,6 +4,11 @@
 #   word_language_model/main.py  seeds itself            -> IDENTICAL
 #   regression/main.py           unseeded                -> DIVERGENT, rng-state at aten::randn > aten::normal_
 #   cpp/regression               unseeded (C++, libtorch) -> DIVERGENT, rng-state at aten::randn > aten::normal_
+#   distributed/FSDP2/example.py 2 gloo ranks on the CPU (two lines changed: the GPU-count check,
+#                                and device_id=) -> DIVERGENT, uninitialized-memory where FSDP's
+#                                all-gather reads a parameter that to_empty() left as garbage
+#                                (Transformer.reset_parameters() skips its layers)
+#   the same with the remedy     every layer's reset_parameters() called -> IDENTICAL
 # Each program runs a few seconds (tiny generated corpus, one epoch). Not part of the default
 # test suite: it needs the checkout, which CI cannot fetch.
 #
@@ -47,6 +52,26 @@ cmake -S "$examples/cpp/regression" -B "$work/cpp-regression" -DCMAKE_BUILD_TYPE
   cmake --build "$work/cpp-regression" >>"$work/cpp-regression.log" 2>&1 ||
   { echo "building cpp/regression failed, see $work/cpp-regression.log" >&2; exit 2; }
 
+# distributed/FSDP2 on the CPU: the two lines that insist on GPUs, and, for the remedy, the
+# layers' initialisation that Transformer.reset_parameters() leaves out.
+for variant in fsdp2 fsdp2-remedy; do
+  mkdir -p "$work/$variant-src" && cp "$examples"/distributed/FSDP2/*.py "$work/$variant-src/" || exit 2
+  "$python" - "$work/$variant-src" "$variant" <<'EOF' || exit 2
+import sys
+d, variant = sys.argv[1:]
+p = d + "/example.py"; s = open(p).read()
+s = s.replace("    if not verify_min_gpu_count(", "    if torch.accelerator.is_available() and not verify_min_gpu_count(")
+s = s.replace("init_process_group(backend=backend, device_id=device)", "init_process_group(backend=backend)")
+open(p, "w").write(s)
+if variant == "fsdp2-remedy":
+    p = d + "/model.py"; s = open(p).read()
+    old = "        self.tok_embeddings.reset_parameters()\n"
+    assert old in s, "model.py changed: no tok_embeddings.reset_parameters()"
+    s = s.replace(old, old + "        for layer in self.layers:\n            layer.reset_parameters()\n")
+    open(p, "w").write(s)
+EOF
+done
+
 failed=0
 # audit NAME EXPECTED_EXIT EXPECTED_CLASS EXPECTED_CHAIN -- PROGRAM ARGS...
 # EXPECTED_CLASS and EXPECTED_CHAIN ("a > b", the first divergent op) are "-" for IDENTICAL.
@@ -78,6 +103,17 @@ audit word_language_model 0 - - -- "$python" "$examples/word_language_model/main
   --log-interval 10 --save "$work/word_language_model.pt"
 audit regression 1 rng-state "aten::randn > aten::normal_" -- "$python" "$examples/regression/main.py"
 audit cpp_regression 1 rng-state "aten::randn > aten::normal_" -- "$work/cpp-regression/regression"
+
+# Each run in its own folder: the example resumes from the checkpoints it finds. A shell runs
+# it, so the interposer is chosen for the Python first on PATH.
+fsdp2() {
+  local name=$1; shift
+  PATH="$(dirname "$python"):$PATH" audit "$name" "$@" -- bash -c 'mkdir -p "$DETAUDIT_RUN_DIR/work" &&
+    cd "$DETAUDIT_RUN_DIR/work" && exec "$0" -m torch.distributed.run --nproc-per-node 2 "$1"' \
+    "$python" "$work/$name-src/example.py"
+}
+fsdp2 fsdp2 1 uninitialized-memory "fsdp::all_gather_copy_in > aten::_foreach_copy_ > aten::copy_"
+fsdp2 fsdp2-remedy 0 - -
 
 ((failed)) && echo "some verdicts were not the expected ones (reports: $work/*.txt)" || echo "all verdicts as expected"
 exit "$failed"
