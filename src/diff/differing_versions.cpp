@@ -43,6 +43,16 @@ bool DifferingVersions::read_at(const trace::OpRecord& op, size_t i,
   return false;
 }
 
+bool DifferingVersions::same_bytes_as_one(const trace::TensorDesc& t,
+                                          const trace::TraceReader& r) const {
+  if (!t.has_contents()) return false;
+  for (int64_t id : ids_)
+    if (const trace::TensorDesc* o = r.tensor(id);
+        o && o->has_contents() && o->same_digest(t) && o->dtype == t.dtype && o->sizes == t.sizes)
+      return true;
+  return false;
+}
+
 bool DifferingVersions::forget_written(const trace::OpRecord& op, const trace::TraceReader& r) {
   bool forgot = false;
   for (size_t i = 0; i < op.input_tensors.size() && !ids_.empty(); ++i) {

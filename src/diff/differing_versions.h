@@ -20,6 +20,9 @@ class DifferingVersions {
   bool empty() const { return ids_.empty(); }
   // Input i is one of them, or a view of one, and the op reads it (does not overwrite it).
   bool read_at(const trace::OpRecord& op, size_t i, const trace::TraceReader& r) const;
+  // t holds the same bytes as one of them: an alias the recorder could not link (a C++
+  // program's p.grad() seen as a new, external tensor).
+  bool same_bytes_as_one(const trace::TensorDesc& t, const trace::TraceReader& r) const;
   // Forgets those the op writes in full without reading: an input TENSOR_WRITTEN, or NOT_READ
   // (an in-place op that overwrites it, a receive buffer), that is one of them or a view of one
   // with as many elements. True if any.
