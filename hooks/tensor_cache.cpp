@@ -138,6 +138,18 @@ void TensorCache::wrote_unseen(const at::Tensor& t) {
   }
 }
 
+void TensorCache::note_shared_bytes(StorageState* st, const at::Tensor& t, trace::TensorDesc* desc) {
+  desc->sharing = trace::Sharing::kSharedMemory;
+  if (!st) return;
+  if (st->shared_seen_offset >= 0 && st->shared_seen_writes == st->writes &&
+      same_geometry(st->shared_seen, st->shared_seen_offset, t) &&
+      !st->shared_seen.same_digest(*desc))
+    desc->sharing = trace::Sharing::kChangedElsewhere;
+  st->shared_seen = *desc;
+  st->shared_seen_offset = t.storage_offset();
+  st->shared_seen_writes = st->writes;
+}
+
 void TensorCache::make_room() {
   if (entries_.size() < kMaxEntries) return;
   // Forget what died; the rest stays valid.

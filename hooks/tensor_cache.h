@@ -70,7 +70,16 @@ class TensorCache {
     };
     std::array<View, 2> views;  // w.t() each timestep: two geometries of the same bytes
     uint8_t next_view = 0;
+    // Bytes in shared memory: what this stream last hashed there, and its `writes` then. Other
+    // hashes of the same geometry since, with no write of its own, are another process's.
+    trace::TensorDesc shared_seen;
+    int64_t shared_seen_offset = -1;
+    uint64_t shared_seen_writes = 0;
   };
+
+  // Marks desc (just hashed from t, in shared memory) kChangedElsewhere when its bytes differ
+  // from what this stream last hashed of them with no recorded write since, else kSharedMemory.
+  void note_shared_bytes(StorageState* st, const at::Tensor& t, trace::TensorDesc* desc);
 
   explicit TensorCache(bool rehash_inputs) : rehash_inputs_(rehash_inputs) {}
 

@@ -1,6 +1,7 @@
 // Value encoding: an op's inputs as trace values when it starts, its outputs when it ends, with
 // the tensor cache deciding what is hashed and what is referred to (tensor_cache.h).
 #include <ATen/ATen.h>
+#include <ATen/MapAllocator.h>
 
 #include "recorder.h"
 #include "tensor_digest.h"
@@ -9,6 +10,17 @@ namespace detaudit::hooks {
 
 using trace::ByteWriter;
 using trace::ValueType;
+
+namespace {
+
+// Bytes other processes map too: share_memory_() and DataLoader batches (torch.multiprocessing's
+// file_descriptor strategy, the default on Linux). A check of the DataPtr's deleter.
+bool in_shared_memory(const at::Tensor& t) {
+  return t.has_storage() && t.is_cpu() &&
+         at::MapAllocator::fromDataPtr(t.storage().data_ptr()) != nullptr;
+}
+
+}  // namespace
 
 void ThreadRecorder::flush_bytes_item() {
   if (bytes_.size() > bytes_item_start_)
@@ -93,6 +105,7 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t, Use use) {
   ++snaps_top_;
 
   c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  const bool shared = in_shared_memory(t);
   s.key = impl;
   s.cacheable = !impl->is_inference();
   s.version = tensor_version(t);
@@ -116,7 +129,8 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t, Use use) {
   // First sight of this TensorImpl at this version. Another TensorImpl over the same bytes
   // (autograd's saved tensors, detach()) reuses their description; otherwise hash.
   TensorCache::StorageState* st = cache_.storage_of(t);
-  const bool same_bytes_known = cache_.bytes_known(st, s.version);
+  // Another process may have written shared bytes since: describe them as found.
+  const bool same_bytes_known = !shared && cache_.bytes_known(st, s.version);
   // First seen after a compiled region ran: most likely its output, made by kernels we cannot see.
   trace::Provenance prov = same_bytes_known            ? trace::Provenance::kView
                            : compiled_region_in_step_ ? trace::Provenance::kCompiled
@@ -144,12 +158,13 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t, Use use) {
       prov = trace::Provenance::kView;
       s.base_id = st->id;
     }
+    if (shared) cache_.note_shared_bytes(st, t, &s.desc);
     cache_.remember_geometry(st, t, s.desc, s.pending);
   }
   s.desc.set_provenance(prov);
   if (!s.cacheable) return;
   TensorCache::Entry& e = cache_.remember(t, s.version, s.desc, s.pending);
-  e.external_serial = prov != trace::Provenance::kView ? top_level_serial_ : 0;
+  e.external_serial = prov != trace::Provenance::kView || shared ? top_level_serial_ : 0;
   e.storage = st ? t.storage().unsafeGetStorageImpl() : nullptr;
   e.storage_writes = st ? st->writes : 0;
   e.base_id = s.base_id;
@@ -198,7 +213,12 @@ uint64_t ThreadRecorder::describe_contents(const at::Tensor& t, trace::TensorDes
 int64_t ThreadRecorder::write_new(ByteWriter& w, const trace::TensorDesc& desc, int64_t base_id,
                                   const std::shared_ptr<const PendingDigest>& pending) {
   const int64_t id = next_tensor_id_++;
-  w.u8(uint8_t(ValueType::kTensorNew));
+  if (desc.sharing != trace::Sharing::kNone) {
+    w.u8(uint8_t(ValueType::kTensorNewShared));
+    w.u8(uint8_t(desc.sharing));
+  } else {
+    w.u8(uint8_t(ValueType::kTensorNew));
+  }
   uint64_t base_back = 0;
   trace::TensorDesc& copy = desc_copy_;
   const trace::TensorDesc* out = &desc;
@@ -302,10 +322,12 @@ void ThreadRecorder::emit_output_tensor(const at::Tensor& t, ByteWriter& w, cons
     } else {
       totals_.bytes_hashed += describe_contents(t, &desc, &pending);
       ++totals_.tensors_hashed;
+      if (in_shared_memory(t)) desc.sharing = trace::Sharing::kSharedMemory;  // this op wrote it
     }
     if (cacheable) {
       e = &cache_.remember(t, version, desc, std::move(pending));
       e->written_order = f.order;
+      if (desc.sharing != trace::Sharing::kNone) e->external_serial = top_level_serial_;
     } else {
       write_new(w, desc, -1, pending);
       return;
@@ -316,6 +338,11 @@ void ThreadRecorder::emit_output_tensor(const at::Tensor& t, ByteWriter& w, cons
   // Only the program's own `empty` leaves garbage: a kernel's internal one (mse_loss's) is
   // written by that kernel, unseen, before a nested op reads it.
   cache_.wrote(t, version, *e, !f.program_empty);
+  // What this process wrote there is what a later read compares with.
+  if (e->desc.sharing != trace::Sharing::kNone) {
+    trace::TensorDesc mine = e->desc;
+    cache_.note_shared_bytes(cache_.storage_of(t), t, &mine);
+  }
 }
 
 }  // namespace detaudit::hooks

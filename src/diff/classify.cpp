@@ -53,7 +53,18 @@ TensorSide side_of(const TensorDesc* t, const trace::TraceReader& r) {
   s.stats = t->stats;
   bool ext, uninit;
   s.origin = origin_of(t, r, &ext, &uninit);
+  s.in_shared_memory = t->sharing != trace::Sharing::kNone;
   return s;
+}
+
+// t's bytes (its own, or its base's through views) changed in shared memory, by another process.
+bool changed_elsewhere(const TensorDesc* t, const trace::TraceReader& r) {
+  for (int hops = 0; t && hops < 64; ++hops) {
+    if (t->sharing == trace::Sharing::kChangedElsewhere) return true;
+    if (t->provenance() != trace::Provenance::kView) return false;
+    t = r.tensor(t->base_id);
+  }
+  return false;
 }
 
 // The tensor a view's bytes belong to, if t is a view and its base is still in the window.
@@ -301,6 +312,14 @@ void classify_divergence(const BufferedOp& a, const OpSource& sa, const Buffered
           first_diff_input, fd->compiled_region);
       return;
     }
+    if (changed_elsewhere(ta, ra) || changed_elsewhere(tb, rb)) {
+      fd->divergence_class = kClassSharedMemory;
+      fd->detail = fmt::format(
+          "input {} is in shared memory and changed since this process last read or wrote it, "
+          "with no write of its own: another process wrote it",
+          first_diff_input);
+      return;
+    }
     if (!uninit) {  // either side: an uninitialized buffer in run B explains it too
       bool ext_b = false;
       std::string origin_b = origin_of(tb, rb, &ext_b, &uninit);
@@ -379,6 +398,22 @@ void classify_divergence(const BufferedOp& a, const OpSource& sa, const Buffered
         "this rank's inputs to {} agree, what it received differs: another of the group's {} "
         "ranks sent different data",
         fd->received_through, a.coll.group_size);
+    return;
+  }
+  // Inputs hashed the same when the op began, and one is in shared memory: another process
+  // wrote it while the op read it (Hogwild).
+  for (size_t i = 0; i < oa.input_tensors.size(); ++i) {
+    const TensorDesc* t = ra.tensor(oa.input_tensors[i]);
+    for (int hops = 0; t && hops < 64 && t->sharing == trace::Sharing::kNone &&
+                       t->provenance() == trace::Provenance::kView;
+         ++hops)
+      t = ra.tensor(t->base_id);
+    if (!t || t->sharing == trace::Sharing::kNone || oa.input_written(i)) continue;
+    fd->divergence_class = kClassSharedMemory;
+    fd->detail = fmt::format(
+        "identical inputs when the op began, different outputs: input {} is in shared memory, "
+        "which another process can write while the op reads it",
+        i);
     return;
   }
   fd->divergence_class = kClassNondeterministic;
@@ -540,6 +575,10 @@ void explain_cause(const std::vector<EnvDifference>& env, FirstDivergence* fd) {
                   "differently (a shuffle by Python's random, an unseeded sampler)";
       fd->remedy = "seed the order: random.seed(s) before a Python shuffle, and DataLoader("
                    "generator=torch.Generator().manual_seed(s)) for its sampler";
+      if (fd->hash_seed_unset) {
+        fd->cause += ", or a set iterated in hash order: PYTHONHASHSEED is unset in both runs";
+        fd->remedy += "; iterate sorted(names), not a set, or run with PYTHONHASHSEED=0";
+      }
     }
     if (!hash && fd->data_order_through_view) {
       fd->cause = fd->hash_seed_unset
@@ -565,6 +604,14 @@ void explain_cause(const std::vector<EnvDifference>& env, FirstDivergence* fd) {
                    "numpy and random from torch.initial_seed(), and no generator created "
                    "unseeded in the Dataset (np.random.default_rng(seed))";
     }
+  } else if (cls == kClassSharedMemory) {
+    fd->cause = "another process wrote these bytes through shared memory (share_memory_(), "
+                "Hogwild training): whose update lands first, and what each process reads, "
+                "follows timing";
+    if (!fd->shared_writer.empty()) fd->cause += "; written by " + fd->shared_writer;
+    fd->remedy = "for a reproducible run, do not share parameters between training processes "
+                 "(one copy each, averaged in a fixed order), or serialise the writers: a "
+                 "torch.multiprocessing Lock around each optimizer step, taken in a fixed order";
   } else if (cls == kClassRemoteInput) {
     fd->cause = "another rank sent different data into this collective, and no stream of that "
                 "rank recorded where it diverged";

@@ -21,6 +21,8 @@ inline constexpr const char* kClassStructural = "structural";
 inline constexpr const char* kClassInputDiffers = "input-differs";
 // A collective whose own inputs agree received different data: another rank sent it.
 inline constexpr const char* kClassRemoteInput = "remote-input";
+// An input in shared memory changed with no write of this process: another process wrote it.
+inline constexpr const char* kClassSharedMemory = "shared-memory";
 
 // True when the outputs of two aligned ops differ, ignoring uninitialized outputs.
 bool outputs_differ(const trace::OpRecord& a, const trace::TraceReader& ra,

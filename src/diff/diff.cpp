@@ -124,6 +124,59 @@ void trace_to_worker(const std::map<std::string, std::string>& streams_a,
   }
 }
 
+// The first divergence's first differing input is in shared memory.
+bool reads_shared_memory(const FirstDivergence& f) {
+  for (const TensorPair& p : f.inputs)
+    if (p.differs) return p.a.in_shared_memory || p.b.in_shared_memory;
+  return false;
+}
+
+// A divergence at bytes in shared memory: the first op of another process of run A that wrote
+// shared memory of as many elements of the input's dtype, the writer the report names. An
+// external input there, written by such a process, is shared-memory too.
+void find_shared_writer(const std::map<std::string, std::string>& streams_a,
+                        const std::map<std::string, StreamHead>& heads, FirstDivergence* first) {
+  const bool external_there = first->divergence_class == kClassExternal &&
+                              !first->data_order && first->batch_read_by.empty() &&
+                              reads_shared_memory(*first);
+  if (first->divergence_class != kClassSharedMemory && !external_there) return;
+  // The differing input, else (identical when the op began) the first one in shared memory.
+  const TensorPair* in = nullptr;
+  for (const TensorPair& p : first->inputs)
+    if (p.differs && p.a.present && !in) in = &p;
+  for (const TensorPair& p : first->inputs)
+    if (p.a.in_shared_memory && !in) in = &p;
+  if (!in) return;
+  for (const auto& [name, head] : heads) {
+    auto path = streams_a.find(name);
+    // A DataLoader worker's batches are data loading, which trace_to_worker follows.
+    if (head.process == first->process || head.dataloader_worker || path == streams_a.end())
+      continue;
+    trace::TraceReader r;
+    if (!r.open(path->second).ok()) continue;
+    while (r.next() == trace::ReadResult::kRecord) {
+      if (r.kind() != trace::RecordKind::kOp) continue;
+      for (int64_t id : r.op().output_tensors) {
+        const trace::TensorDesc* t = r.tensor(id);
+        uint64_t numel = 1;
+        for (int64_t n : in->a.sizes) numel *= uint64_t(n);
+        if (!t || t->sharing == trace::Sharing::kNone || t->numel() != numel ||
+            trace::dtype_name(t->dtype) != in->a.dtype)
+          continue;
+        first->shared_writer = fmt::format("{} at {} (step {})", name, r.string(r.op().name),
+                                           r.op().step);
+        if (external_there) {
+          first->divergence_class = kClassSharedMemory;
+          first->detail = fmt::format("input {} is in shared memory, written outside this "
+                                      "process: another recorded process writes it",
+                                      in->index);
+        }
+        return;
+      }
+    }
+  }
+}
+
 // What a stream's first ops are: names only, and names with output digests.
 struct Signature {
   uint64_t names = 0, contents = 0;
@@ -395,6 +448,17 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
     for (const FirstDivergence* o : candidates) preceded = preceded || happened_before(*o, *c);
     if (!preceded && (!first || earlier(*c, *first))) first = c;
   }
+  // Shared bytes a parent reads (Hogwild's final parameters) were written by its children, which
+  // read each other's writes first.
+  if (first && reads_shared_memory(*first)) {
+    const FirstDivergence* child = nullptr;
+    // A DataLoader worker's batch is followed the other way, by trace_to_worker.
+    for (const FirstDivergence* c : candidates)
+      if (c->process.rfind(first->process + ".", 0) == 0 && !heads[c->stream].dataloader_worker &&
+          (!child || earlier(*c, *child)))
+        child = c;
+    if (child) first = child;
+  }
   if (first) {
     r.first = *first;
     for (const FirstDivergence* c : candidates)
@@ -459,6 +523,7 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
   }
   note_pools(&r);
   if (r.first) trace_to_worker(sa, heads, firsts, &*r.first);
+  if (r.first) find_shared_writer(sa, heads, &*r.first);
   if (r.first) explain_cause(r.environment, &*r.first);
   r.incomplete = !r.not_compared.empty();
   bool replicas_disagree = false;

@@ -24,6 +24,7 @@ struct TensorSide {
   bool has_stats = false;
   trace::TensorStats stats;
   std::string origin;  // where its contents came from: "external", "uninitialized (aten::empty)", ...
+  bool in_shared_memory = false;  // share_memory_(), a DataLoader batch
 };
 
 // An input or output of the first divergent op, side by side.
@@ -106,6 +107,9 @@ struct FirstDivergence {
   bool data_order = false;
   bool data_order_through_view = false;  // the differing input is a view of such an output
   bool hash_seed_unset = false;  // PYTHONHASHSEED unset in run A's Python process (data order)
+  // shared-memory: another recorded process's first write into shared memory of the input's
+  // geometry, "r0.main.1.t-main at aten::add_ (op #40, step 0)"; empty if none was recorded.
+  std::string shared_writer;
   // The collectives of its stream around it, by process group: the last one before it (or the
   // op itself) and the first one from it on, by sequence number. They order divergences of
   // different ranks: one that precedes a collective its rank joined happened before one that

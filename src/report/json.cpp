@@ -139,6 +139,7 @@ json report_to_json(const DiffReport& r) {
             {"data_order", f.data_order},
             {"data_order_through_view", f.data_order_through_view},
             {"hash_seed_unset", f.hash_seed_unset},
+            {"shared_writer", f.shared_writer.empty() ? json(nullptr) : json(f.shared_writer)},
             {"index", f.index},
             {"order", {{"a", f.order_a}, {"b", f.order_b}}},
             {"offset", {{"a", f.offset_a}, {"b", f.offset_b}}},

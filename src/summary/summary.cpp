@@ -56,6 +56,8 @@ json tensor_json(const TraceReader& r, const Value& v) {
   if (t->base_id >= 0) j["base"] = t->base_id;
   if (t->uninitialized()) j["uninitialized"] = true;
   if (t->not_read()) j["not_read"] = true;
+  if (t->sharing != trace::Sharing::kNone)
+    j["shared"] = t->sharing == trace::Sharing::kChangedElsewhere ? "changed elsewhere" : "memory";
   return j;
 }
 

@@ -67,7 +67,7 @@
 namespace detaudit::trace {
 
 inline constexpr char kMagic[3] = {'D', 'T', 'R'};
-inline constexpr uint32_t kFormatVersion = 5;
+inline constexpr uint32_t kFormatVersion = 6;  // 6: TENSOR_NEW_SHARED
 // Format 4 lacks only TENSOR_WRITTEN: its overwrites read as reads, which can only confirm more.
 inline constexpr uint32_t kOldestReadableFormat = 4;
 inline constexpr size_t kMaxRecordBytes = 64u << 20;  // a larger length is corruption
@@ -134,7 +134,13 @@ enum class ValueType : uint8_t {
   kNone = 0, kTensorNew = 1, kTensorRef = 2, kTensorSkipped = 3, kInt = 4, kDouble = 5,
   kBoolFalse = 6, kBoolTrue = 7, kString = 8, kIntList = 9, kDoubleList = 10, kBoolList = 11,
   kList = 12, kDevice = 13, kGenerator = 14, kOther = 15, kTensorWritten = 16,
+  kTensorNewShared = 17,  // a TENSOR_NEW over shared memory: a sharing byte, then the tensor
 };
+
+// The sharing byte of a TENSOR_NEW_SHARED: the tensor's bytes are in shared memory
+// (share_memory_(), a DataLoader batch), and whether they changed since this stream last saw
+// them with no write of its own: another process wrote them.
+enum class Sharing : uint8_t { kNone = 0, kSharedMemory = 1, kChangedElsewhere = 2 };
 
 inline bool is_tensor(ValueType t) {
   return t == ValueType::kTensorNew || t == ValueType::kTensorRef || t == ValueType::kTensorWritten;
@@ -165,6 +171,7 @@ struct TensorDesc {
   uint8_t digest_len = 0;
   TensorStats stats;
   int64_t base_id = -1;  // for Provenance::kView
+  Sharing sharing = Sharing::kNone;  // from TENSOR_NEW_SHARED
 
   Provenance provenance() const { return Provenance((bits >> kProvenanceShift) & 3); }
   void set_provenance(Provenance p) {

@@ -244,7 +244,11 @@ bool TraceReader::decode_values(ByteReader& r, std::vector<Value>* values,
     case ValueType::kBoolFalse:
     case ValueType::kBoolTrue:
       break;
-    case ValueType::kTensorNew: {
+    case ValueType::kTensorNew:
+    case ValueType::kTensorNewShared: {
+      const uint8_t sharing = v.type == ValueType::kTensorNewShared ? r.u8() : 0;
+      if (sharing > uint8_t(Sharing::kChangedElsewhere)) return false;
+      v.type = ValueType::kTensorNew;
       v.tensor_id = next_tensor_id_;
       size_t slot = size_t(next_tensor_id_ % int64_t(kRefWindow));
       // The window fills up as tensors come: a short trace does not pay for kRefWindow of them.
@@ -252,6 +256,7 @@ bool TraceReader::decode_values(ByteReader& r, std::vector<Value>* values,
       TensorDesc& t = window_[slot];
       ++next_tensor_id_;
       if (!decode_tensor(r, &t)) return false;
+      t.sharing = Sharing(sharing);
       tensors->push_back(v.tensor_id);
       h = uint64_t(ValueType::kTensorRef);  // new or seen before: the same argument shape
       break;

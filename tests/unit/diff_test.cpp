@@ -1121,6 +1121,74 @@ TEST(DiffTest, AViewOfAnIdenticalSlotOfADifferingBufferDoesNotConfirm) {
   EXPECT_EQ(r.first->confirmed_by, "read by c10d::_allgather_base_ (op #1, step 0)");
 }
 
+// A C++ program's optimizer reads p.grad() as a tensor the recorder could not link to the
+// backward's output: the same bytes, in both runs, are still a read.
+TEST(DiffTest, AnUnlinkedTensorHoldingTheDifferingBytesInBothRunsIsARead) {
+  auto cloned = [](uint8_t raced) {
+    return [raced](TraceBuilder& b, int64_t scratch) {
+      b.op("aten::clone").in_new(tensor(raced, {4, 4}, Provenance::kExternal)).out_new(tensor(raced)).done();
+      TensorDesc whole = tensor(0, {4, 4}, Provenance::kView);
+      whole.bits |= trace::kTensorNotRead;
+      b.op("aten::zero_").in_new(whole, scratch).out_new(tensor(0)).done();
+    };
+  };
+  DiffReport r = diff_cases("alias", overwrite_case(4, cloned(4)), overwrite_case(5, cloned(5)));
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->op, "aten::index_add_");
+  EXPECT_EQ(r.first->confirmed_by, "read by aten::clone (op #1, step 0)");
+  EXPECT_EQ(r.unread_differences, 0u);
+}
+
+// Hogwild: a parameter in shared memory that another process changed since this one last read
+// it, and an op whose inputs agreed when it began but which read a shared parameter.
+TEST(DiffTest, BytesAnotherProcessWroteThroughSharedMemoryAreSharedMemory) {
+  auto hogwild = [](uint8_t weight, trace::Sharing sharing) {
+    TraceBuilder b;
+    b.step(0);
+    TensorDesc w = tensor(weight, {4, 4}, Provenance::kExternal);
+    w.sharing = sharing;
+    const int64_t out = b.op("aten::mm").in_new(tensor(1)).in_new(w).out_new(tensor(weight + 1)).done();
+    b.op("aten::sum").in_ref(out).out_new(tensor(9, {})).done();
+    b.end();
+    return b;
+  };
+  DiffReport r = diff_cases("shm", hogwild(2, trace::Sharing::kChangedElsewhere),
+                            hogwild(3, trace::Sharing::kChangedElsewhere));
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->divergence_class, "shared-memory");
+  EXPECT_NE(r.first->detail.find("changed since this process last read or wrote it"),
+            std::string::npos) << r.first->detail;
+  EXPECT_NE(r.first->remedy.find("do not share parameters"), std::string::npos);
+
+  // The same bytes when it began, different outputs: written while the op read them.
+  auto during = [](uint8_t out) {
+    TraceBuilder b;
+    b.step(0);
+    TensorDesc w = tensor(2, {4, 4}, Provenance::kExternal);
+    w.sharing = trace::Sharing::kSharedMemory;
+    const int64_t made = b.op("aten::mm").in_new(tensor(1)).in_new(w).out_new(tensor(out)).done();
+    b.op("aten::sum").in_ref(made).out_new(tensor(9, {})).done();
+    b.end();
+    return b;
+  };
+  r = diff_cases("shm2", during(5), during(6));
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->divergence_class, "shared-memory");
+  // Not in shared memory: the kernel's own nondeterminism, as before.
+  auto plain = [](uint8_t out) {
+    TraceBuilder b;
+    b.step(0);
+    const int64_t made = b.op("aten::mm").in_new(tensor(1))
+        .in_new(tensor(2, {4, 4}, Provenance::kExternal)).out_new(tensor(out)).done();
+    b.op("aten::sum").in_ref(made).out_new(tensor(9, {})).done();
+    b.end();
+    return b;
+  };
+  r = diff_cases("shm3", plain(5), plain(6));
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->divergence_class, "nondeterministic-op");
+}
+
 // uniform_ on a DTensor's local shard writes a view of the padded buffer that covers it all.
 TEST(DiffTest, AnOverwriteThroughAWholeViewForgetsTheDifference) {
   auto reinitialised = [](TraceBuilder& b, int64_t scratch) {

@@ -115,7 +115,12 @@ class TraceBuilder {
     Op& tensor_new(Values* v, const TensorDesc& t, int64_t base_id) {
       count(v);
       ByteWriter w(&v->bytes);
-      w.u8(uint8_t(ValueType::kTensorNew));
+      if (t.sharing != trace::Sharing::kNone) {  // as the recorder writes it
+        w.u8(uint8_t(ValueType::kTensorNewShared));
+        w.u8(uint8_t(t.sharing));
+      } else {
+        w.u8(uint8_t(ValueType::kTensorNew));
+      }
       int64_t id = b_->next_tensor_++;
       trace::write_tensor(w, t, base_id >= 0 ? uint64_t(id - base_id) : 0);
       last_id_ = id;
