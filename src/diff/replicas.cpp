@@ -134,6 +134,42 @@ std::string parted_at(const RankStream& a, size_t end_a, const RankStream& b, si
                      other.rank);
 }
 
+// Rank `s` parts from its replica `ref` at the k-th parameter write of `step`.
+ReplicaDivergence divergence_at(uint64_t step, size_t k, const RankStream& ref,
+                                const RankStream& s, const std::vector<std::string>& names) {
+  const std::vector<Write>& wr = ref.writes.at(step);
+  const std::vector<Write>& ws = s.writes.at(step);
+  const bool missing = k >= ws.size();
+  ReplicaDivergence d;
+  d.step = step;
+  d.position = k;
+  d.op = wr[k].op;
+  d.rank = s.rank;
+  d.reference_rank = ref.rank;
+  d.stream = s.name;
+  d.reference_stream = ref.name;
+  d.reference_digest = wr[k].out.hex();
+  d.sizes = wr[k].sizes;
+  if (!missing) {
+    d.digest = ws[k].out.hex();
+    d.input_differs = ws[k].param_in != wr[k].param_in  ? "parameter"
+                      : ws[k].grad_in != wr[k].grad_in ? "gradient"
+                                                       : "";
+  }
+  d.parted_at =
+      parted_at(ref, wr[k].index + 1, s, missing ? SIZE_MAX : ws[k].index + 1, names);
+  const std::string what =
+      d.input_differs == "parameter"
+          ? "it read a different parameter: one rank changed it after the last update"
+      : d.input_differs == "gradient"
+          ? "it read a different gradient: the ranks did not all-reduce the same gradients"
+      : missing ? "rank " + std::to_string(s.rank) + " made fewer parameter writes"
+                : "same parameter and gradient in: the update itself differs";
+  d.detail = fmt::format("rank {}'s parameter #{} of step {} ({} [{}]) differs from rank {}'s; {}",
+                         s.rank, k, step, d.op, fmt::join(d.sizes, ", "), ref.rank, what);
+  return d;
+}
+
 }  // namespace
 
 Status check_replicas(const std::string& run_dir, ReplicaCheck* out) {
@@ -182,62 +218,69 @@ Status check_replicas(const std::string& run_dir, ReplicaCheck* out) {
                                      s.rank);
       return Status();
     }
-  const RankStream& ref = ranks[0];
-  const std::vector<Write>& first_ref = ref.writes.at(steps[0]);
-  for (const RankStream& s : ranks) {
-    const std::vector<Write>& w = s.writes.at(steps[0]);
-    bool same = w.size() == first_ref.size();
-    for (size_t k = 0; same && k < w.size(); ++k)
-      same = w[k].sizes == first_ref[k].sizes && w[k].param_in == first_ref[k].param_in;
-    if (!same) {
-      out->not_checked = fmt::format(
-          "ranks {} and {} update different parameters in step {}: not data-parallel replicas",
-          ref.rank, s.rank, steps[0]);
-      return Status();
-    }
+  // Replica groups: ranks whose first common step writes the same parameters, in shape and in
+  // the bytes read. DDP's ranks make one group; HSDP's make one per shard, and shards of one
+  // parameter, which differ by design, are never compared with each other.
+  auto same_parameters = [&](const RankStream& a, const RankStream& b) {
+    const std::vector<Write>& wa = a.writes.at(steps[0]);
+    const std::vector<Write>& wb = b.writes.at(steps[0]);
+    bool same = wa.size() == wb.size();
+    for (size_t k = 0; same && k < wa.size(); ++k)
+      same = wa[k].sizes == wb[k].sizes && wa[k].param_in == wb[k].param_in;
+    return same;
+  };
+  std::vector<std::vector<size_t>> groups;  // indices into `ranks`, the lowest rank first
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const std::vector<size_t>& g) {
+      return same_parameters(ranks[g[0]], ranks[i]);
+    });
+    if (g == groups.end())
+      groups.push_back({i});
+    else
+      g->push_back(i);
+  }
+  groups.erase(std::remove_if(groups.begin(), groups.end(),
+                              [](const std::vector<size_t>& g) { return g.size() < 2; }),
+               groups.end());
+  if (groups.empty()) {
+    out->not_checked =
+        ranks.size() == 2
+            ? fmt::format("ranks {} and {} update different parameters in step {}: not "
+                          "data-parallel replicas",
+                          ranks[0].rank, ranks[1].rank, steps[0])
+            : fmt::format("no two of ranks {} update the same parameters in step {}: not "
+                          "data-parallel replicas",
+                          fmt::join(out->ranks, ", "), steps[0]);
+    return Status();
   }
   out->replicas = true;
-  out->parameters = first_ref.size();
+  out->parameters = ranks[groups[0][0]].writes.at(steps[0]).size();
+  for (const std::vector<size_t>& g : groups) {
+    std::vector<int64_t> members;
+    for (size_t i : g) members.push_back(ranks[i].rank);
+    out->groups.push_back(std::move(members));
+  }
 
   for (uint64_t step : steps) {
     ++out->steps_checked;
-    const std::vector<Write>& wr = ref.writes.at(step);
-    for (size_t k = 0; k < wr.size(); ++k) {
-      for (const RankStream& s : ranks) {
-        const std::vector<Write>& ws = s.writes.at(step);
-        if (&s == &ref) continue;
-        const bool missing = k >= ws.size();
-        if (!missing && ws[k].out == wr[k].out && ws[k].sizes == wr[k].sizes) continue;
-        ReplicaDivergence d;
-        d.step = step;
-        d.position = k;
-        d.op = wr[k].op;
-        d.rank = s.rank;
-        d.stream = s.name;
-        d.reference_stream = ref.name;
-        d.reference_digest = wr[k].out.hex();
-        d.sizes = wr[k].sizes;
-        if (!missing) {
-          d.digest = ws[k].out.hex();
-          d.input_differs = ws[k].param_in != wr[k].param_in  ? "parameter"
-                            : ws[k].grad_in != wr[k].grad_in ? "gradient"
-                                                             : "";
+    for (size_t k = 0;; ++k) {
+      bool any = false;
+      for (const std::vector<size_t>& g : groups) {
+        const RankStream& ref = ranks[g[0]];
+        const std::vector<Write>& wr = ref.writes.at(step);
+        if (k >= wr.size()) continue;
+        any = true;
+        for (size_t i : g) {
+          const RankStream& s = ranks[i];
+          if (&s == &ref) continue;
+          const std::vector<Write>& ws = s.writes.at(step);
+          const bool missing = k >= ws.size();
+          if (!missing && ws[k].out == wr[k].out && ws[k].sizes == wr[k].sizes) continue;
+          out->divergence = divergence_at(step, k, ref, s, names);
+          return Status();
         }
-        d.parted_at = parted_at(ref, wr[k].index + 1, s, missing ? SIZE_MAX : ws[k].index + 1,
-                                names);
-        const std::string what =
-            d.input_differs == "parameter"
-                ? "it read a different parameter: one rank changed it after the last update"
-            : d.input_differs == "gradient"
-                ? "it read a different gradient: the ranks did not all-reduce the same gradients"
-            : missing ? "rank " + std::to_string(s.rank) + " made fewer parameter writes"
-                      : "same parameter and gradient in: the update itself differs";
-        d.detail = fmt::format(
-            "rank {}'s parameter #{} of step {} ({} [{}]) differs from rank {}'s; {}", s.rank, k,
-            step, d.op, fmt::join(d.sizes, ", "), ref.rank, what);
-        out->divergence = std::move(d);
-        return Status();
       }
+      if (!any) break;
     }
   }
   return Status();
@@ -247,6 +290,7 @@ nlohmann::json replica_check_to_json(const ReplicaCheck& c) {
   nlohmann::json j = {{"run", c.run_dir},
                       {"ranks", c.ranks},
                       {"replicas", c.replicas},
+                      {"groups", c.groups},
                       {"not_checked", c.not_checked.empty() ? nlohmann::json(nullptr)
                                                             : nlohmann::json(c.not_checked)},
                       {"steps_checked", c.steps_checked},
@@ -259,6 +303,7 @@ nlohmann::json replica_check_to_json(const ReplicaCheck& c) {
                        {"position", d.position},
                        {"op", d.op},
                        {"rank", d.rank},
+                       {"reference_rank", d.reference_rank},
                        {"stream", d.stream},
                        {"reference_stream", d.reference_stream},
                        {"digest", d.digest},
@@ -277,10 +322,18 @@ std::string render_replica_check(const ReplicaCheck& c) {
   if (c.ranks.size() < 2) return "";
   if (!c.replicas)
     return fmt::format("Replicas ({}): not checked: {}\n", c.run_dir, c.not_checked);
-  if (!c.divergence)
-    return fmt::format("Replicas ({}): ranks {} hold the same {} parameters after each of {} "
-                       "steps\n",
-                       c.run_dir, fmt::join(c.ranks, ", "), c.parameters, c.steps_checked);
+  if (!c.divergence) {
+    if (c.groups.size() == 1 && c.groups[0] == c.ranks)
+      return fmt::format("Replicas ({}): ranks {} hold the same {} parameters after each of {} "
+                         "steps\n",
+                         c.run_dir, fmt::join(c.ranks, ", "), c.parameters, c.steps_checked);
+    std::vector<std::string> groups;
+    for (const std::vector<int64_t>& g : c.groups)
+      groups.push_back(fmt::format("{{{}}}", fmt::join(g, ", ")));
+    return fmt::format("Replicas ({}): each of the replica groups {} holds the same parameters "
+                       "after each of {} steps (shards of a parameter are not compared)\n",
+                       c.run_dir, fmt::join(groups, " "), c.steps_checked);
+  }
   const ReplicaDivergence& d = *c.divergence;
   std::string out = fmt::format("Replicas ({}): DISAGREE (replica-divergence) at step {}\n",
                                 c.run_dir, d.step);

@@ -2,11 +2,12 @@
 // every optimizer step. One run is enough to check it.
 //
 // The parameters are what the optimizer writes in place (its phase's in-place ops, in order,
-// one position per write), on each rank's main thread. Ranks are replicas when each ran an
-// all-reduce and every such write of their first recorded step agrees, in shape and in the
-// parameter it read; otherwise they are independent processes or not data-parallel (tensor or
-// pipeline parallel, sharded optimizers) and nothing is checked. From there on, the first position where a rank's written parameter differs from
-// rank 0's is a replica divergence, with where the two ranks' streams part.
+// one position per write), on each rank's main thread. Ranks that all ran an all-reduce fall
+// into replica groups: ranks whose writes of their first recorded step all agree, in shape and
+// in the parameter read (DDP: one group; HSDP: one per shard). Ranks in no group are shards or
+// not data-parallel (tensor or pipeline parallel, sharded optimizers) and are not checked. From
+// there on, the first position where a rank's written parameter differs from its group's lowest
+// rank's is a replica divergence, with where the two ranks' streams part.
 #pragma once
 
 #include <cstdint>
@@ -24,7 +25,8 @@ struct ReplicaDivergence {
   uint64_t step = 0;
   uint64_t position = 0;     // k-th parameter write of the step
   std::string op;            // the optimizer's op ("aten::add_")
-  int64_t rank = 0;          // the rank that disagrees with rank 0
+  int64_t rank = 0;            // the rank that disagrees with its group's lowest rank
+  int64_t reference_rank = 0;  // that lowest rank
   std::string stream, reference_stream;
   std::string digest, reference_digest;  // hex
   std::vector<int64_t> sizes;
@@ -40,10 +42,12 @@ struct ReplicaDivergence {
 struct ReplicaCheck {
   std::string run_dir;
   std::vector<int64_t> ranks;  // the ranks whose main threads ran optimizer writes
-  bool replicas = false;       // they agreed at their first recorded step
+  bool replicas = false;       // some of them agreed at their first recorded step
+  // Ranks that agreed, a group per shard (one for DDP), each group's lowest rank first.
+  std::vector<std::vector<int64_t>> groups;
   std::string not_checked;     // why not, when !replicas and there are 2+ ranks
   uint64_t steps_checked = 0;
-  uint64_t parameters = 0;     // writes per step
+  uint64_t parameters = 0;     // writes per step, in the first group
   std::optional<ReplicaDivergence> divergence;
 };
 

@@ -1,4 +1,4 @@
-"""Sharded training over real gloo on two CPU ranks: FSDP2's fully_shard and DTensor tensor
+"""Sharded training over real gloo on CPU ranks: FSDP2's fully_shard, HSDP and DTensor tensor
 parallelism (programs/sharded_train.py), recorded under the real interposer.
 
 - FSDP2 with uneven shards pads every shard, so its all-gather buffers hold garbage in the other
@@ -10,6 +10,8 @@ parallelism (programs/sharded_train.py), recorded under the real interposer.
   to initialise every parameter. The program's own MD5 of its shards says when the garbage
   differed; the fully initialised run above is that remedy, verified.
 - DTensor tensor parallel, seeded: identical.
+- HSDP on 4 ranks (2 replicas of 2 shards): the replica check pairs each shard's replicas and
+  never compares one shard with the other; a replica changed on one rank is found in one run.
 
     cd build && ctest -R e2e.*test_sharded --output-on-failure
 """
@@ -17,7 +19,8 @@ import os
 import re
 import unittest
 
-from detaudit_testlib import PYTHON, TmpDirCase, output_log, program, record_pair, run_program
+from detaudit_testlib import (PYTHON, TmpDirCase, output_log, program, read_json, record_pair,
+                              run_detaudit, run_program)
 
 SHARDED = [PYTHON, program("sharded_train.py")]
 GARBAGE_ATTEMPTS = 3
@@ -67,6 +70,10 @@ class ShardedTraining(TmpDirCase):
         notes = [n for n in report["notes"] if "pt_gloo_runloop" in n]
         self.assertEqual(len(notes), 1, report["notes"])
         self.assertIn("compared as one set per process", notes[0])
+        # Shards are not replicas: FSDP reduce-scatters, and no rank's shard is another's.
+        for check in report["replicas"]:
+            self.assertFalse(check["replicas"], check)
+            self.assertEqual(check["groups"], [], check)
 
     @unittest.skipUnless(has("fsdp2"), "this torch has no FSDP2 (torch.distributed.fsdp.fully_shard)")
     def test_fsdp2_parameter_left_uninitialised_is_the_origin(self):
@@ -101,6 +108,50 @@ class ShardedTraining(TmpDirCase):
         self.check_identical(proc, report, runs)
         ranks = printed(runs[0], "final")
         self.assertEqual(ranks["0"], ranks["1"])  # the full parameters, gathered on each rank
+
+
+@unittest.skipUnless(has("fsdp2"), "this torch has no FSDP2 (torch.distributed.fsdp.fully_shard)")
+class HybridSharded(TmpDirCase):
+    """HSDP over a 2x2 mesh: ranks 0 and 2 hold one shard of every parameter, 1 and 3 the other."""
+
+    def test_replicas_of_each_shard_are_checked_and_the_runs_identical(self):
+        out = os.path.join(self.tmp, "hsdp")
+        proc, report = record_pair(out, SHARDED + ["--mode", "hsdp"])
+        self.assertEqual(report["verdict"], "identical",
+                         f"{report.get('first_divergence')}\n{proc.stdout}")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        runs = [os.path.join(out, f"run-{i}") for i in (0, 1)]
+        self.assertEqual(printed(runs[0], "final"), printed(runs[1], "final"))
+        self.assertEqual(len(report["replicas"]), 2, report["replicas"])
+        for check in report["replicas"]:
+            self.assertTrue(check["replicas"], check)
+            self.assertEqual(check["ranks"], [0, 1, 2, 3], check)
+            self.assertEqual(check["groups"], [[0, 2], [1, 3]], check)
+            self.assertIsNone(check["divergence"], check)
+            self.assertEqual(check["steps_checked"], 3, check)
+
+    def test_a_shard_changed_on_one_replica_is_found_in_one_run(self):
+        out = os.path.join(self.tmp, "drift")
+        report = os.path.join(out, "risk.json")
+        proc = run_detaudit(["run", "--out", out, "-q", "--format", "json", "--output", report,
+                             "--", *SHARDED, "--mode", "hsdp", "--drift-rank", "2",
+                             "--drift-step", "1"])
+        self.assertEqual(proc.returncode, 1, proc.stderr)
+        check = read_json(report)["replicas"]
+        self.assertEqual(check["groups"], [[0, 2], [1, 3]], check)
+        d = check["divergence"]
+        self.assertIsNotNone(d, check)
+        self.assertEqual(d["class"], "replica-divergence")
+        # Rank 2 changed its shard of fc2.bias ([3] of 5, padded) after step 1's update: step 2's
+        # update is the first its twin, rank 0, disagrees with. Rank 1 (the other shard) is never
+        # its reference.
+        self.assertEqual((d["rank"], d["reference_rank"]), (2, 0), d)
+        self.assertEqual(d["step"], 2, d)
+        self.assertEqual(d["sizes"], [3], d)
+        self.assertEqual(d["input_differs"], "parameter", d)
+        self.assertRegex(d["parted_at"], r"^r2\.main\.t-main op #\d+ aten::add_, step 2, forward")
+        finals = printed(os.path.join(out, "run-0"), "final")
+        self.assertNotEqual(finals["0"], finals["2"])
 
 
 if __name__ == "__main__":

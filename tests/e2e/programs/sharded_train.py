@@ -1,8 +1,10 @@
-"""Sharded training over gloo on two CPU ranks, seeded, as users write it in 2026.
+"""Sharded training over gloo on two or four CPU ranks, seeded, as users write it in 2026.
 
     python sharded_train.py --mode fsdp              # FSDP2 fully_shard, meta-device init
     python sharded_train.py --mode fsdp --init partial
     python sharded_train.py --mode tp                # DTensor tensor parallel, 2-rank mesh
+    python sharded_train.py --mode hsdp              # HSDP: 4 ranks, 2 replicas of 2 shards
+    python sharded_train.py --mode hsdp --drift-rank 2 --drift-step 1
 
 fsdp: a small MLP built on the meta device, sharded with fully_shard, moved with to_empty() and
 initialised by reset_parameters(). Its layer widths do not divide by 2, so FSDP2 pads every shard
@@ -11,6 +13,9 @@ parameter is initialised: identical runs. With --init partial, reset_parameters(
 layer (the bug of pytorch/examples' FSDP2 model), which then trains from whatever to_empty()'s
 memory held; garbage left in the allocator beforehand makes that differ run to run.
 tp: ColwiseParallel then RowwiseParallel over a 2-rank DeviceMesh: identical runs.
+hsdp: fully_shard over a 2x2 mesh ("replicate", "shard"): ranks 0 and 2 hold one shard, ranks 1
+and 3 the other, each rank its own data. --drift-rank R changes R's shard of fc2.bias after step
+--drift-step, outside any collective, so R's replica of that shard parts from its twin's.
 
 Each rank prints the MD5 of its shards as training starts, its loss per step, and the MD5 of its
 full parameters at the end.
@@ -54,13 +59,13 @@ def leave_garbage():
     del junk
 
 
-def fsdp_model(init):
+def fsdp_model(init, mesh=None):
     from torch.distributed.fsdp import fully_shard
     with torch.device("meta"):
         model = Mlp()
     for layer in (model.fc1, model.fc2, model.fc3):
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
     leave_garbage()
     model.to_empty(device="cpu")
     torch.manual_seed(0)
@@ -80,6 +85,12 @@ def tp_model():
     return parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
 
 
+def hsdp_model():
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    return fsdp_model("full", mesh)
+
+
 def full(p):
     return p.full_tensor() if hasattr(p, "full_tensor") else p
 
@@ -87,7 +98,7 @@ def full(p):
 def train(rank, args):
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
-    model = fsdp_model(args.init) if args.mode == "fsdp" else tp_model()
+    model = {"fsdp": lambda: fsdp_model(args.init), "hsdp": hsdp_model, "tp": tp_model}[args.mode]()
     # This rank's shards as training starts: what garbage, if any, it starts from. Read with
     # NumPy, not an op, so the first op to read them is still FSDP's all-gather.
     h = hashlib.md5()
@@ -95,15 +106,18 @@ def train(rank, args):
         h.update(getattr(p, "_local_tensor", p).data.numpy().tobytes())
     say(f"rank {rank} init {h.hexdigest()}")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    # FSDP: each rank its own data; TP: the same batch on both ranks.
-    gen = torch.Generator().manual_seed(100 + (rank if args.mode == "fsdp" else 0))
-    width = 13 if args.mode == "fsdp" else 12
+    # FSDP, HSDP: each rank its own data; TP: the same batch on both ranks.
+    gen = torch.Generator().manual_seed(100 + (0 if args.mode == "tp" else rank))
+    width = 12 if args.mode == "tp" else 13
     for step in range(args.steps):
         x, y = torch.randn(6, width, generator=gen), torch.randn(6, 3, generator=gen)
         loss = ((model(x) - y) ** 2).mean()
         loss.backward()
         opt.step()
         opt.zero_grad()
+        if rank == args.drift_rank and step == args.drift_step:
+            with torch.no_grad():
+                model.fc2.bias._local_tensor.add_(1e-3)
         say(f"rank {rank} step {step} loss {loss.item():.9f}")
     params = torch.cat([full(p).detach().flatten() for p in model.parameters()])
     say(f"rank {rank} final {md5(params)}")
@@ -112,19 +126,23 @@ def train(rank, args):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=["fsdp", "tp"], default="fsdp")
+    ap.add_argument("--mode", choices=["fsdp", "hsdp", "tp"], default="fsdp")
     ap.add_argument("--init", choices=["full", "partial"], default="full")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--port", type=int, default=29500 + os.getpid() % 2000)
+    ap.add_argument("--drift-rank", type=int, default=-1)
+    ap.add_argument("--drift-step", type=int, default=1)
     ap.add_argument("--rank", type=int)
     args = ap.parse_args()
     if args.rank is not None:
         train(args.rank, args)
         return
-    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port))
+    world = 4 if args.mode == "hsdp" else 2
+    env = dict(os.environ, WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(args.port))
     procs = [subprocess.Popen([sys.executable, __file__, *sys.argv[1:], "--rank", str(r)],
                               env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
-             for r in (0, 1)]
+             for r in range(world)]
     sys.exit(max(p.wait() for p in procs))
 
 
