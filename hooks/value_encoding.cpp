@@ -2,6 +2,11 @@
 // the tensor cache deciding what is hashed and what is referred to (tensor_cache.h).
 #include <ATen/ATen.h>
 #include <ATen/MapAllocator.h>
+#include <dlfcn.h>
+#include <link.h>
+
+#include <string>
+#include <string_view>
 
 #include "recorder.h"
 #include "tensor_digest.h"
@@ -13,11 +18,41 @@ using trace::ValueType;
 
 namespace {
 
-// Bytes other processes map too: share_memory_() and DataLoader batches (torch.multiprocessing's
-// file_descriptor strategy, the default on Linux). A check of the DataPtr's deleter.
+// torch.multiprocessing's file_system strategy maps through libshm's allocator, which only
+// Python programs load, privately (torch._C is loaded RTLD_LOCAL): found among the loaded
+// objects, not linked. Resolved at the first op, when torch is loaded.
+using ManagedFromDataPtr = void* (*)(const c10::DataPtr&);
+ManagedFromDataPtr libshm_from_data_ptr() {
+  static const ManagedFromDataPtr f = [] {
+    std::string path;
+    dl_iterate_phdr(
+        [](dl_phdr_info* info, size_t, void* found) {
+          std::string_view name = info->dlpi_name ? info->dlpi_name : "";
+          const size_t slash = name.rfind('/');
+          if (name.substr(slash == std::string_view::npos ? 0 : slash + 1).substr(0, 9) !=
+              "libshm.so")
+            return 0;
+          *static_cast<std::string*>(found) = std::string(name);
+          return 1;
+        },
+        &path);
+    void* lib = path.empty() ? nullptr : ::dlopen(path.c_str(), RTLD_LAZY | RTLD_NOLOAD);
+    return lib ? reinterpret_cast<ManagedFromDataPtr>(::dlsym(
+                     lib, "_ZN21THManagedMapAllocator11fromDataPtrERKN3c107DataPtrE"))
+               : nullptr;
+  }();
+  return f;
+}
+
+// Bytes other processes map too: share_memory_() and DataLoader batches, under either strategy
+// of torch.multiprocessing (file_descriptor, the default on Linux, or file_system). A check of
+// the DataPtr's deleter.
 bool in_shared_memory(const at::Tensor& t) {
-  return t.has_storage() && t.is_cpu() &&
-         at::MapAllocator::fromDataPtr(t.storage().data_ptr()) != nullptr;
+  if (!t.has_storage() || !t.is_cpu()) return false;
+  const c10::DataPtr& p = t.storage().data_ptr();
+  if (at::MapAllocator::fromDataPtr(p) || at::RefcountedMapAllocator::fromDataPtr(p)) return true;
+  const ManagedFromDataPtr managed = libshm_from_data_ptr();
+  return managed && managed(p);
 }
 
 }  // namespace

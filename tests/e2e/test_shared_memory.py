@@ -53,8 +53,16 @@ class SharedMemoryTraining(TmpDirCase):
             self.skipTest(f"the workers' updates landed alike in {RACE_ATTEMPTS} pairs")
 
     def test_workers_one_after_the_other_are_identical(self):
-        out = os.path.join(self.tmp, "sequential")
-        proc, report = record_pair(out, HOGWILD + ["--sequential"])
+        self.check_sequential("file_descriptor")
+
+    def test_the_same_shared_through_files(self):
+        # torch.multiprocessing's file_system strategy: libshm's allocator, not a descriptor.
+        self.check_sequential("file_system")
+
+    def check_sequential(self, sharing):
+        command = HOGWILD + ["--sequential", "--sharing", sharing]
+        out = os.path.join(self.tmp, sharing)
+        proc, report = record_pair(out, command)
         self.assertEqual(report["verdict"], "identical", report.get("first_divergence"))
         self.assertEqual(proc.returncode, 0, proc.stderr)
         run = os.path.join(out, "run-0")
@@ -66,7 +74,7 @@ class SharedMemoryTraining(TmpDirCase):
         self.assertIn("memory", shared)
         self.assertIn("changed elsewhere", shared, "no read of the workers' writes was marked")
         # Recording changed nothing the program computed.
-        plain = run_program(HOGWILD + ["--sequential"])
+        plain = run_program(command)
         self.assertEqual(plain.returncode, 0, plain.stderr)
         self.assertEqual(final(run), re.findall(r"^final ([0-9a-f]{32})", plain.stdout, re.M)[0])
 

@@ -5,6 +5,7 @@ differ run to run.
 
     python hogwild.py                # both workers at once, after a barrier
     python hogwild.py --sequential   # one worker after the other: the same every run
+    python hogwild.py --sharing file_system   # shared through libshm's files, not descriptors
 
 The parent prints the MD5 of the shared parameters before the workers start and at the end,
 each worker when it is done.
@@ -41,7 +42,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--sequential", action="store_true")
+    ap.add_argument("--sharing", choices=mp.get_all_sharing_strategies(), default="file_descriptor")
     args = ap.parse_args()
+    mp.set_sharing_strategy(args.sharing)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
     model.share_memory()
