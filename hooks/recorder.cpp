@@ -124,6 +124,7 @@ void ThreadRecorder::reset_after_fork() {
   stream_open_ = false;
   thread_name_.clear();
   identity_.reset();
+  capture_seen_ = 0;
   strings_.clear();
   pending_strings_.clear();
   for (auto& [name, info] : ops_) info.name_id = UINT32_MAX;
@@ -354,12 +355,35 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f) {
   if (!device_batch_.empty()) device_batch_.submit();
   if (saw_fake_tensor_) f.recorded = false;  // torch.compile tracing, not the program's work
   saw_fake_tensor_ = false;
+  // Still busy: saving the inputs runs ops of its own.
+  if (const CaptureSpec* spec = capture_spec(); spec && f.recorded && !capture_done())
+    maybe_capture(*spec, fn, f);
   if (!f.recorded) {
     items_.resize(f.items_begin);
     bytes_.resize(f.bytes_begin);
     snaps_top_ = f.snaps_begin;
   }
   busy_ = false;
+}
+
+void ThreadRecorder::maybe_capture(const CaptureSpec& spec, const at::RecordFunction& fn,
+                                   const Frame& f) {
+  if (f.info->name != spec.op || identity_->name != spec.thread) return;
+  if (capture_seen_++ != spec.occurrence) return;
+  if (ProcessRecorder::instance().process_name() != spec.process) return;
+  std::vector<std::string> digests;
+  for (size_t i = f.items_begin; i < f.items_end; ++i) {
+    if (!items_[i].is_tensor) continue;
+    const Snapshot& s = snaps_[items_[i].begin];
+    std::string hex;
+    if (!s.pending && !s.desc.not_read())
+      for (size_t k = 0; k < s.desc.digest_len; ++k) {
+        hex += "0123456789abcdef"[s.desc.digest[k] >> 4];
+        hex += "0123456789abcdef"[s.desc.digest[k] & 15];
+      }
+    digests.push_back(std::move(hex));
+  }
+  capture_op(spec, fn, digests);
 }
 
 void ThreadRecorder::emit_string_records() {

@@ -24,6 +24,7 @@
 #include "config/config.h"
 #include "device_digests.h"
 #include "digest/digest.h"
+#include "op_capture.h"
 #include "op_schema.h"
 #include "pending_records.h"
 #include "phase_tracker.h"
@@ -207,6 +208,8 @@ class ThreadRecorder {
   const OpInfo& op_info(const at::RecordFunction& fn);
   uint32_t intern(std::string_view s);
   void begin_op(const at::RecordFunction& fn, Frame& f);
+  // `detaudit replay`: saves this op's inputs if it is the one the capture names.
+  void maybe_capture(const CaptureSpec& spec, const at::RecordFunction& fn, const Frame& f);
 
   // Value encoding (value_encoding.cpp): inputs when an op starts, outputs when it ends.
   // How an op uses an argument: OpInfo::overwritten_args are not read, written_args are
@@ -272,6 +275,7 @@ class ThreadRecorder {
   bool compiled_region_in_step_ = false;  // tensors first seen now are likely a region's output
   bool stream_open_ = false;
   std::optional<ThreadIdentity> identity_;  // asked at this thread's first op
+  uint64_t capture_seen_ = 0;  // ops named as the capture's op, recorded by this thread
   std::string thread_name_;  // claimed with the stream file
   StreamBuffer stream_;
   trace::RecordEncoder encoder_;         // op records

@@ -14,7 +14,8 @@ enum class ExitCode : int {
   kBadInput = 3,     // unreadable or corrupt trace or run directory
   kTargetFailed = 4,  // the audited program failed (nonzero exit or signal) in some run
   kIncomplete = 5,    // no divergence seen, but part of a run was not compared (a cut stream)
-  kUnexplained = 6    // ops diverged but no first divergence could be named: detaudit's fault
+  kUnexplained = 6,   // ops diverged but no first divergence could be named: detaudit's fault
+  kNotCaptured = 7    // replay: the op was not reached again, or its inputs could not be saved
 };
 
 class Status {

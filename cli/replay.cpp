@@ -1,0 +1,210 @@
+// `detaudit replay RUN (--first-divergence | --op STREAM:N)`: captures the op's inputs from a new
+// run of the recorded command, calls the op again and again on them in a fresh process, and says
+// whether its nondeterminism is reproduced and whether the remedy removes it (src/replay/).
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "catalog/catalog.h"
+#include "cli/verbs.h"
+#include "config/config.h"
+#include "diff/diff.h"
+#include "diff/report_model.h"
+#include "replay/replay.h"
+#include "run/launcher.h"
+#include "run/session.h"
+#include "run_layout.h"
+
+namespace detaudit::cli {
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct ReplayFlags {
+  std::string run;
+  bool first_divergence = false;
+  std::string op;
+  int replays = 20;
+  std::string out;
+  std::string format = "text";
+  std::string output;
+  bool force = false;
+};
+
+Status read_json(const fs::path& path, json* out) {
+  std::ifstream in(path);
+  if (!in) return Status::error(fmt::format("{}: cannot read it", path.string()), ExitCode::kBadInput);
+  try {
+    *out = json::parse(in);
+  } catch (const std::exception& e) {
+    return Status::error(fmt::format("{}: not JSON ({})", path.string(), e.what()), ExitCode::kBadInput);
+  }
+  return Status();
+}
+
+// The op the reports named first, in run A's numbering.
+Status first_divergence_of(const std::string& run_a, const std::string& run_b, std::string* stream,
+                           uint64_t* index) {
+  Catalog catalog;
+  DiffOptions options;
+  if (Catalog::load(catalog_path(), &catalog).ok()) options.catalog = &catalog;
+  DiffReport report;
+  if (Status s = diff_runs(run_a, run_b, options, &report); !s.ok()) return s;
+  if (!report.first)
+    return Status::error(fmt::format("{} and {}: no first divergence to replay (verdict: {})",
+                                     run_a, run_b, report.verdict));
+  *stream = report.first->stream;
+  *index = report.first->index;
+  return Status();
+}
+
+// One series: the replayer in a fresh process, under the program's environment without the
+// interposer.
+Status replay_series(const std::string& replayer, const std::string& setting, int threads,
+                     bool deterministic, bool busy, const ReplayFlags& f,
+                     const Config& config, replay::ReplayReport* report) {
+  std::vector<std::string> argv = {replayer, report->inputs_file, report->target.op,
+                                   "", "--replays", std::to_string(f.replays),
+                                   "--deterministic", deterministic ? "on" : "off",
+                                   "--digest", report->target.digest};
+  std::ifstream capture(fs::path(report->inputs_file).parent_path() / "capture.json");
+  json c = json::parse(capture, nullptr, false);
+  if (c.is_object()) argv[3] = c.value("overload", "");
+  if (threads > 0) argv.insert(argv.end(), {"--threads", std::to_string(threads)});
+  if (busy) argv.push_back("--busy-thread");
+  std::vector<std::string> env;
+  for (const std::string& kv : run::current_environment())
+    if (kv.rfind("LD_PRELOAD=", 0) != 0) env.push_back(kv);
+  for (const auto& [k, v] : config.target.env) env.push_back(k + "=" + v);
+  std::string out;
+  int exit_code = 0;
+  if (Status s = run::capture_output(argv, env, "", &out, &exit_code); !s.ok()) return s;
+  const size_t brace = out.rfind("\n{");
+  const std::string line = out.substr(brace == std::string::npos ? 0 : brace + 1);
+  json j = json::parse(line, nullptr, false);
+  if (exit_code != 0 || !j.is_object())
+    return Status::error(fmt::format("{} failed (exit {}) on {}", replayer, exit_code,
+                                     report->inputs_file),
+                         ExitCode::kBadInput);
+  return replay::add_series(setting, j, report);
+}
+
+int run_replay(const ReplayFlags& f) {
+  if (f.first_divergence == !f.op.empty())
+    return report_error(Status::error("name the op: --first-divergence or --op STREAM:N (one of them)"));
+  if (f.format != "text" && f.format != "json")
+    return report_error(Status::error(fmt::format("--format: expected text or json, got '{}'", f.format)));
+  if (f.replays < 2) return report_error(Status::error("--replays must be at least 2"));
+  // RUN is an audit directory (run-0, run-1) or one run.
+  const fs::path root = f.run;
+  std::error_code ec;
+  const bool audit = fs::exists(root / "run-0" / layout::kRunJson, ec);
+  const std::string run_a = audit ? (root / "run-0").string() : root.string();
+  if (!fs::exists(fs::path(run_a) / layout::kRunJson, ec))
+    return report_error(Status::error(
+        fmt::format("{}: not a run directory (no {}); give `detaudit run --out`'s directory or one "
+                    "of its run-<i>", f.run, layout::kRunJson), ExitCode::kBadInput));
+
+  std::string stream;
+  uint64_t index = 0;
+  if (f.first_divergence) {
+    if (!audit || !fs::exists(root / "run-1" / layout::kRunJson, ec))
+      return report_error(Status::error(fmt::format(
+          "--first-divergence: {} has no run-0 and run-1 to diff; record two runs with `detaudit "
+          "run --runs 2 --out {}`, or name the op with --op", f.run, f.run)));
+    if (Status s = first_divergence_of(run_a, (root / "run-1").string(), &stream, &index); !s.ok())
+      return report_error(s);
+  } else if (Status s = replay::parse_op_ref(f.op, &stream, &index); !s.ok()) {
+    return report_error(s);
+  }
+
+  replay::ReplayReport report;
+  if (Status s = replay::find_replay_target(run_a, stream, index, &report.target); !s.ok())
+    return report_error(s);
+
+  // The recorded command again, as recorded, with the capture asked of the interposer.
+  json run_json;
+  if (Status s = read_json(fs::path(run_a) / layout::kRunJson, &run_json); !s.ok()) return report_error(s);
+  Config config;
+  if (Status s = load_config((fs::path(run_a) / layout::kConfigJson).string(), &config); !s.ok())
+    return report_error(s);
+  const std::string out = f.out.empty() ? (root / "replay").string() : f.out;
+  if (Status s = run::check_run_dir(out, f.force); !s.ok()) return report_error(s);
+  if (Status s = run::prepare_run_dir(out, f.force); !s.ok()) return report_error(s);
+  const std::string out_abs = fs::absolute(out).lexically_normal().string();
+  const std::string capture_dir = out_abs + "/capture";
+  fs::create_directories(capture_dir, ec);
+  const std::string spec_path = out_abs + "/capture-spec.json";
+  std::ofstream(spec_path) << replay::capture_spec_json(report.target, capture_dir).dump(2) << "\n";
+  config.out = out_abs;
+  config.runs = 1;
+  config.target.env["DETAUDIT_CAPTURE"] = spec_path;
+  if (run_json.contains("cwd")) config.target.cwd = run_json["cwd"].get<std::string>();
+  run::RunOptions options;
+  options.hooks_library = run_json.value("hooks_library", "");
+  options.version = DETAUDIT_VERSION;
+  options.force = true;
+  options.echo = false;
+  fmt::print(stderr, "detaudit: running the recorded command again to capture {} #{} {}\n",
+             report.target.stream, report.target.index, report.target.op);
+  run::RunOutcome outcome;
+  if (Status s = run::execute_run(config, options, 0, &outcome); !s.ok()) return report_error(s);
+
+  replay::read_capture(capture_dir, &report);
+  if (report.capture_status == "saved") {
+    const std::string replayer =
+        (fs::path(options.hooks_library).parent_path() / "detaudit_replay").string();
+    const int threads = report.target.intra_op_threads;
+    struct Setting {
+      const char* name;
+      int threads;
+      bool deterministic, busy;
+    };
+    for (const Setting& s : {Setting{"as recorded", threads, report.target.deterministic, false},
+                             Setting{"under contention", std::max(2, 2 * threads),
+                                     report.target.deterministic, true},
+                             Setting{"under the remedy", threads, true, false}})
+      if (Status st = replay_series(replayer, s.name, s.threads, s.deterministic, s.busy, f,
+                                    config, &report);
+          !st.ok())
+        return report_error(st);
+  }
+  replay::judge(&report);
+
+  const std::string text = f.format == "json" ? replay::report_to_json(report).dump(2) + "\n"
+                                              : replay::render_text(report);
+  if (f.output.empty()) {
+    fmt::print("{}", text);
+  } else {
+    std::ofstream o(f.output, std::ios::binary | std::ios::trunc);
+    o << text;
+    if (!o.good())
+      return report_error(Status::error(fmt::format("{}: cannot write the report", f.output)));
+    fmt::print("detaudit replay: {} (report: {})\n", report.evidence_line, f.output);
+  }
+  return report.capture_status == "saved" ? 0 : int(ExitCode::kNotCaptured);
+}
+
+}  // namespace
+
+void add_replay_verb(CLI::App& app, VerbAction* action) {
+  auto flags = std::make_shared<ReplayFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "replay", "Replay one recorded op on its own inputs: is its nondeterminism real, and does "
+                "the remedy remove it?");
+  cmd->add_option("RUN", flags->run, "`detaudit run --out`'s directory, or one run-<i>")->required();
+  cmd->add_flag("--first-divergence", flags->first_divergence,
+                "the op where run-0 and run-1 first diverged");
+  cmd->add_option("--op", flags->op, "the op at STREAM:N (as the reports number ops: r0.main.t-main:51)");
+  cmd->add_option("--replays", flags->replays, "calls of the op per setting")->capture_default_str();
+  cmd->add_option("--out", flags->out, "where the capture goes (default: RUN/replay)");
+  cmd->add_flag("--force", flags->force, "empty --out first if it is not empty");
+  cmd->add_option("--format", flags->format, "text or json")->capture_default_str();
+  cmd->add_option("--output,-o", flags->output, "write the report to this file");
+  cmd->callback([flags, action] { *action = [flags] { return run_replay(*flags); }; });
+}
+
+}  // namespace detaudit::cli

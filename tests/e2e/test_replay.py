@@ -1,0 +1,123 @@
+"""`detaudit replay`: the op's inputs captured from a new run of the recorded command, the op called
+again and again on them in a fresh process, under the real interposer and the real replayer.
+
+- The CPU index_put_(accumulate=True) race: reproduced (more than one distinct output) on the
+  inputs it really had, and use_deterministic_algorithms(True) verified in isolation; the same for
+  the C++ program's race.
+- A deterministic op chosen with --op: every replay identical, and the report says so.
+- A program that takes another path on the new run: said, exit 7, nothing saved.
+
+    cd build && ctest -R e2e.*test_replay --output-on-failure
+"""
+import os
+import unittest
+
+from detaudit_testlib import (PYTHON, TmpDirCase, build_binary, example, export_records,
+                              parse_json_output, program, record, record_pair, run_detaudit)
+
+INDEX_PUT = [PYTHON, example("nondet_index_put.py"), "--steps", "2"]
+NOT_CAPTURED = 7
+
+
+def op_index(run, stream, name):
+    """The first op named `name` in `stream`, numbered as the reports number ops."""
+    ops = [r for r in export_records(run, stream=stream) if r["record"] == "op"]
+    return next(i for i, op in enumerate(ops) if op["name"] == name)
+
+
+class Replay(TmpDirCase):
+    def replay(self, run, *args):
+        proc = run_detaudit(["replay", run, "--format", "json", "--replays", "12", *args])
+        return proc, parse_json_output(proc.stdout) if proc.stdout.strip() else None
+
+    def check_race_reproduced(self, proc, report):
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(report["op"]["name"], "aten::_index_put_impl_", report["op"])
+        self.assertEqual(report["capture"]["status"], "saved", report["capture"])
+        self.assertTrue(report["capture"]["inputs_match"], report["capture"])
+        self.assertTrue(os.path.exists(report["capture"]["inputs_file"]))
+        if report["evidence"] == "not-reproduced":
+            self.skipTest(f"the race did not fire in any replay: {report['evidence_line']}")
+        self.assertEqual(report["evidence"], "verified-nondeterministic", report)
+        self.assertRegex(report["evidence_line"], r"^reproduced: \d+ distinct outputs in 12 replays")
+        shown = [s for s in report["series"] if s["distinct"] > 1]
+        self.assertTrue(shown and all(not s["deterministic"] for s in shown), report["series"])
+        self.assertTrue(all(s["max_abs_diff"] > 0 for s in shown), report["series"])
+        remedy = [s for s in report["series"] if s["setting"] == "under the remedy"]
+        self.assertEqual(len(remedy), 1, report["series"])
+        self.assertTrue(remedy[0]["deterministic"])
+        self.assertEqual(remedy[0]["distinct"], 1, remedy)
+        self.assertTrue(report["remedy_line"].startswith("remedy verified in isolation: 12 of 12"),
+                        report["remedy_line"])
+
+    def test_index_put_race_is_reproduced_and_the_remedy_verified(self):
+        out = os.path.join(self.tmp, "race")
+        proc, report = record_pair(out, INDEX_PUT)
+        first = report.get("first_divergence")
+        if report["verdict"] == "divergent" and first["op"] == "aten::_index_put_impl_":
+            proc, replayed = self.replay(out, "--first-divergence")
+            self.assertEqual(replayed["op"]["index"], first["index"])
+        else:
+            # The race did not change the runs this time; the op is still there to replay.
+            run = os.path.join(out, "run-0")
+            at = op_index(run, "r0.main.t-main", "aten::_index_put_impl_")
+            proc, replayed = self.replay(out, "--op", f"r0.main.t-main:{at}")
+        self.check_race_reproduced(proc, replayed)
+        # The saved inputs are real tensors that torch reads back.
+        self.assertEqual(replayed["op"]["stream"], "r0.main.t-main")
+
+    def test_cpp_program_race_is_replayed(self):
+        out = os.path.join(self.tmp, "cpp")
+        command = [build_binary("train_cnn"), "--race", "--threads", "2", "--steps", "2"]
+        proc, run = record(out, command)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        at = op_index(run, "r0.main.t-main", "aten::_index_put_impl_")
+        proc, replayed = self.replay(run, "--op", f"r0.main.t-main:{at}")
+        self.check_race_reproduced(proc, replayed)
+
+    def test_deterministic_op_replays_identical(self):
+        out = os.path.join(self.tmp, "det")
+        proc, run = record(out, INDEX_PUT)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        at = op_index(run, "r0.main.t-main", "aten::sub")
+        proc, replayed = self.replay(out, "--op", f"r0.main.t-main:{at}")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(replayed["op"]["name"], "aten::sub")
+        self.assertTrue(replayed["capture"]["inputs_match"], replayed["capture"])
+        self.assertEqual(replayed["evidence"], "not-reproduced", replayed)
+        self.assertTrue(replayed["evidence_line"].startswith("not reproduced in isolation"))
+        for s in replayed["series"]:
+            self.assertEqual((s["replays"], s["distinct"], s["max_abs_diff"]), (12, 1, 0.0), s)
+            # The recorded run's own output came out of every replay.
+            self.assertEqual(s["matching_recorded"], 12, s)
+
+    def test_another_path_saves_nothing(self):
+        # Unseeded: the new run's inputs are other bytes than the recorded ones.
+        out = os.path.join(self.tmp, "unseeded")
+        command = [PYTHON, program("print_random.py")]
+        proc, run = record(out, command)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        ops = [r for r in export_records(run, stream="r0.main.t-main") if r["record"] == "op"]
+        # The first op that reads a random tensor.
+        at = next(i for i, op in enumerate(ops)
+                  if not op["random"] and any(isinstance(v, dict) and v.get("digest") and
+                                              not v.get("not_read") for v in op["inputs"]))
+        proc, replayed = self.replay(run, "--op", f"r0.main.t-main:{at}")
+        self.assertEqual(proc.returncode, NOT_CAPTURED, proc.stderr)
+        self.assertEqual(replayed["capture"]["status"], "other-path", replayed["capture"])
+        self.assertIn("differ from the record's", replayed["capture"]["why"])
+        self.assertEqual(replayed["evidence"], "unverified")
+        self.assertEqual(replayed["series"], [])
+        self.assertFalse(os.path.exists(os.path.join(run, "replay", "capture", "inputs.pt")))
+
+    def test_an_op_that_is_not_there_is_a_usage_error(self):
+        out = os.path.join(self.tmp, "no-op")
+        proc, run = record(out, INDEX_PUT)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        proc, _ = self.replay(run, "--op", "r0.main.t-main:999999")
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertIn("there is no op 999999", proc.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
