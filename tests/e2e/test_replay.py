@@ -3,7 +3,7 @@ again and again on them in a fresh process, under the real interposer and the re
 
 - The CPU index_put_(accumulate=True) race: reproduced (more than one distinct output) on the
   inputs it really had, and use_deterministic_algorithms(True) verified in isolation; the same for
-  the C++ program's race.
+  the C++ program's race, and of rank 1 of a DDP program.
 - A deterministic op chosen with --op: every replay identical, and the report says so.
 - A program that takes another path on the new run: said, exit 7, nothing saved.
 
@@ -73,6 +73,17 @@ class Replay(TmpDirCase):
         self.assertEqual(proc.returncode, 0, proc.stderr)
         at = op_index(run, "r0.main.t-main", "aten::_index_put_impl_")
         proc, replayed = self.replay(run, "--op", f"r0.main.t-main:{at}")
+        self.check_race_reproduced(proc, replayed)
+
+    def test_a_ddp_ranks_op_is_replayed(self):
+        # ddp_train.py --race-rank 1: only rank 1 runs the race, over 2 gloo ranks.
+        out = os.path.join(self.tmp, "ddp")
+        proc, run = record(out, [PYTHON, program("ddp_train.py"), "--launch", "env", "--steps", "2",
+                                 "--race-rank", "1"])
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        at = op_index(run, "r1.main.t-main", "aten::_index_put_impl_")
+        proc, replayed = self.replay(run, "--op", f"r1.main.t-main:{at}")
+        self.assertEqual(replayed["op"]["stream"], "r1.main.t-main")
         self.check_race_reproduced(proc, replayed)
 
     def test_deterministic_op_replays_identical(self):
