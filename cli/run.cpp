@@ -21,6 +21,7 @@
 #include "diff/report_model.h"
 #include "diff/risk.h"
 #include "run/interposer.h"
+#include "run/remedy.h"
 #include "run/session.h"
 
 namespace detaudit::cli {
@@ -31,6 +32,7 @@ struct RunArgs {
   std::string config_path;
   bool force = false;
   bool quiet = false;
+  bool verify_remedy = false;
   run::RunFlags flags;
 };
 
@@ -102,8 +104,10 @@ int write_risk_report(const Config& config, const RiskReport& risk) {
   return code;
 }
 
+// Diffs run-0 with each other run and prints or writes each report; *first_pair gets run-0 vs
+// run-1's report when there is one.
 int diff_pairs(const Config& config, const std::vector<std::string>& dirs,
-               const std::vector<bool>& recorded) {
+               const std::vector<bool>& recorded, DiffReport* first_pair = nullptr) {
   ReportFormat format;
   if (Status s = parse_report_format(config.format, &format); !s.ok()) return report_error(s);
   DiffOptions options;
@@ -145,8 +149,94 @@ int diff_pairs(const Config& config, const std::vector<std::string>& dirs,
     }
     say_if_incomplete(report);
     worst = std::max(worst, int(gate_exit_code(report)));
+    if (first_pair && i == 1) *first_pair = std::move(report);
   }
   return worst;
+}
+
+constexpr int kMaxRemedyRounds = 3;
+
+// --verify-remedy: applies the first divergence's remedy as run's own settings, records two more
+// runs and diffs them, while a divergence with such a remedy remains. Says what it found on
+// stderr and in <out>/remedy.json; the exit code stays the first diff's.
+void verify_remedies(const Config& config, const run::RunOptions& options, DiffReport report) {
+  Catalog catalog;
+  const bool have_catalog = Catalog::load(catalog_path(), &catalog).ok();
+  run::RemedySettings applied;
+  nlohmann::json rounds = nlohmann::json::array();
+  std::string outcome = "not verified";
+  for (int round = 1; round <= kMaxRemedyRounds && report.verdict != "identical"; ++round) {
+    if (!report.first) {
+      outcome = fmt::format("not verified: the runs diverge ({}) with no first op to remedy",
+                            report.verdict);
+      break;
+    }
+    std::string why_not;
+    run::RemedySettings next = run::remedy_settings(*report.first, have_catalog ? &catalog : nullptr, &why_not);
+    if (next.empty()) {
+      outcome = "not verified: " + why_not;
+      break;
+    }
+    if (!applied.merge(next)) {
+      outcome = fmt::format("NOT verified: with {} the runs still diverge at {} ({})",
+                            applied.flags(), report.first->op, report.first->divergence_class);
+      break;
+    }
+    Config c = config;
+    applied.apply(&c);
+    c.runs = 2;
+    c.out = (std::filesystem::path(config.out) / fmt::format("remedy-{}", round)).string();
+    fmt::print(stderr, "detaudit: verifying the remedy of {} ({}): 2 runs with {} in {}\n",
+               report.first->op, report.first->divergence_class, applied.flags(), c.out);
+    std::vector<std::string> dirs;
+    bool recorded = true;
+    for (int i = 0; i < 2; ++i) {
+      run::RunOutcome o;
+      if (Status s = run::execute_run(c, options, i, &o); !s.ok()) {
+        report_error(s);
+        return;
+      }
+      print_run_problem(o, i);
+      recorded = recorded && !o.streams.empty() && o.result.succeeded();
+      dirs.push_back(o.dir);
+    }
+    if (!recorded) {
+      outcome = "not verified: a run with the remedy failed or recorded nothing";
+      break;
+    }
+    DiffOptions options_diff;
+    options_diff.gate = config.gate;
+    if (have_catalog) options_diff.catalog = &catalog;
+    DiffReport next_report;
+    if (Status s = diff_runs(dirs[0], dirs[1], options_diff, &next_report); !s.ok()) {
+      report_error(s);
+      return;
+    }
+    nlohmann::json r = {{"round", round}, {"flags", applied.flags()}, {"runs", c.out},
+                        {"verdict", next_report.verdict}, {"first_divergence", nullptr}};
+    if (next_report.first)
+      r["first_divergence"] = {{"stream", next_report.first->stream}, {"op", next_report.first->op},
+                               {"class", next_report.first->divergence_class},
+                               {"step", next_report.first->step}};
+    rounds.push_back(r);
+    report = std::move(next_report);
+    if (report.verdict == "identical")
+      outcome = fmt::format("verified: identical with {} ({} ops compared)", applied.flags(),
+                            report.ops_compared);
+    else if (report.first)
+      fmt::print(stderr, "detaudit: with {} the runs still diverge: first at {} step {} {} ({})\n",
+                 applied.flags(), report.first->stream, report.first->step, report.first->op,
+                 report.first->divergence_class);
+  }
+  if (report.verdict != "identical" && outcome == "not verified")
+    outcome = fmt::format("not verified in {} rounds", kMaxRemedyRounds);
+  fmt::print(stderr, "detaudit: remedy {}\n", outcome);
+  const bool verified = report.verdict == "identical" && !rounds.empty();
+  nlohmann::json j = {{"verified", verified},
+                      {"outcome", outcome},
+                      {"flags", verified ? nlohmann::json(applied.flags()) : nlohmann::json(nullptr)},
+                      {"rounds", rounds}};
+  std::ofstream((std::filesystem::path(config.out) / "remedy.json").string()) << j.dump(2) << "\n";
 }
 
 int run_main(const RunArgs& args) {
@@ -205,7 +295,10 @@ int run_main(const RunArgs& args) {
 
   int code = 0;
   if (config.runs >= 2) {
-    code = diff_pairs(config, dirs, recorded);
+    DiffReport first_pair;
+    code = diff_pairs(config, dirs, recorded, &first_pair);
+    if (args.verify_remedy && !any_failed && first_pair.verdict == "divergent")
+      verify_remedies(config, options, std::move(first_pair));
   } else {
     fmt::print(stderr, "detaudit: recorded {}\n", dirs[0]);
     // One run cannot diverge yet, but the catalog says what in it could.
@@ -265,6 +358,10 @@ void add_run_verb(CLI::App& app, VerbAction* action) {
       ->allow_extra_args(false);
   optional_flag(sub, args.get(), "--cwd", &f.cwd, "the program's working directory");
   sub->add_flag("--force", args->force, "replace run directories that already hold a run");
+  sub->add_flag("--verify-remedy", args->verify_remedy,
+                "after a divergent verdict, record 2 more runs with the first divergence's remedy "
+                "applied (--deterministic, --threads, --seed, --env) and diff them, while remedies "
+                "remain (up to 3 rounds); writes OUT/remedy.json");
   sub->add_flag("-q,--quiet", args->quiet, "do not echo the program's output (still logged)");
   sub->add_option("command", f.command, "the program and its arguments, after \"--\"");
   sub->callback([args, action] {

@@ -6,6 +6,8 @@ again and again on them in a fresh process, under the real interposer and the re
   the C++ program's race, and of rank 1 of a DDP program.
 - A deterministic op chosen with --op: every replay identical, and the report says so.
 - A program that takes another path on the new run: said, exit 7, nothing saved.
+- `run --verify-remedy`: the race's remedy (deterministic mode) and an unseeded program's
+  (--seed) applied by run itself, two more runs recorded and diffed: identical, with the flags.
 
     cd build && ctest -R e2e.*test_replay --output-on-failure
 """
@@ -13,7 +15,8 @@ import os
 import unittest
 
 from detaudit_testlib import (PYTHON, TmpDirCase, build_binary, example, export_records,
-                              parse_json_output, program, record, record_pair, run_detaudit)
+                              parse_json_output, program, read_json, record, record_pair,
+                              run_detaudit)
 
 INDEX_PUT = [PYTHON, example("nondet_index_put.py"), "--steps", "2"]
 NOT_CAPTURED = 7
@@ -128,6 +131,35 @@ class Replay(TmpDirCase):
         proc, _ = self.replay(run, "--op", "r0.main.t-main:999999")
         self.assertEqual(proc.returncode, 2, proc.stderr)
         self.assertIn("there is no op 999999", proc.stderr)
+
+
+class VerifyRemedy(TmpDirCase):
+    def verify(self, name, command):
+        out = os.path.join(self.tmp, name)
+        proc, report = record_pair(out, command, flags=["--verify-remedy"])
+        remedy = os.path.join(out, "remedy.json")
+        return proc, report, (read_json(remedy) if os.path.exists(remedy) else None)
+
+    def test_the_race_is_identical_in_deterministic_mode(self):
+        proc, report, remedy = self.verify("race", INDEX_PUT)
+        if report["verdict"] == "identical":
+            self.assertIsNone(remedy, "nothing to verify after an identical verdict")
+            self.skipTest("the race did not change the runs this time")
+        self.assertEqual(proc.returncode, 1, proc.stderr)  # the program as given still diverges
+        self.assertEqual(report["first_divergence"]["class"], "nondeterministic-op")
+        self.assertTrue(remedy["verified"], remedy)
+        self.assertEqual(remedy["flags"], "--deterministic on")
+        self.assertEqual([r["verdict"] for r in remedy["rounds"]], ["identical"], remedy)
+        self.assertIn("remedy verified: identical with --deterministic on", proc.stderr)
+
+    def test_an_unseeded_program_is_identical_with_a_seed(self):
+        proc, report, remedy = self.verify("unseeded", [PYTHON, program("print_random.py")])
+        self.assertEqual(report["verdict"], "divergent", report)
+        self.assertEqual(report["first_divergence"]["class"], "rng-state")
+        self.assertTrue(remedy["verified"], remedy)
+        self.assertEqual(remedy["flags"], "--seed 0")
+        # The runs with the remedy are real runs, recorded where remedy.json says.
+        self.assertTrue(os.path.isdir(os.path.join(remedy["rounds"][0]["runs"], "run-1", "streams")))
 
 
 if __name__ == "__main__":

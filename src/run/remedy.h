@@ -1,0 +1,39 @@
+// A first divergence's remedy in the form `detaudit run` can apply itself, for
+// `run --verify-remedy`: the settings run already has (--deterministic on, --threads N, --seed,
+// environment variables), or nothing when the remedy is a change to the program.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+
+#include "config/config.h"
+
+namespace detaudit {
+class Catalog;
+struct FirstDivergence;
+}  // namespace detaudit
+
+namespace detaudit::run {
+
+struct RemedySettings {
+  std::optional<std::string> deterministic;  // "on"
+  std::optional<int> threads;
+  std::optional<uint64_t> seed;
+  std::map<std::string, std::string> env;
+
+  bool empty() const { return !deterministic && !threads && !seed && env.empty(); }
+  // Adds what `other` sets; false if it set nothing new (the same remedy again).
+  bool merge(const RemedySettings& other);
+  void apply(Config* config) const;
+  // "--deterministic on --threads 1 --env PYTHONHASHSEED=0", as run's flags
+  std::string flags() const;
+};
+
+// The remedy of `first` that run can apply, or empty settings with *why_not saying what the
+// program must change instead. The catalog (may be null) says whether the op has a deterministic
+// alternative; without one, one intra-op thread is the setting.
+RemedySettings remedy_settings(const FirstDivergence& first, const Catalog* catalog,
+                               std::string* why_not);
+
+}  // namespace detaudit::run

@@ -1,0 +1,58 @@
+// A first divergence's remedy as run's own settings (src/run/remedy.h).
+#include <gtest/gtest.h>
+
+#include "diff/report_model.h"
+#include "run/remedy.h"
+
+namespace detaudit::run {
+namespace {
+
+FirstDivergence divergence(const std::string& cls) {
+  FirstDivergence f;
+  f.divergence_class = cls;
+  f.op = "aten::_index_put_impl_";
+  f.remedy = "initialise it";
+  return f;
+}
+
+TEST(RemedyTest, AKernelRaceIsDeterministicMode) {
+  std::string why;
+  RemedySettings s = remedy_settings(divergence("nondeterministic-op"), nullptr, &why);
+  EXPECT_EQ(s.flags(), "--deterministic on");
+  EXPECT_TRUE(why.empty());
+  Config c;
+  s.apply(&c);
+  EXPECT_EQ(c.determinism.algorithms, "on");
+}
+
+TEST(RemedyTest, RandomStateIsASeedAndDataOrderAHashSeed) {
+  std::string why;
+  EXPECT_EQ(remedy_settings(divergence("rng-state"), nullptr, &why).flags(), "--seed 0");
+  FirstDivergence order = divergence("external-input");
+  order.hash_seed_unset = true;
+  RemedySettings s = remedy_settings(order, nullptr, &why);
+  EXPECT_EQ(s.flags(), "--env PYTHONHASHSEED=0");
+  Config c;
+  s.apply(&c);
+  EXPECT_EQ(c.target.env.at("PYTHONHASHSEED"), "0");
+}
+
+TEST(RemedyTest, AProgramChangeHasNoSettingsAndSaysWhy) {
+  std::string why;
+  EXPECT_TRUE(remedy_settings(divergence("uninitialized-memory"), nullptr, &why).empty());
+  EXPECT_NE(why.find("initialise it"), std::string::npos) << why;
+}
+
+TEST(RemedyTest, MergingTheSameRemedyAddsNothing) {
+  RemedySettings a, b;
+  b.deterministic = "on";
+  EXPECT_TRUE(a.merge(b));
+  EXPECT_FALSE(a.merge(b));
+  RemedySettings c;
+  c.threads = 1;
+  EXPECT_TRUE(a.merge(c));
+  EXPECT_EQ(a.flags(), "--deterministic on --threads 1");
+}
+
+}  // namespace
+}  // namespace detaudit::run
