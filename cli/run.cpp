@@ -104,10 +104,11 @@ int write_risk_report(const Config& config, const RiskReport& risk) {
   return code;
 }
 
-// Diffs run-0 with each other run and prints or writes each report; *first_pair gets run-0 vs
-// run-1's report when there is one.
+// Diffs run-0 with each other run and prints or writes each report. `before_render` sees run-0
+// vs run-1's report first (--verify-remedy adds to it).
 int diff_pairs(const Config& config, const std::vector<std::string>& dirs,
-               const std::vector<bool>& recorded, DiffReport* first_pair = nullptr) {
+               const std::vector<bool>& recorded,
+               const std::function<void(DiffReport*)>& before_render = nullptr) {
   ReportFormat format;
   if (Status s = parse_report_format(config.format, &format); !s.ok()) return report_error(s);
   DiffOptions options;
@@ -131,6 +132,7 @@ int diff_pairs(const Config& config, const std::vector<std::string>& dirs,
       worst = std::max(worst, report_error(s));
       continue;
     }
+    if (before_render && i == 1) before_render(&report);
     std::string path = report_path(config.output, int(i), config.runs);
     if (path.empty()) {
       if (dirs.size() > 2) fmt::print("== run-0 vs run-{}\n", i);
@@ -149,7 +151,6 @@ int diff_pairs(const Config& config, const std::vector<std::string>& dirs,
     }
     say_if_incomplete(report);
     worst = std::max(worst, int(gate_exit_code(report)));
-    if (first_pair && i == 1) *first_pair = std::move(report);
   }
   return worst;
 }
@@ -158,8 +159,10 @@ constexpr int kMaxRemedyRounds = 3;
 
 // --verify-remedy: applies the first divergence's remedy as run's own settings, records two more
 // runs and diffs them, while a divergence with such a remedy remains. Says what it found on
-// stderr and in <out>/remedy.json; the exit code stays the first diff's.
-void verify_remedies(const Config& config, const run::RunOptions& options, DiffReport report) {
+// stderr, in <out>/remedy.json and in the report; the exit code stays the first diff's.
+RemedyVerification verify_remedies(const Config& config, const run::RunOptions& options,
+                                   DiffReport report) {
+  RemedyVerification verification;
   Catalog catalog;
   const bool have_catalog = Catalog::load(catalog_path(), &catalog).ok();
   run::RemedySettings applied;
@@ -194,7 +197,8 @@ void verify_remedies(const Config& config, const run::RunOptions& options, DiffR
       run::RunOutcome o;
       if (Status s = run::execute_run(c, options, i, &o); !s.ok()) {
         report_error(s);
-        return;
+        verification.outcome = "not verified: " + s.message();
+        return verification;
       }
       print_run_problem(o, i);
       recorded = recorded && !o.streams.empty() && o.result.succeeded();
@@ -210,7 +214,8 @@ void verify_remedies(const Config& config, const run::RunOptions& options, DiffR
     DiffReport next_report;
     if (Status s = diff_runs(dirs[0], dirs[1], options_diff, &next_report); !s.ok()) {
       report_error(s);
-      return;
+      verification.outcome = "not verified: " + s.message();
+      return verification;
     }
     nlohmann::json r = {{"round", round}, {"flags", applied.flags()}, {"runs", c.out},
                         {"verdict", next_report.verdict}, {"first_divergence", nullptr}};
@@ -219,6 +224,15 @@ void verify_remedies(const Config& config, const run::RunOptions& options, DiffR
                                {"class", next_report.first->divergence_class},
                                {"step", next_report.first->step}};
     rounds.push_back(r);
+    RemedyVerification::Round k;
+    k.round = round;
+    k.flags = applied.flags();
+    k.runs = c.out;
+    k.verdict = next_report.verdict;
+    if (next_report.first)
+      k.first = fmt::format("{} step {} {} ({})", next_report.first->stream, next_report.first->step,
+                            next_report.first->op, next_report.first->divergence_class);
+    verification.rounds.push_back(std::move(k));
     report = std::move(next_report);
     if (report.verdict == "identical")
       outcome = fmt::format("verified: identical with {} ({} ops compared)", applied.flags(),
@@ -237,6 +251,10 @@ void verify_remedies(const Config& config, const run::RunOptions& options, DiffR
                       {"flags", verified ? nlohmann::json(applied.flags()) : nlohmann::json(nullptr)},
                       {"rounds", rounds}};
   std::ofstream((std::filesystem::path(config.out) / "remedy.json").string()) << j.dump(2) << "\n";
+  verification.verified = verified;
+  verification.outcome = outcome;
+  if (verified) verification.flags = applied.flags();
+  return verification;
 }
 
 int run_main(const RunArgs& args) {
@@ -295,10 +313,13 @@ int run_main(const RunArgs& args) {
 
   int code = 0;
   if (config.runs >= 2) {
-    DiffReport first_pair;
-    code = diff_pairs(config, dirs, recorded, &first_pair);
-    if (args.verify_remedy && !any_failed && first_pair.verdict == "divergent")
-      verify_remedies(config, options, std::move(first_pair));
+    std::function<void(DiffReport*)> verify;
+    if (args.verify_remedy && !any_failed)
+      verify = [&](DiffReport* report) {
+        if (report->verdict == "divergent")
+          report->remedy_verification = verify_remedies(config, options, *report);
+      };
+    code = diff_pairs(config, dirs, recorded, verify);
   } else {
     fmt::print(stderr, "detaudit: recorded {}\n", dirs[0]);
     // One run cannot diverge yet, but the catalog says what in it could.

@@ -68,6 +68,20 @@ struct CatalogRef {
   std::vector<std::string> conditions_met, conditions_unknown, sources;
 };
 
+struct RemedyVerification {
+  struct Round {
+    int round = 0;
+    std::string flags;    // the settings applied so far ("--deterministic on")
+    std::string runs;     // where its two runs are
+    std::string verdict;  // of their diff
+    std::string first;    // its first divergence, "" if none
+  };
+  bool verified = false;  // the last round's runs are identical
+  std::string outcome;    // one line: "verified: identical with --deterministic on (181 ops compared)"
+  std::string flags;      // what made them identical, when verified
+  std::vector<Round> rounds;
+};
+
 struct FirstDivergence {
   std::string stream, process;
   int64_t rank = 0;
@@ -210,6 +224,8 @@ struct DiffReport {
   // Streams compared otherwise than op by op, said once: library thread pools (library_threads.h).
   std::vector<PoolComparison> library_pools;
   std::vector<std::string> notes;
+  // `run --verify-remedy`: the remedy applied as run's settings and its runs diffed (cli/run.cpp).
+  std::optional<RemedyVerification> remedy_verification;
   std::vector<StreamSummary> streams;
   uint64_t ops_compared = 0, records_a = 0, records_b = 0, bytes_read = 0;
   double seconds = 0;

@@ -356,6 +356,14 @@ std::string render_html(const DiffReport& r) {
     for (const std::string& n : r.not_compared) b += "<li>" + esc(n) + "</li>";
     b += "</ul></section>";
   }
+  if (const auto& v = r.remedy_verification) {
+    b += "<section id=\"remedy\"><h2>Remedy verification</h2><p><strong>" + esc(v->outcome) +
+         "</strong></p><ul>";
+    for (const RemedyVerification::Round& k : v->rounds)
+      b += "<li>" + esc(fmt::format("round {}: {}: {}{} ({})", k.round, k.flags, k.verdict,
+                                    k.first.empty() ? "" : ", first at " + k.first, k.runs)) + "</li>";
+    b += "</ul></section>";
+  }
   if (!r.notes.empty()) {
     b += "<section><h2>Notes</h2><ul>";
     for (const std::string& n : r.notes) b += "<li>" + esc(n) + "</li>";

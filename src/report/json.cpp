@@ -98,6 +98,17 @@ json report_to_json(const DiffReport& r) {
   j["incomplete"] = r.incomplete;
   j["not_compared"] = r.not_compared;
   j["notes"] = r.notes;
+  j["remedy_verification"] = nullptr;
+  if (const auto& v = r.remedy_verification) {
+    json rounds = json::array();
+    for (const RemedyVerification::Round& k : v->rounds)
+      rounds.push_back({{"round", k.round}, {"flags", k.flags}, {"runs", k.runs},
+                        {"verdict", k.verdict},
+                        {"first_divergence", k.first.empty() ? json(nullptr) : json(k.first)}});
+    j["remedy_verification"] = {{"verified", v->verified}, {"outcome", v->outcome},
+                                {"flags", v->flags.empty() ? json(nullptr) : json(v->flags)},
+                                {"rounds", rounds}};
+  }
   j["library_threads"] = json::array();
   for (const PoolComparison& c : r.library_pools) {
     json p = {{"process", c.process},      {"threads", c.pool->thread},

@@ -67,6 +67,23 @@ std::string render_junit(const DiffReport& r) {
     cases += fmt::format("  <testcase classname=\"detaudit.library_threads\" name=\"{} {}\">{}"
                          "</testcase>\n", xml_escape(c.process), c.pool->thread, body);
   }
+  size_t extra = 0;
+  if (const auto& v = r.remedy_verification) {
+    // A remedy that did not make the runs identical is a failure of its own.
+    std::string body;
+    if (!v->verified) {
+      ++failures;
+      body = fmt::format("<failure message=\"{}\"/>", xml_escape(v->outcome));
+    }
+    std::string rounds;
+    for (const RemedyVerification::Round& k : v->rounds)
+      rounds += fmt::format("round {}: {}: {}{}\n", k.round, k.flags, k.verdict,
+                            k.first.empty() ? "" : ", first at " + k.first);
+    body += "<system-out>" + xml_escape(v->outcome + "\n" + rounds) + "</system-out>";
+    cases += fmt::format("  <testcase classname=\"detaudit\" name=\"remedy\">{}</testcase>\n",
+                         body);
+    extra = 1;
+  }
   std::string props;
   for (const EnvDifference& d : r.environment)
     props += fmt::format("    <property name=\"{}\" value=\"{}\"/>\n",
@@ -76,7 +93,7 @@ std::string render_junit(const DiffReport& r) {
       "<testsuites name=\"detaudit\" tests=\"{0}\" failures=\"{1}\">\n"
       "<testsuite name=\"detaudit diff\" tests=\"{0}\" failures=\"{1}\" errors=\"0\" "
       "time=\"{2:.3f}\">\n  <properties>\n{3}  </properties>\n{4}</testsuite>\n</testsuites>\n",
-      r.streams.size() + r.library_pools.size() + 1, failures, r.seconds, props, cases);
+      r.streams.size() + r.library_pools.size() + 1 + extra, failures, r.seconds, props, cases);
 }
 
 }  // namespace detaudit

@@ -31,6 +31,13 @@ std::string render_markdown(const DiffReport& r) {
                                 md_escape(one_line_verdict(r)));
   for (const std::string& n : r.not_compared) out += "> not compared: " + md_escape(n) + "\n\n";
   for (const std::string& n : r.notes) out += "> note: " + md_escape(n) + "\n\n";
+  if (const auto& v = r.remedy_verification) {
+    out += "> **remedy " + md_escape(v->outcome) + "**\n\n";
+    for (const RemedyVerification::Round& k : v->rounds)
+      out += "> - " + md_escape(fmt::format("round {}: `{}`: {}{}", k.round, k.flags, k.verdict,
+                                            k.first.empty() ? "" : ", first at " + k.first)) + "\n";
+    if (!v->rounds.empty()) out += "\n";
+  }
   if (const auto& u = r.first_unread)
     out += "> " + md_escape(fmt::format("unread: {} difference(s) overwritten before any op read "
                                  "them, not divergences; the first: {} (op #{}, step {}) of {}, "

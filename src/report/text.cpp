@@ -61,6 +61,12 @@ std::string render_text(const DiffReport& r, bool color) {
                        u->overwritten_by);
   out += fmt::format("  A: {}\n  B: {}\n", r.run_a, r.run_b);
   for (const std::string& n : r.notes) out += "  note: " + n + "\n";
+  if (const auto& v = r.remedy_verification) {
+    out += st(v->verified ? "32" : "33", "  remedy " + v->outcome) + "\n";
+    for (const RemedyVerification::Round& k : v->rounds)
+      out += fmt::format("    round {}: {}: {}{} ({})\n", k.round, k.flags, k.verdict,
+                         k.first.empty() ? "" : ", first at " + k.first, k.runs);
+  }
   for (const ReplicaCheck& c : r.replicas)
     if (c.divergence || !c.not_checked.empty()) out += render_replica_check(c);
   if (!same && r.gate.fail_on == "tolerance")

@@ -151,6 +151,7 @@ class VerifyRemedy(TmpDirCase):
         self.assertEqual(remedy["flags"], "--deterministic on")
         self.assertEqual([r["verdict"] for r in remedy["rounds"]], ["identical"], remedy)
         self.assertIn("remedy verified: identical with --deterministic on", proc.stderr)
+        self.assertEqual(report["remedy_verification"]["flags"], "--deterministic on")
 
     def test_an_unseeded_program_is_identical_with_a_seed(self):
         proc, report, remedy = self.verify("unseeded", [PYTHON, program("print_random.py")])
@@ -158,6 +159,11 @@ class VerifyRemedy(TmpDirCase):
         self.assertEqual(report["first_divergence"]["class"], "rng-state")
         self.assertTrue(remedy["verified"], remedy)
         self.assertEqual(remedy["flags"], "--seed 0")
+        # The report itself carries it.
+        verification = report["remedy_verification"]
+        self.assertTrue(verification["verified"], verification)
+        self.assertEqual(verification["flags"], "--seed 0")
+        self.assertEqual([r["verdict"] for r in verification["rounds"]], ["identical"])
         # The runs with the remedy are real runs, recorded where remedy.json says.
         self.assertTrue(os.path.isdir(os.path.join(remedy["rounds"][0]["runs"], "run-1", "streams")))
 

@@ -1,6 +1,7 @@
 // A first divergence's remedy as run's own settings (src/run/remedy.h).
 #include <gtest/gtest.h>
 
+#include "diff/diff.h"
 #include "diff/report_model.h"
 #include "run/remedy.h"
 
@@ -52,6 +53,26 @@ TEST(RemedyTest, MergingTheSameRemedyAddsNothing) {
   c.threads = 1;
   EXPECT_TRUE(a.merge(c));
   EXPECT_EQ(a.flags(), "--deterministic on --threads 1");
+}
+
+TEST(RemedyTest, EveryReportFormatCarriesTheVerification) {
+  DiffReport r;
+  r.verdict = "divergent";
+  RemedyVerification v;
+  v.verified = false;
+  v.outcome = "NOT verified: with --deterministic on the runs still diverge";
+  v.rounds.push_back({1, "--deterministic on", "audit/remedy-1", "divergent",
+                      "r0.main.t-main step 0 aten::mm (nondeterministic-op)"});
+  r.remedy_verification = v;
+  for (ReportFormat f : {ReportFormat::kText, ReportFormat::kMarkdown, ReportFormat::kHtml,
+                         ReportFormat::kJunit, ReportFormat::kJson}) {
+    const std::string out = render_report(r, f, false);
+    EXPECT_NE(out.find("NOT verified"), std::string::npos) << out;
+    EXPECT_NE(out.find("--deterministic on"), std::string::npos) << out;
+  }
+  // JUnit: a remedy that did not work is a failing case.
+  EXPECT_NE(render_report(r, ReportFormat::kJunit, false).find("name=\"remedy\"><failure"),
+            std::string::npos);
 }
 
 }  // namespace
