@@ -95,8 +95,10 @@ Status replay_series(const std::string& replayer, const std::string& setting, in
 int run_replay(const ReplayFlags& f) {
   if (f.first_divergence == !f.op.empty())
     return report_error(Status::error("name the op: --first-divergence or --op STREAM:N (one of them)"));
-  if (f.format != "text" && f.format != "json")
-    return report_error(Status::error(fmt::format("--format: expected text or json, got '{}'", f.format)));
+  if (f.format != "text" && f.format != "json" && f.format != "markdown" && f.format != "junit" &&
+      f.format != "html")
+    return report_error(Status::error(fmt::format(
+        "--format: expected text, json, markdown, junit or html, got '{}'", f.format)));
   if (f.replays < 2) return report_error(Status::error("--replays must be at least 2"));
   // RUN is an audit directory (run-0, run-1) or one run.
   const fs::path root = f.run;
@@ -174,8 +176,11 @@ int run_replay(const ReplayFlags& f) {
   }
   replay::judge(&report);
 
-  const std::string text = f.format == "json" ? replay::report_to_json(report).dump(2) + "\n"
-                                              : replay::render_text(report);
+  const std::string text = f.format == "json"       ? replay::report_to_json(report).dump(2) + "\n"
+                           : f.format == "markdown" ? replay::render_markdown(report)
+                           : f.format == "junit"    ? replay::render_junit(report)
+                           : f.format == "html"     ? replay::render_html(report)
+                                                    : replay::render_text(report);
   if (f.output.empty()) {
     fmt::print("{}", text);
   } else {
@@ -202,7 +207,8 @@ void add_replay_verb(CLI::App& app, VerbAction* action) {
   cmd->add_option("--replays", flags->replays, "calls of the op per setting")->capture_default_str();
   cmd->add_option("--out", flags->out, "where the capture goes (default: RUN/replay)");
   cmd->add_flag("--force", flags->force, "empty --out first if it is not empty");
-  cmd->add_option("--format", flags->format, "text or json")->capture_default_str();
+  cmd->add_option("--format", flags->format, "text, json, markdown, junit or html")
+      ->capture_default_str();
   cmd->add_option("--output,-o", flags->output, "write the report to this file");
   cmd->callback([flags, action] { *action = [flags] { return run_replay(*flags); }; });
 }

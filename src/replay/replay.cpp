@@ -35,6 +35,27 @@ void read_fingerprint(const std::string& run_dir, ReplayTarget* t) {
   }
 }
 
+// For HTML and XML alike.
+std::string escape_markup(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+std::string series_result(const ReplaySeries& s) {
+  if (!s.error.empty()) return "the op refused: " + s.error;
+  return fmt::format("{} distinct output{}{}", s.distinct, s.distinct == 1 ? "" : "s",
+                     s.distinct > 1 ? fmt::format(" (max |diff| {:.3g})", s.max_abs_diff) : "");
+}
+
 std::string plural(int n, const char* one, const char* many) {
   return fmt::format("{} {}", n, n == 1 ? one : many);
 }
@@ -273,6 +294,71 @@ std::string render_text(const ReplayReport& r) {
   out += fmt::format("  evidence: {}\n", r.evidence_line);
   if (!r.remedy_line.empty()) out += fmt::format("  {}\n", r.remedy_line);
   return out;
+}
+
+std::string render_markdown(const ReplayReport& r) {
+  const ReplayTarget& t = r.target;
+  std::string out = fmt::format("## detaudit replay: {}\n\n`{}` #{} `{}` (step {}, {} phase) of `{}`\n\n",
+                                r.evidence, t.stream, t.index, t.op, t.step, t.phase, t.run_dir);
+  if (!r.series.empty()) {
+    out += "| setting | replays | threads | deterministic | result |\n|---|---:|---:|---|---|\n";
+    for (const ReplaySeries& s : r.series) {
+      std::string result;
+      for (char c : series_result(s)) result += c == '|' ? std::string("\\|") : std::string(1, c);
+      out += fmt::format("| {}{} | {} | {} | {} | {} |\n", s.setting,
+                         s.busy_thread ? " (a busy thread)" : "", s.replays, s.threads,
+                         s.deterministic ? "on" : "off", result);
+    }
+    out += "\n";
+  }
+  out += "**" + r.evidence_line + "**\n\n";
+  if (!r.remedy_line.empty()) out += r.remedy_line + "\n";
+  return out;
+}
+
+std::string render_junit(const ReplayReport& r) {
+  const bool nondeterministic = r.evidence == "verified-nondeterministic";
+  std::string cases = fmt::format(
+      "  <testcase classname=\"detaudit.replay\" name=\"evidence\">{}<system-out>{}</system-out>"
+      "</testcase>\n",
+      nondeterministic ? fmt::format("<failure message=\"{}\"/>", escape_markup(r.evidence_line)) : "",
+      escape_markup(render_text(r)));
+  int failures = nondeterministic ? 1 : 0, tests = 1;
+  if (!r.remedy_line.empty()) {
+    ++tests;
+    const bool verified = r.remedy_line.rfind("remedy verified", 0) == 0;
+    if (!verified) ++failures;
+    cases += fmt::format("  <testcase classname=\"detaudit.replay\" name=\"remedy\">{}</testcase>\n",
+                         verified ? "<system-out>" + escape_markup(r.remedy_line) + "</system-out>"
+                                  : fmt::format("<failure message=\"{}\"/>", escape_markup(r.remedy_line)));
+  }
+  return fmt::format(
+      "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"detaudit\" tests=\"{0}\" "
+      "failures=\"{1}\">\n<testsuite name=\"detaudit replay {2}\" tests=\"{0}\" failures=\"{1}\" "
+      "errors=\"0\">\n{3}</testsuite>\n</testsuites>\n",
+      tests, failures, escape_markup(r.target.op), cases);
+}
+
+std::string render_html(const ReplayReport& r) {
+  const ReplayTarget& t = r.target;
+  std::string rows;
+  for (const ReplaySeries& s : r.series)
+    rows += fmt::format("<tr><td>{}{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                        escape_markup(s.setting), s.busy_thread ? " (a busy thread)" : "",
+                        s.replays, s.threads, s.deterministic ? "on" : "off",
+                        escape_markup(series_result(s)));
+  return fmt::format(
+      "<!doctype html><html><head><meta charset=\"utf-8\"><title>detaudit replay: {0}</title>"
+      "<style>body{{font:14px system-ui,sans-serif;margin:2em}}table{{border-collapse:collapse}}"
+      "td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left}}.e{{font-weight:bold}}</style>"
+      "</head><body><h1>detaudit replay: {0}</h1><p><code>{1}</code> #{2} <code>{3}</code> (step "
+      "{4}, {5} phase) of <code>{6}</code></p><p>capture: {7}{8}</p><table><tr><th>setting</th>"
+      "<th>replays</th><th>threads</th><th>deterministic</th><th>result</th></tr>{9}</table>"
+      "<p class=\"e\">{10}</p><p>{11}</p></body></html>\n",
+      escape_markup(r.evidence), escape_markup(t.stream), t.index, escape_markup(t.op), t.step,
+      escape_markup(t.phase), escape_markup(t.run_dir), escape_markup(r.capture_status),
+      r.capture_why.empty() ? "" : ": " + escape_markup(r.capture_why), rows,
+      escape_markup(r.evidence_line), escape_markup(r.remedy_line));
 }
 
 }  // namespace detaudit::replay

@@ -76,5 +76,10 @@ void judge(ReplayReport* r);
 
 nlohmann::json report_to_json(const ReplayReport& r);
 std::string render_text(const ReplayReport& r);
+std::string render_markdown(const ReplayReport& r);
+// JUnit: an `evidence` case that fails when the op's nondeterminism is verified, and a `remedy`
+// case that fails when the remedy did not make every replay identical.
+std::string render_junit(const ReplayReport& r);
+std::string render_html(const ReplayReport& r);  // self-contained
 
 }  // namespace detaudit::replay

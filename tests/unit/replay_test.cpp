@@ -90,3 +90,25 @@ TEST(ReplayTest, NotCapturedIsUnverifiedWithTheReason) {
 
 }  // namespace
 }  // namespace detaudit::replay
+
+namespace detaudit::replay {
+namespace {
+
+TEST(ReplayTest, EveryFormatCarriesTheEvidenceAndTheRemedy) {
+  ReplayReport r = saved();
+  ASSERT_TRUE(add_series("as recorded", series(3, false), &r).ok());
+  ASSERT_TRUE(add_series("under the remedy", series(1, true), &r).ok());
+  judge(&r);
+  for (const std::string& out : {render_text(r), render_markdown(r), render_junit(r),
+                                 render_html(r), report_to_json(r).dump()}) {
+    EXPECT_NE(out.find("reproduced: 3 distinct outputs"), std::string::npos) << out;
+    EXPECT_NE(out.find("remedy verified in isolation"), std::string::npos) << out;
+  }
+  // JUnit: verified nondeterminism fails the evidence case; the verified remedy passes.
+  const std::string junit = render_junit(r);
+  EXPECT_NE(junit.find("name=\"evidence\"><failure"), std::string::npos) << junit;
+  EXPECT_NE(junit.find("failures=\"1\""), std::string::npos) << junit;
+}
+
+}  // namespace
+}  // namespace detaudit::replay
