@@ -7,6 +7,7 @@
 #include <fstream>
 #include <map>
 
+#include "report/render.h"
 #include "run_layout.h"
 #include "trace/reader.h"
 
@@ -35,20 +36,6 @@ void read_fingerprint(const std::string& run_dir, ReplayTarget* t) {
   }
 }
 
-// For HTML and XML alike.
-std::string escape_markup(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
 
 std::string series_result(const ReplaySeries& s) {
   if (!s.error.empty()) return "the op refused: " + s.error;

@@ -22,19 +22,7 @@ constexpr const char* kLineColour = "#4c78a8";  // largest relative difference; 
 constexpr const char* kLossB = "#f58518";
 constexpr const char* kLossDiff = "#54a24b";
 
-std::string esc(std::string_view s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
+std::string esc(std::string_view s) { return escape_markup(s); }
 
 std::string num(double v) { return fmt::format("{:.6g}", v); }
 

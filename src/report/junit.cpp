@@ -7,22 +7,7 @@
 namespace detaudit {
 namespace {
 
-std::string xml_escape(const std::string& s) {
-  std::string r;
-  for (char c : s) {
-    switch (c) {
-      case '&': r += "&amp;"; break;
-      case '<': r += "&lt;"; break;
-      case '>': r += "&gt;"; break;
-      case '"': r += "&quot;"; break;
-      case '\'': r += "&apos;"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20 && c != '\n' && c != '\t') r += ' ';
-        else r += c;
-    }
-  }
-  return r;
-}
+std::string xml_escape(const std::string& s) { return escape_markup(s); }
 
 }  // namespace
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -16,6 +17,9 @@ std::string render_markdown(const DiffReport& r);
 std::string render_html(const DiffReport& r);  // self-contained: inline CSS and SVG
 
 // Shared helpers.
+// &, <, >, " and ' as entities, other control characters but newline and tab as spaces: for
+// HTML and XML alike.
+std::string escape_markup(std::string_view s);
 std::string shape_string(const std::vector<int64_t>& sizes);
 std::string short_digest(const std::string& hex);  // first 12 hex digits
 std::string one_line_verdict(const DiffReport& r);
