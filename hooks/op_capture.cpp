@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tensor_copy.h"
+
 namespace detaudit::hooks {
 namespace {
 
@@ -83,6 +85,7 @@ void capture_op(const CaptureSpec& spec, const at::RecordFunction& fn,
       return;
     }
     std::vector<c10::IValue> args;
+    std::vector<int> compacted;
     for (const c10::IValue& v : fn.inputs()) {
       if (v.isGenerator()) {
         j["status"] = "unsupported";
@@ -91,9 +94,14 @@ void capture_op(const CaptureSpec& spec, const at::RecordFunction& fn,
         write_result(spec, j);
         return;
       }
-      // The bytes as the op received them, not a later version of the same tensor.
-      args.push_back(v.isTensor() && v.toTensor().defined() ? c10::IValue(v.toTensor().detach().clone(at::MemoryFormat::Preserve)) : v);
+      // The bytes as the op received them, where they lay, not a later version of the tensor.
+      bool compact = false;
+      args.push_back(v.isTensor() && v.toTensor().defined()
+                         ? c10::IValue(copy_with_layout(v.toTensor(), &compact))
+                         : v);
+      if (compact) compacted.push_back(int(args.size()) - 1);
     }
+    if (!compacted.empty()) j["compacted"] = compacted;
     const std::vector<char> bytes = torch::jit::pickle_save(c10::ivalue::Tuple::create(std::move(args)));
     if (!write_file(spec.dir + "/inputs.pt", bytes.data(), bytes.size())) {
       j["status"] = "error";

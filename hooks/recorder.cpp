@@ -375,11 +375,17 @@ void ThreadRecorder::maybe_capture(const CaptureSpec& spec, const at::RecordFunc
   for (size_t i = f.items_begin; i < f.items_end; ++i) {
     if (!items_[i].is_tensor) continue;
     const Snapshot& s = snaps_[items_[i].begin];
+    trace::TensorDesc desc = s.desc;
+    if (s.pending) {
+      // A capture run may wait for the device: the digest decides whether this is the op.
+      if (!s.pending->done()) drain_device_digests();
+      s.pending->apply(&desc);
+    }
     std::string hex;
-    if (!s.pending && !s.desc.not_read())
-      for (size_t k = 0; k < s.desc.digest_len; ++k) {
-        hex += "0123456789abcdef"[s.desc.digest[k] >> 4];
-        hex += "0123456789abcdef"[s.desc.digest[k] & 15];
+    if (!desc.not_read())
+      for (size_t k = 0; k < desc.digest_len; ++k) {
+        hex += "0123456789abcdef"[desc.digest[k] >> 4];
+        hex += "0123456789abcdef"[desc.digest[k] & 15];
       }
     digests.push_back(std::move(hex));
   }

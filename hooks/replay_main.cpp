@@ -5,8 +5,8 @@
 //   detaudit_replay INPUTS.pt OP OVERLOAD --replays 20 --threads 2 --deterministic off
 //                   [--busy-thread] --digest xxh3
 //
-// Every replay gets fresh copies of the inputs, so an in-place op starts from the captured bytes
-// each time. Outputs are hashed as the recorder hashes them (describe_tensor), so a replay's
+// Every replay gets fresh copies of the inputs, laid out as the op received them, so an in-place
+// op starts from the captured bytes each time. Outputs are hashed as the recorder hashes them (describe_tensor), so a replay's
 // digest compares with the trace's.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "digest/digest.h"
+#include "tensor_copy.h"
 #include "tensor_digest.h"
 
 namespace {
@@ -40,11 +41,10 @@ int fail(const std::string& why) {
 }
 
 c10::IValue fresh_copy(const c10::IValue& v) {
-  if (v.isTensor() && v.toTensor().defined())
-    return v.toTensor().clone(at::MemoryFormat::Preserve);
+  if (v.isTensor() && v.toTensor().defined()) return detaudit::hooks::copy_with_layout(v.toTensor());
   if (v.isTensorList()) {
     c10::List<at::Tensor> out;
-    for (const at::Tensor& t : v.toTensorList()) out.push_back(t.clone(at::MemoryFormat::Preserve));
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(detaudit::hooks::copy_with_layout(t));
     return out;
   }
   if (v.isList()) {

@@ -142,6 +142,11 @@ void read_capture(const std::string& dir, ReplayReport* r) {
       for (const json& d : j["differing_inputs"])
         r->capture_why += fmt::format("; input {} is {} (recorded {})", d["input"].get<int>(),
                                       d["now"].get<std::string>(), d["recorded"].get<std::string>());
+    if (j.contains("compacted"))
+      for (const json& a : j["compacted"])
+        r->capture_why += fmt::format(
+            "{}argument {} saved compact (its storage is over 1 GiB): a kernel that chooses by "
+            "layout may take another path in replay", r->capture_why.empty() ? "" : "; ", a.get<int>());
   } catch (const std::exception& e) {
     r->capture_status = "error";
     r->capture_why = fmt::format("{}/capture.json: {}", dir, e.what());
@@ -254,7 +259,8 @@ json report_to_json(const ReplayReport& r) {
           {"capture", {{"status", r.capture_status},
                        {"why", r.capture_why.empty() ? json(nullptr) : json(r.capture_why)},
                        {"inputs_file", r.inputs_file.empty() ? json(nullptr) : json(r.inputs_file)},
-                       {"inputs_match", r.inputs_match}}},
+                       {"inputs_match", r.inputs_match},
+                       {"digest", t.digest}}},
           {"series", series},
           {"evidence", r.evidence},
           {"evidence_line", r.evidence_line},
@@ -268,6 +274,8 @@ std::string render_text(const ReplayReport& r) {
   if (r.capture_status == "saved")
     out += fmt::format("  inputs captured from a new run: {}{}\n", r.inputs_file,
                        r.inputs_match ? ", digests as recorded" : ", digests NOT as recorded");
+  if (r.capture_status == "saved" && !r.capture_why.empty())
+    out += fmt::format("  note: {}\n", r.capture_why);
   for (const ReplaySeries& s : r.series) {
     out += fmt::format("  {:<17} {:>3} replays, {}, deterministic {}{}: ", s.setting, s.replays,
                        plural(s.threads, "thread", "threads"), s.deterministic ? "on" : "off",

@@ -12,6 +12,7 @@ again and again on them in a fresh process, under the real interposer and the re
     cd build && ctest -R e2e.*test_replay --output-on-failure
 """
 import os
+import subprocess
 import unittest
 
 from detaudit_testlib import (PYTHON, TmpDirCase, build_binary, example, export_records,
@@ -20,6 +21,8 @@ from detaudit_testlib import (PYTHON, TmpDirCase, build_binary, example, export_
 
 INDEX_PUT = [PYTHON, example("nondet_index_put.py"), "--steps", "2"]
 NOT_CAPTURED = 7
+# CPU tensors through the device digest's pipeline, as CUDA tensors go on a GPU.
+HELD = {"DETAUDIT_DEVICE_QUEUE": "host"}
 
 
 def op_index(run, stream, name):
@@ -29,8 +32,8 @@ def op_index(run, stream, name):
 
 
 class Replay(TmpDirCase):
-    def replay(self, run, *args):
-        proc = run_detaudit(["replay", run, "--format", "json", "--replays", "12", *args])
+    def replay(self, run, *args, env=None):
+        proc = run_detaudit(["replay", run, "--format", "json", "--replays", "12", *args], env=env)
         return proc, parse_json_output(proc.stdout) if proc.stdout.strip() else None
 
     def check_race_reproduced(self, proc, report):
@@ -105,24 +108,63 @@ class Replay(TmpDirCase):
             # The recorded run's own output came out of every replay.
             self.assertEqual(s["matching_recorded"], 12, s)
 
-    def test_another_path_saves_nothing(self):
-        # Unseeded: the new run's inputs are other bytes than the recorded ones.
-        out = os.path.join(self.tmp, "unseeded")
-        command = [PYTHON, program("print_random.py")]
-        proc, run = record(out, command)
+    def test_inputs_keep_their_layout(self):
+        # A slice with an offset and gaps, and an input expanded with stride 0: saved and replayed
+        # as the op received them, read back by torch.load.
+        out = os.path.join(self.tmp, "strided")
+        proc, run = record(out, [PYTHON, program("strided_inputs.py")])
         self.assertEqual(proc.returncode, 0, proc.stderr)
-        ops = [r for r in export_records(run, stream="r0.main.t-main") if r["record"] == "op"]
-        # The first op that reads a random tensor.
-        at = next(i for i, op in enumerate(ops)
-                  if not op["random"] and any(isinstance(v, dict) and v.get("digest") and
-                                              not v.get("not_read") for v in op["inputs"]))
-        proc, replayed = self.replay(run, "--op", f"r0.main.t-main:{at}")
-        self.assertEqual(proc.returncode, NOT_CAPTURED, proc.stderr)
-        self.assertEqual(replayed["capture"]["status"], "other-path", replayed["capture"])
-        self.assertIn("differ from the record's", replayed["capture"]["why"])
-        self.assertEqual(replayed["evidence"], "unverified")
-        self.assertEqual(replayed["series"], [])
-        self.assertFalse(os.path.exists(os.path.join(run, "replay", "capture", "inputs.pt")))
+        for name, layout in (("aten::mul", ((5, 4), (8, 2), 8, 6 * 8 * 4)),
+                             ("aten::add_", ((5, 4), (1, 0), 0, 5 * 4))):
+            with self.subTest(op=name):
+                at = op_index(run, "r0.main.t-main", name)
+                proc, replayed = self.replay(run, "--op", f"r0.main.t-main:{at}", "--force")
+                self.assertEqual(proc.returncode, 0, proc.stderr)
+                self.assertTrue(replayed["capture"]["inputs_match"], replayed["capture"])
+                for s in replayed["series"]:
+                    self.assertEqual((s["distinct"], s["matching_recorded"]), (1, 12), s)
+                check = subprocess.run(
+                    [PYTHON, "-c", "import sys, torch\n"
+                     "args = torch.load(sys.argv[1], weights_only=False)\n"
+                     "print([(tuple(t.shape), t.stride(), t.storage_offset(), "
+                     "(t.untyped_storage() if hasattr(t, 'untyped_storage') else t.storage()).nbytes()) "
+                     "for t in args if isinstance(t, torch.Tensor)])",
+                     replayed["capture"]["inputs_file"]], capture_output=True, text=True)
+                self.assertEqual(check.returncode, 0, check.stderr)
+                self.assertIn(str(layout), check.stdout)
+
+    def test_another_path_saves_nothing(self):
+        # Unseeded: the new run's inputs are other bytes than the recorded ones. With the device
+        # digest (CPU tensors through the host queue), the inputs' digests are still on their way
+        # when the op is reached.
+        for name, flags, env in (("host", [], None), ("device", ["--digest", "device"], HELD)):
+            with self.subTest(digest=name):
+                out = os.path.join(self.tmp, "unseeded-" + name)
+                proc, run = record(out, [PYTHON, program("print_random.py")], flags=flags, env=env)
+                self.assertEqual(proc.returncode, 0, proc.stderr)
+                ops = [r for r in export_records(run, stream="r0.main.t-main") if r["record"] == "op"]
+                # The first op that reads a random tensor.
+                at = next(i for i, op in enumerate(ops)
+                          if not op["random"] and any(isinstance(v, dict) and v.get("digest") and
+                                                      not v.get("not_read") for v in op["inputs"]))
+                proc, replayed = self.replay(run, "--op", f"r0.main.t-main:{at}", env=env)
+                self.assertEqual(proc.returncode, NOT_CAPTURED, proc.stderr)
+                self.assertEqual(replayed["capture"]["status"], "other-path", replayed["capture"])
+                self.assertIn("differ from the record's", replayed["capture"]["why"])
+                self.assertEqual(replayed["evidence"], "unverified")
+                self.assertEqual(replayed["series"], [])
+                self.assertFalse(os.path.exists(os.path.join(run, "replay", "capture", "inputs.pt")))
+
+    def test_a_device_digest_run_is_replayed(self):
+        # The digest a CUDA run records (--digest device), through the host queue: the replayer
+        # hashes with the same digest, so the saved inputs compare with the record.
+        out = os.path.join(self.tmp, "device")
+        proc, run = record(out, INDEX_PUT, flags=["--digest", "device"], env=HELD)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        at = op_index(run, "r0.main.t-main", "aten::_index_put_impl_")
+        proc, replayed = self.replay(run, "--op", f"r0.main.t-main:{at}", env=HELD)
+        self.assertEqual(replayed["capture"]["digest"], "device", replayed["capture"])
+        self.check_race_reproduced(proc, replayed)
 
     def test_an_op_that_is_not_there_is_a_usage_error(self):
         out = os.path.join(self.tmp, "no-op")
