@@ -13,13 +13,16 @@ namespace detaudit {
 
 using trace::DigestAlgo;
 
-bool xxh3_wide_available() {
+const Xxh3Wide* xxh3_wide() {
 #if defined(__x86_64__)
-  // The CPU first: xxh3_wide.cpp is compiled for AVX-512 throughout.
-  static const bool yes = __builtin_cpu_supports("avx512f") && xxh3_wide_compiled();
-  return yes;
+  // The CPU first: each build is compiled for its ISA throughout.
+  static const Xxh3Wide* const widest =
+      __builtin_cpu_supports("avx512f") && xxh3_avx512() ? xxh3_avx512()
+      : __builtin_cpu_supports("avx2") && xxh3_avx2()    ? xxh3_avx2()
+                                                          : nullptr;
+  return widest;
 #else
-  return false;
+  return nullptr;
 #endif
 }
 
@@ -27,15 +30,17 @@ struct Hasher::State {
   EVP_MD_CTX* evp = nullptr;
   EVP_MD* md = nullptr;
   XXH3_state_t* xxh = nullptr;
-  Xxh3WideState* wide = nullptr;  // instead of xxh, where the CPU has AVX-512
+  const Xxh3Wide* wide_build = nullptr;  // instead of xxh, where the CPU has AVX-512 or AVX2
+  Xxh3WideState* wide = nullptr;
   std::optional<DeviceDigester> device;
 };
 
 Hasher::Hasher(DigestAlgo algo) : algo_(algo), state_(std::make_unique<State>()) {
   if (algo_ == DigestAlgo::kDevice) {
     // reset() makes it.
-  } else if (algo_ == DigestAlgo::kXxh3 && xxh3_wide_available()) {
-    state_->wide = xxh3_wide_create();
+  } else if (algo_ == DigestAlgo::kXxh3 && xxh3_wide()) {
+    state_->wide_build = xxh3_wide();
+    state_->wide = state_->wide_build->create();
   } else if (algo_ == DigestAlgo::kXxh3) {
     state_->xxh = XXH3_createState();
   } else {
@@ -47,7 +52,7 @@ Hasher::Hasher(DigestAlgo algo) : algo_(algo), state_(std::make_unique<State>())
 }
 
 Hasher::~Hasher() {
-  if (state_->wide) xxh3_wide_free(state_->wide);
+  if (state_->wide) state_->wide_build->destroy(state_->wide);
   if (state_->xxh) XXH3_freeState(state_->xxh);
   if (state_->evp) EVP_MD_CTX_free(state_->evp);
   if (state_->md) EVP_MD_free(state_->md);
@@ -57,7 +62,7 @@ void Hasher::reset() {
   if (algo_ == DigestAlgo::kDevice)
     state_->device.emplace(/*dtype=*/0, /*with_stats=*/false);
   else if (state_->wide)
-    xxh3_wide_reset(state_->wide);
+    state_->wide_build->reset(state_->wide);
   else if (state_->xxh)
     XXH3_128bits_reset(state_->xxh);
   else
@@ -69,7 +74,7 @@ void Hasher::update(const void* data, size_t n) {
   if (state_->device)
     state_->device->update(data, n);
   else if (state_->wide)
-    xxh3_wide_update(state_->wide, data, n);
+    state_->wide_build->update(state_->wide, data, n);
   else if (state_->xxh)
     XXH3_128bits_update(state_->xxh, data, n);
   else
@@ -81,7 +86,7 @@ void Hasher::finish(uint8_t* out) {
     const uint64_t root = state_->device->finish().root;
     for (int i = 0; i < 8; ++i) out[i] = uint8_t(root >> (8 * i));
   } else if (state_->wide) {
-    xxh3_wide_digest(state_->wide, out);
+    state_->wide_build->digest(state_->wide, out);
   } else if (state_->xxh) {
     XXH128_canonical_t c;
     XXH128_canonicalFromHash(&c, XXH3_128bits_digest(state_->xxh));
@@ -94,7 +99,7 @@ void Hasher::finish(uint8_t* out) {
 
 void Hasher::digest_once(const void* data, size_t n, uint8_t* out) {
   if (state_->wide) {
-    xxh3_wide_oneshot(data, n, out);
+    state_->wide_build->oneshot(data, n, out);
   } else if (algo_ == DigestAlgo::kXxh3) {
     XXH128_canonical_t c;
     XXH128_canonicalFromHash(&c, XXH3_128bits(data, n));

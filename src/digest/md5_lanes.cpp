@@ -5,6 +5,8 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+
+#include "digest/avx2_transpose.h"
 #endif
 
 namespace detaudit {
@@ -137,19 +139,130 @@ DETAUDIT_AVX512 void pad_avx512(uint32_t (*state)[Md5Lanes::kLanes], uint64_t to
   compress(state, m);
 }
 
-}  // namespace
+// ---- AVX2: two groups of eight lanes, interleaved so that one group's chain fills the other's
+// latency. Rotations are two shifts; the boolean functions are the usual and/xor forms.
 
-bool Md5Lanes::available() {
+#define DETAUDIT_AVX2 __attribute__((target("avx2")))
+#define DETAUDIT_INLINE inline __attribute__((always_inline))
+
+constexpr int kGroups = 2;
+constexpr size_t kGroupLanes = 8;
+
+template <int I>
+DETAUDIT_AVX2 DETAUDIT_INLINE void round8(__m256i& a, __m256i& b, __m256i& c, __m256i& d,
+                                          const __m256i* m) {
+  __m256i f;
+  if constexpr (I < 16)
+    f = _mm256_xor_si256(d, _mm256_and_si256(b, _mm256_xor_si256(c, d)));  // b ? c : d
+  else if constexpr (I < 32)
+    f = _mm256_xor_si256(c, _mm256_and_si256(d, _mm256_xor_si256(b, c)));  // d ? b : c
+  else if constexpr (I < 48)
+    f = _mm256_xor_si256(_mm256_xor_si256(b, c), d);
+  else
+    f = _mm256_xor_si256(c, _mm256_or_si256(b, _mm256_xor_si256(d, _mm256_set1_epi32(-1))));
+  f = _mm256_add_epi32(_mm256_add_epi32(f, a),
+                       _mm256_add_epi32(_mm256_set1_epi32(int(kK[I])), m[message_word(I)]));
+  constexpr int kShift = kS[I];
+  f = _mm256_or_si256(_mm256_slli_epi32(f, kShift), _mm256_srli_epi32(f, 32 - kShift));
+  const __m256i next_b = _mm256_add_epi32(b, f);
+  a = d;
+  d = c;
+  c = b;
+  b = next_b;
+}
+
+struct Group {
+  __m256i a, b, c, d;
+};
+
+template <int G, int... I>
+DETAUDIT_AVX2 DETAUDIT_INLINE void all_rounds8(Group* g, const __m256i (*m)[16],
+                                               std::integer_sequence<int, I...>) {
+  if constexpr (G == 2)
+    ((round8<I>(g[0].a, g[0].b, g[0].c, g[0].d, m[0]),
+      round8<I>(g[1].a, g[1].b, g[1].c, g[1].d, m[1])), ...);
+  else
+    (round8<I>(g[0].a, g[0].b, g[0].c, g[0].d, m[0]), ...);
+}
+
+template <int G>
+DETAUDIT_AVX2 void compress8(uint32_t (*state)[Md5Lanes::kLanes], const __m256i (*m)[16]) {
+  Group g[G], g0[G];
+  for (int k = 0; k < G; ++k) {
+    g[k] = {_mm256_load_si256(reinterpret_cast<const __m256i*>(state[0] + kGroupLanes * k)),
+            _mm256_load_si256(reinterpret_cast<const __m256i*>(state[1] + kGroupLanes * k)),
+            _mm256_load_si256(reinterpret_cast<const __m256i*>(state[2] + kGroupLanes * k)),
+            _mm256_load_si256(reinterpret_cast<const __m256i*>(state[3] + kGroupLanes * k))};
+    g0[k] = g[k];
+  }
+  all_rounds8<G>(g, m, std::make_integer_sequence<int, 64>());
+  for (int k = 0; k < G; ++k) {
+    const __m256i out[4] = {_mm256_add_epi32(g[k].a, g0[k].a), _mm256_add_epi32(g[k].b, g0[k].b),
+                            _mm256_add_epi32(g[k].c, g0[k].c), _mm256_add_epi32(g[k].d, g0[k].d)};
+    for (int w = 0; w < 4; ++w)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(state[w] + kGroupLanes * k), out[w]);
+  }
+}
+
+template <int G>
+DETAUDIT_AVX2 void update_avx2(uint32_t (*state)[Md5Lanes::kLanes], const uint8_t* const* lanes,
+                               size_t nbytes) {
+  __m256i m[G][16];
+  for (size_t off = 0; off < nbytes; off += Md5Lanes::kBlockBytes) {
+    for (int k = 0; k < G; ++k) {
+      const uint8_t* const* group = lanes + kGroupLanes * k;
+      for (int half = 0; half < 2; ++half) {
+        __m256i* r = m[k] + 8 * half;
+        for (size_t l = 0; l < kGroupLanes; ++l)
+          r[l] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group[l] + off + 32 * half));
+        transpose8x8_epi32(r);  // r[w]: word w of the group's 8 lanes
+      }
+    }
+    compress8<G>(state, m);
+  }
+}
+
+template <int G>
+DETAUDIT_AVX2 void pad_avx2(uint32_t (*state)[Md5Lanes::kLanes], uint64_t total_bytes) {
+  __m256i m[G][16];
+  const uint64_t bits = total_bytes * 8;
+  for (int k = 0; k < G; ++k) {
+    m[k][0] = _mm256_set1_epi32(0x80);
+    for (int w = 1; w < 14; ++w) m[k][w] = _mm256_setzero_si256();
+    m[k][14] = _mm256_set1_epi32(int(uint32_t(bits)));
+    m[k][15] = _mm256_set1_epi32(int(uint32_t(bits >> 32)));
+  }
+  compress8<G>(state, m);
+}
+
+bool has_avx512() {
   static const bool yes = __builtin_cpu_supports("avx512f");
   return yes;
 }
 
+}  // namespace
+
+bool Md5Lanes::available() {
+  static const bool yes = has_avx512() || __builtin_cpu_supports("avx2");
+  return yes;
+}
+
 void Md5Lanes::update(const uint8_t* const lanes[kLanes], size_t nbytes) {
-  update_avx512(state_, lanes, nbytes);
+  if (has_avx512())
+    update_avx512(state_, lanes, nbytes);
+  else if (used_ <= kGroupLanes)
+    update_avx2<1>(state_, lanes, nbytes);
+  else
+    update_avx2<kGroups>(state_, lanes, nbytes);
 }
 
 void Md5Lanes::finish(uint64_t total_bytes, uint8_t digests[kLanes][16]) {
-  pad_avx512(state_, total_bytes);
+  if (has_avx512())
+    pad_avx512(state_, total_bytes);
+  else if (used_ <= kGroupLanes)
+    pad_avx2<1>(state_, total_bytes);
+  else
+    pad_avx2<kGroups>(state_, total_bytes);
   for (size_t l = 0; l < kLanes; ++l)
     for (int w = 0; w < 4; ++w) std::memcpy(digests[l] + 4 * w, &state_[w][l], 4);  // little-endian
 }

@@ -1,12 +1,13 @@
-// Sixteen MD5 digests computed in step, one per 32-bit lane of an AVX-512 register.
+// Up to sixteen MD5 digests computed in step, one per 32-bit lane of an AVX-512 register, or of
+// two AVX2 registers of eight lanes each.
 //
 // MD5 is a serial chain of 32-bit operations: one message runs at about 0.6 GB/s per core,
-// whatever the CPU. Sixteen equal-length messages (the 1 MiB leaves of a large tensor) run
-// side by side in the vector lanes, several times faster. Each lane's digest is the standard MD5
-// of its message, bit for bit.
+// whatever the CPU. Equal-length messages (the 1 MiB leaves of a large tensor) run side by side
+// in the vector lanes, several times faster. Each lane's digest is the standard MD5 of its
+// message, bit for bit.
 //
 //   if (Md5Lanes::available()) {
-//     Md5Lanes m;                      // starts every lane
+//     Md5Lanes m(n);                   // starts every lane; the first n carry messages
 //     m.update(lanes, 64 * k);         // the next 64*k bytes of each lane's message
 //     m.finish(total_bytes, digests);  // total_bytes: each lane's length, a multiple of 64
 //   }
@@ -22,10 +23,11 @@ class Md5Lanes {
   static constexpr size_t kLanes = 16;
   static constexpr size_t kBlockBytes = 64;
 
-  // True where the CPU has AVX-512F; otherwise nothing here may be called.
+  // True where the CPU has AVX-512F or AVX2; otherwise nothing here may be called.
   static bool available();
-
-  Md5Lanes() { reset(); }
+  // Only the first `used` lanes' digests are wanted: with AVX2, 8 or fewer take half the work
+  // (one register instead of two; two run interleaved, each filling the other's latency).
+  explicit Md5Lanes(size_t used = kLanes) : used_(used) { reset(); }
   void reset();
   // Feeds the next nbytes (a multiple of 64) of each lane's message; lanes may alias.
   void update(const uint8_t* const lanes[kLanes], size_t nbytes);
@@ -35,6 +37,7 @@ class Md5Lanes {
 
  private:
   alignas(64) uint32_t state_[4][kLanes];  // A, B, C, D of each lane
+  size_t used_;
 };
 
 }  // namespace detaudit

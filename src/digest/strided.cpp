@@ -5,6 +5,8 @@
 #include <functional>
 #include <vector>
 
+#include "digest/avx2_transpose.h"
+
 namespace detaudit {
 
 namespace {
@@ -66,6 +68,67 @@ void gather_all(const char* base, const int64_t* sizes, const int64_t* strides, 
   }
 }
 
+#if defined(__x86_64__)
+// One [rows, cols] plane of 4-byte elements whose rows lie next to each other in memory (row
+// stride 1, column stride col_stride > 0): the transpose of a contiguous matrix, as a weight's
+// .t() or its gradient. Copied in 8x8 tiles through AVX2 registers, loads along memory and
+// stores along the output's rows, where the element loop writes one element per column.
+__attribute__((target("avx2"))) void transpose_plane_avx2(const uint32_t* src, int64_t rows,
+                                                          int64_t cols, int64_t col_stride,
+                                                          uint32_t* out) {
+  int64_t c = 0;
+  for (; c + 8 <= cols; c += 8) {
+    int64_t r = 0;
+    for (; r + 8 <= rows; r += 8) {
+      __m256i v[8];
+      for (int k = 0; k < 8; ++k)
+        v[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + (c + k) * col_stride + r));
+      transpose8x8_epi32(v);  // v[j]: row r + j, columns c .. c + 7
+      for (int j = 0; j < 8; ++j)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (r + j) * cols + c), v[j]);
+    }
+    for (; r < rows; ++r)
+      for (int k = 0; k < 8; ++k) out[r * cols + c + k] = src[(c + k) * col_stride + r];
+  }
+  for (; c < cols; ++c)
+    for (int64_t r = 0; r < rows; ++r) out[r * cols + c] = src[c * col_stride + r];
+}
+
+bool has_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2");
+  return yes;
+}
+
+// The tiles, where the view's last two dimensions are such a plane: each plane of the leading
+// dimensions in turn.
+bool gather_transposed_planes(const char* base, const int64_t* sizes, const int64_t* strides,
+                              size_t ndim, char* out) {
+  if (ndim < 2 || ndim > trace::Dims::kInline || strides[ndim - 2] != 1 ||
+      strides[ndim - 1] <= 0 || sizes[ndim - 2] < 8 || sizes[ndim - 1] < 8 || !has_avx2())
+    return false;
+  const int64_t rows = sizes[ndim - 2], cols = sizes[ndim - 1], plane = rows * cols;
+  int64_t index[trace::Dims::kInline] = {};
+  const auto* src = reinterpret_cast<const uint32_t*>(base);
+  auto* dst = reinterpret_cast<uint32_t*>(out);
+  for (int64_t src_off = 0;;) {
+    transpose_plane_avx2(src + src_off, rows, cols, strides[ndim - 1], dst);
+    dst += plane;
+    size_t d = ndim - 2;
+    for (; d > 0; --d) {
+      src_off += strides[d - 1];
+      if (++index[d - 1] < sizes[d - 1]) break;
+      src_off -= strides[d - 1] * sizes[d - 1];
+      index[d - 1] = 0;
+    }
+    if (d == 0) return true;
+  }
+}
+#else
+bool gather_transposed_planes(const char*, const int64_t*, const int64_t*, size_t, char*) {
+  return false;
+}
+#endif
+
 struct Bytes16 {
   uint8_t b[16];
 };
@@ -75,7 +138,10 @@ bool gather_all_elements(const char* base, size_t esize, const int64_t* sizes,
   switch (esize) {
     case 1: gather_all<uint8_t>(base, sizes, strides, ndim, out); return true;
     case 2: gather_all<uint16_t>(base, sizes, strides, ndim, out); return true;
-    case 4: gather_all<uint32_t>(base, sizes, strides, ndim, out); return true;
+    case 4:
+      if (!gather_transposed_planes(base, sizes, strides, ndim, out))
+        gather_all<uint32_t>(base, sizes, strides, ndim, out);
+      return true;
     case 8: gather_all<uint64_t>(base, sizes, strides, ndim, out); return true;
     case 16: gather_all<Bytes16>(base, sizes, strides, ndim, out); return true;
     default: return false;

@@ -122,8 +122,9 @@ void TensorDigester::update_all(const void* data, size_t nbytes, const ParallelF
   closed_.assign(leaves, Leaf(dtype_));
   const DigestAlgo algo = hasher_->algo();
   const bool with_stats = with_stats_;
-  // MD5 of whole leaves runs 16 at a time in vector lanes; a pass costs the same for 2 leaves as
-  // for 16, so the leaves are spread over as few passes as there must be.
+  // MD5 of whole leaves runs 16 at a time in vector lanes (AVX-512, or AVX2); a pass costs
+  // about the same for 2 leaves as for 16, so the leaves are spread over as few passes as there
+  // must be.
   const size_t full = nbytes / kLeafBytes;
   const bool lanes = algo == DigestAlgo::kMd5 && full >= 2 && Md5Lanes::available();
   const size_t passes = lanes ? (full + Md5Lanes::kLanes - 1) / Md5Lanes::kLanes : 0;
@@ -149,7 +150,7 @@ void TensorDigester::digest_leaves_md5(const uint8_t* p, size_t from, size_t to)
   const uint8_t* lane[Md5Lanes::kLanes];
   for (size_t l = 0; l < Md5Lanes::kLanes; ++l)  // spare lanes hash leaf `from` again, unread
     lane[l] = p + (from + (l < n ? l : 0)) * kLeafBytes;
-  Md5Lanes md5;
+  Md5Lanes md5(n);
   // Block by block, so the statistics read what the hash just brought into cache.
   for (size_t off = 0; off < kLeafBytes; off += kStatsBlock) {
     md5.update(lane, kStatsBlock);

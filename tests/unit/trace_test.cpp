@@ -461,6 +461,11 @@ TEST(DigestTreeTest, StridedViewsDigestAsTheirLogicalBytes) {
       {"expanded row (zero stride)", {7, 10}, {0, 1}, 20},
       {"size-1 dims around a column", {1, 6, 1}, {60, 10, 1}, 9},
       {"seven dims", {2, 2, 2, 2, 2, 2, 2}, {1, 2, 4, 8, 16, 32, 64}, 0},
+      // 4-byte elements go through 8x8 tiles (AVX2), with the edges element by element.
+      {"transposed, tiles and edges", {21, 19}, {1, 21}, 0},
+      {"transposed, a gap between columns", {9, 17}, {1, 11}, 3},
+      {"batched transposes", {3, 12, 10}, {120, 1, 12}, 0},
+      {"batched transposes, batch dim last in memory", {2, 8, 9}, {1, 2, 16}, 0},
       {"large, transposed", {big, big}, {1, big}, 0},
   };
   struct Dtype {
@@ -534,7 +539,7 @@ TEST(DigestTreeTest, PlainUpToOneLeafThenTreeOfLeaves) {
   EXPECT_TRUE(std::equal(want.digest.begin(), want.digest.begin() + 16, got.digest.begin()));
 }
 
-// Hasher's XXH3 (AVX-512 where the CPU has it) gives the packaged library's digest, however the
+// Hasher's XXH3 (AVX-512 or AVX2 where the CPU has it) gives the packaged library's digest, however the
 // bytes are fed.
 TEST(DigestTest, Xxh3IsTheLibrarysWhateverTheBuild) {
   std::vector<uint8_t> bytes(300000);
@@ -552,21 +557,39 @@ TEST(DigestTest, Xxh3IsTheLibrarysWhateverTheBuild) {
     }
   }
 #if defined(__x86_64__)
-  EXPECT_EQ(xxh3_wide_available(), xxh3_wide_compiled() && __builtin_cpu_supports("avx512f"));
+  // Each vector build this CPU can run, not only the widest that Hasher picks.
+  const bool avx512 = __builtin_cpu_supports("avx512f"), avx2 = __builtin_cpu_supports("avx2");
+  for (const Xxh3Wide* build : {avx512 ? xxh3_avx512() : nullptr, avx2 ? xxh3_avx2() : nullptr}) {
+    if (!build) continue;
+    for (size_t n : {size_t(0), size_t(17), size_t(241), size_t(4099), size_t(300000)}) {
+      XXH128_canonical_t want;
+      XXH128_canonicalFromHash(&want, XXH3_128bits(bytes.data(), n));
+      uint8_t got[16];
+      build->oneshot(bytes.data(), n, got);
+      EXPECT_EQ(0, std::memcmp(want.digest, got, 16)) << build->isa << " oneshot n=" << n;
+      Xxh3WideState* s = build->create();
+      for (size_t off = 0; off < n; off += 1000) build->update(s, bytes.data() + off, std::min<size_t>(1000, n - off));
+      build->digest(s, got);
+      build->destroy(s);
+      EXPECT_EQ(0, std::memcmp(want.digest, got, 16)) << build->isa << " streamed n=" << n;
+    }
+  }
+  EXPECT_EQ(xxh3_wide() != nullptr, (avx512 && xxh3_avx512()) || (avx2 && xxh3_avx2()));
 #endif
 }
 
-// Each of the 16 lanes is the MD5 of its own message, for any whole number of blocks, with
-// lanes that share their bytes too.
+// Each lane is the MD5 of its own message, for any whole number of blocks, with lanes that share
+// their bytes too; all 16 in use, or a few (one AVX2 register instead of two).
 TEST(Md5LanesTest, EachLaneIsTheMd5OfItsMessage) {
-  if (!Md5Lanes::available()) GTEST_SKIP() << "no AVX-512F on this CPU: the lanes are not used";
+  if (!Md5Lanes::available()) GTEST_SKIP() << "no AVX-512F or AVX2 on this CPU: the lanes are not used";
   std::vector<uint8_t> bytes(16 * 8192);
   for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = uint8_t((i * 2654435761u) >> 13);
+  for (size_t used : {Md5Lanes::kLanes, size_t(6)})
   for (size_t len : {size_t(0), size_t(64), size_t(192), size_t(8192)}) {
     const uint8_t* lane[Md5Lanes::kLanes];
     for (size_t l = 0; l < Md5Lanes::kLanes; ++l)
       lane[l] = bytes.data() + (l == 5 ? 0 : l) * 8192;  // lane 5 aliases lane 0
-    Md5Lanes md5;
+    Md5Lanes md5(used);
     // Fed in two uneven calls, as the digester feeds statistics blocks.
     const size_t first = len / 64 / 3 * 64;
     md5.update(lane, first);
@@ -575,12 +598,12 @@ TEST(Md5LanesTest, EachLaneIsTheMd5OfItsMessage) {
     md5.update(rest, len - first);
     uint8_t got[Md5Lanes::kLanes][16];
     md5.finish(len, got);
-    for (size_t l = 0; l < Md5Lanes::kLanes; ++l) {
+    for (size_t l = 0; l < used; ++l) {
       Hasher h(DigestAlgo::kMd5);
       h.update(lane[l], len);
       uint8_t want[16];
       h.finish(want);
-      EXPECT_EQ(0, std::memcmp(want, got[l], 16)) << "lane " << l << " length " << len;
+      EXPECT_EQ(0, std::memcmp(want, got[l], 16)) << "lane " << l << " length " << len << " of " << used;
     }
   }
 }
