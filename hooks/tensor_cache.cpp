@@ -107,10 +107,16 @@ TensorCache::Entry& TensorCache::remember(const at::Tensor& t, uint32_t version,
                                           std::shared_ptr<const PendingDigest> pending) {
   make_room();
   Entry& e = entries_[t.unsafeGetTensorImpl()];
-  e = Entry{};
+  // Field by field, not `e = Entry{}`: a temporary Entry would build and copy a whole TensorDesc.
   e.impl = WeakImpl(t.getIntrusivePtr());
   e.version = version;
+  e.id = -1;
+  e.external_serial = 0;
+  e.storage = nullptr;
+  e.storage_writes = 0;
   e.storage_offset = t.storage_offset();
+  e.base_id = -1;
+  e.written_order = 0;
   e.top_level_serial = top_level_serial_;
   e.desc = desc;
   e.pending = std::move(pending);

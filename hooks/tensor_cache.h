@@ -34,6 +34,7 @@ class TensorCache {
   using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
 
   // One tensor version this stream has described.
+  // TensorCache::remember sets every field: one added here must be set there too.
   struct Entry {
     WeakImpl impl{c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>()};
     uint32_t version = 0;
