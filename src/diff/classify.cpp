@@ -44,6 +44,7 @@ TensorSide side_of(const TensorDesc* t, const trace::TraceReader& r) {
   s.present = true;
   s.digest = t->digest_hex();
   s.sizes = t->sizes.to_vector();
+  if (!(t->bits & trace::kTensorContiguous)) s.strides = t->strides.to_vector();
   s.dtype = std::string(trace::dtype_name(t->dtype));
   s.device = std::string(trace::device_type_name(t->device_type));
   if (t->device_index >= 0) s.device += ":" + std::to_string(t->device_index);

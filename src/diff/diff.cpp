@@ -131,6 +131,18 @@ bool reads_shared_memory(const FirstDivergence& f) {
   return false;
 }
 
+// How many elements of memory a tensor's view reaches from its first: its element count when
+// contiguous; an expanded view (stride 0, as addmm reads a bias) reaches only its base's.
+uint64_t elements_spanned(const TensorSide& t) {
+  uint64_t numel = 1;
+  for (int64_t n : t.sizes) numel *= uint64_t(n);
+  if (t.strides.size() != t.sizes.size() || numel == 0) return numel;
+  uint64_t last = 0;
+  for (size_t d = 0; d < t.sizes.size(); ++d)
+    last += uint64_t(t.sizes[d] - 1) * uint64_t(t.strides[d] < 0 ? -t.strides[d] : t.strides[d]);
+  return std::min(numel, last + 1);
+}
+
 // A divergence at bytes in shared memory: the first op of another process of run A that wrote
 // shared memory of as many elements of the input's dtype, the writer the report names. An
 // external input there, written by such a process, is shared-memory too.
@@ -158,8 +170,7 @@ void find_shared_writer(const std::map<std::string, std::string>& streams_a,
       if (r.kind() != trace::RecordKind::kOp) continue;
       for (int64_t id : r.op().output_tensors) {
         const trace::TensorDesc* t = r.tensor(id);
-        uint64_t numel = 1;
-        for (int64_t n : in->a.sizes) numel *= uint64_t(n);
+        const uint64_t numel = elements_spanned(in->a);
         if (!t || t->sharing == trace::Sharing::kNone || t->numel() != numel ||
             trace::dtype_name(t->dtype) != in->a.dtype)
           continue;

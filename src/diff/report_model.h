@@ -19,6 +19,7 @@ struct TensorSide {
   bool present = false;
   std::string digest;  // hex
   std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;  // empty when contiguous
   std::string dtype, device, provenance;
   bool uninitialized = false;
   bool has_stats = false;

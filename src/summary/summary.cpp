@@ -67,6 +67,7 @@ json value_json(const TraceReader& r, const std::vector<Value>& values, size_t* 
   switch (v.type) {
     case ValueType::kNone: return nullptr;
     case ValueType::kTensorNew:
+    case ValueType::kTensorNewShared:  // the reader hands it on as kTensorNew
     case ValueType::kTensorRef: return tensor_json(r, v);
     case ValueType::kTensorWritten: {
       json t = tensor_json(r, v);

@@ -28,10 +28,19 @@ def final(run):
 
 class SharedMemoryTraining(TmpDirCase):
     def test_hogwild_workers_racing_are_shared_memory_with_the_writer_named(self):
+        self.check_race(HOGWILD, "hogwild")
+
+    def test_a_late_workers_first_read_is_shared_memory(self):
+        # Worker 0 starts while worker 1 trains: the first op that differs is its first forward,
+        # addmm reading the bias through a stride-0 expanded view of 64 elements' bytes (torch
+        # 1.13), whose writer wrote 64 elements, not the view's 2,048.
+        self.check_race(HOGWILD + ["--late-worker", "0.3"], "late")
+
+    def check_race(self, command, name):
         differed = 0
         for attempt in range(RACE_ATTEMPTS):
-            out = os.path.join(self.tmp, f"hogwild-{attempt}")
-            proc, report = record_pair(out, HOGWILD)
+            out = os.path.join(self.tmp, f"{name}-{attempt}")
+            proc, report = record_pair(out, command)
             a, b = (final(os.path.join(out, f"run-{i}")) for i in (0, 1))
             self.assertTrue(a and b, proc.stderr)
             if a == b:

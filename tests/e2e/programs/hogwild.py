@@ -6,12 +6,15 @@ differ run to run.
     python hogwild.py                # both workers at once, after a barrier
     python hogwild.py --sequential   # one worker after the other: the same every run
     python hogwild.py --sharing file_system   # shared through libshm's files, not descriptors
+    python hogwild.py --late-worker 0.3  # worker 0 starts 0.3 s after worker 1: its first
+                                         # forward reads parameters worker 1 is updating
 
 The parent prints the MD5 of the shared parameters before the workers start and at the end,
 each worker when it is done.
 """
 import argparse
 import hashlib
+import time
 
 import torch
 import torch.multiprocessing as mp
@@ -23,12 +26,14 @@ def md5(model):
     return hashlib.md5(flat.numpy().tobytes()).hexdigest()
 
 
-def train(rank, model, steps, barrier):
+def train(rank, model, steps, barrier, late=0.0):
     torch.manual_seed(1 + rank)
     torch.set_num_threads(1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     if barrier is not None:
         barrier.wait()
+    if rank == 0 and late:
+        time.sleep(late)
     for _ in range(steps):
         x, y = torch.randn(32, 16), torch.randn(32, 1)
         loss = ((model(x) - y) ** 2).mean()
@@ -42,6 +47,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--sequential", action="store_true")
+    ap.add_argument("--late-worker", type=float, default=0.0, metavar="SECONDS")
     ap.add_argument("--sharing", choices=mp.get_all_sharing_strategies(), default="file_descriptor")
     args = ap.parse_args()
     mp.set_sharing_strategy(args.sharing)
@@ -56,7 +62,7 @@ def main():
             p.join()
     else:
         barrier = mp.Barrier(2)
-        procs = [mp.Process(target=train, args=(rank, model, args.steps, barrier))
+        procs = [mp.Process(target=train, args=(rank, model, args.steps, barrier, args.late_worker))
                  for rank in range(2)]
         for p in procs:
             p.start()
