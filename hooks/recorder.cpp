@@ -381,13 +381,7 @@ void ThreadRecorder::maybe_capture(const CaptureSpec& spec, const at::RecordFunc
       if (!s.pending->done()) drain_device_digests();
       s.pending->apply(&desc);
     }
-    std::string hex;
-    if (!desc.not_read())
-      for (size_t k = 0; k < desc.digest_len; ++k) {
-        hex += "0123456789abcdef"[desc.digest[k] >> 4];
-        hex += "0123456789abcdef"[desc.digest[k] & 15];
-      }
-    digests.push_back(std::move(hex));
+    digests.push_back(desc.not_read() ? std::string() : desc.digest_hex());
   }
   capture_op(spec, fn, digests);
 }

@@ -6,8 +6,8 @@
 //                   [--busy-thread] --digest xxh3
 //
 // Every replay gets fresh copies of the inputs, laid out as the op received them, so an in-place
-// op starts from the captured bytes each time. Outputs are hashed as the recorder hashes them (describe_tensor), so a replay's
-// digest compares with the trace's.
+// op starts from the captured bytes each time. Outputs are hashed as the recorder hashes them
+// (describe_tensor), so a replay's digest compares with the trace's.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -71,12 +71,7 @@ std::string digest_hex(const at::Tensor& t, Hasher* hasher) {
   if (detaudit::hooks::unhashable_reason(t)) return "";
   detaudit::trace::TensorDesc desc;
   detaudit::hooks::describe_tensor(t, hasher, /*with_stats=*/false, &desc);
-  std::string hex;
-  for (size_t k = 0; k < desc.digest_len; ++k) {
-    hex += "0123456789abcdef"[desc.digest[k] >> 4];
-    hex += "0123456789abcdef"[desc.digest[k] & 15];
-  }
-  return hex;
+  return desc.digest_hex();
 }
 
 }  // namespace

@@ -159,6 +159,7 @@ void find_shared_writer(const std::map<std::string, std::string>& streams_a,
   for (const TensorPair& p : first->inputs)
     if (p.a.in_shared_memory && !in) in = &p;
   if (!in) return;
+  const uint64_t numel = elements_spanned(in->a);
   for (const auto& [name, head] : heads) {
     auto path = streams_a.find(name);
     // A DataLoader worker's batches are data loading, which trace_to_worker follows.
@@ -170,7 +171,6 @@ void find_shared_writer(const std::map<std::string, std::string>& streams_a,
       if (r.kind() != trace::RecordKind::kOp) continue;
       for (int64_t id : r.op().output_tensors) {
         const trace::TensorDesc* t = r.tensor(id);
-        const uint64_t numel = elements_spanned(in->a);
         if (!t || t->sharing == trace::Sharing::kNone || t->numel() != numel ||
             trace::dtype_name(t->dtype) != in->a.dtype)
           continue;
