@@ -13,6 +13,12 @@ void PendingDigest::complete(const lanes::LaneResult* result) {
   done_.store(true, std::memory_order_release);
 }
 
+void PendingDigest::complete(const Md5Batch::Result& result) {
+  md5_result_ = result;
+  md5_ = true;
+  done_.store(true, std::memory_order_release);
+}
+
 void PendingDigest::apply(trace::TensorDesc* desc) const {
   if (failed_) {
     desc->digest.fill(0);
@@ -20,7 +26,10 @@ void PendingDigest::apply(trace::TensorDesc* desc) const {
                          ~(trace::kTensorHasStats | trace::kTensorHasNanInf | trace::kTensorIntStats));
     return;
   }
-  lane_result_to_desc(result_, dtype_, with_stats_, desc);
+  if (md5_)
+    md5_result_.fill(desc);
+  else
+    lane_result_to_desc(result_, dtype_, with_stats_, desc);
 }
 
 void PendingRecords::hold(std::string kind_and_body, std::vector<Hole> holes) {

@@ -15,17 +15,21 @@
 #include <vector>
 
 #include "digest/lane_digest.h"
+#include "digest/md5_batch.h"
 #include "trace/format.h"
 
 namespace detaudit::hooks {
 
-// A tensor's device digest on its way. Shared by every description of that tensor version (the
-// op's record, the cache, later records that name the same bytes), completed once.
+// A tensor's digest on its way: from its device, or from a batch of small tensors' MD5s. Shared
+// by every description of that tensor version (the op's record, the cache, later records that
+// name the same bytes), completed once.
 class PendingDigest {
  public:
   PendingDigest(uint8_t dtype, bool with_stats) : dtype_(dtype), with_stats_(with_stats) {}
   // The collector's thread: the result, or null when the device could not compute it.
   void complete(const lanes::LaneResult* result);
+  // The op's thread, from its MD5 batch.
+  void complete(const Md5Batch::Result& result);
   bool done() const { return done_.load(std::memory_order_acquire); }
   // Once done(): fills desc's digest and statistics. A digest the device failed to compute
   // leaves the tensor described by its geometry, as not read: nothing is compared that was not
@@ -37,7 +41,9 @@ class PendingDigest {
   uint8_t dtype_;
   bool with_stats_;
   bool failed_ = false;
+  bool md5_ = false;  // md5_result_, not result_
   lanes::LaneResult result_{};
+  Md5Batch::Result md5_result_;
   std::atomic<bool> done_{false};
 };
 

@@ -14,6 +14,7 @@
 
 #include "device_digests.h"
 #include "environment.h"
+#include "md5_tensor_batch.h"
 #include "python_state.h"
 #include "recorder.h"
 #include "run_layout.h"
@@ -226,8 +227,8 @@ void ProcessRecorder::finish_all() {
   }
   StreamWriter::instance().drain();
   process_name();  // a process that recorded nothing still leaves its .status
-  const std::string device = device_digest_status();
-  if (!device.empty() && !status_path_.empty()) std::ofstream(status_path_, std::ios::app) << device << "\n";
+  for (const std::string& line : {device_digest_status(), md5_batch_status()})
+    if (!line.empty() && !status_path_.empty()) std::ofstream(status_path_, std::ios::app) << line << "\n";
   if (env_written_.load()) rewrite_environment_if_cuda_started(*this);
 }
 
@@ -249,9 +250,9 @@ void ProcessRecorder::save_on_stop_signal(const char* signal_name) {
   if (status_path_.empty()) return;
   int fd = ::open(status_path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
   if (fd < 0) return;
-  const std::string device = device_digest_status();
-  if (!device.empty()) {
-    (void)!::write(fd, device.data(), device.size());
+  for (const std::string& line : {device_digest_status(), md5_batch_status()}) {
+    if (line.empty()) continue;
+    (void)!::write(fd, line.data(), line.size());
     (void)!::write(fd, "\n", 1);
   }
   const char prefix[] = "interrupted by ";

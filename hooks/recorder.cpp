@@ -34,6 +34,34 @@ uint64_t now_ns() {
                       .count());
 }
 
+// DETAUDIT_MD5_BATCH=off hashes every small tensor alone when the op reaches it: the same trace,
+// for tests that compare the two, and benchmarks.
+bool md5_batch_wanted() {
+  const char* v = std::getenv("DETAUDIT_MD5_BATCH");
+  return !(v && std::string(v) == "off");
+}
+
+// Holds a stream's buffer (StreamBuffer::enter_write) for a scope and says so in *flag; holds
+// nothing when given no buffer, or once the streams are frozen.
+class InBuffer {
+ public:
+  InBuffer(StreamBuffer* stream, bool* flag)
+      : stream_(stream && stream->enter_write() ? stream : nullptr), flag_(flag) {
+    if (stream_) *flag_ = true;
+  }
+  ~InBuffer() {
+    if (!stream_) return;
+    *flag_ = false;
+    stream_->leave_write();
+  }
+  InBuffer(const InBuffer&) = delete;
+  InBuffer& operator=(const InBuffer&) = delete;
+
+ private:
+  StreamBuffer* stream_;
+  bool* flag_;
+};
+
 // With DETAUDIT_DEBUG set, says once per op why it could not be recorded.
 void report_swallowed(const char* op, const char* what) {
   static const bool debug = std::getenv("DETAUDIT_DEBUG") != nullptr;
@@ -90,6 +118,9 @@ ThreadRecorder::ThreadRecorder()
       cache_(ProcessRecorder::instance().config().rehash_inputs) {
   hasher_ = std::make_unique<Hasher>(ProcessRecorder::instance().config().digest);
   device_digest_ = ProcessRecorder::instance().config().digest == trace::DigestAlgo::kDevice;
+  if (ProcessRecorder::instance().config().digest == trace::DigestAlgo::kMd5 &&
+      Md5Batch::available() && md5_batch_wanted())
+    md5_batch_ = std::make_unique<Md5TensorBatch>();
   frames_.resize(64);
   ProcessRecorder::instance().register_thread(this);
 }
@@ -102,6 +133,7 @@ ThreadRecorder::~ThreadRecorder() {
 void ThreadRecorder::finish() {
   if (!pending_collectives_.empty()) write_completed_collectives(/*at_end=*/true);
   if (!stream_open_ || !stream_.enter_write()) return;
+  if (md5_batch_) md5_batch_->run();
   if (!held_.empty()) {
     drain_device_digests();
     release_held();
@@ -121,6 +153,7 @@ void ThreadRecorder::reset_after_fork() {
   stream_.committed.store(0);
   held_ = PendingRecords();
   device_batch_ = DeviceBatch();
+  if (md5_batch_) md5_batch_->discard();
   stream_open_ = false;
   thread_name_.clear();
   identity_.reset();
@@ -333,6 +366,8 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f) {
       f.program_empty = f.depth == 0 || (enclosing && enclosing->program_empty);
     }
     if (proc.config().inputs) {
+      // Inside the buffer, so that small inputs can join the MD5 batch (md5_batch_).
+      InBuffer in_buffer(md5_batch_ ? &stream_ : nullptr, &in_buffer_);
       auto inputs = fn.inputs();
       ByteWriter(&bytes_).varint(inputs.size());
       for (size_t i = 0; i < inputs.size(); ++i) {
@@ -378,6 +413,10 @@ void ThreadRecorder::maybe_capture(const CaptureSpec& spec, const at::RecordFunc
     trace::TensorDesc desc = s.desc;
     if (s.pending) {
       // A capture run may wait for the device: the digest decides whether this is the op.
+      if (!s.pending->done() && md5_batch_ && stream_.enter_write()) {
+        md5_batch_->run();
+        stream_.leave_write();
+      }
       if (!s.pending->done()) drain_device_digests();
       s.pending->apply(&desc);
     }
@@ -456,11 +495,23 @@ void ThreadRecorder::release_held() {
     stream_.committed.store(stream_.bytes.size(), std::memory_order_release);
 }
 
+void ThreadRecorder::run_md5_batch() {
+  if (!md5_batch_ || md5_batch_->empty()) return;
+  md5_batch_->run();
+  release_held();
+}
+
+void ThreadRecorder::release_held_for_save() {
+  run_md5_batch();
+  release_held();
+}
+
 void ThreadRecorder::after_record() {
   const bool big = stream_.bytes.size() >= kHandoverBytes;
   if (big || (++records_since_handover_ & 7) == 0) {
     uint64_t now = now_ns();
     if (big || now - last_handover_ns_ >= kHandoverNs) {
+      run_md5_batch();  // what waits for it goes with this hand-over
       StreamWriter::instance().hand_over(&stream_);
       last_handover_ns_ = now;
     }
@@ -491,6 +542,7 @@ void ThreadRecorder::on_end(const at::RecordFunction& fn) {
   // signal's handler waits until no thread is here, then saves every buffer.
   if (f.recorded && stream_.enter_write()) {
     busy_ = true;
+    in_buffer_ = true;
     try {
       write_record(f, fn);
     } catch (const std::exception& e) {
@@ -500,6 +552,7 @@ void ThreadRecorder::on_end(const at::RecordFunction& fn) {
       holes_.clear();
     }
     busy_ = false;
+    in_buffer_ = false;
     stream_.leave_write();
   }
   // The outputs' digests go on the stream behind the op.

@@ -23,6 +23,7 @@
 
 #include "config/config.h"
 #include "device_digests.h"
+#include "md5_tensor_batch.h"
 #include "digest/digest.h"
 #include "op_capture.h"
 #include "op_schema.h"
@@ -159,7 +160,7 @@ class ThreadRecorder {
   StreamBuffer* stream() { return &stream_; }
   // From a stop signal's handler, once this thread is out of its buffer for good: the held
   // records whose digests are in, into the buffer to be saved.
-  void release_held_for_save() { release_held(); }
+  void release_held_for_save();
 
  private:
   // A tensor argument captured when the op started, written when it ends.
@@ -220,8 +221,9 @@ class ThreadRecorder {
   void flush_bytes_item();
   void emit_tensor(const Snapshot& s, trace::ByteWriter& w);
   // Digest and statistics of t's contents, into desc. A CUDA tensor under the device digest is
-  // enqueued on its device (`pending` then says when its digest is in); others are hashed here.
-  // Returns the bytes digested.
+  // enqueued on its device, and a small CPU tensor under MD5 joins the thread's batch while
+  // the thread is inside its buffer (`pending` then says when its digest is in); others are
+  // hashed here. Returns the bytes digested.
   uint64_t describe_contents(const at::Tensor& t, trace::TensorDesc* desc,
                              std::shared_ptr<const PendingDigest>* pending);
   // TENSOR_NEW with the next id; a view whose base is out of reach is written as external. A
@@ -288,6 +290,12 @@ class ThreadRecorder {
   // its caller holds the first.
   trace::TensorDesc desc_scratch_, desc_copy_;
   PendingRecords held_;
+  // MD5 of small CPU tensors, batched; null for other digests. Only inside enter_write(), so a
+  // stop signal's handler can run it when the thread is out (release_held_for_save).
+  std::unique_ptr<Md5TensorBatch> md5_batch_;
+  bool in_buffer_ = false;
+  // Completes the batch's digests and releases what waited for them.
+  void run_md5_batch();
 
   // By "name.overload": overloads differ (linspace is composite, linspace.out writes `out`).
   std::unordered_map<std::string, OpInfo> ops_;

@@ -241,6 +241,11 @@ uint64_t ThreadRecorder::describe_contents(const at::Tensor& t, trace::TensorDes
     *pending = device_batch_.add(t, stats);
     return uint64_t(t.numel()) * uint64_t(t.element_size());
   }
+  if (md5_batch_ && in_buffer_ && Md5TensorBatch::takes(t)) {
+    describe_geometry(t, hasher_->length(), desc);
+    *pending = md5_batch_->add(t, stats);
+    if (*pending) return t.nbytes();
+  }
   pending->reset();
   return describe_tensor(t, hasher_.get(), stats, desc);
 }

@@ -16,8 +16,19 @@ constexpr uint32_t kInit[4] = {0x67452301u, 0xefcdab89u, 0x98badcfeu, 0x10325476
 }  // namespace
 
 void Md5Lanes::reset() {
-  for (int w = 0; w < 4; ++w)
-    for (size_t l = 0; l < kLanes; ++l) state_[w][l] = kInit[w];
+  for (size_t l = 0; l < kLanes; ++l) restart_lane(l);
+}
+
+void Md5Lanes::restart_lane(size_t lane) {
+  for (int w = 0; w < 4; ++w) state_[w][lane] = kInit[w];
+}
+
+void Md5Lanes::move_lane(size_t from, size_t to) {
+  for (int w = 0; w < 4; ++w) state_[w][to] = state_[w][from];
+}
+
+void Md5Lanes::lane_digest(size_t lane, uint8_t out[16]) const {
+  for (int w = 0; w < 4; ++w) std::memcpy(out + 4 * w, &state_[w][lane], 4);  // little-endian
 }
 
 #if defined(__x86_64__)
@@ -263,8 +274,7 @@ void Md5Lanes::finish(uint64_t total_bytes, uint8_t digests[kLanes][16]) {
     pad_avx2<1>(state_, total_bytes);
   else
     pad_avx2<kGroups>(state_, total_bytes);
-  for (size_t l = 0; l < kLanes; ++l)
-    for (int w = 0; w < 4; ++w) std::memcpy(digests[l] + 4 * w, &state_[w][l], 4);  // little-endian
+  for (size_t l = 0; l < kLanes; ++l) lane_digest(l, digests[l]);
 }
 
 #else

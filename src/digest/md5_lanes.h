@@ -11,6 +11,9 @@
 //     m.update(lanes, 64 * k);         // the next 64*k bytes of each lane's message
 //     m.finish(total_bytes, digests);  // total_bytes: each lane's length, a multiple of 64
 //   }
+//
+// Messages of different lengths (Md5Batch) come padded by the caller: a lane that ends is read
+// with lane_digest() and restarted for the next message, or its last lane moved into its place.
 #pragma once
 
 #include <cstddef>
@@ -34,6 +37,13 @@ class Md5Lanes {
   // Pads every lane for a message of total_bytes (a multiple of 64, all lanes alike) and writes
   // each lane's 16-byte digest.
   void finish(uint64_t total_bytes, uint8_t digests[kLanes][16]);
+
+  // The first `used` lanes carry messages from now on.
+  void set_used(size_t used) { used_ = used; }
+  void restart_lane(size_t lane);
+  void move_lane(size_t from, size_t to);
+  // The lane's state as a digest: its message's MD5 once the padded message was fed whole.
+  void lane_digest(size_t lane, uint8_t out[16]) const;
 
  private:
   alignas(64) uint32_t state_[4][kLanes];  // A, B, C, D of each lane

@@ -150,42 +150,69 @@ bool gather_all_elements(const char* base, size_t esize, const int64_t* sizes,
 
 void serially(size_t n, const std::function<void(size_t, size_t)>& fn) { fn(0, n); }
 
+// Drops size-1 dimensions and merges dimensions that are contiguous with each other. False for
+// a view with no element.
+bool normalize_view(const int64_t* view_sizes, const int64_t* view_strides, size_t dims,
+                    trace::Dims* sizes, trace::Dims* strides) {
+  sizes->resize(dims);
+  strides->resize(dims);
+  size_t ndim = 0;
+  for (size_t d = 0; d < dims; ++d) {
+    if (view_sizes[d] == 0) return false;
+    if (view_sizes[d] == 1) continue;
+    if (ndim > 0 && (*strides)[ndim - 1] == view_strides[d] * view_sizes[d]) {
+      (*sizes)[ndim - 1] *= view_sizes[d];
+      (*strides)[ndim - 1] = view_strides[d];
+      continue;
+    }
+    (*sizes)[ndim] = view_sizes[d];
+    (*strides)[ndim] = view_strides[d];
+    ++ndim;
+  }
+  sizes->resize(ndim);
+  strides->resize(ndim);
+  return true;
+}
+
+// A normalized view of `total` bytes gathered whole into out, if its layout is one we gather.
+bool gather_whole(const char* base, size_t esize, const trace::Dims& sizes,
+                  const trace::Dims& strides, char* out) {
+  if (sizes.empty()) {
+    std::memcpy(out, base, esize);
+    return true;
+  }
+  return sizes.size() <= trace::Dims::kInline &&
+         gather_all_elements(base, esize, sizes.data(), strides.data(), sizes.size(), out);
+}
+
+size_t view_bytes(size_t esize, const trace::Dims& sizes) {
+  size_t total = esize;
+  for (int64_t s : sizes) total *= size_t(s);
+  return total;
+}
+
 }  // namespace
+
+bool gather_view(const void* data, size_t esize, const int64_t* view_sizes,
+                 const int64_t* view_strides, size_t dims, void* out, size_t capacity) {
+  trace::Dims sizes, strides;
+  if (!normalize_view(view_sizes, view_strides, dims, &sizes, &strides)) return true;
+  return view_bytes(esize, sizes) <= capacity &&
+         gather_whole(static_cast<const char*>(data), esize, sizes, strides, static_cast<char*>(out));
+}
 
 // Feeds the elements of a non-contiguous tensor in logical order, gathered into a staging buffer
 // so the hash sees large updates.
 void feed_strided(const void* data, size_t esize, const int64_t* view_sizes,
                   const int64_t* view_strides, size_t dims, TensorDigester* digester) {
   const auto* base = static_cast<const char*>(data);
-  // Drop size-1 dimensions and merge dimensions that are contiguous with each other.
   trace::Dims sizes, strides;  // inline: small tensors are the common case here
-  sizes.resize(dims);
-  strides.resize(dims);
-  size_t ndim = 0;
-  for (size_t d = 0; d < dims; ++d) {
-    if (view_sizes[d] == 0) return;
-    if (view_sizes[d] == 1) continue;
-    if (ndim > 0 && strides[ndim - 1] == view_strides[d] * view_sizes[d]) {
-      sizes[ndim - 1] *= view_sizes[d];
-      strides[ndim - 1] = view_strides[d];
-      continue;
-    }
-    sizes[ndim] = view_sizes[d];
-    strides[ndim] = view_strides[d];
-    ++ndim;
-  }
-  sizes.resize(ndim);
-  strides.resize(ndim);
-  if (sizes.empty()) {
-    digester->update_all(base, esize, serially);
-    return;
-  }
+  if (!normalize_view(view_sizes, view_strides, dims, &sizes, &strides)) return;
+  const size_t ndim = sizes.size();
   thread_local std::vector<char> staging(256 * 1024);
   // A view that fits the staging buffer is gathered whole and digested in one call.
-  size_t total = esize;
-  for (int64_t s : sizes) total *= size_t(s);
-  if (total <= staging.size() && ndim <= trace::Dims::kInline &&
-      gather_all_elements(base, esize, sizes.data(), strides.data(), ndim, staging.data())) {
+  const size_t total = view_bytes(esize, sizes);
+  if (total <= staging.size() && gather_whole(base, esize, sizes, strides, staging.data())) {
     digester->update_all(staging.data(), total, serially);
     return;
   }

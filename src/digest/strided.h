@@ -14,4 +14,10 @@ namespace detaudit {
 void feed_strided(const void* data, size_t elem_size, const int64_t* sizes, const int64_t* strides,
                   size_t dims, TensorDigester* digester);
 
+// The same elements copied into out, in logical order, when they fit its capacity (bytes) and
+// the element size is one the gather handles (1, 2, 4, 8 or 16 bytes); false otherwise, out
+// then unspecified. A view with no element copies nothing.
+bool gather_view(const void* data, size_t elem_size, const int64_t* sizes, const int64_t* strides,
+                 size_t dims, void* out, size_t capacity);
+
 }  // namespace detaudit

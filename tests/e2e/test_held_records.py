@@ -1,10 +1,14 @@
-"""The recorder's path for device digests, driven on the CPU: with DETAUDIT_DEVICE_QUEUE=host, CPU
-tensors go through the same pipeline as CUDA tensors on a GPU (a batch per op's inputs and per
-op's outputs, a ring, a collector thread), with a host queue that digests a batch when it is
-enqueued and completes it late. So OP records are held until their digests are in, with
-everything the thread writes after them. The trace must be byte for byte what the direct path
-writes; forked DataLoader workers, extra threads and a SIGTERM while digests are pending must
-leave whole records in program order.
+"""Records held until their tensors' digests are in, with everything the thread writes after them.
+
+- The device digest, driven on the CPU: with DETAUDIT_DEVICE_QUEUE=host, CPU tensors go through
+  the same pipeline as CUDA tensors on a GPU (a batch per op's inputs and per op's outputs, a
+  ring, a collector thread), with a host queue that digests a batch when it is enqueued and
+  completes it late.
+- MD5 of small CPU tensors, batched into vector lanes on the op's thread (the default digest;
+  DETAUDIT_MD5_BATCH=off hashes each tensor alone).
+
+The trace must be byte for byte what the direct path writes; forked DataLoader workers, extra
+threads and a SIGTERM while digests are pending must leave whole records in program order.
 
     cd tests/e2e && ../../.venv/bin/python -m unittest -v test_held_records
 """
@@ -13,11 +17,19 @@ import re
 import signal
 import unittest
 
-from detaudit_testlib import (PYTHON, example, export_records, in_parallel, make_temp_dir, ops, record,
-                              remove_dir, run_detaudit, signal_mid_run, tensors)
+from detaudit_testlib import (PYTHON, example, export_records, in_parallel, make_temp_dir, ops, program,
+                              record, remove_dir, run_detaudit, signal_mid_run, tensors)
 
 HELD = {"DETAUDIT_DEVICE_QUEUE": "host"}
+SERIAL_MD5 = {"DETAUDIT_MD5_BATCH": "off"}
 SGD = [PYTHON, example("train_sgd.py"), "--steps", "3"]
+
+
+def cpu_has_md5_lanes():
+    """Md5Lanes runs on AVX-512F or AVX2; elsewhere every tensor is hashed alone."""
+    with open("/proc/cpuinfo") as f:
+        flags = f.read()
+    return " avx2" in flags or " avx512f" in flags
 
 
 def comparable(records):
@@ -104,6 +116,76 @@ class HeldRecords(unittest.TestCase):
                 for t in tensors(o["inputs"] + o["outputs"]):
                     if not t.get("uninitialized") and not t.get("not_read"):
                         self.assertRegex(t.get("digest", ""), r"^[0-9a-f]{16}$", o["name"])
+
+
+
+@unittest.skipUnless(cpu_has_md5_lanes(), "no AVX2 or AVX-512F: MD5 is never batched on this CPU")
+class Md5Batches(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = make_temp_dir()
+        workers = [PYTHON, example("dataloader_workers.py"), "--steps", "3"]
+        threads = [PYTHON, program("python_threads.py")]
+        jobs = {
+            "serial": (["--digest", "md5"], SGD, SERIAL_MD5),
+            "batched": (["--digest", "md5"], SGD, None),
+            "workers": (["--runs", "2", "--digest", "md5"], workers, None),
+            "threads": (["--runs", "2", "--digest", "md5"], threads, None),
+        }
+        names = list(jobs)
+        results = in_parallel([lambda n=n: record(os.path.join(cls.tmp, n), jobs[n][1],
+                                                  flags=jobs[n][0], env=jobs[n][2]) for n in names])
+        cls.runs = dict(zip(names, results))
+
+    @classmethod
+    def tearDownClass(cls):
+        remove_dir(cls.tmp)
+
+    def test_batched_records_are_the_serial_paths_bytes(self):
+        (rs, serial), (rb, batched) = self.runs["serial"], self.runs["batched"]
+        self.assertEqual(rs.returncode, 0, rs.stderr)
+        self.assertEqual(rb.returncode, 0, rb.stderr)
+        a, b = export_records(serial), export_records(batched)
+        self.assertGreater(len(ops(a)), 100)
+        self.assertEqual(comparable(a), comparable(b))
+        # The batch really ran, with several tensors a run; the serial path never did.
+        line = next(l for l in status(batched).splitlines() if l.startswith("md5 batches:"))
+        runs, hashed = int(line.split()[2]), int(line.split()[4])
+        self.assertGreater(hashed, len(ops(b)) // 2, line)
+        self.assertGreater(hashed, 4 * runs, line)
+        self.assertNotIn("md5 batches:", status(serial))
+        d = run_detaudit(["diff", serial, batched])
+        self.assertEqual(d.returncode, 0, d.stdout + d.stderr)
+        self.assertIn("IDENTICAL", d.stdout)
+
+    def test_dataloader_workers_and_threads_are_identical_twice(self):
+        for name in ("workers", "threads"):
+            r, run0 = self.runs[name]
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertIn("IDENTICAL", r.stdout, name)
+            self.assertIn("md5 batches:", status(run0), name)
+        recs = export_records(self.runs["workers"][1])
+        workers = {o["stream"] for o in ops(recs) if re.match(r"r0\.main\.\d+\.", o["stream"])}
+        self.assertTrue(workers, sorted({o["stream"] for o in ops(recs)}))
+
+    def test_sigterm_with_digests_in_a_batch_saves_whole_records_in_order(self):
+        run_dir, code, stderr = signal_mid_run(
+            os.path.join(self.tmp, "sigterm"), signal.SIGTERM, ["--spin-threads", "2"],
+            flags=["--digest", "md5"], at_step=20)
+        self.assertEqual(code, 4, stderr)
+        self.assertIn("interrupted by SIGTERM", status(run_dir))
+        self.assertIn("md5 batches:", status(run_dir))
+        recs, e = export_records(run_dir, check=False)
+        self.assertEqual(e.returncode, 0, e.stderr)
+        for name in ("r0.main.t-main", "r0.main.t-spin-0", "r0.main.t-spin-1"):
+            mine = ops(recs, stream=name)
+            self.assertGreater(len(mine), 100, name)
+            orders = [o["order"] for o in mine]
+            self.assertEqual(len(orders), len(set(orders)), f"{name}: an op written twice")
+            for o in mine:
+                for t in tensors(o["inputs"] + o["outputs"]):
+                    if not t.get("uninitialized") and not t.get("not_read"):
+                        self.assertRegex(t.get("digest", ""), r"^[0-9a-f]{32}$", o["name"])
 
 
 if __name__ == "__main__":

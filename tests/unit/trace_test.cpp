@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "digest/digest.h"
+#include "digest/md5_batch.h"
 #include "digest/md5_lanes.h"
 #include "digest/strided.h"
 #include "strided_reference.h"
@@ -606,6 +607,70 @@ TEST(Md5LanesTest, EachLaneIsTheMd5OfItsMessage) {
       EXPECT_EQ(0, std::memcmp(want, got[l], 16)) << "lane " << l << " length " << len << " of " << used;
     }
   }
+}
+
+
+// A batch's messages of any lengths, sharing lanes, each get the digest and the statistics that
+// TensorDigester gives their bytes: one message alone, a few, more than the lanes, a full batch,
+// and lengths on each side of MD5's padding edges.
+TEST(Md5BatchTest, EachMessageHasTheDigestAndStatisticsOfItsBytes) {
+  if (!Md5Batch::available()) GTEST_SKIP() << "no AVX-512F or AVX2 on this CPU: the batch is not used";
+  std::vector<uint8_t> bytes(Md5Batch::kMaxMessageBytes);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = uint8_t((i * 2654435761u) >> 11);
+  const size_t lengths[] = {1, 55, 56, 63, 64, 65, 119, 120, 128, 4096, 20000, 70000, 4, 8};
+  auto serially = [](size_t n, const std::function<void(size_t, size_t)>& fn) { fn(0, n); };
+  Md5Batch batch;
+  for (size_t count : {size_t(1), size_t(2), size_t(7), size_t(16), size_t(17), Md5Batch::kMaxMessages}) {
+    std::vector<TensorDesc> want(count);
+    std::vector<size_t> index(count);
+    for (size_t m = 0; m < count; ++m) {
+      const size_t n = m == 5 ? Md5Batch::kMaxMessageBytes : lengths[(m * 7 + count) % std::size(lengths)];
+      const uint8_t dtype = m % 3 == 0 ? 6 : m % 3 == 1 ? 3 : 7;  // float, int32, double
+      const bool with_stats = m % 4 != 3;
+      const uint8_t* data = bytes.data() + (m * 8) % 64;
+      ASSERT_TRUE(batch.has_room(n));
+      std::memcpy(batch.reserve(n), data, n);
+      index[m] = batch.commit(dtype, with_stats);
+      Hasher h(DigestAlgo::kMd5);
+      TensorDigester d(&h, dtype, with_stats);
+      d.update_all(data, n, serially);
+      d.finish(&want[m]);
+    }
+    EXPECT_EQ(batch.full(), count == Md5Batch::kMaxMessages);
+    batch.run();
+    for (size_t m = 0; m < count; ++m) {
+      TensorDesc got;
+      batch.result(index[m]).fill(&got);
+      EXPECT_EQ(0, std::memcmp(want[m].digest.data(), got.digest.data(), 16)) << "message " << m << " of " << count;
+      EXPECT_EQ(want[m].digest_len, got.digest_len);
+      EXPECT_EQ(want[m].bits, got.bits) << "message " << m << " of " << count;
+      EXPECT_EQ(0, std::memcmp(&want[m].stats, &got.stats, sizeof got.stats)) << "message " << m << " of " << count;
+    }
+    batch.clear();
+  }
+}
+
+// The batch says when it is out of room, by messages and by bytes, and is whole again once cleared.
+TEST(Md5BatchTest, HasRoomForAsManyMessagesAndBytesAsItHolds) {
+  if (!Md5Batch::available()) GTEST_SKIP() << "no AVX-512F or AVX2 on this CPU: the batch is not used";
+  Md5Batch batch;
+  for (size_t m = 0; m < Md5Batch::kMaxMessages; ++m) {
+    ASSERT_TRUE(batch.has_room(100));
+    std::memset(batch.reserve(100), int(m), 100);
+    batch.commit(0, false);
+  }
+  EXPECT_FALSE(batch.has_room(1));
+  batch.clear();
+  size_t whole = 0;
+  while (batch.has_room(Md5Batch::kMaxMessageBytes)) {
+    std::memset(batch.reserve(Md5Batch::kMaxMessageBytes), 1, Md5Batch::kMaxMessageBytes);
+    batch.commit(0, false);
+    ++whole;
+  }
+  EXPECT_EQ(whole, Md5Batch::kArenaBytes / Md5Batch::kMaxMessageBytes - 1);  // padding takes a block each
+  EXPECT_TRUE(batch.has_room(1000));
+  batch.clear();
+  EXPECT_TRUE(batch.has_room(Md5Batch::kMaxMessageBytes));
 }
 
 }  // namespace
