@@ -43,7 +43,10 @@ void on_fatal_signal(int sig) {
     if (ProcessRecorder::instance().active())
       ProcessRecorder::instance().save_on_stop_signal(sig == SIGTERM ? "SIGTERM" : "SIGINT");
   } else if (ThreadRecorder* t = ThreadRecorder::current_if_any()) {
-    // A crash: what this thread recorded up to its last whole record.
+    // A crash: what this thread recorded up to its last whole record, with the records that
+    // waited for its MD5 batch when the crash came from outside its buffer (the program's own
+    // abort). That allocates, as a stop signal's save does.
+    if (!t->stream()->writing.load()) t->release_held_for_save();
     StreamWriter::instance().crash_flush(t->stream());
   }
   // Then die as we would have.

@@ -222,10 +222,11 @@ class ThreadRecorder {
   void emit_tensor(const Snapshot& s, trace::ByteWriter& w);
   // Digest and statistics of t's contents, into desc. A CUDA tensor under the device digest is
   // enqueued on its device, and a small CPU tensor under MD5 joins the thread's batch while
-  // the thread is inside its buffer (`pending` then says when its digest is in); others are
-  // hashed here. Returns the bytes digested.
+  // the thread is inside its buffer, unless the digest is wanted now (`may_wait` false: shared
+  // memory, whose digest the cache compares with the last one seen); `pending` then says when
+  // the digest is in. Others are hashed here. Returns the bytes digested.
   uint64_t describe_contents(const at::Tensor& t, trace::TensorDesc* desc,
-                             std::shared_ptr<const PendingDigest>* pending);
+                             std::shared_ptr<const PendingDigest>* pending, bool may_wait = true);
   // TENSOR_NEW with the next id; a view whose base is out of reach is written as external. A
   // desc whose device digest is still on its way leaves a hole in the record (pending_records.h).
   int64_t write_new(trace::ByteWriter& w, const trace::TensorDesc& desc, int64_t base_id,

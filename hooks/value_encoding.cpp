@@ -184,7 +184,7 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t, Use use) {
     s.cacheable = false;
     return;
   } else {
-    totals_.bytes_hashed += describe_contents(t, &s.desc, &s.pending);
+    totals_.bytes_hashed += describe_contents(t, &s.desc, &s.pending, /*may_wait=*/!shared);
     ++totals_.tensors_hashed;
     if (st && st->garbage && st->version == s.version && st->id >= 0) {
       // Bytes no op wrote since an `empty` (and no constructor filled): a read of garbage,
@@ -234,14 +234,15 @@ void ThreadRecorder::emit_tensor(const Snapshot& s, ByteWriter& w) {
 }
 
 uint64_t ThreadRecorder::describe_contents(const at::Tensor& t, trace::TensorDesc* desc,
-                                           std::shared_ptr<const PendingDigest>* pending) {
+                                           std::shared_ptr<const PendingDigest>* pending,
+                                           bool may_wait) {
   const bool stats = ProcessRecorder::instance().config().stats;
   if (device_digest_ && t.numel() > 0 && digests_on_device(t)) {
     describe_geometry(t, hasher_->length(), desc);
     *pending = device_batch_.add(t, stats);
     return uint64_t(t.numel()) * uint64_t(t.element_size());
   }
-  if (md5_batch_ && in_buffer_ && Md5TensorBatch::takes(t)) {
+  if (md5_batch_ && in_buffer_ && may_wait && Md5TensorBatch::takes(t)) {
     describe_geometry(t, hasher_->length(), desc);
     *pending = md5_batch_->add(t, stats);
     if (*pending) return t.nbytes();
@@ -360,9 +361,10 @@ void ThreadRecorder::emit_output_tensor(const at::Tensor& t, ByteWriter& w, cons
       describe_geometry(t, hasher_->length(), &desc);
       desc.bits |= trace::kTensorUninitialized;
     } else {
-      totals_.bytes_hashed += describe_contents(t, &desc, &pending);
+      const bool shared = in_shared_memory(t);
+      totals_.bytes_hashed += describe_contents(t, &desc, &pending, /*may_wait=*/!shared);
       ++totals_.tensors_hashed;
-      if (in_shared_memory(t)) desc.sharing = trace::Sharing::kSharedMemory;  // this op wrote it
+      if (shared) desc.sharing = trace::Sharing::kSharedMemory;  // this op wrote it
     }
     if (cacheable) {
       e = &cache_.remember(t, version, desc, std::move(pending));
