@@ -47,6 +47,14 @@ def comparable(records):
     return out
 
 
+def record_all(tmp, jobs):
+    """Records each job, {name: (flags, command, env)}, at once; returns {name: record()'s result}."""
+    names = list(jobs)
+    results = in_parallel([lambda n=n: record(os.path.join(tmp, n), jobs[n][1], flags=jobs[n][0],
+                                              env=jobs[n][2]) for n in names])
+    return dict(zip(names, results))
+
+
 def status(run_dir, process="r0.main"):
     with open(os.path.join(run_dir, "streams", process + ".status")) as f:
         return f.read()
@@ -62,10 +70,7 @@ class HeldRecords(unittest.TestCase):
             "workers": (["--runs", "2", "--digest", "device"],
                         [PYTHON, example("dataloader_workers.py"), "--steps", "3"], HELD),
         }
-        names = list(jobs)
-        results = in_parallel([lambda n=n: record(os.path.join(cls.tmp, n), jobs[n][1],
-                                                  flags=jobs[n][0], env=jobs[n][2]) for n in names])
-        cls.runs = dict(zip(names, results))
+        cls.runs = record_all(cls.tmp, jobs)
 
     @classmethod
     def tearDownClass(cls):
@@ -132,10 +137,7 @@ class Md5Batches(unittest.TestCase):
             "workers": (["--runs", "2", "--digest", "md5"], workers, None),
             "threads": (["--runs", "2", "--digest", "md5"], threads, None),
         }
-        names = list(jobs)
-        results = in_parallel([lambda n=n: record(os.path.join(cls.tmp, n), jobs[n][1],
-                                                  flags=jobs[n][0], env=jobs[n][2]) for n in names])
-        cls.runs = dict(zip(names, results))
+        cls.runs = record_all(cls.tmp, jobs)
 
     @classmethod
     def tearDownClass(cls):
