@@ -502,7 +502,7 @@ void ThreadRecorder::run_md5_batch() {
 }
 
 void ThreadRecorder::release_held_for_save() {
-  run_md5_batch();
+  if (md5_batch_) md5_batch_->run();
   release_held();
 }
 

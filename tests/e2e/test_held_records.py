@@ -60,38 +60,71 @@ def status(run_dir, process="r0.main"):
         return f.read()
 
 
-class HeldRecords(unittest.TestCase):
+class HeldRecordsCase(unittest.TestCase):
+    """Records JOBS, {name: (flags, command, env)}, at once, and the checks both paths share."""
+    JOBS = {}
+
     @classmethod
     def setUpClass(cls):
         cls.tmp = make_temp_dir()
-        jobs = {
-            "direct": (["--digest", "device"], SGD, None),
-            "held": (["--digest", "device"], SGD, HELD),
-            "workers": (["--runs", "2", "--digest", "device"],
-                        [PYTHON, example("dataloader_workers.py"), "--steps", "3"], HELD),
-        }
-        cls.runs = record_all(cls.tmp, jobs)
+        cls.runs = record_all(cls.tmp, cls.JOBS)
 
     @classmethod
     def tearDownClass(cls):
         remove_dir(cls.tmp)
 
-    def test_held_records_are_the_direct_paths_bytes(self):
-        (rd, direct), (rh, held) = self.runs["direct"], self.runs["held"]
+    def same_trace(self, direct_name, held_name):
+        """The held run's records, after checking they are the direct run's, but what differs
+        between any two runs."""
+        (rd, direct), (rh, held) = self.runs[direct_name], self.runs[held_name]
         self.assertEqual(rd.returncode, 0, rd.stderr)
         self.assertEqual(rh.returncode, 0, rh.stderr)
         a, b = export_records(direct), export_records(held)
         self.assertGreater(len(ops(a)), 100)
         self.assertEqual(comparable(a), comparable(b))
+        d = run_detaudit(["diff", direct, held])
+        self.assertEqual(d.returncode, 0, d.stdout + d.stderr)
+        self.assertIn("IDENTICAL", d.stdout)
+        return b
+
+    def sigterm_saves_whole_records(self, flags, env, status_line, digest_hex):
+        run_dir, code, stderr = signal_mid_run(
+            os.path.join(self.tmp, "sigterm"), signal.SIGTERM, ["--spin-threads", "2"],
+            flags=flags, env=env, at_step=20)
+        self.assertEqual(code, 4, stderr)
+        self.assertIn("interrupted by SIGTERM", status(run_dir))
+        self.assertIn(status_line, status(run_dir))
+        recs, e = export_records(run_dir, check=False)
+        self.assertEqual(e.returncode, 0, e.stderr)
+        for name in ("r0.main.t-main", "r0.main.t-spin-0", "r0.main.t-spin-1"):
+            mine = ops(recs, stream=name)
+            self.assertGreater(len(mine), 100, name)
+            orders = [o["order"] for o in mine]
+            self.assertEqual(len(orders), len(set(orders)), f"{name}: an op written twice")
+            # Every tensor of every saved record has its digest: a record is saved only whole.
+            for o in mine:
+                for t in tensors(o["inputs"] + o["outputs"]):
+                    if not t.get("uninitialized") and not t.get("not_read"):
+                        self.assertRegex(t.get("digest", ""), rf"^[0-9a-f]{{{digest_hex}}}$", o["name"])
+
+
+class HeldRecords(HeldRecordsCase):
+    JOBS = {
+        "direct": (["--digest", "device"], SGD, None),
+        "held": (["--digest", "device"], SGD, HELD),
+        "workers": (["--runs", "2", "--digest", "device"],
+                    [PYTHON, example("dataloader_workers.py"), "--steps", "3"], HELD),
+    }
+
+    def test_held_records_are_the_direct_paths_bytes(self):
+        b = self.same_trace("direct", "held")
+        held = self.runs["held"][1]
         # The held path really ran: batches through the ring, none failed.
         line = next(l for l in status(held).splitlines() if l.startswith("device digests:"))
         batches = int(line.split()[2])
         self.assertGreater(batches, len(ops(b)) // 4, line)
         self.assertIn(" 0 tensors failed", line)
-        self.assertNotIn("device digests:", status(direct))
-        d = run_detaudit(["diff", direct, held])
-        self.assertEqual(d.returncode, 0, d.stdout + d.stderr)
-        self.assertIn("IDENTICAL", d.stdout)
+        self.assertNotIn("device digests:", status(self.runs["direct"][1]))
 
     def test_dataloader_workers_with_held_records_are_identical_twice(self):
         r, run0 = self.runs["workers"]
@@ -103,62 +136,27 @@ class HeldRecords(unittest.TestCase):
         self.assertIn("device digests:", status(run0))
 
     def test_sigterm_with_digests_pending_saves_whole_records_in_order(self):
-        run_dir, code, stderr = signal_mid_run(
-            os.path.join(self.tmp, "sigterm"), signal.SIGTERM, ["--spin-threads", "2"],
-            flags=["--digest", "device"], env=HELD, at_step=20)
-        self.assertEqual(code, 4, stderr)
-        self.assertIn("interrupted by SIGTERM", status(run_dir))
-        recs, e = export_records(run_dir, check=False)
-        self.assertEqual(e.returncode, 0, e.stderr)
-        self.assertIn("device digests:", status(run_dir))
-        for name in ("r0.main.t-main", "r0.main.t-spin-0", "r0.main.t-spin-1"):
-            mine = ops(recs, stream=name)
-            self.assertGreater(len(mine), 100, name)
-            orders = [o["order"] for o in mine]
-            self.assertEqual(len(orders), len(set(orders)), f"{name}: an op written twice")
-            # Every tensor of every saved record has its digest: a record is saved only whole.
-            for o in mine:
-                for t in tensors(o["inputs"] + o["outputs"]):
-                    if not t.get("uninitialized") and not t.get("not_read"):
-                        self.assertRegex(t.get("digest", ""), r"^[0-9a-f]{16}$", o["name"])
-
+        self.sigterm_saves_whole_records(["--digest", "device"], HELD, "device digests:", 16)
 
 
 @unittest.skipUnless(cpu_has_md5_lanes(), "no AVX2 or AVX-512F: MD5 is never batched on this CPU")
-class Md5Batches(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = make_temp_dir()
-        workers = [PYTHON, example("dataloader_workers.py"), "--steps", "3"]
-        threads = [PYTHON, program("python_threads.py")]
-        jobs = {
-            "serial": (["--digest", "md5"], SGD, SERIAL_MD5),
-            "batched": (["--digest", "md5"], SGD, None),
-            "workers": (["--runs", "2", "--digest", "md5"], workers, None),
-            "threads": (["--runs", "2", "--digest", "md5"], threads, None),
-        }
-        cls.runs = record_all(cls.tmp, jobs)
-
-    @classmethod
-    def tearDownClass(cls):
-        remove_dir(cls.tmp)
+class Md5Batches(HeldRecordsCase):
+    JOBS = {
+        "serial": (["--digest", "md5"], SGD, SERIAL_MD5),
+        "batched": (["--digest", "md5"], SGD, None),
+        "workers": (["--runs", "2", "--digest", "md5"],
+                    [PYTHON, example("dataloader_workers.py"), "--steps", "3"], None),
+        "threads": (["--runs", "2", "--digest", "md5"], [PYTHON, program("python_threads.py")], None),
+    }
 
     def test_batched_records_are_the_serial_paths_bytes(self):
-        (rs, serial), (rb, batched) = self.runs["serial"], self.runs["batched"]
-        self.assertEqual(rs.returncode, 0, rs.stderr)
-        self.assertEqual(rb.returncode, 0, rb.stderr)
-        a, b = export_records(serial), export_records(batched)
-        self.assertGreater(len(ops(a)), 100)
-        self.assertEqual(comparable(a), comparable(b))
+        b = self.same_trace("serial", "batched")
         # The batch really ran, with several tensors a run; the serial path never did.
-        line = next(l for l in status(batched).splitlines() if l.startswith("md5 batches:"))
+        line = next(l for l in status(self.runs["batched"][1]).splitlines() if l.startswith("md5 batches:"))
         runs, hashed = int(line.split()[2]), int(line.split()[4])
         self.assertGreater(hashed, len(ops(b)) // 2, line)
         self.assertGreater(hashed, 4 * runs, line)
-        self.assertNotIn("md5 batches:", status(serial))
-        d = run_detaudit(["diff", serial, batched])
-        self.assertEqual(d.returncode, 0, d.stdout + d.stderr)
-        self.assertIn("IDENTICAL", d.stdout)
+        self.assertNotIn("md5 batches:", status(self.runs["serial"][1]))
 
     def test_dataloader_workers_and_threads_are_identical_twice(self):
         for name in ("workers", "threads"):
@@ -171,23 +169,7 @@ class Md5Batches(unittest.TestCase):
         self.assertTrue(workers, sorted({o["stream"] for o in ops(recs)}))
 
     def test_sigterm_with_digests_in_a_batch_saves_whole_records_in_order(self):
-        run_dir, code, stderr = signal_mid_run(
-            os.path.join(self.tmp, "sigterm"), signal.SIGTERM, ["--spin-threads", "2"],
-            flags=["--digest", "md5"], at_step=20)
-        self.assertEqual(code, 4, stderr)
-        self.assertIn("interrupted by SIGTERM", status(run_dir))
-        self.assertIn("md5 batches:", status(run_dir))
-        recs, e = export_records(run_dir, check=False)
-        self.assertEqual(e.returncode, 0, e.stderr)
-        for name in ("r0.main.t-main", "r0.main.t-spin-0", "r0.main.t-spin-1"):
-            mine = ops(recs, stream=name)
-            self.assertGreater(len(mine), 100, name)
-            orders = [o["order"] for o in mine]
-            self.assertEqual(len(orders), len(set(orders)), f"{name}: an op written twice")
-            for o in mine:
-                for t in tensors(o["inputs"] + o["outputs"]):
-                    if not t.get("uninitialized") and not t.get("not_read"):
-                        self.assertRegex(t.get("digest", ""), r"^[0-9a-f]{32}$", o["name"])
+        self.sigterm_saves_whole_records(["--digest", "md5"], None, "md5 batches:", 32)
 
 
 if __name__ == "__main__":
