@@ -14,6 +14,7 @@ import glob
 import json
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -275,6 +276,24 @@ def output_log(run_dir):
     """What the recorded program printed (run-N/output.log)."""
     with open(os.path.join(run_dir, "output.log"), errors="replace") as f:
         return f.read()
+
+
+def outputs_of_pair(out, lines=40):
+    """The last lines each run of record_pair(OUT) printed, for a failure's message."""
+    said = []
+    for i in (0, 1):
+        path = os.path.join(out, f"run-{i}", "output.log")
+        text = output_log(os.path.dirname(path)) if os.path.exists(path) else "(no output.log)"
+        said.append(f"--- run-{i}/output.log, last {lines} lines:\n"
+                    + "\n".join(text.splitlines()[-lines:]))
+    return "\n".join(said)
+
+
+def free_port():
+    """A TCP port no one listens on now, for a launcher's --master-port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def trace_files(run_dir):

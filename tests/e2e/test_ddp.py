@@ -10,8 +10,8 @@ import re
 import unittest
 
 from detaudit_testlib import (PYTHON, TORCH_VERSION, TmpDirCase, collectives, digests,
-                              export_records, output_log, program, read_json, record_pair,
-                              run_detaudit, run_program, tensors)
+                              export_records, free_port, output_log, outputs_of_pair, program,
+                              read_json, record_pair, run_detaudit, run_program, tensors)
 
 DDP = [PYTHON, program("ddp_train.py")]
 RACE_ATTEMPTS = 3
@@ -22,8 +22,8 @@ class SeededDdp(TmpDirCase):
         out = os.path.join(self.tmp, launch)
         proc, report = record_pair(out, DDP + ["--launch", launch, "--steps", "3"])
         self.assertEqual(report["verdict"], "identical",
-                         f"{report.get('first_divergence')}\n{proc.stdout}")
-        self.assertEqual(proc.returncode, 0, proc.stderr)
+                         f"{report.get('first_divergence')}\n{proc.stdout}\n{outputs_of_pair(out)}")
+        self.assertEqual(proc.returncode, 0, f"{proc.stderr}\n{outputs_of_pair(out)}")
         for check in report["replicas"]:
             self.assertTrue(check["replicas"], check)
             self.assertEqual(check["ranks"], [0, 1])
@@ -87,7 +87,7 @@ class SeededDdp(TmpDirCase):
         torchrun = os.path.join(os.path.dirname(PYTHON), "torchrun")
         out = os.path.join(self.tmp, "torchrun")
         proc, report = record_pair(out, [torchrun, "--nproc-per-node", "2", "--master-port",
-                                         str(29500 + os.getpid() % 2000), program("ddp_train.py"),
+                                         str(free_port()), program("ddp_train.py"),
                                          "--steps", "3"])
         self.assertEqual(report["verdict"], "identical",
                          f"{report.get('not_compared')} {report.get('first_divergence')}")

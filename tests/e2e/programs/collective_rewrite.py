@@ -23,6 +23,7 @@ sum is a0 + a1, computed here from both ranks' seeded inputs before the call.
 import argparse
 import hashlib
 import os
+import socket
 import subprocess
 import sys
 
@@ -79,6 +80,12 @@ def main_rank(rank, world, calls, n, functional):
     dist.destroy_process_group()
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--launch", choices=["env", "none"], default="none")
@@ -86,8 +93,9 @@ def main():
     ap.add_argument("--calls", type=int, default=40)
     ap.add_argument("--numel", type=int, default=4096)
     ap.add_argument("--functional", action="store_true")
-    ap.add_argument("--port", type=int, default=29500 + os.getpid() % 2000)
+    ap.add_argument("--port", type=int, default=0, help="0: one the kernel says is free")
     args = ap.parse_args()
+    args.port = args.port or free_port()
     if args.launch == "none":
         main_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args.calls, args.numel,
                   args.functional)

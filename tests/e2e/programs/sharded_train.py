@@ -23,6 +23,7 @@ full parameters at the end.
 import argparse
 import hashlib
 import os
+import socket
 import subprocess
 import sys
 
@@ -124,16 +125,25 @@ def train(rank, args):
     dist.destroy_process_group()
 
 
+def free_port():
+    """A port no one listens on now. A fixed formula (29500 + pid) clashed with a concurrent
+    test's store now and then; the kernel's pick does not."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", choices=["fsdp", "hsdp", "tp"], default="fsdp")
     ap.add_argument("--init", choices=["full", "partial"], default="full")
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--port", type=int, default=29500 + os.getpid() % 2000)
+    ap.add_argument("--port", type=int, default=0, help="0: one the kernel says is free")
     ap.add_argument("--drift-rank", type=int, default=-1)
     ap.add_argument("--drift-step", type=int, default=1)
     ap.add_argument("--rank", type=int)
     args = ap.parse_args()
+    args.port = args.port or free_port()
     if args.rank is not None:
         train(args.rank, args)
         return
