@@ -19,6 +19,7 @@
 #include "recorder.h"
 #include "run_layout.h"
 #include "stream_identity.h"
+#include "tensor_digest.h"
 
 namespace detaudit::hooks {
 
@@ -227,7 +228,7 @@ void ProcessRecorder::finish_all() {
   }
   StreamWriter::instance().drain();
   process_name();  // a process that recorded nothing still leaves its .status
-  for (const std::string& line : {device_digest_status(), md5_batch_status()})
+  for (const std::string& line : {device_digest_status(), md5_batch_status(), torch_pool_status()})
     if (!line.empty() && !status_path_.empty()) std::ofstream(status_path_, std::ios::app) << line << "\n";
   if (env_written_.load()) rewrite_environment_if_cuda_started(*this);
 }
@@ -250,7 +251,7 @@ void ProcessRecorder::save_on_stop_signal(const char* signal_name) {
   if (status_path_.empty()) return;
   int fd = ::open(status_path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
   if (fd < 0) return;
-  for (const std::string& line : {device_digest_status(), md5_batch_status()}) {
+  for (const std::string& line : {device_digest_status(), md5_batch_status(), torch_pool_status()}) {
     if (line.empty()) continue;
     (void)!::write(fd, line.data(), line.size());
     (void)!::write(fd, "\n", 1);

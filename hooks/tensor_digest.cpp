@@ -5,7 +5,11 @@
 #include <c10/core/GradMode.h>
 #include <xxhash.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <string>
+#include <thread>
 
 #include "digest/strided.h"
 
@@ -33,11 +37,34 @@ namespace {
 
 // The leaves of a large tensor go to torch's own intra-op threads: they are idle while the op's
 // thread records, and their number is the one the program chose.
+std::atomic<uint64_t> g_pool_tensors{0}, g_pool_units{0}, g_units_elsewhere{0};
+
 void on_torch_pool(size_t n, const std::function<void(size_t, size_t)>& fn) {
-  at::parallel_for(0, int64_t(n), 1, [&](int64_t begin, int64_t end) { fn(size_t(begin), size_t(end)); });
+  const std::thread::id caller = std::this_thread::get_id();
+  g_pool_tensors.fetch_add(1, std::memory_order_relaxed);
+  g_pool_units.fetch_add(n, std::memory_order_relaxed);
+  at::parallel_for(0, int64_t(n), 1, [&](int64_t begin, int64_t end) {
+    if (std::this_thread::get_id() != caller)
+      g_units_elsewhere.fetch_add(uint64_t(end - begin), std::memory_order_relaxed);
+    fn(size_t(begin), size_t(end));
+  });
+}
+
+// The threads on_torch_pool runs on: one inside a parallel region, where parallel_for is serial.
+size_t torch_pool_threads() {
+  return at::in_parallel_region() ? 1 : size_t(std::max(1, at::get_num_threads()));
 }
 
 }  // namespace
+
+std::string torch_pool_status() {
+  const uint64_t tensors = g_pool_tensors.load(std::memory_order_relaxed);
+  if (tensors == 0) return "";
+  return "large tensors: " + std::to_string(tensors) + ", " +
+         std::to_string(g_units_elsewhere.load(std::memory_order_relaxed)) + " of " +
+         std::to_string(g_pool_units.load(std::memory_order_relaxed)) +
+         " units hashed on torch's other threads";
+}
 
 void describe_geometry(const at::Tensor& t, size_t digest_len, trace::TensorDesc* desc) {
   desc->dtype = uint8_t(t.scalar_type());
@@ -75,7 +102,8 @@ uint64_t describe_tensor(const at::Tensor& tensor, Hasher* hasher, bool with_sta
   TensorDigester digester(hasher, desc->dtype, with_stats);
   if (t.numel() > 0) {
     if (t.is_contiguous())
-      digester.update_all(t.data_ptr(), size_t(t.numel()) * size_t(t.element_size()), on_torch_pool);
+      digester.update_all(t.data_ptr(), size_t(t.numel()) * size_t(t.element_size()), on_torch_pool,
+                          torch_pool_threads());
     else
       feed_strided(t.data_ptr(), size_t(t.element_size()), t.sizes().data(), t.strides().data(),
                    size_t(t.dim()), &digester);

@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include <string>
+
 #include "digest/digest.h"
 #include "trace/format.h"
 
@@ -23,6 +25,10 @@ void describe_geometry(const at::Tensor& t, size_t digest_len, trace::TensorDesc
 // Fills everything but the provenance bits. Returns the number of bytes hashed.
 uint64_t describe_tensor(const at::Tensor& t, Hasher* hasher, bool with_stats,
                          trace::TensorDesc* desc);
+
+// The .status line on large tensors' leaves: how many units of work ran on torch's intra-op
+// threads other than the op's; "" when no tensor was large enough.
+std::string torch_pool_status();
 
 // A 64-bit digest of a generator's full state (engine and cached normal samples).
 uint64_t generator_digest(const at::Generator& gen);

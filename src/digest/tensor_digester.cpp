@@ -1,8 +1,12 @@
 #include "digest/tensor_digester.h"
 
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <cstring>
+#include <limits>
 #include <memory>
+#include <vector>
 
 #include "digest/md5_lanes.h"
 
@@ -36,6 +40,45 @@ Hasher& thread_hasher(DigestAlgo algo) {
   auto& h = hashers[size_t(algo) & 3];
   if (!h || h->algo() != algo) h = std::make_unique<Hasher>(algo);
   return *h;
+}
+
+// A lane pass's time in serial MD5s of the same bytes, for 8 lanes or fewer and for 16. A pass
+// costs about the same however many of its lanes carry leaves, so a few leaves on idle threads
+// are done sooner one by one. Measured once per process (about 0.2 ms), as it depends on the
+// CPU: 2.4 on the AVX-512 host of docs/performance.md's fourth round.
+double lane_pass_cost(size_t used) {
+  static const std::array<double, 2> cost = [] {
+    constexpr size_t kBytes = 16 << 10;
+    std::vector<uint8_t> buf(kBytes, 0x5a);
+    const uint8_t* lanes[Md5Lanes::kLanes];
+    for (const uint8_t*& l : lanes) l = buf.data();
+    volatile uint8_t sink = 0;
+    auto fastest = [&](auto&& fn) {
+      double best = std::numeric_limits<double>::infinity();
+      for (int rep = 0; rep < 3; ++rep) {
+        const auto t0 = std::chrono::steady_clock::now();
+        fn();
+        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      return std::max(best, 1e-9);
+    };
+    Hasher serial(DigestAlgo::kMd5);
+    uint8_t digest[16];
+    const double one = fastest([&] {
+      serial.digest_once(buf.data(), kBytes, digest);
+      sink = sink ^ digest[0];
+    });
+    auto pass = [&](size_t used) {
+      return fastest([&] {
+        Md5Lanes md5(used);
+        md5.update(lanes, kBytes);
+        md5.lane_digest(0, digest);
+        sink = sink ^ digest[0];
+      });
+    };
+    return std::array<double, 2>{pass(Md5Lanes::kLanes / 2) / one, pass(Md5Lanes::kLanes) / one};
+  }();
+  return cost[used > Md5Lanes::kLanes / 2];
 }
 
 }  // namespace
@@ -100,7 +143,8 @@ void TensorDigester::close_leaf() {
   leaf_used_ = 0;
 }
 
-void TensorDigester::update_all(const void* data, size_t nbytes, const ParallelFor& parallel) {
+void TensorDigester::update_all(const void* data, size_t nbytes, const ParallelFor& parallel,
+                                size_t threads) {
   const auto* p = static_cast<const uint8_t*>(data);
   if (bytes_ != 0 || device_) {
     update(data, nbytes);
@@ -124,10 +168,17 @@ void TensorDigester::update_all(const void* data, size_t nbytes, const ParallelF
   const bool with_stats = with_stats_;
   // MD5 of whole leaves runs 16 at a time in vector lanes (AVX-512, or AVX2); a pass costs
   // about the same for 2 leaves as for 16, so the leaves are spread over as few passes as there
-  // must be.
+  // must be, unless the threads hash them one by one sooner.
   const size_t full = nbytes / kLeafBytes;
-  const bool lanes = algo == DigestAlgo::kMd5 && full >= 2 && Md5Lanes::available();
-  const size_t passes = lanes ? (full + Md5Lanes::kLanes - 1) / Md5Lanes::kLanes : 0;
+  bool lanes = algo == DigestAlgo::kMd5 && full >= 2 && Md5Lanes::available();
+  size_t passes = lanes ? (full + Md5Lanes::kLanes - 1) / Md5Lanes::kLanes : 0;
+  if (lanes) {
+    threads = std::max<size_t>(threads, 1);
+    const double one_by_one = double((leaves + threads - 1) / threads);
+    const double in_lanes = double((passes + threads - 1) / threads) * lane_pass_cost(full / passes);
+    lanes = in_lanes < one_by_one;
+    if (!lanes) passes = 0;
+  }
   const size_t first_single = lanes ? full : 0;  // leaves from here on are hashed one by one
   parallel(passes + leaves - first_single, [&](size_t begin, size_t end) {
     for (size_t unit = begin; unit < end; ++unit) {

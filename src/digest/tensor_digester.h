@@ -37,10 +37,10 @@ class TensorDigester {
  public:
   TensorDigester(Hasher* hasher, uint8_t dtype, bool with_stats);
   void update(const void* data, size_t nbytes);
-  // The whole tensor at once, contiguous: its leaves are hashed through `parallel`, a small
-  // tensor in one call to the hasher. Same digest and statistics as update(); call it instead
-  // of update(), not after.
-  void update_all(const void* data, size_t nbytes, const ParallelFor& parallel);
+  // The whole tensor at once, contiguous: its leaves are hashed through `parallel`, on up to
+  // `threads` threads, a small tensor in one call to the hasher. Same digest and statistics as
+  // update(); call it instead of update(), not after.
+  void update_all(const void* data, size_t nbytes, const ParallelFor& parallel, size_t threads = 1);
   // Sets digest, digest_len, stats and the stats bits of `out`.
   void finish(trace::TensorDesc* out);
   uint64_t bytes() const { return bytes_; }

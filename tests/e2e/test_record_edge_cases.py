@@ -169,10 +169,17 @@ class RecordEdgeCases(unittest.TestCase):
         recs = self.records()
         with open(os.path.join(self.all[1], "output.log")) as f:
             printed = dict(re.findall(r"layout (\w+) md5 ([0-9a-f]{32})", f.read()))
-        self.assertEqual(len(printed), 7)
+        self.assertEqual(len(printed), 9)
         sum_inputs = {o["inputs"][0].get("digest") for o in ops(recs, "aten::sum")}
         for name, digest in printed.items():
             self.assertIn(digest, sum_inputs, name)
+        # With 2 intra-op threads, the large tensors' leaves were not all hashed on the op's own.
+        with open(os.path.join(self.all[1], "streams", "r0.main.status")) as f:
+            status = f.read()
+        m = re.search(r"large tensors: (\d+), (\d+) of (\d+) units hashed on torch's other threads",
+                      status)
+        self.assertIsNotNone(m, status)
+        self.assertGreater(int(m.group(2)), 0, status)
 
     def check_data_write(self, which):
         recs = self.records(which)

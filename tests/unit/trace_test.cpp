@@ -417,8 +417,8 @@ TEST(DigestTreeTest, SameDigestAndStatsWhateverTheSplitAndThreads) {
     for (auto& t : pool) t.join();
   };
   const size_t leaf_floats = kLeafBytes / 4;
-  // 3.5 leaves: one vector pass of 3 MD5 leaves and a short leaf; 16: one full pass; 33.5: three
-  // passes of 11 leaves and a short leaf, spread over the threads.
+  // 3.5 leaves: one vector pass of 3 MD5 leaves and a short leaf, or on 3 threads one by one;
+  // 16: one full pass; 33.5: three passes of 11 leaves and a short leaf, spread over the threads.
   for (size_t n : {size_t(0), size_t(1000), size_t(16384), size_t(16385), leaf_floats, leaf_floats + 1, leaf_floats * 7 / 2,
                    leaf_floats * 16, leaf_floats * 67 / 2}) {
     std::vector<float> v(n);
@@ -432,7 +432,7 @@ TEST(DigestTreeTest, SameDigestAndStatsWhateverTheSplitAndThreads) {
         for (size_t off = 0; off < n * 4; off += 4099) d.update(p + off, std::min<size_t>(4099, n * 4 - off));
       });
       TensorDesc one = digest_of(algo, v, [&](TensorDigester& d) { d.update_all(v.data(), n * 4, serial); });
-      TensorDesc three = digest_of(algo, v, [&](TensorDigester& d) { d.update_all(v.data(), n * 4, three_threads); });
+      TensorDesc three = digest_of(algo, v, [&](TensorDigester& d) { d.update_all(v.data(), n * 4, three_threads, 3); });
       expect_same(whole, pieces, what + " pieces");
       expect_same(whole, one, what + " update_all");
       expect_same(whole, three, what + " 3 threads");

@@ -80,7 +80,12 @@ def main():
         "expand": torch.randn(3, 1).expand(3, 1000),
         "big_t": torch.randn(1024, 600).t(),
         "big": torch.randn(1024, 600) * 2,
+        # A few leaves and many: one by one on torch's threads or in MD5's vector lanes,
+        # whichever is sooner on this CPU.
+        "leaves_4": torch.randn(1152, 1024),
+        "leaves_17": torch.randn(4480, 1024),
     }
+    torch.set_num_threads(2)
     for name, t in layouts.items():
         torch.sum(t)
         print(f"layout {name} md5 {tree_md5(t)}")
