@@ -13,8 +13,8 @@ import re
 import unittest
 
 from detaudit_testlib import (PYTHON, TORCH_VERSION, TmpDirCase, collectives, digests,
-                              export_records, ops, output_log, program, record_pair, run_program,
-                              tensors)
+                              export_records, ops, output_log, outputs_of_pair, program,
+                              record_pair, run_program, tensors)
 
 DDP_PAIRS = int(os.environ.get("DETAUDIT_DDP_PAIRS", "3"))
 REWRITE_PAIRS = int(os.environ.get("DETAUDIT_REWRITE_PAIRS", "2"))
@@ -27,7 +27,8 @@ REWRITE = [PYTHON, program("collective_rewrite.py"), "--launch", "env", "--calls
 def verdict_of(proc, report):
     first = report.get("first_divergence")
     return (f"verdict {report['verdict']} (exit {proc.returncode}): "
-            f"{report.get('unexplained') or first}\n{proc.stdout}")
+            f"{report.get('unexplained') or first} {report.get('not_compared')}\n{proc.stdout}\n"
+            f"{proc.stderr[-3000:]}")
 
 
 def identical_pairs(case, name, command, pairs):
@@ -36,8 +37,9 @@ def identical_pairs(case, name, command, pairs):
     for i in range(pairs):
         out = os.path.join(case.tmp, f"{name}{i}")
         proc, report = record_pair(out, command)
-        case.assertEqual(report["verdict"], "identical", f"pair {i}: {verdict_of(proc, report)}")
-        case.assertEqual(proc.returncode, 0, proc.stderr)
+        case.assertEqual(report["verdict"], "identical",
+                         f"pair {i}: {verdict_of(proc, report)}\n{outputs_of_pair(out)}")
+        case.assertEqual(proc.returncode, 0, f"{proc.stderr}\n{outputs_of_pair(out)}")
         runs += [os.path.join(out, "run-0"), os.path.join(out, "run-1")]
     return runs
 

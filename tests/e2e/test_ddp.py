@@ -22,7 +22,8 @@ class SeededDdp(TmpDirCase):
         out = os.path.join(self.tmp, launch)
         proc, report = record_pair(out, DDP + ["--launch", launch, "--steps", "3"])
         self.assertEqual(report["verdict"], "identical",
-                         f"{report.get('first_divergence')}\n{proc.stdout}\n{outputs_of_pair(out)}")
+                         f"{report.get('first_divergence')} {report.get('not_compared')}\n"
+                         f"{proc.stdout}\n{proc.stderr[-3000:]}\n{outputs_of_pair(out)}")
         self.assertEqual(proc.returncode, 0, f"{proc.stderr}\n{outputs_of_pair(out)}")
         for check in report["replicas"]:
             self.assertTrue(check["replicas"], check)
