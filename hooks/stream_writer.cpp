@@ -86,8 +86,8 @@ size_t StreamWriter::write_pending() {
     release(ordered);
     ordered = next;
     ++n;
+    written_.fetch_add(1, std::memory_order_release);  // chunk by chunk: drain() sees progress
   }
-  written_.fetch_add(n, std::memory_order_release);
   return n;
 }
 
@@ -105,10 +105,19 @@ void StreamWriter::run() {
   }
 }
 
-void StreamWriter::drain() {
+void StreamWriter::drain(long stall_ms) {
   ensure_thread();
-  uint64_t target = pushed_.load(std::memory_order_acquire);
-  for (int i = 0; i < 5000 && written_.load(std::memory_order_acquire) < target; ++i) sleep_ms(1);
+  const uint64_t target = pushed_.load(std::memory_order_acquire);
+  // As long as the writer makes progress: a disk that writes back gigabytes (a wheel unpacking
+  // beside the run) can hold write() for seconds, and a fixed cap lost the streams' last bytes.
+  uint64_t seen = written_.load(std::memory_order_acquire);
+  long stalled_ms = 0;
+  while (seen < target && stalled_ms < stall_ms) {
+    sleep_ms(1);
+    const uint64_t now = written_.load(std::memory_order_acquire);
+    stalled_ms = now == seen ? stalled_ms + 1 : 0;
+    seen = now;
+  }
 }
 
 void StreamWriter::crash_flush(StreamBuffer* stream) {

@@ -48,8 +48,9 @@ class StreamWriter {
   void start() { ensure_thread(); }
   // Hands the buffer's bytes to the writer thread; the buffer is left empty, its capacity kept.
   void hand_over(StreamBuffer* stream);
-  // Writes everything handed over so far and waits for it (at exit, never on the op path).
-  void drain();
+  // Writes everything handed over so far and waits for it (at exit, never on the op path); gives
+  // up only when no chunk was written for `stall_ms` (a dead disk must not hang the program).
+  void drain(long stall_ms = 60000);
   // From a fatal-signal handler on the crashing thread: save its committed bytes, wait briefly.
   void crash_flush(StreamBuffer* stream);
   // From a stop signal's handler: freeze every stream, wait (briefly) for threads inside a

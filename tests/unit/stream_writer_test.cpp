@@ -3,11 +3,13 @@
 // tests/tsan.sh.
 #include <fcntl.h>
 #include <malloc.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -136,6 +138,65 @@ TEST(StreamWriterTest, HandingOverTakesNothingFromMalloc) {
   StreamWriter::instance().drain();
   EXPECT_EQ(heap(), before);
   EXPECT_EQ(read_file(streams.paths[0]).size(), size_t(200 * 16 * 1024));
+}
+
+// Hands `chunks` chunks of `bytes` each to the writer, for the pipe's write end.
+void hand_over_chunks(StreamBuffer* s, int chunks, size_t bytes) {
+  for (int k = 0; k < chunks; ++k) {
+    s->enter_write();
+    s->bytes.append(bytes, char('a' + k % 26));
+    s->committed.store(s->bytes.size());
+    StreamWriter::instance().hand_over(s);
+    s->leave_write();
+  }
+}
+
+// At exit, a slow disk holds each write() for a while: drain() waits for as long as chunks keep
+// being written, well past its stall limit in all, so no stream loses its last bytes.
+TEST(StreamWriterTest, DrainWaitsWhileTheWriterMakesProgress) {
+  ::signal(SIGPIPE, SIG_IGN);
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  StreamBuffer s;
+  s.fd = fds[1];
+  constexpr int kChunks = 24;
+  constexpr size_t kChunkBytes = 32 * 1024;
+  std::atomic<size_t> got{0};
+  std::thread reader([&] {  // 64 KiB every 100 ms: about 1.2 s in all
+    std::vector<char> buf(64 * 1024);
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      ssize_t n = ::read(fds[0], buf.data(), buf.size());
+      if (n <= 0) return;
+      got += size_t(n);
+    }
+  });
+  hand_over_chunks(&s, kChunks, kChunkBytes);
+  const auto t0 = std::chrono::steady_clock::now();
+  StreamWriter::instance().drain(/*stall_ms=*/400);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::close(fds[1]);  // the reader takes what the pipe still holds, then sees the end
+  reader.join();
+  ::close(fds[0]);
+  EXPECT_EQ(got.load(), size_t(kChunks) * kChunkBytes);
+  EXPECT_GT(waited, 0.4) << "the test did not hold the writer back";
+}
+
+// A writer that makes no progress at all (a dead disk) does not hang the program's exit.
+TEST(StreamWriterTest, DrainGivesUpOnAStalledWriter) {
+  ::signal(SIGPIPE, SIG_IGN);
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  StreamBuffer s;
+  s.fd = fds[1];
+  hand_over_chunks(&s, 4, 64 * 1024);  // more than the pipe holds, and nobody reads
+  const auto t0 = std::chrono::steady_clock::now();
+  StreamWriter::instance().drain(/*stall_ms=*/200);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(waited, 10.0);
+  ::close(fds[0]);  // the blocked write() fails with EPIPE and the writer moves on
+  StreamWriter::instance().drain();
+  ::close(fds[1]);
 }
 
 }  // namespace
