@@ -151,6 +151,13 @@ void hand_over_chunks(StreamBuffer* s, int chunks, size_t bytes) {
   }
 }
 
+// How long drain(stall_ms) took, in seconds.
+double seconds_to_drain(long stall_ms) {
+  const auto t0 = std::chrono::steady_clock::now();
+  StreamWriter::instance().drain(stall_ms);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 // At exit, a slow disk holds each write() for a while: drain() waits for as long as chunks keep
 // being written, well past its stall limit in all, so no stream loses its last bytes.
 TEST(StreamWriterTest, DrainWaitsWhileTheWriterMakesProgress) {
@@ -172,9 +179,7 @@ TEST(StreamWriterTest, DrainWaitsWhileTheWriterMakesProgress) {
     }
   });
   hand_over_chunks(&s, kChunks, kChunkBytes);
-  const auto t0 = std::chrono::steady_clock::now();
-  StreamWriter::instance().drain(/*stall_ms=*/400);
-  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double waited = seconds_to_drain(/*stall_ms=*/400);
   ::close(fds[1]);  // the reader takes what the pipe still holds, then sees the end
   reader.join();
   ::close(fds[0]);
@@ -190,9 +195,7 @@ TEST(StreamWriterTest, DrainGivesUpOnAStalledWriter) {
   StreamBuffer s;
   s.fd = fds[1];
   hand_over_chunks(&s, 4, 64 * 1024);  // more than the pipe holds, and nobody reads
-  const auto t0 = std::chrono::steady_clock::now();
-  StreamWriter::instance().drain(/*stall_ms=*/200);
-  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double waited = seconds_to_drain(/*stall_ms=*/200);
   EXPECT_LT(waited, 10.0);
   ::close(fds[0]);  // the blocked write() fails with EPIPE and the writer moves on
   StreamWriter::instance().drain();
