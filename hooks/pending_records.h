@@ -9,7 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
+#include <string_view>
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,18 +60,14 @@ class PendingRecords {
 
   // Where the stream's next records go: `stream` itself while nothing is held, else behind the
   // last held record.
-  std::string* sink(std::string* stream) {
-    if (entries_.empty()) return stream;
-    if (entries_.back().holes.empty()) return &entries_.back().body;
-    entries_.emplace_back();
-    return &entries_.back().body;
-  }
-  bool empty() const { return entries_.empty(); }
-  size_t held() const { return entries_.size(); }
+  std::string* sink(std::string* stream);
+  bool empty() const { return count_ == 0; }
+  size_t held() const { return count_; }
 
   // Holds a record: `kind_and_body` as RecordEncoder's scratch (kind byte, then the body with
-  // the holes left out), and its holes, by increasing offset.
-  void hold(std::string kind_and_body, std::vector<Hole> holes);
+  // the holes left out), and its holes, by increasing offset. `holes` is left empty, with the
+  // room of a record released earlier: on the op path nothing here allocates once warm.
+  void hold(std::string_view kind_and_body, std::vector<Hole>&& holes);
 
   // Moves the leading records whose digests are all done into `stream`, framed. Returns the
   // number of records released.
@@ -80,9 +76,19 @@ class PendingRecords {
  private:
   struct Entry {
     std::string body;         // a held record's kind and body; or framed records written after one
-    std::vector<Hole> holes;  // empty: `body` is already framed bytes
+    std::vector<Hole> holes;  // of a held record
+    bool framed = false;
   };
-  std::deque<Entry> entries_;
+  Entry& push();
+  // Frames a held record whose digests are in straight onto `stream`: the holes' tensors go
+  // between the body's pieces, and the CRC runs over the pieces in turn.
+  void frame_into(Entry& e, std::string* stream);
+
+  // A ring of entries that keep their buffers: `count_` of them from `head_` are in use.
+  std::vector<Entry> ring_;
+  size_t head_ = 0, count_ = 0;
+  std::string tensors_;          // the holes' <tensor> productions, while a record is framed
+  std::vector<size_t> tensor_ends_;
 };
 
 }  // namespace detaudit::hooks

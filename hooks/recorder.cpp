@@ -495,14 +495,15 @@ void ThreadRecorder::release_held() {
     stream_.committed.store(stream_.bytes.size(), std::memory_order_release);
 }
 
-void ThreadRecorder::run_md5_batch() {
+void ThreadRecorder::submit_md5_batch() {
   if (!md5_batch_ || md5_batch_->empty()) return;
-  md5_batch_->run();
+  md5_batch_->submit_if_idle();
   release_held();
 }
 
 void ThreadRecorder::release_held_for_save() {
-  if (md5_batch_) md5_batch_->run();
+  // Bounded: the digest thread may be starved, and the process is about to end.
+  if (md5_batch_) md5_batch_->run(/*max_wait_ms=*/2000);
   release_held();
 }
 
@@ -511,7 +512,7 @@ void ThreadRecorder::after_record() {
   if (big || (++records_since_handover_ & 7) == 0) {
     uint64_t now = now_ns();
     if (big || now - last_handover_ns_ >= kHandoverNs) {
-      run_md5_batch();  // what waits for it goes with this hand-over
+      submit_md5_batch();  // what waits for it goes with a later hand-over
       StreamWriter::instance().hand_over(&stream_);
       last_handover_ns_ = now;
     }

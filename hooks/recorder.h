@@ -291,12 +291,13 @@ class ThreadRecorder {
   // its caller holds the first.
   trace::TensorDesc desc_scratch_, desc_copy_;
   PendingRecords held_;
-  // MD5 of small CPU tensors, batched; null for other digests. Only inside enter_write(), so a
-  // stop signal's handler can run it when the thread is out (release_held_for_save).
+  // MD5 of small CPU tensors, batched and hashed on the digest thread; null for other digests.
+  // Only inside enter_write(), so a stop signal's handler can run it when the thread is out
+  // (release_held_for_save).
   std::unique_ptr<Md5TensorBatch> md5_batch_;
   bool in_buffer_ = false;
-  // Completes the batch's digests and releases what waited for them.
-  void run_md5_batch();
+  // Hands the batch being filled to the digest thread if it is idle, and releases what is done.
+  void submit_md5_batch();
 
   // By "name.overload": overloads differ (linspace is composite, linspace.out writes `out`).
   std::unordered_map<std::string, OpInfo> ops_;

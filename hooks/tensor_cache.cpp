@@ -59,7 +59,7 @@ TensorCache::StorageState* TensorCache::storage_of(const at::Tensor& t) {
   c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
   StorageState& st = storages_[impl];
   if (st.storage.expired()) {  // new, or a freed storage's address reused
-    st = StorageState{};
+    st.reset();
     st.storage = t.storage().getWeakStorageImpl();
   }
   return &st;

@@ -76,6 +76,26 @@ class TensorCache {
     trace::TensorDesc shared_seen;
     int64_t shared_seen_offset = -1;
     uint64_t shared_seen_writes = 0;
+
+    // As if new, but for the weak reference: what a fresh state holds, field by field. Freed
+    // storages' addresses come back on most ops, and a whole new state would build three
+    // TensorDescs. The descriptions stay, unread: `views[i].writes` and `shared_seen_offset` say
+    // they are void.
+    void reset() {
+      writes = 0;
+      version = 0;
+      id = -1;
+      last = nullptr;
+      last_version = 0;
+      uninitialized = garbage = false;
+      for (View& v : views) {
+        v.writes = UINT64_MAX;
+        v.pending.reset();
+      }
+      next_view = 0;
+      shared_seen_offset = -1;
+      shared_seen_writes = 0;
+    }
   };
 
   // Marks desc (just hashed from t, in shared memory) kChangedElsewhere when its bytes differ

@@ -140,7 +140,6 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t, Use use) {
   ++snaps_top_;
 
   c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  const bool shared = in_shared_memory(t);
   s.key = impl;
   s.cacheable = !impl->is_inference();
   s.version = tensor_version(t);
@@ -163,6 +162,7 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t, Use use) {
   }
   // First sight of this TensorImpl at this version. Another TensorImpl over the same bytes
   // (autograd's saved tensors, detach()) reuses their description; otherwise hash.
+  const bool shared = in_shared_memory(t);
   TensorCache::StorageState* st = cache_.storage_of(t);
   // Another process may have written shared bytes since: describe them as found.
   const bool same_bytes_known = !shared && cache_.bytes_known(st, s.version);

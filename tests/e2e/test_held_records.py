@@ -4,8 +4,8 @@
   the same pipeline as CUDA tensors on a GPU (a batch per op's inputs and per op's outputs, a
   ring, a collector thread), with a host queue that digests a batch when it is enqueued and
   completes it late.
-- MD5 of small CPU tensors, batched into vector lanes on the op's thread (the default digest;
-  DETAUDIT_MD5_BATCH=off hashes each tensor alone).
+- MD5 of small CPU tensors, copied into a batch on the op's thread and hashed in vector lanes on
+  the digest thread (the default digest; DETAUDIT_MD5_BATCH=off hashes each tensor alone).
 
 The trace must be byte for byte what the direct path writes; forked DataLoader workers, extra
 threads and a SIGTERM while digests are pending must leave whole records in program order.
@@ -153,9 +153,11 @@ class Md5Batches(HeldRecordsCase):
         b = self.same_trace("serial", "batched")
         # The batch really ran, with several tensors a run; the serial path never did.
         line = next(l for l in status(self.runs["batched"][1]).splitlines() if l.startswith("md5 batches:"))
-        runs, hashed = int(line.split()[2]), int(line.split()[4])
+        runs, hashed, on_digest_thread = (int(line.split()[i]) for i in (2, 4, 6))
         self.assertGreater(hashed, len(ops(b)) // 2, line)
         self.assertGreater(hashed, 4 * runs, line)
+        # Off the op's thread: the batches filled during the run were hashed beside it.
+        self.assertGreater(on_digest_thread, 0, line)
         self.assertNotIn("md5 batches:", status(self.runs["serial"][1]))
 
     def test_dataloader_workers_and_threads_are_identical_twice(self):
