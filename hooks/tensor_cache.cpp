@@ -4,8 +4,14 @@
 
 namespace detaudit::hooks {
 namespace {
-constexpr size_t kMaxEntries = 1 << 16;  // swept when full: larger sweeps, fewer of them
+// The entries' table is swept of dead tensors when it reaches its room. Most entries die within
+// a step, and a table many times the live set misses the cache on every lookup: its room starts
+// small and doubles when a sweep leaves it half full.
+constexpr size_t kMinRoom = 1 << 12;
+constexpr size_t kMaxRoom = 1 << 16;
 }  // namespace
+
+TensorCache::TensorCache(bool rehash_inputs) : rehash_inputs_(rehash_inputs), room_(kMinRoom) {}
 
 bool same_geometry(const trace::TensorDesc& d, int64_t offset, const at::Tensor& t) {
   // The dtype too: x.view(torch.int32) reads the same bytes as other values.
@@ -157,13 +163,17 @@ void TensorCache::note_shared_bytes(StorageState* st, const at::Tensor& t, trace
 }
 
 void TensorCache::make_room() {
-  if (entries_.size() < kMaxEntries) return;
+  if (entries_.size() < room_) return;
   // Forget what died; the rest stays valid.
   for (auto it = entries_.begin(); it != entries_.end();)
     it = valid(it->second) ? std::next(it) : entries_.erase(it);
   for (auto it = storages_.begin(); it != storages_.end();)
     it = it->second.storage.expired() ? storages_.erase(it) : std::next(it);
-  if (entries_.size() >= kMaxEntries * 3 / 4) clear();
+  if (entries_.size() < room_ / 2) return;
+  if (room_ < kMaxRoom)
+    room_ *= 2;
+  else if (entries_.size() >= kMaxRoom * 3 / 4)
+    clear();
 }
 
 void TensorCache::clear() {

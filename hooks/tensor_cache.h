@@ -102,7 +102,7 @@ class TensorCache {
   // from what this stream last hashed of them with no recorded write since, else kSharedMemory.
   void note_shared_bytes(StorageState* st, const at::Tensor& t, trace::TensorDesc* desc);
 
-  explicit TensorCache(bool rehash_inputs) : rehash_inputs_(rehash_inputs) {}
+  explicit TensorCache(bool rehash_inputs);
 
   // The top-level op now running (its serial number, counted by the recorder).
   void set_top_level_serial(uint64_t serial) { top_level_serial_ = serial; }
@@ -140,6 +140,7 @@ class TensorCache {
 
   bool rehash_inputs_;
   uint64_t top_level_serial_ = 0;
+  size_t room_;  // entries before the next sweep (make_room)
   // Entries come and go on most ops: their nodes come from a pool, not malloc. The pool is
   // declared first so that it outlives them.
   std::pmr::unsynchronized_pool_resource memory_;
