@@ -30,6 +30,23 @@ constexpr const char* kPythonProbe =
     "print(int(torch._C._GLIBCXX_USE_CXX11_ABI))\n"
     "print(next((l.split()[-1] for l in open('/proc/self/maps') if '/libtorch_cpu' in l), ''))\n";
 
+// Where a Python would import torch from, without importing it (a Python start, about 30 ms
+// against the 1-1.5 s of `import torch`): the interpreter, the package's folder, and the files
+// whose change means another torch. The full probe's answer for the same lines is reused.
+constexpr const char* kPythonLocate =
+    "import glob, importlib.util, os, sys\n"
+    "s = importlib.util.find_spec('torch')\n"
+    "d = os.path.dirname(s.origin) if s and s.origin else ''\n"
+    "print(os.path.realpath(sys.executable))\n"
+    "print(d)\n"
+    "for p in [os.path.join(d, 'version.py'), os.path.join(d, 'lib', 'libtorch_cpu.so')] + "
+    "sorted(glob.glob(os.path.join(d, '_C*.so'))):\n"
+    "    try:\n"
+    "        st = os.stat(p)\n"
+    "        print(p, st.st_ino, st.st_size, st.st_mtime_ns)\n"
+    "    except OSError:\n"
+    "        print(p, '-')\n";
+
 std::string real_path(const std::string& p) {
   std::error_code ec;
   fs::path r = fs::canonical(p, ec);
@@ -78,13 +95,80 @@ std::string script_python(const std::string& path) {
   return !argv.empty() && is_python_name(argv[0]) ? argv[0] : "";
 }
 
+// The folder for what `detaudit run` remembers between invocations; empty when there is none.
+std::string cache_dir() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  if (xdg && *xdg) return std::string(xdg) + "/detaudit";
+  if (home && *home) return std::string(home) + "/.cache/detaudit";
+  return "";
+}
+
+// What kPythonLocate printed, with the library path that picks the libtorch_cpu loaded: the key
+// of a probe's answer. Empty when it does not show a torch package (no torch, or not a Python).
+std::string probe_key(const std::string& python, const Config& c,
+                      const std::vector<std::string>& env) {
+  std::string out;
+  int exit_code = 0;
+  if (!capture_output({python, "-c", kPythonLocate}, env, c.target.cwd, &out, &exit_code).ok() ||
+      exit_code != 0)
+    return "";
+  std::istringstream lines(out);
+  std::string executable, dir;
+  std::getline(lines, executable);
+  std::getline(lines, dir);
+  std::error_code ec;
+  if (dir.empty() || !fs::is_regular_file(fs::path(dir) / "version.py", ec)) return "";
+  return fmt::format("{}\nLD_LIBRARY_PATH={}\ncwd={}\n{}", python, env_value(env, "LD_LIBRARY_PATH"),
+                     c.target.cwd, out);
+}
+
+// The full probe's output, remembered under its key in the cache folder (a line with the key's
+// length, the key, then the output). A write that fails leaves nothing to remember.
+std::string cache_file(const std::string& key) {
+  const std::string dir = cache_dir();
+  if (dir.empty() || key.empty()) return "";
+  return fmt::format("{}/torch-probe-{:016x}", dir, std::hash<std::string>{}(key));
+}
+
+bool cached_probe(const std::string& key, std::string* out) {
+  const std::string path = cache_file(key);
+  std::ifstream in(path, std::ios::binary);
+  if (path.empty() || !in) return false;
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string head = std::to_string(key.size()) + "\n";
+  if (text.compare(0, head.size(), head) != 0 || text.compare(head.size(), key.size(), key) != 0)
+    return false;
+  *out = text.substr(head.size() + key.size());
+  return !out->empty();
+}
+
+void remember_probe(const std::string& key, const std::string& out) {
+  const std::string path = cache_file(key);
+  if (path.empty()) return;
+  std::error_code ec;
+  fs::create_directories(fs::path(path).parent_path(), ec);
+  const std::string tmp = fmt::format("{}.{}", path, ::getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    f << key.size() << "\n" << key << out;
+    if (!f) return;
+  }
+  fs::rename(tmp, path, ec);  // whole or not at all, even beside another detaudit
+  if (ec) fs::remove(tmp, ec);
+}
+
 bool probe_python(const std::string& python, const Config& c, const std::vector<std::string>& env,
                   ProgramTorch* torch) {
   std::string out;
   int exit_code = 0;
-  if (!capture_output({python, "-c", kPythonProbe}, env, c.target.cwd, &out, &exit_code).ok() ||
-      exit_code != 0)
-    return false;
+  const std::string key = probe_key(python, c, env);
+  if (!cached_probe(key, &out)) {
+    if (!capture_output({python, "-c", kPythonProbe}, env, c.target.cwd, &out, &exit_code).ok() ||
+        exit_code != 0)
+      return false;
+    if (!key.empty()) remember_probe(key, out);
+  }
   std::istringstream lines(out);
   std::string abi;
   std::getline(lines, torch->version);

@@ -105,6 +105,37 @@ class CliBasics(unittest.TestCase):
                                    f"-DDETAUDIT_TORCH={PYTHON}")
         self.assertFalse(os.path.exists(self.tmp + "/a"))
 
+    def test_the_torch_probe_is_remembered_by_the_files_it_read(self):
+        # `import torch` costs a second or more: run remembers what the program's Python said,
+        # under the interpreter, torch's folder and its files' identity (inode, size, mtime).
+        env = {"XDG_CACHE_HOME": os.path.join(self.tmp, "cache")}
+        cache = os.path.join(self.tmp, "cache", "detaudit")
+        r = run(["run", "--out", self.tmp + "/a", "-q", "--", PYTHON, "-c", "pass"], env=env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        files = [os.path.join(cache, f) for f in os.listdir(cache)]
+        self.assertEqual(len(files), 1, files)
+        with open(files[0]) as f:
+            length, rest = f.read().split("\n", 1)
+        key, answer = rest[:int(length)], rest[int(length):]
+        self.assertIn(os.sep + "version.py ", key)
+        self.assertEqual(answer.splitlines()[0], TORCH_VERSION)
+
+        # The remembered answer is the one used: another version under the same key is refused.
+        with open(files[0], "w") as f:
+            f.write(f"{len(key)}\n{key}0.1.0\n1\n/nonexistent/libtorch_cpu.so\n")
+        r = run(["run", "--out", self.tmp + "/b", "--", PYTHON, "-c", "pass"], env=env)
+        self.assert_one_line_error(r, 2, "imports torch 0.1.0")
+
+        # A remembered key that is not this Python's now (a torch file changed since, or two keys
+        # under one name): the torch is asked again, and its answer replaces the one remembered.
+        stale = key.replace(os.sep + "version.py ", os.sep + "version.py 1", 1)
+        with open(files[0], "w") as f:
+            f.write(f"{len(stale)}\n{stale}0.1.0\n1\n/nonexistent/libtorch_cpu.so\n")
+        r = run(["run", "--out", self.tmp + "/c", "-q", "--", PYTHON, "-c", "pass"], env=env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(files[0]) as f:
+            self.assertIn(f"\n{TORCH_VERSION}\n", f.read())
+
     def test_failing_program_exits_4_and_keeps_the_run(self):
         out = os.path.join(self.tmp, "audit")
         r = run(["run", "--out", out, "-q", "--", "/bin/sh", "-c", "echo hi; exit 3"], env=self.env)
