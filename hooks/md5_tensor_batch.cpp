@@ -5,10 +5,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <mutex>
 #include <thread>
 
@@ -47,7 +47,7 @@ class DigestThread {
     return t;
   }
 
-  // False if no thread could be started: the caller runs the batch itself.
+  // False if no thread could be started, or its queue is full: the caller runs the batch itself.
   bool push(Md5TensorBatch::Slot* s) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!started_) {
@@ -58,7 +58,8 @@ class DigestThread {
       }
       started_ = true;
     }
-    queue_.push_back(s);
+    if (count_ == queue_.size()) return false;
+    queue_[(head_ + count_++) % queue_.size()] = s;
     cv_.notify_one();
     return true;
   }
@@ -74,9 +75,10 @@ class DigestThread {
       Md5TensorBatch::Slot* s;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [this] { return !queue_.empty(); });
-        s = queue_.front();
-        queue_.pop_front();
+        cv_.wait(lock, [this] { return count_ > 0; });
+        s = queue_[head_];
+        head_ = (head_ + 1) % queue_.size();
+        --count_;
       }
       run_slot(*s);
       g_on_digest_thread.fetch_add(1, std::memory_order_relaxed);
@@ -87,7 +89,10 @@ class DigestThread {
   const pid_t pid_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Md5TensorBatch::Slot*> queue_;
+  // A fixed ring, one batch in flight per op thread at most: nothing here allocates, so the
+  // digest thread's pace never moves the program's allocations.
+  std::array<Md5TensorBatch::Slot*, 256> queue_{};
+  size_t head_ = 0, count_ = 0;
   bool started_ = false;
 };
 
