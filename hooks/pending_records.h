@@ -28,7 +28,7 @@ class PendingDigest {
   PendingDigest(uint8_t dtype, bool with_stats) : dtype_(dtype), with_stats_(with_stats) {}
   // The collector's thread: the result, or null when the device could not compute it.
   void complete(const lanes::LaneResult* result);
-  // The op's thread, from its MD5 batch.
+  // The digest thread (or the op's thread), from an MD5 batch.
   void complete(const Md5Batch::Result& result);
   bool done() const { return done_.load(std::memory_order_acquire); }
   // Once done(): fills desc's digest and statistics. A digest the device failed to compute
