@@ -32,6 +32,9 @@ MODES = [
     ("sha256", {"digest": "sha256", "record": {"stats": False}}),
     ("xxh3 + stats", {"digest": "xxh3"}),
     ("xxh3", {"digest": "xxh3", "record": {"stats": False}}),
+    # libtorch's own cost of a callback that needs every op's inputs and outputs: no recorder
+    # on RecordFunction goes below it (callback_floor.cpp).
+    ("floor: empty callback (inputs + outputs)", "floor"),
     ("peer: TorchDispatchMode + MD5", "md5"),
     # What a user wanting bitwise per-op hashes picks: torch.hash_tensor of inputs and outputs.
     ("peer: DebugMode hash_tensor (inputs + outputs)", "debugmode"),
@@ -130,6 +133,9 @@ def with_baselines(args, modes):
 
 def mode_env(args, mode_config, run_dir, name=""):
     env = dict(os.environ)
+    if mode_config == "floor":
+        env["LD_PRELOAD"] = os.path.join(args.torch_bin, "libbench_callback_floor.so")
+        return env
     if mode_config is None or mode_config in PEERS:
         return env
     os.makedirs(run_dir, exist_ok=True)
@@ -333,7 +339,7 @@ def main():
             print(f"DebugMode unavailable in torch {py['torch']}: skipping {sorted(dropped)}", flush=True)
         args.modes -= dropped
     args.hooks = args.hooks or default_hooks(args.build, py)
-    if "cpp" in args.langs.split(","):
+    if "cpp" in args.langs.split(",") or any(cfg == "floor" for name, cfg in MODES if name in args.modes):
         args.torch_bin = args.torch_bin or default_torch_bin(args.build, args.python, py)
     if not os.path.exists(args.hooks):
         sys.exit(f"bench: no interposer at {args.hooks}")

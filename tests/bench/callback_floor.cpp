@@ -1,0 +1,26 @@
+// The floor under any recorder built on RecordFunction: a global callback that asks for every
+// op's inputs and outputs, in the scopes the interposer's op callback takes (hooks/attach.cpp),
+// and does nothing with them. What libtorch spends then (each op's arguments and results boxed
+// into IValues, the callback lists rebuilt per autograd task) no such recorder avoids.
+// bench.py preloads it as the mode "floor: empty callback (inputs + outputs)".
+#include <ATen/record_function.h>
+
+#include <memory>
+
+namespace {
+
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction&) { return nullptr; }
+void on_end(const at::RecordFunction&, at::ObserverContext*) {}
+
+struct Attach {
+  Attach() {
+    at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end)
+                              .needsInputs(true)
+                              .needsOutputs(true)
+                              .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
+                                       at::RecordScope::TORCHSCRIPT_FUNCTION,
+                                       at::RecordScope::CUSTOM_CLASS, at::RecordScope::USER_SCOPE}));
+  }
+} attach;
+
+}  // namespace
