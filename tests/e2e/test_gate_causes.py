@@ -46,9 +46,14 @@ class GateCauses(TmpDirCase):
         order_a = re.findall(r"step 0 order (\S+)", output_log(a))
         order_b = re.findall(r"step 0 order (\S+)", output_log(b))
         self.assertEqual(len(order_a), 1, output_log(a))
-        if order_a == order_b:
+        # Only the places of alpha and beta matter: they are the parameters the loss reads,
+        # and each takes the randn drawn at its place in the set's order.
+        def used_places(order):
+            names = order[0].split(",")
+            return names.index("alpha"), names.index("beta")
+        if used_places(order_a) == used_places(order_b):
             self.assertEqual(report["verdict"], "identical", report.get("first_divergence"))
-            self.skipTest("Python's hash randomization gave the same set order twice")
+            self.skipTest("Python's hash randomization put alpha and beta in the same places twice")
         self.assertEqual(proc.returncode, 1, proc.stderr)
         f = report["first_divergence"]
         self.assertEqual(f["class"], "external-input", f)
