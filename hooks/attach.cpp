@@ -37,18 +37,31 @@ void flush_everything() {
 struct sigaction g_previous[32];
 const int kFatalSignals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGTERM, SIGINT};
 
-void on_fatal_signal(int sig) {
-  if (sig == SIGTERM || sig == SIGINT) {
+// What a signal's handler saves, on the writer thread (StreamWriter::run_from_signal).
+struct SignalSave {
+  int sig;
+  ThreadRecorder* stopped;  // the thread the handler runs on, if it records
+};
+
+void save_for_signal(void* arg) {
+  const SignalSave& save = *static_cast<SignalSave*>(arg);
+  if (save.sig == SIGTERM || save.sig == SIGINT) {
     // Asked to stop (a CI runner, a scheduler, Ctrl-C): every thread's records so far.
     if (ProcessRecorder::instance().active())
-      ProcessRecorder::instance().save_on_stop_signal(sig == SIGTERM ? "SIGTERM" : "SIGINT");
-  } else if (ThreadRecorder* t = ThreadRecorder::current_if_any()) {
+      ProcessRecorder::instance().save_on_stop_signal(save.sig == SIGTERM ? "SIGTERM" : "SIGINT",
+                                                      save.stopped);
+  } else if (ThreadRecorder* t = save.stopped) {
     // A crash: what this thread recorded up to its last whole record, with the records that
     // waited for its MD5 batch when the crash came from outside its buffer (the program's own
-    // abort). That allocates, as a stop signal's save does.
+    // abort).
     if (!t->stream()->writing.load()) t->release_held_for_save();
     StreamWriter::instance().crash_flush(t->stream());
   }
+}
+
+void on_fatal_signal(int sig) {
+  SignalSave save{sig, ThreadRecorder::current_if_any()};
+  StreamWriter::instance().run_from_signal(save_for_signal, &save, /*max_wait_ms=*/10000);
   // Then die as we would have.
   sigaction(sig, &g_previous[sig], nullptr);
   raise(sig);

@@ -233,8 +233,8 @@ void ProcessRecorder::finish_all() {
   if (env_written_.load()) rewrite_environment_if_cuda_started(*this);
 }
 
-void ProcessRecorder::save_on_stop_signal(const char* signal_name) {
-  // No lock: the handler may run while a thread holds it. Threads keep running meanwhile; each
+void ProcessRecorder::save_on_stop_signal(const char* signal_name, ThreadRecorder* stopped) {
+  // No lock: the stopped thread may hold it. The other threads keep running meanwhile; each
   // buffer is saved up to its last whole record.
   // Digests already on a device first: the records that wait for them are then whole.
   drain_device_digests_for(2000);
@@ -245,8 +245,7 @@ void ProcessRecorder::save_on_stop_signal(const char* signal_name) {
       threads.push_back(t);
       streams.push_back(t->stream());
     }
-  ThreadRecorder* own = ThreadRecorder::current_if_any();
-  StreamWriter::instance().freeze_and_save(streams, own ? own->stream() : nullptr,
+  StreamWriter::instance().freeze_and_save(streams, stopped ? stopped->stream() : nullptr,
                                            [&](size_t i) { threads[i]->release_held_for_save(); });
   if (status_path_.empty()) return;
   int fd = ::open(status_path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);

@@ -83,10 +83,10 @@ class ProcessRecorder {
   void unregister_thread(ThreadRecorder* t);
   // At exit: close every stream with an END record and wait for the writer.
   void finish_all();
-  // From a SIGTERM or SIGINT handler: save every thread's whole records (no END: the run was
-  // cut) and append "interrupted by <signal>" to the process's .status. Allocates a little:
-  // the process is about to end either way.
-  void save_on_stop_signal(const char* signal_name);
+  // For a SIGTERM or SIGINT handler, on the writer thread (it allocates): save every thread's
+  // whole records (no END: the run was cut) and append "interrupted by <signal>" to the
+  // process's .status. `stopped` is the thread the handler runs on, if it records.
+  void save_on_stop_signal(const char* signal_name, ThreadRecorder* stopped);
   void write_environment_once();
 
   // pthread_atfork: no callback toggles across a fork; in the child, a new role, a fresh order,

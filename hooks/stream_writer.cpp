@@ -1,5 +1,7 @@
 #include "stream_writer.h"
 
+#include <pthread.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -11,6 +13,8 @@
 
 namespace detaudit::hooks {
 namespace {
+
+thread_local bool t_on_writer_thread = false;
 
 void write_all(int fd, const char* p, size_t n) {
   while (n > 0) {
@@ -27,6 +31,12 @@ void write_all(int fd, const char* p, size_t n) {
 void sleep_ms(long ms) {
   timespec ts{0, ms * 1000000L};
   nanosleep(&ts, nullptr);  // async-signal-safe, unlike std::this_thread::sleep_for
+}
+
+int64_t monotonic_ms() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);  // async-signal-safe
+  return int64_t(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
 }
 
 }  // namespace
@@ -92,17 +102,41 @@ size_t StreamWriter::write_pending() {
 }
 
 void StreamWriter::run() {
+  // Signals go to the program's threads, never here: a handler's job runs on this thread.
+  sigset_t async;
+  sigfillset(&async);
+  for (int sync : {SIGSEGV, SIGBUS, SIGILL, SIGFPE}) sigdelset(&async, sync);
+  pthread_sigmask(SIG_BLOCK, &async, nullptr);
+  t_on_writer_thread = true;
   for (;;) {
     size_t n = write_pending();
-    if (StreamBuffer* crashed = crash_request_.load(std::memory_order_acquire)) {
-      write_pending();
-      write_all(crashed->fd, crashed->bytes.data(),
-                crashed->committed.load(std::memory_order_acquire));
-      crash_request_.store(nullptr, std::memory_order_release);
-      crash_done_.store(true, std::memory_order_release);
+    const uint64_t asked = signal_jobs_asked_.load(std::memory_order_acquire);
+    if (asked != signal_jobs_done_.load(std::memory_order_relaxed)) {
+      const SignalJob job = signal_job_;
+      job.run(job.arg);
+      signal_job_claimed_.store(false, std::memory_order_release);
+      signal_jobs_done_.store(asked, std::memory_order_release);
     }
     if (n == 0) sleep_ms(2);
   }
+}
+
+void StreamWriter::run_from_signal(void (*job)(void*), void* arg, long max_wait_ms) {
+  if (!started_.load() || t_on_writer_thread) {
+    job(arg);
+    return;
+  }
+  // By the clock: on a loaded machine a 1 ms sleep takes several.
+  const int64_t deadline = monotonic_ms() + max_wait_ms;
+  // One job at a time: another thread's signal may be being handled.
+  while (signal_job_claimed_.exchange(true, std::memory_order_acquire)) {
+    if (monotonic_ms() >= deadline) return;
+    sleep_ms(1);
+  }
+  signal_job_ = SignalJob{job, arg};
+  const uint64_t ticket = signal_jobs_asked_.fetch_add(1, std::memory_order_acq_rel) + 1;
+  while (signal_jobs_done_.load(std::memory_order_acquire) < ticket && monotonic_ms() < deadline)
+    sleep_ms(1);
 }
 
 void StreamWriter::drain(long stall_ms) {
@@ -121,15 +155,10 @@ void StreamWriter::drain(long stall_ms) {
 }
 
 void StreamWriter::crash_flush(StreamBuffer* stream) {
-  if (!started_.load()) {
-    // No writer thread yet: write directly, we are the only writer of this file.
-    if (stream && stream->fd >= 0)
-      write_all(stream->fd, stream->bytes.data(), stream->committed.load());
-    return;
-  }
-  crash_done_.store(false);
-  crash_request_.store(stream, std::memory_order_release);
-  for (int i = 0; i < 1000 && !crash_done_.load(std::memory_order_acquire); ++i) sleep_ms(1);
+  // On the writer thread, or with none: nothing else writes these files now.
+  write_pending();
+  if (stream && stream->fd >= 0)
+    write_all(stream->fd, stream->bytes.data(), stream->committed.load(std::memory_order_acquire));
 }
 
 void StreamWriter::freeze_and_save(const std::vector<StreamBuffer*>& streams, StreamBuffer* own,
@@ -149,7 +178,9 @@ void StreamWriter::reset_after_fork() {
   head_.store(nullptr);  // the parent writes its own chunks; leaking the child's copy is fine
   pushed_.store(0);
   written_.store(0);
-  crash_request_.store(nullptr);
+  signal_jobs_asked_.store(0);
+  signal_jobs_done_.store(0);
+  signal_job_claimed_.store(false);
   started_.store(false);
 }
 

@@ -2,7 +2,7 @@
 //
 // Each recording thread appends whole records to its own buffer and hands full buffers over as
 // chunks through a lock-free stack; one background thread writes them to the stream's file.
-// A thread that crashes asks the writer to save the committed part of its buffer as well.
+// A signal's handler has the writer thread save what the buffers hold (run_from_signal).
 //
 // Chunks live in their own memory mappings, never in malloc's heap: handovers follow the clock
 // and the writer frees when it is done, so in the heap they would move the program's tensors
@@ -51,12 +51,18 @@ class StreamWriter {
   // Writes everything handed over so far and waits for it (at exit, never on the op path); gives
   // up only when no chunk was written for `stall_ms` (a dead disk must not hang the program).
   void drain(long stall_ms = 60000);
-  // From a fatal-signal handler on the crashing thread: save its committed bytes, wait briefly.
+  // From a signal handler: runs job(arg) on the writer thread and waits for it, at most
+  // `max_wait_ms`; here when there is no writer thread, or this is it. The saving allocates, and
+  // the handler's thread may have been stopped inside malloc, holding its lock; the writer
+  // thread blocks signals, so it never is. Bounded: a program told to stop must stop. `arg`
+  // must outlive the job; after a time-out the caller is expected to end the process.
+  void run_from_signal(void (*job)(void*), void* arg, long max_wait_ms);
+  // Within such a job: what was handed over, then the stream's committed bytes.
   void crash_flush(StreamBuffer* stream);
-  // From a stop signal's handler: freeze every stream, wait (briefly) for threads inside a
-  // write to leave it, then save each buffer's committed bytes. `own` is the handler's thread's
-  // buffer, saved as it stands. `settle(i)` runs first for each stream i whose thread is out of
-  // it for good.
+  // Within such a job, for a stop signal: freeze every stream, wait (briefly) for threads inside
+  // a write to leave it, then save each buffer's committed bytes. `own` is the buffer of the
+  // thread the signal stopped, saved as it stands. `settle(i)` runs first for each stream i
+  // whose thread is out of it for good.
   void freeze_and_save(const std::vector<StreamBuffer*>& streams, StreamBuffer* own,
                        const std::function<void(size_t)>& settle);
   // In a forked child: forget the parent's queue and thread.
@@ -78,8 +84,14 @@ class StreamWriter {
 
   std::atomic<Chunk*> head_{nullptr};
   std::atomic<uint64_t> pushed_{0}, written_{0};
-  std::atomic<StreamBuffer*> crash_request_{nullptr};
-  std::atomic<bool> crash_done_{false};
+  // run_from_signal's job: written by the handler holding `claimed`, published by `asked`.
+  struct SignalJob {
+    void (*run)(void*);
+    void* arg;
+  };
+  SignalJob signal_job_{nullptr, nullptr};
+  std::atomic<bool> signal_job_claimed_{false};
+  std::atomic<uint64_t> signal_jobs_asked_{0}, signal_jobs_done_{0};
   std::atomic<bool> started_{false};
 };
 

@@ -3,6 +3,7 @@
 // tests/tsan.sh.
 #include <fcntl.h>
 #include <malloc.h>
+#include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -101,7 +103,18 @@ TEST(StreamWriterTest, AFreezeWhileThreadsWriteSavesWholeRecordsInOrder) {
   // Each thread leaves its write: each stream is settled (its held records released) before
   // it is saved.
   std::vector<size_t> settled;
-  StreamWriter::instance().freeze_and_save(all, nullptr, [&](size_t i) { settled.push_back(i); });
+  struct Freeze {
+    std::vector<StreamBuffer*>* all;
+    std::vector<size_t>* settled;
+  } freeze{&all, &settled};
+  // As a stop signal's handler does: on the writer thread.
+  StreamWriter::instance().run_from_signal(
+      [](void* arg) {
+        auto* f = static_cast<Freeze*>(arg);
+        StreamWriter::instance().freeze_and_save(*f->all, nullptr,
+                                                 [&](size_t i) { f->settled->push_back(i); });
+      },
+      &freeze, /*max_wait_ms=*/60000);
   EXPECT_EQ(settled, (std::vector<size_t>{0, 1, 2}));
   for (std::thread& th : threads) th.join();
   StreamWriter::instance().drain();
@@ -138,6 +151,58 @@ TEST(StreamWriterTest, HandingOverTakesNothingFromMalloc) {
   StreamWriter::instance().drain();
   EXPECT_EQ(heap(), before);
   EXPECT_EQ(read_file(streams.paths[0]).size(), size_t(200 * 16 * 1024));
+}
+
+// The saving a signal's handler asks for allocates. A thread stopped inside malloc holds its
+// arena's lock: the job runs on the writer thread, and the handler returns. (Run here on the
+// signal's own thread, this deadlocked at the first signal.) An allocator with a lock of its
+// own across threads (ASan's) can hold the writer back too: the handler waits for it at most
+// 2 s, and the job runs once the thread left malloc.
+std::atomic<int> g_saves{0};
+std::atomic<bool> g_stop_allocating{false};
+std::atomic<long> g_allocating_rounds{0};  // static: the thread may outlive a failed test
+void save_something(void*) {
+  std::vector<std::string> lines;
+  for (int i = 0; i < 64; ++i) lines.push_back(std::string(4096 + i, 'x'));
+  g_saves.fetch_add(1);
+}
+void on_test_signal(int) { StreamWriter::instance().run_from_signal(save_something, nullptr, 2000); }
+
+TEST(StreamWriterTest, ASignalsSavingNeverWaitsForALockItsThreadHolds) {
+  StreamWriter::instance().start();
+  struct sigaction sa {};
+  sa.sa_handler = on_test_signal;
+  sigemptyset(&sa.sa_mask);
+  ASSERT_EQ(sigaction(SIGUSR1, &sa, nullptr), 0);
+  // Sizes past the thread cache: each malloc and free takes the arena's lock.
+  std::thread allocating([] {
+    while (!g_stop_allocating.load()) {
+      std::vector<void*> blocks;
+      for (int i = 0; i < 32; ++i) blocks.push_back(std::malloc(size_t(8192 + 64 * i)));
+      for (void* b : blocks) std::free(b);
+      g_allocating_rounds.fetch_add(1);
+    }
+  });
+  while (g_allocating_rounds.load() == 0) std::this_thread::yield();
+  constexpr int kSignals = 300;
+  for (int k = 0; k < kSignals; ++k) {
+    const int before = g_saves.load();
+    ASSERT_EQ(pthread_kill(allocating.native_handle(), SIGUSR1), 0);
+    // The handler returns once the job ran (or after 2 s); then the thread allocates again.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (g_saves.load() == before && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::yield();
+    if (g_saves.load() == before) {
+      allocating.detach();  // stuck for good
+      FAIL() << "signal " << k << ": the saving never ran";
+    }
+  }
+  const long r = g_allocating_rounds.load();
+  while (g_allocating_rounds.load() == r) std::this_thread::yield();  // the thread still runs
+  g_stop_allocating.store(true);
+  allocating.join();
+  ::signal(SIGUSR1, SIG_DFL);
+  EXPECT_EQ(g_saves.load(), kSignals);
 }
 
 // Hands `chunks` chunks of `bytes` each to the writer, for the pipe's write end.
