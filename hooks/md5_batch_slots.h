@@ -10,7 +10,7 @@
 //
 // A full batch goes to the digest thread at once; the op's thread waits only when it has filled
 // the other batch before the digest thread gave the first back. Only the op's thread calls these,
-// or a stop signal's handler once that thread is out of its buffer for good.
+// or a stop signal's save (on the writer thread) once that thread is out of its buffer for good.
 #pragma once
 
 #include <atomic>
@@ -34,8 +34,8 @@ class Md5BatchSlots {
   std::shared_ptr<PendingDigest> commit(uint8_t dtype, bool with_stats);
   // Hands the batch being filled to the digest thread if that thread is idle; never waits.
   void submit_if_idle();
-  // Completes every pending digest: waits for the batch in flight, runs the other here. From a
-  // stop signal's handler, waits at most `max_wait_ms` for the digest thread, and returns false
+  // Completes every pending digest: waits for the batch in flight, runs the other here. For a
+  // stop signal's save, waits at most `max_wait_ms` for the digest thread, and returns false
   // if it did not finish (its digests stay pending).
   bool run(long max_wait_ms = -1);
   bool empty() const { return slots_[0].pending.empty() && slots_[1].pending.empty(); }

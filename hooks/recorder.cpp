@@ -540,7 +540,7 @@ void ThreadRecorder::on_end(const at::RecordFunction& fn) {
   }
   if (f.recorded && produced_fake_tensor(fn.outputs())) f.recorded = false;
   // The only place this thread changes its stream buffer while the process runs: a stop
-  // signal's handler waits until no thread is here, then saves every buffer.
+  // signal's save waits until no thread is here, then saves every buffer.
   if (f.recorded && stream_.enter_write()) {
     busy_ = true;
     in_buffer_ = true;

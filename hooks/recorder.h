@@ -158,7 +158,7 @@ class ThreadRecorder {
   // Writes the END record and hands everything over.
   void finish();
   StreamBuffer* stream() { return &stream_; }
-  // From a stop signal's handler, once this thread is out of its buffer for good: the held
+  // For a stop signal's save, once this thread is out of its buffer for good: the held
   // records whose digests are in, into the buffer to be saved.
   void release_held_for_save();
 
@@ -292,7 +292,7 @@ class ThreadRecorder {
   trace::TensorDesc desc_scratch_, desc_copy_;
   PendingRecords held_;
   // MD5 of small CPU tensors, batched and hashed on the digest thread; null for other digests.
-  // Only inside enter_write(), so a stop signal's handler can run it when the thread is out
+  // Only inside enter_write(), so a stop signal's save can run it when the thread is out
   // (release_held_for_save).
   std::unique_ptr<Md5TensorBatch> md5_batch_;
   bool in_buffer_ = false;

@@ -167,7 +167,7 @@ void StreamWriter::freeze_and_save(const std::vector<StreamBuffer*>& streams, St
   for (size_t k = 0; k < streams.size(); ++k) {
     StreamBuffer* s = streams[k];
     if (!s) continue;
-    // The handler's own thread may have been interrupted inside a write: it cannot leave it.
+    // The thread the signal stopped may be inside a write: it cannot leave it.
     for (int i = 0; s != own && i < 200 && s->writing.load(); ++i) sleep_ms(1);
     if (!s->writing.load()) settle(k);
     if (!s->writing.load() || s == own) crash_flush(s);

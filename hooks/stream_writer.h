@@ -18,7 +18,7 @@
 
 namespace detaudit::hooks {
 
-// Set once a stop signal's handler saves every buffer: from then on no thread changes its own.
+// Set once a stop signal's save freezes every buffer: from then on no thread changes its own.
 inline std::atomic<bool> g_streams_frozen{false};
 
 // One stream's file and the bytes its thread has not handed over yet.
