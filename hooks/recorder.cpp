@@ -303,10 +303,10 @@ void ThreadRecorder::on_start(const at::RecordFunction& fn) {
   if (identity_->moves_batches) return;
   const trace::Phase phase = phases_.phase(proc.is_python());
   if (!proc.config().select.wants_phase(phase)) return;
-  begin_op(fn, f);
+  begin_op(fn, f, phase);
 }
 
-void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f) {
+void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f, trace::Phase phase) {
   ProcessRecorder& proc = ProcessRecorder::instance();
   const OpInfo& info = *f.info;
   f.recorded = true;
@@ -325,7 +325,6 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f) {
     scope_changes_seen_ = phases_.scope_changes();
   }
   f.scope_id = scope_id_;
-  const trace::Phase phase = phases_.phase(proc.is_python());
   trace::Scope scope = fn.scope() == at::RecordScope::FUNCTION            ? trace::Scope::kFunction
                        : fn.scope() == at::RecordScope::BACKWARD_FUNCTION ? trace::Scope::kBackwardFunction
                                                                            : trace::Scope::kOther;

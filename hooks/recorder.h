@@ -208,7 +208,7 @@ class ThreadRecorder {
   void reset_after_fork();
   const OpInfo& op_info(const at::RecordFunction& fn);
   uint32_t intern(std::string_view s);
-  void begin_op(const at::RecordFunction& fn, Frame& f);
+  void begin_op(const at::RecordFunction& fn, Frame& f, trace::Phase phase);
   // `detaudit replay`: saves this op's inputs if it is the one the capture names.
   void maybe_capture(const CaptureSpec& spec, const at::RecordFunction& fn, const Frame& f);
 

@@ -101,12 +101,15 @@ uint64_t describe_tensor(const at::Tensor& tensor, Hasher* hasher, bool with_sta
 
   TensorDigester digester(hasher, desc->dtype, with_stats);
   if (t.numel() > 0) {
-    if (t.is_contiguous())
-      digester.update_all(t.data_ptr(), size_t(t.numel()) * size_t(t.element_size()), on_torch_pool,
-                          torch_pool_threads());
-    else
+    if (t.is_contiguous()) {
+      const size_t nbytes = size_t(t.numel()) * size_t(t.element_size());
+      // Only a tensor of several leaves asks torch for its threads (a thread-local read).
+      digester.update_all(t.data_ptr(), nbytes, on_torch_pool,
+                          nbytes > kLeafBytes ? torch_pool_threads() : 1);
+    } else {
       feed_strided(t.data_ptr(), size_t(t.element_size()), t.sizes().data(), t.strides().data(),
                    size_t(t.dim()), &digester);
+    }
   }
   digester.finish(desc);
   return digester.bytes();
