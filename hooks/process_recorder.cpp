@@ -245,21 +245,32 @@ void ProcessRecorder::save_on_stop_signal(const char* signal_name, ThreadRecorde
       threads.push_back(t);
       streams.push_back(t->stream());
     }
-  StreamWriter::instance().freeze_and_save(streams, stopped ? stopped->stream() : nullptr,
-                                           [&](size_t i) { threads[i]->release_held_for_save(); });
-  if (status_path_.empty()) return;
-  int fd = ::open(status_path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
-  if (fd < 0) return;
-  for (const std::string& line : {device_digest_status(), md5_batch_status(), torch_pool_status()}) {
-    if (line.empty()) continue;
-    (void)!::write(fd, line.data(), line.size());
-    (void)!::write(fd, "\n", 1);
+  StreamBuffer* own = stopped ? stopped->stream() : nullptr;
+  const size_t own_saved = StreamWriter::instance().freeze_and_save(
+      streams, own, [&](size_t i) { threads[i]->release_held_for_save(); });
+  if (!status_path_.empty()) {
+    int fd = ::open(status_path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+    if (fd >= 0) {
+      for (const std::string& line :
+           {device_digest_status(), md5_batch_status(), torch_pool_status()}) {
+        if (line.empty()) continue;
+        (void)!::write(fd, line.data(), line.size());
+        (void)!::write(fd, "\n", 1);
+      }
+      const char prefix[] = "interrupted by ";
+      (void)!::write(fd, prefix, sizeof prefix - 1);
+      (void)!::write(fd, signal_name, std::strlen(signal_name));
+      (void)!::write(fd, "\n", 1);
+      ::close(fd);
+    }
   }
-  const char prefix[] = "interrupted by ";
-  (void)!::write(fd, prefix, sizeof prefix - 1);
-  (void)!::write(fd, signal_name, std::strlen(signal_name));
-  (void)!::write(fd, "\n", 1);
-  ::close(fd);
+  // Last, the stopped thread's held records. Releasing them frees memory of its malloc arena,
+  // and the signal may have stopped it inside malloc, holding that arena's lock: then this
+  // waits until the handler's bound ends the process, and only these records are lost.
+  if (own && !own->writing.load()) {
+    stopped->release_held_for_save();
+    StreamWriter::instance().crash_flush(own, own_saved);
+  }
 }
 
 void ProcessRecorder::write_environment_once() {

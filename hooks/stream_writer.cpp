@@ -154,24 +154,28 @@ void StreamWriter::drain(long stall_ms) {
   }
 }
 
-void StreamWriter::crash_flush(StreamBuffer* stream) {
+size_t StreamWriter::crash_flush(StreamBuffer* stream, size_t from) {
   // On the writer thread, or with none: nothing else writes these files now.
   write_pending();
-  if (stream && stream->fd >= 0)
-    write_all(stream->fd, stream->bytes.data(), stream->committed.load(std::memory_order_acquire));
+  if (!stream || stream->fd < 0) return from;
+  const size_t committed = stream->committed.load(std::memory_order_acquire);
+  if (committed <= from) return from;
+  write_all(stream->fd, stream->bytes.data() + from, committed - from);
+  return committed;
 }
 
-void StreamWriter::freeze_and_save(const std::vector<StreamBuffer*>& streams, StreamBuffer* own,
-                                   const std::function<void(size_t)>& settle) {
+size_t StreamWriter::freeze_and_save(const std::vector<StreamBuffer*>& streams, StreamBuffer* own,
+                                     const std::function<void(size_t)>& settle) {
   g_streams_frozen.store(true);
   for (size_t k = 0; k < streams.size(); ++k) {
     StreamBuffer* s = streams[k];
-    if (!s) continue;
-    // The thread the signal stopped may be inside a write: it cannot leave it.
-    for (int i = 0; s != own && i < 200 && s->writing.load(); ++i) sleep_ms(1);
-    if (!s->writing.load()) settle(k);
-    if (!s->writing.load() || s == own) crash_flush(s);
+    if (!s || s == own) continue;
+    for (int i = 0; i < 200 && s->writing.load(); ++i) sleep_ms(1);
+    if (s->writing.load()) continue;
+    settle(k);
+    crash_flush(s);
   }
+  return crash_flush(own);
 }
 
 void StreamWriter::reset_after_fork() {

@@ -57,14 +57,16 @@ class StreamWriter {
   // thread blocks signals, so it never is. Bounded: a program told to stop must stop. `arg`
   // must outlive the job; after a time-out the caller is expected to end the process.
   void run_from_signal(void (*job)(void*), void* arg, long max_wait_ms);
-  // Within such a job: what was handed over, then the stream's committed bytes.
-  void crash_flush(StreamBuffer* stream);
+  // Within such a job: what was handed over, then the stream's committed bytes from `from` on.
+  // Returns the offset written up to, the `from` of a later call once more records committed.
+  size_t crash_flush(StreamBuffer* stream, size_t from = 0);
   // Within such a job, for a stop signal: freeze every stream, wait (briefly) for threads inside
-  // a write to leave it, then save each buffer's committed bytes. `own` is the buffer of the
-  // thread the signal stopped, saved as it stands. `settle(i)` runs first for each stream i
-  // whose thread is out of it for good.
-  void freeze_and_save(const std::vector<StreamBuffer*>& streams, StreamBuffer* own,
-                       const std::function<void(size_t)>& settle);
+  // a write to leave it, then save each buffer's committed bytes. `settle(i)` runs first for
+  // each stream i whose thread is out of it for good. `own`, the buffer of the thread the signal
+  // stopped, is saved as it stands, unsettled: settling frees memory of that thread's malloc
+  // arena, whose lock it may hold. Returns the offset own was written up to.
+  size_t freeze_and_save(const std::vector<StreamBuffer*>& streams, StreamBuffer* own,
+                         const std::function<void(size_t)>& settle);
   // In a forked child: forget the parent's queue and thread.
   void reset_after_fork();
 

@@ -84,6 +84,43 @@ TEST(StreamWriterTest, EveryThreadsRecordsReachItsFileInOrder) {
   }
 }
 
+// The stopped thread's buffer: saved as it stands, never settled inside the freeze (settling
+// frees memory of its malloc arena, whose lock it may hold); what it commits after, once settled
+// last, is appended once.
+TEST(StreamWriterTest, TheStoppedThreadsBufferIsSavedUnsettledAndWhatItCommitsLaterOnce) {
+  Streams streams("stopped", 2);
+  for (int t = 0; t < 2; ++t) {
+    StreamBuffer& s = streams.buffers[size_t(t)];
+    for (int k = 0; k < 3; ++k) s.bytes += record(t, k);
+    s.committed.store(s.bytes.size());
+    s.bytes += "<partial";  // a record being written: never saved
+  }
+  struct Job {
+    Streams* streams;
+    std::vector<size_t> settled;
+    size_t own_saved = 0;
+  } job{&streams, {}, 0};
+  StreamWriter::instance().run_from_signal(
+      [](void* arg) {
+        auto* j = static_cast<Job*>(arg);
+        std::vector<StreamBuffer*> all{&j->streams->buffers[0], &j->streams->buffers[1]};
+        StreamBuffer* own = all[1];
+        j->own_saved = StreamWriter::instance().freeze_and_save(
+            all, own, [&](size_t i) { j->settled.push_back(i); });
+        // As ProcessRecorder::save_on_stop_signal does last: its held records released.
+        own->bytes.resize(own->committed.load());
+        own->bytes += record(1, 3);
+        own->committed.store(own->bytes.size());
+        StreamWriter::instance().crash_flush(own, j->own_saved);
+      },
+      &job, /*max_wait_ms=*/60000);
+  g_streams_frozen.store(false);  // for the tests that follow in this process
+  EXPECT_EQ(job.settled, (std::vector<size_t>{0}));
+  EXPECT_EQ(job.own_saved, record(1, 0).size() * 3);
+  EXPECT_EQ(read_file(streams.paths[0]), record(0, 0) + record(0, 1) + record(0, 2));
+  EXPECT_EQ(read_file(streams.paths[1]), record(1, 0) + record(1, 1) + record(1, 2) + record(1, 3));
+}
+
 // SIGTERM's path: a freeze while threads write saves, per stream, whole records only, in order,
 // and no thread changes its buffer afterwards.
 TEST(StreamWriterTest, AFreezeWhileThreadsWriteSavesWholeRecordsInOrder) {
