@@ -247,7 +247,8 @@ void ProcessRecorder::save_on_stop_signal(const char* signal_name, ThreadRecorde
     }
   StreamBuffer* own = stopped ? stopped->stream() : nullptr;
   const size_t own_saved = StreamWriter::instance().freeze_and_save(
-      streams, own, [&](size_t i) { threads[i]->release_held_for_save(); });
+      streams, own, [&](size_t i, long max_wait_ms) { threads[i]->release_held_for_save(max_wait_ms); },
+      /*budget_ms=*/5000);  // with the device drain's 2 s, inside the handler's 10 s
   if (!status_path_.empty()) {
     int fd = ::open(status_path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
     if (fd >= 0) {

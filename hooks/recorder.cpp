@@ -500,9 +500,9 @@ void ThreadRecorder::submit_md5_batch() {
   release_held();
 }
 
-void ThreadRecorder::release_held_for_save() {
+void ThreadRecorder::release_held_for_save(long max_wait_ms) {
   // Bounded: the digest thread may be starved, and the process is about to end.
-  if (md5_batch_) md5_batch_->run(/*max_wait_ms=*/2000);
+  if (md5_batch_) md5_batch_->run(std::min(max_wait_ms, 2000L));
   release_held();
 }
 

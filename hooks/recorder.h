@@ -159,8 +159,9 @@ class ThreadRecorder {
   void finish();
   StreamBuffer* stream() { return &stream_; }
   // For a stop signal's save, once this thread is out of its buffer for good: the held
-  // records whose digests are in, into the buffer to be saved.
-  void release_held_for_save();
+  // records whose digests are in, into the buffer to be saved. Waits at most `max_wait_ms` for
+  // the digest thread.
+  void release_held_for_save(long max_wait_ms = 2000);
 
  private:
   // A tensor argument captured when the op started, written when it ends.

@@ -6,6 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -165,14 +166,20 @@ size_t StreamWriter::crash_flush(StreamBuffer* stream, size_t from) {
 }
 
 size_t StreamWriter::freeze_and_save(const std::vector<StreamBuffer*>& streams, StreamBuffer* own,
-                                     const std::function<void(size_t)>& settle) {
+                                     const std::function<void(size_t, long)>& settle,
+                                     long budget_ms) {
   g_streams_frozen.store(true);
+  // By the clock, over all streams: on a loaded host each 1 ms sleep takes several, and the
+  // waits of a few streams must not use up the handler's bound before anything is written.
+  const int64_t deadline = monotonic_ms() + budget_ms;
   for (size_t k = 0; k < streams.size(); ++k) {
     StreamBuffer* s = streams[k];
     if (!s || s == own) continue;
-    for (int i = 0; i < 200 && s->writing.load(); ++i) sleep_ms(1);
+    const int64_t leave_by = std::min(deadline, monotonic_ms() + 200);
+    while (s->writing.load() && monotonic_ms() < leave_by) sleep_ms(1);
     if (s->writing.load()) continue;
-    settle(k);
+    const int64_t left = deadline - monotonic_ms();
+    if (left > 0) settle(k, long(left));  // else saved without its held records
     crash_flush(s);
   }
   return crash_flush(own);

@@ -61,12 +61,13 @@ class StreamWriter {
   // Returns the offset written up to, the `from` of a later call once more records committed.
   size_t crash_flush(StreamBuffer* stream, size_t from = 0);
   // Within such a job, for a stop signal: freeze every stream, wait (briefly) for threads inside
-  // a write to leave it, then save each buffer's committed bytes. `settle(i)` runs first for
-  // each stream i whose thread is out of it for good. `own`, the buffer of the thread the signal
-  // stopped, is saved as it stands, unsettled: settling frees memory of that thread's malloc
-  // arena, whose lock it may hold. Returns the offset own was written up to.
+  // a write to leave it, then save each buffer's committed bytes. `settle(i, max_wait_ms)` runs
+  // first for each stream i whose thread is out of it for good, while `budget_ms` lasts. `own`,
+  // the buffer of the thread the signal stopped, is saved as it stands, unsettled: settling frees
+  // memory of that thread's malloc arena, whose lock it may hold. Returns the offset own was
+  // written up to.
   size_t freeze_and_save(const std::vector<StreamBuffer*>& streams, StreamBuffer* own,
-                         const std::function<void(size_t)>& settle);
+                         const std::function<void(size_t, long)>& settle, long budget_ms);
   // In a forked child: forget the parent's queue and thread.
   void reset_after_fork();
 

@@ -106,7 +106,7 @@ TEST(StreamWriterTest, TheStoppedThreadsBufferIsSavedUnsettledAndWhatItCommitsLa
         std::vector<StreamBuffer*> all{&j->streams->buffers[0], &j->streams->buffers[1]};
         StreamBuffer* own = all[1];
         j->own_saved = StreamWriter::instance().freeze_and_save(
-            all, own, [&](size_t i) { j->settled.push_back(i); });
+            all, own, [&](size_t i, long) { j->settled.push_back(i); }, 60000);
         // As ProcessRecorder::save_on_stop_signal does last: its held records released.
         own->bytes.resize(own->committed.load());
         own->bytes += record(1, 3);
@@ -119,6 +119,45 @@ TEST(StreamWriterTest, TheStoppedThreadsBufferIsSavedUnsettledAndWhatItCommitsLa
   EXPECT_EQ(job.own_saved, record(1, 0).size() * 3);
   EXPECT_EQ(read_file(streams.paths[0]), record(0, 0) + record(0, 1) + record(0, 2));
   EXPECT_EQ(read_file(streams.paths[1]), record(1, 0) + record(1, 1) + record(1, 2) + record(1, 3));
+}
+
+// Settling waits for the digest thread, which a loaded host may starve: the waits of all
+// streams together stay within the budget, and every stream is saved, settled or not.
+TEST(StreamWriterTest, SettlingStaysWithinItsBudgetAndEveryStreamIsSaved) {
+  constexpr int kStreams = 4;
+  Streams streams("budget", kStreams);
+  for (int t = 0; t < kStreams; ++t) {
+    StreamBuffer& s = streams.buffers[size_t(t)];
+    s.bytes = record(t, 0);
+    s.committed.store(s.bytes.size());
+  }
+  struct Job {
+    Streams* streams;
+    std::vector<size_t> settled;
+  } job{&streams, {}};
+  const auto start = std::chrono::steady_clock::now();
+  StreamWriter::instance().run_from_signal(
+      [](void* arg) {
+        auto* j = static_cast<Job*>(arg);
+        std::vector<StreamBuffer*> all;
+        for (StreamBuffer& b : j->streams->buffers) all.push_back(&b);
+        // Each settle waits as long as it is allowed: a digest thread that never comes back.
+        StreamWriter::instance().freeze_and_save(
+            all, nullptr,
+            [&](size_t i, long max_wait_ms) {
+              j->settled.push_back(i);
+              std::this_thread::sleep_for(std::chrono::milliseconds(max_wait_ms));
+            },
+            /*budget_ms=*/300);
+      },
+      &job, /*max_wait_ms=*/60000);
+  const auto took = std::chrono::steady_clock::now() - start;
+  g_streams_frozen.store(false);  // for the tests that follow in this process
+  EXPECT_LT(took, std::chrono::seconds(3));
+  EXPECT_FALSE(job.settled.empty());
+  EXPECT_LT(job.settled.size(), size_t(kStreams)) << "the budget was spent on the first";
+  for (int t = 0; t < kStreams; ++t)
+    EXPECT_EQ(read_file(streams.paths[size_t(t)]), record(t, 0)) << "stream " << t;
 }
 
 // SIGTERM's path: a freeze while threads write saves, per stream, whole records only, in order,
@@ -148,8 +187,8 @@ TEST(StreamWriterTest, AFreezeWhileThreadsWriteSavesWholeRecordsInOrder) {
   StreamWriter::instance().run_from_signal(
       [](void* arg) {
         auto* f = static_cast<Freeze*>(arg);
-        StreamWriter::instance().freeze_and_save(*f->all, nullptr,
-                                                 [&](size_t i) { f->settled->push_back(i); });
+        StreamWriter::instance().freeze_and_save(
+            *f->all, nullptr, [&](size_t i, long) { f->settled->push_back(i); }, 60000);
       },
       &freeze, /*max_wait_ms=*/60000);
   EXPECT_EQ(settled, (std::vector<size_t>{0, 1, 2}));
