@@ -53,13 +53,8 @@ void save_for_signal(void* arg) {
   } else if (ThreadRecorder* t = save.stopped) {
     // A crash: what this thread recorded up to its last whole record, then the records that
     // waited for its MD5 batch when the crash came from outside its buffer (the program's own
-    // abort). In that order: releasing them frees memory of this thread's malloc arena, whose
-    // lock a crash inside malloc holds, and the wait for it ends only with the handler's bound.
-    const size_t saved = StreamWriter::instance().crash_flush(t->stream());
-    if (!t->stream()->writing.load()) {
-      t->release_held_for_save();
-      StreamWriter::instance().crash_flush(t->stream(), saved);
-    }
+    // abort).
+    t->save_held_after(StreamWriter::instance().crash_flush(t->stream()));
   }
 }
 

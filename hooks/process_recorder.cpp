@@ -233,6 +233,25 @@ void ProcessRecorder::finish_all() {
   if (env_written_.load()) rewrite_environment_if_cuda_started(*this);
 }
 
+namespace {
+// The counters, and the signal that stopped the process, appended to its `.status` file.
+void append_stop_status(const std::string& status_path, const char* signal_name) {
+  if (status_path.empty()) return;
+  int fd = ::open(status_path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  if (fd < 0) return;
+  for (const std::string& line : {device_digest_status(), md5_batch_status(), torch_pool_status()}) {
+    if (line.empty()) continue;
+    (void)!::write(fd, line.data(), line.size());
+    (void)!::write(fd, "\n", 1);
+  }
+  const char prefix[] = "interrupted by ";
+  (void)!::write(fd, prefix, sizeof prefix - 1);
+  (void)!::write(fd, signal_name, std::strlen(signal_name));
+  (void)!::write(fd, "\n", 1);
+  ::close(fd);
+}
+}  // namespace
+
 void ProcessRecorder::save_on_stop_signal(const char* signal_name, ThreadRecorder* stopped) {
   // No lock: the stopped thread may hold it. The other threads keep running meanwhile; each
   // buffer is saved up to its last whole record.
@@ -249,29 +268,10 @@ void ProcessRecorder::save_on_stop_signal(const char* signal_name, ThreadRecorde
   const size_t own_saved = StreamWriter::instance().freeze_and_save(
       streams, own, [&](size_t i, long max_wait_ms) { threads[i]->release_held_for_save(max_wait_ms); },
       /*budget_ms=*/5000);  // with the device drain's 2 s, inside the handler's 10 s
-  if (!status_path_.empty()) {
-    int fd = ::open(status_path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
-    if (fd >= 0) {
-      for (const std::string& line :
-           {device_digest_status(), md5_batch_status(), torch_pool_status()}) {
-        if (line.empty()) continue;
-        (void)!::write(fd, line.data(), line.size());
-        (void)!::write(fd, "\n", 1);
-      }
-      const char prefix[] = "interrupted by ";
-      (void)!::write(fd, prefix, sizeof prefix - 1);
-      (void)!::write(fd, signal_name, std::strlen(signal_name));
-      (void)!::write(fd, "\n", 1);
-      ::close(fd);
-    }
-  }
-  // Last, the stopped thread's held records. Releasing them frees memory of its malloc arena,
-  // and the signal may have stopped it inside malloc, holding that arena's lock: then this
-  // waits until the handler's bound ends the process, and only these records are lost.
-  if (own && !own->writing.load()) {
-    stopped->release_held_for_save();
-    StreamWriter::instance().crash_flush(own, own_saved);
-  }
+  append_stop_status(status_path_, signal_name);
+  // Should the stopped thread hold its arena's lock, this waits until the handler's bound ends
+  // the process, and only these records are lost.
+  if (stopped) stopped->save_held_after(own_saved);
 }
 
 void ProcessRecorder::write_environment_once() {

@@ -506,6 +506,12 @@ void ThreadRecorder::release_held_for_save(long max_wait_ms) {
   release_held();
 }
 
+void ThreadRecorder::save_held_after(size_t saved) {
+  if (stream_.writing.load()) return;
+  release_held_for_save();
+  StreamWriter::instance().crash_flush(&stream_, saved);
+}
+
 void ThreadRecorder::after_record() {
   const bool big = stream_.bytes.size() >= kHandoverBytes;
   if (big || (++records_since_handover_ & 7) == 0) {

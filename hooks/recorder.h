@@ -162,6 +162,10 @@ class ThreadRecorder {
   // records whose digests are in, into the buffer to be saved. Waits at most `max_wait_ms` for
   // the digest thread.
   void release_held_for_save(long max_wait_ms = 2000);
+  // For the thread a signal stopped, once its whole records are saved up to `saved`: its held
+  // records, if it is out of its buffer, released and appended. Last of all, because releasing
+  // them frees memory of its malloc arena, whose lock a thread stopped inside malloc holds.
+  void save_held_after(size_t saved);
 
  private:
   // A tensor argument captured when the op started, written when it ends.
