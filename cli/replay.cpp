@@ -28,6 +28,7 @@ struct ReplayFlags {
   bool first_divergence = false;
   std::string op;
   int replays = 20;
+  int capture_runs = 3;
   std::string out;
   std::string format = "text";
   std::string output;
@@ -100,6 +101,7 @@ int run_replay(const ReplayFlags& f) {
     return report_error(Status::error(fmt::format(
         "--format: expected text, json, markdown, junit or html, got '{}'", f.format)));
   if (f.replays < 2) return report_error(Status::error("--replays must be at least 2"));
+  if (f.capture_runs < 1) return report_error(Status::error("--capture-runs must be at least 1"));
   // RUN is an audit directory (run-0, run-1) or one run.
   const fs::path root = f.run;
   std::error_code ec;
@@ -150,12 +152,20 @@ int run_replay(const ReplayFlags& f) {
   options.version = DETAUDIT_VERSION;
   options.force = true;
   options.echo = false;
-  fmt::print(stderr, "detaudit: running the recorded command again to capture {} #{} {}\n",
-             report.target.stream, report.target.index, report.target.op);
-  run::RunOutcome outcome;
-  if (Status s = run::execute_run(config, options, 0, &outcome); !s.ok()) return report_error(s);
-
-  replay::read_capture(capture_dir, &report);
+  // A nondeterministic op upstream sends some runs down another path: those are run again.
+  for (int attempt = 1; attempt <= f.capture_runs; ++attempt) {
+    fmt::print(stderr, "detaudit: running the recorded command again to capture {} #{} {}{}\n",
+               report.target.stream, report.target.index, report.target.op,
+               attempt > 1 ? fmt::format(" (run {} of at most {})", attempt, f.capture_runs) : "");
+    fs::remove(fs::path(capture_dir) / "capture.json", ec);
+    run::RunOutcome outcome;
+    if (Status s = run::execute_run(config, options, 0, &outcome); !s.ok()) return report_error(s);
+    replay::read_capture(capture_dir, &report);
+    report.capture_runs = attempt;
+    if (!replay::capture_may_succeed_again(report)) break;
+    fmt::print(stderr, "detaudit: not captured ({}): {}\n", report.capture_status,
+               report.capture_why);
+  }
   if (report.capture_status == "saved") {
     const std::string replayer =
         (fs::path(options.hooks_library).parent_path() / "detaudit_replay").string();
@@ -205,6 +215,10 @@ void add_replay_verb(CLI::App& app, VerbAction* action) {
                 "the op where run-0 and run-1 first diverged");
   cmd->add_option("--op", flags->op, "the op at STREAM:N (as the reports number ops: r0.main.t-main:51)");
   cmd->add_option("--replays", flags->replays, "calls of the op per setting")->capture_default_str();
+  cmd->add_option("--capture-runs", flags->capture_runs,
+                  "new runs of the command to try before giving up on one that takes the "
+                  "recorded path")
+      ->capture_default_str();
   cmd->add_option("--out", flags->out, "where the capture goes (default: RUN/replay)");
   cmd->add_flag("--force", flags->force, "empty --out first if it is not empty");
   cmd->add_option("--format", flags->format, "text, json, markdown, junit or html")

@@ -153,6 +153,10 @@ void read_capture(const std::string& dir, ReplayReport* r) {
   }
 }
 
+bool capture_may_succeed_again(const ReplayReport& r) {
+  return r.capture_status == "other-path" || r.capture_status == "not-reached";
+}
+
 Status add_series(const std::string& setting, const json& j, ReplayReport* r) {
   ReplaySeries s;
   s.setting = setting;
@@ -184,8 +188,12 @@ Status add_series(const std::string& setting, const json& j, ReplayReport* r) {
 void judge(ReplayReport* r) {
   if (r->capture_status != "saved") {
     r->evidence = "unverified";
-    r->evidence_line = fmt::format("unverified: the op's inputs were not captured ({}): {}",
-                                   r->capture_status, r->capture_why);
+    r->evidence_line = fmt::format("unverified: the op's inputs were not captured ({}{}): {}",
+                                   r->capture_status,
+                                   r->capture_runs > 1
+                                       ? fmt::format(" in {} new runs", r->capture_runs)
+                                       : "",
+                                   r->capture_why);
     return;
   }
   if (!r->inputs_match) {
@@ -260,6 +268,7 @@ json report_to_json(const ReplayReport& r) {
                        {"why", r.capture_why.empty() ? json(nullptr) : json(r.capture_why)},
                        {"inputs_file", r.inputs_file.empty() ? json(nullptr) : json(r.inputs_file)},
                        {"inputs_match", r.inputs_match},
+                       {"runs", r.capture_runs},
                        {"digest", t.digest}}},
           {"series", series},
           {"evidence", r.evidence},
@@ -272,7 +281,12 @@ std::string render_text(const ReplayReport& r) {
   std::string out = fmt::format("REPLAY {} #{} {} (step {}, {} phase) of {}\n", t.stream, t.index,
                                 t.op, t.step, t.phase, t.run_dir);
   if (r.capture_status == "saved")
-    out += fmt::format("  inputs captured from a new run: {}{}\n", r.inputs_file,
+    out += fmt::format("  inputs captured from a new run{}: {}{}\n",
+                       r.capture_runs > 1
+                           ? fmt::format(" (run {}: {} took another path)", r.capture_runs,
+                                         r.capture_runs == 2 ? "the first" : "the ones before")
+                           : "",
+                       r.inputs_file,
                        r.inputs_match ? ", digests as recorded" : ", digests NOT as recorded");
   if (r.capture_status == "saved" && !r.capture_why.empty())
     out += fmt::format("  note: {}\n", r.capture_why);
@@ -347,13 +361,13 @@ std::string render_html(const ReplayReport& r) {
       "<style>body{{font:14px system-ui,sans-serif;margin:2em}}table{{border-collapse:collapse}}"
       "td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left}}.e{{font-weight:bold}}</style>"
       "</head><body><h1>detaudit replay: {0}</h1><p><code>{1}</code> #{2} <code>{3}</code> (step "
-      "{4}, {5} phase) of <code>{6}</code></p><p>capture: {7}{8}</p><table><tr><th>setting</th>"
+      "{4}, {5} phase) of <code>{6}</code></p><p>capture: {7} (new runs: {12}){8}</p><table><tr><th>setting</th>"
       "<th>replays</th><th>threads</th><th>deterministic</th><th>result</th></tr>{9}</table>"
       "<p class=\"e\">{10}</p><p>{11}</p></body></html>\n",
       escape_markup(r.evidence), escape_markup(t.stream), t.index, escape_markup(t.op), t.step,
       escape_markup(t.phase), escape_markup(t.run_dir), escape_markup(r.capture_status),
       r.capture_why.empty() ? "" : ": " + escape_markup(r.capture_why), rows,
-      escape_markup(r.evidence_line), escape_markup(r.remedy_line));
+      escape_markup(r.evidence_line), escape_markup(r.remedy_line), r.capture_runs);
 }
 
 }  // namespace detaudit::replay

@@ -58,6 +58,7 @@ struct ReplayReport {
   ReplayTarget target;
   std::string capture_status;  // saved | other-path | not-reached | unsupported | error
   std::string capture_why;
+  int capture_runs = 0;        // new runs of the command it took (retried while on another path)
   std::string inputs_file;
   bool inputs_match = false;   // the saved inputs hash to the record's digests
   std::vector<ReplaySeries> series;
@@ -69,6 +70,9 @@ struct ReplayReport {
 
 // The capture's outcome, from <dir>/capture.json (absent: the op was not reached).
 void read_capture(const std::string& dir, ReplayReport* r);
+// Worth another run: the program took another path, which a nondeterministic op before this one
+// does on some runs and not others.
+bool capture_may_succeed_again(const ReplayReport& r);
 // One series from the replayer's JSON output; checks the inputs' digests against the record.
 Status add_series(const std::string& setting, const nlohmann::json& replayer, ReplayReport* r);
 // Sets evidence, evidence_line and remedy_line from the series.

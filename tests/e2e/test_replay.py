@@ -5,7 +5,8 @@ again and again on them in a fresh process, under the real interposer and the re
   inputs it really had, and use_deterministic_algorithms(True) verified in isolation; the same for
   the C++ program's race, and of rank 1 of a DDP program.
 - A deterministic op chosen with --op: every replay identical, and the report says so.
-- A program that takes another path on the new run: said, exit 7, nothing saved.
+- A program that takes another path on the new run: run again up to --capture-runs (3) times;
+  still on another path: said, exit 7, nothing saved.
 - `run --verify-remedy`: the race's remedy (deterministic mode) and an unseeded program's
   (--seed) applied by run itself, two more runs recorded and diffed: identical, with the flags.
 
@@ -61,7 +62,9 @@ class Replay(TmpDirCase):
         proc, report = record_pair(out, INDEX_PUT)
         first = report.get("first_divergence")
         if report["verdict"] == "divergent" and first["op"] == "aten::_index_put_impl_":
-            proc, replayed = self.replay(out, "--first-divergence")
+            # A race before the first divergence (step 0's, when the two runs happened to agree
+            # there) may send a new run down another path: more new runs than the default 3.
+            proc, replayed = self.replay(out, "--first-divergence", "--capture-runs", "8")
             self.assertEqual(replayed["op"]["index"], first["index"])
         else:
             # The race did not change the runs this time; the op is still there to replay.
@@ -101,6 +104,7 @@ class Replay(TmpDirCase):
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertEqual(replayed["op"]["name"], "aten::sub")
         self.assertTrue(replayed["capture"]["inputs_match"], replayed["capture"])
+        self.assertEqual(replayed["capture"]["runs"], 1, replayed["capture"])
         self.assertEqual(replayed["evidence"], "not-reproduced", replayed)
         self.assertTrue(replayed["evidence_line"].startswith("not reproduced in isolation"))
         for s in replayed["series"]:
@@ -151,9 +155,39 @@ class Replay(TmpDirCase):
                 self.assertEqual(proc.returncode, NOT_CAPTURED, proc.stderr)
                 self.assertEqual(replayed["capture"]["status"], "other-path", replayed["capture"])
                 self.assertIn("differ from the record's", replayed["capture"]["why"])
+                # Another path is what an upstream race gives on some runs: tried again, up to
+                # --capture-runs (3) new runs, each said.
+                self.assertEqual(replayed["capture"]["runs"], 3, replayed["capture"])
+                self.assertIn("(run 3 of at most 3)", proc.stderr)
+                self.assertEqual(proc.stderr.count("detaudit: not captured (other-path)"), 3,
+                                 proc.stderr)
+                self.assertIn("(other-path in 3 new runs)", replayed["evidence_line"])
                 self.assertEqual(replayed["evidence"], "unverified")
                 self.assertEqual(replayed["series"], [])
                 self.assertFalse(os.path.exists(os.path.join(run, "replay", "capture", "inputs.pt")))
+
+    def test_a_run_on_another_path_is_followed_by_another(self):
+        # Recorded on run 0; the first new run takes the other path, the second the recorded one.
+        counter = os.path.join(self.tmp, "counter")
+        out = os.path.join(self.tmp, "every-other")
+        proc, run = record(out, [PYTHON, program("every_other_run.py"), counter])
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        at = op_index(run, "r0.main.t-main", "aten::mul")
+        proc, replayed = self.replay(run, "--op", f"r0.main.t-main:{at}")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(replayed["capture"]["status"], "saved", replayed["capture"])
+        self.assertEqual(replayed["capture"]["runs"], 2, replayed["capture"])
+        self.assertTrue(replayed["capture"]["inputs_match"], replayed["capture"])
+        self.assertEqual(proc.stderr.count("detaudit: not captured (other-path)"), 1, proc.stderr)
+        self.assertEqual(replayed["evidence"], "not-reproduced", replayed)
+        # One new run only, on the other path: that is the answer.
+        with open(counter, "w") as f:
+            f.write("1")
+        proc, replayed = self.replay(run, "--op", f"r0.main.t-main:{at}", "--capture-runs", "1",
+                                     "--force")
+        self.assertEqual(proc.returncode, NOT_CAPTURED, proc.stderr)
+        self.assertEqual(replayed["capture"]["runs"], 1, replayed["capture"])
+        self.assertEqual(replayed["capture"]["status"], "other-path", replayed["capture"])
 
     def test_a_device_digest_run_is_replayed(self):
         # The digest a CUDA run records (--digest device), through the host queue: the replayer

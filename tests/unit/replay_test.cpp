@@ -88,6 +88,24 @@ TEST(ReplayTest, NotCapturedIsUnverifiedWithTheReason) {
   EXPECT_NE(r.evidence_line.find("other-path"), std::string::npos);
 }
 
+TEST(ReplayTest, OnlyAnotherPathIsWorthAnotherRun) {
+  ReplayReport r;
+  for (const char* status : {"other-path", "not-reached"}) {
+    r.capture_status = status;
+    EXPECT_TRUE(capture_may_succeed_again(r)) << status;
+  }
+  // A generator, an unwritable file: the same on every run.
+  for (const char* status : {"saved", "unsupported", "error"}) {
+    r.capture_status = status;
+    EXPECT_FALSE(capture_may_succeed_again(r)) << status;
+  }
+  r.capture_status = "other-path";
+  r.capture_runs = 3;
+  judge(&r);
+  EXPECT_NE(r.evidence_line.find("(other-path in 3 new runs)"), std::string::npos) << r.evidence_line;
+  EXPECT_EQ(report_to_json(r)["capture"]["runs"], 3);
+}
+
 }  // namespace
 }  // namespace detaudit::replay
 
