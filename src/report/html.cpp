@@ -24,7 +24,7 @@ constexpr const char* kLossDiff = "#54a24b";
 
 std::string esc(std::string_view s) { return escape_markup(s); }
 
-std::string num(double v) { return fmt::format("{:.6g}", v); }
+std::string html_number(double v) { return fmt::format("{:.6g}", v); }
 
 const char* kStyle = R"(
 body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#222;background:#fafafa}
@@ -136,7 +136,7 @@ std::string growth_plot(const DiffReport& r) {
     points += fmt::format("{:.1f},{:.1f} ", f.x(i), f.y(frac));
     s += fmt::format("<circle class=\"rel\" cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"4\" fill=\"{}\">"
                      "<title>step {}: largest relative difference {}</title></circle>",
-                     f.x(i), f.y(frac), kLineColour, steps[i], num(rel[i]));
+                     f.x(i), f.y(frac), kLineColour, steps[i], html_number(rel[i]));
   }
   if (!points.empty())
     s += fmt::format("<polyline class=\"rel\" points=\"{}\" fill=\"none\" stroke=\"{}\" "
@@ -186,7 +186,7 @@ std::string loss_plot(const DiffReport& r) {
                    f.width - f.right, f.y(0), f.y(1));
   s += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text><text x=\"{}\" "
                    "y=\"{:.1f}\" text-anchor=\"end\">{}</text>",
-                   f.left - 6, f.y(1) + 4, num(hi), f.left - 6, f.y(0) + 4, num(lo));
+                   f.left - 6, f.y(1) + 4, html_number(hi), f.left - 6, f.y(0) + 4, html_number(lo));
   s += fmt::format("<text x=\"{}\" y=\"{:.1f}\">1e{}</text><text x=\"{}\" y=\"{:.1f}\">"
                    "1e{}</text>",
                    f.width - f.right + 6, f.y(1) + 4, int(dhi), f.width - f.right + 6, f.y(0) + 4, int(dlo));
@@ -199,7 +199,7 @@ std::string loss_plot(const DiffReport& r) {
       pts += fmt::format("{:.1f},{:.1f} ", f.x(i), y);
       dots += fmt::format("<circle class=\"{}\" cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.5\" "
                           "fill=\"{}\"><title>step {}: {}</title></circle>",
-                          cls, f.x(i), y, colour, steps[i], num(v[i]));
+                          cls, f.x(i), y, colour, steps[i], html_number(v[i]));
     }
     if (pts.empty()) return std::string();
     return fmt::format("<polyline class=\"{}\" points=\"{}\" fill=\"none\" stroke=\"{}\" "
@@ -264,7 +264,7 @@ std::string side_cell(const TensorSide& t) {
   if (t.uninitialized) s += " <span class=\"muted\">uninitialized</span>";
   if (t.has_stats)
     s += fmt::format("<br><span class=\"muted\">min {} max {} mean {} l2 {}</span>",
-                     num(t.stats.min), num(t.stats.max), num(t.stats.mean), num(t.stats.l2));
+                     html_number(t.stats.min), html_number(t.stats.max), html_number(t.stats.mean), html_number(t.stats.l2));
   return s + "</td>";
 }
 
@@ -321,8 +321,8 @@ std::string first_divergence_card(const FirstDivergence& f) {
          "<th>mean</th><th>l2</th><th>within tolerance</th></tr>";
     for (const StatsDelta& d : f.magnitude)
       s += d.has_stats ? fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
-                                     "<td>{}</td></tr>", esc(d.tensor), num(d.min), num(d.max),
-                                     num(d.mean), num(d.l2), d.within_tolerance ? "yes" : "no")
+                                     "<td>{}</td></tr>", esc(d.tensor), html_number(d.min), html_number(d.max),
+                                     html_number(d.mean), html_number(d.l2), d.within_tolerance ? "yes" : "no")
                        : fmt::format("<tr><td>{}</td><td colspan=\"5\" class=\"muted\">no "
                                      "statistics recorded</td></tr>", esc(d.tensor));
     s += "</table>";

@@ -13,15 +13,15 @@ namespace {
 using nlohmann::json;
 
 // JSON has no NaN or Inf: write them as strings.
-json num(double v) {
+json json_number(double v) {
   if (std::isnan(v)) return "nan";
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
   return v;
 }
 
 json stats_json(const trace::TensorStats& s) {
-  return json{{"min", num(s.min)}, {"max", num(s.max)}, {"mean", num(s.mean)},
-              {"l2", num(s.l2)},   {"nan", s.nan},      {"inf", s.inf}};
+  return json{{"min", json_number(s.min)}, {"max", json_number(s.max)}, {"mean", json_number(s.mean)},
+              {"l2", json_number(s.l2)},   {"nan", s.nan},      {"inf", s.inf}};
 }
 
 json side_json(const TensorSide& s) {
@@ -170,9 +170,9 @@ json report_to_json(const DiffReport& r) {
     for (const StatsDelta& d : f.magnitude)
       mag.push_back({{"tensor", d.tensor},
                      {"has_stats", d.has_stats},
-                     {"delta", {{"min", num(d.min)}, {"max", num(d.max)}, {"mean", num(d.mean)},
-                                {"l2", num(d.l2)}, {"nan", d.nan}, {"inf", d.inf}}},
-                     {"max_abs", num(d.max_abs)},
+                     {"delta", {{"min", json_number(d.min)}, {"max", json_number(d.max)}, {"mean", json_number(d.mean)},
+                                {"l2", json_number(d.l2)}, {"nan", d.nan}, {"inf", d.inf}}},
+                     {"max_abs", json_number(d.max_abs)},
                      {"within_tolerance", d.within_tolerance}});
     fd["magnitude"] = mag;
     if (f.catalog) {

@@ -11,6 +11,7 @@
 
 #include "catalog/catalog.h"
 #include "diff/risk.h"
+#include "test_dirs.h"
 #include "trace_builder.h"
 
 namespace detaudit {
@@ -18,20 +19,9 @@ namespace {
 
 using namespace detaudit::testing;
 
-std::string catalog_file() { return std::string(DETAUDIT_SOURCE_DIR) + "/configs/catalog.json"; }
-
-const Catalog& catalog() {
-  static Catalog c = [] {
-    Catalog c;
-    Status s = Catalog::load(catalog_file(), &c);
-    EXPECT_TRUE(s.ok()) << s.message();
-    return c;
-  }();
-  return c;
-}
 
 TEST(CatalogTest, EveryEntryHasSourcesRemedyAndUncertainty) {
-  std::ifstream in(catalog_file());
+  std::ifstream in(shipped_catalog_file());
   nlohmann::json j = nlohmann::json::parse(in);
   ASSERT_GT(j["entries"].size(), 50u);
   for (const auto& e : j["entries"]) {
@@ -47,13 +37,13 @@ TEST(CatalogTest, EveryEntryHasSourcesRemedyAndUncertainty) {
       EXPECT_FALSE(e["uncertainty"].get<std::string>().empty());
     }
   }
-  EXPECT_EQ(catalog().entries().size(), j["entries"].size());
+  EXPECT_EQ(shipped_catalog().entries().size(), j["entries"].size());
 }
 
 // Whether use_deterministic_algorithms(True) rules a CUDA entry out is stated, never left to a
 // default: `exists` is what the report's reader acts on.
 TEST(CatalogTest, EveryCudaEntryStatesWhetherDeterministicModeRulesItOut) {
-  std::ifstream in(catalog_file());
+  std::ifstream in(shipped_catalog_file());
   nlohmann::json j = nlohmann::json::parse(in);
   int cuda = 0;
   for (const auto& e : j["entries"]) {
@@ -75,7 +65,7 @@ TEST(CatalogTest, EntriesWithoutADeterministicAlternativeSayWhatToDoInstead) {
   // Every way the catalog's remedies name deterministic mode.
   const std::regex mode(
       R"(use_deterministic_algorithms\([^)]*\)|setDeterministicAlgorithms\([^)]*\)|\(C\+\+: [^)]*\)|deterministic mode|det\. mode|warn_only=False)");
-  std::ifstream in(catalog_file());
+  std::ifstream in(shipped_catalog_file());
   nlohmann::json j = nlohmann::json::parse(in);
   int without = 0;
   for (const auto& e : j["entries"]) {
@@ -105,12 +95,12 @@ TEST(CatalogTest, EntriesWithoutADeterministicAlternativeSayWhatToDoInstead) {
 
 TEST(CatalogTest, CoversEveryRowOfTheReferenceTable) {
   std::set<int> rows;
-  for (const CatalogEntry& e : catalog().entries()) rows.insert(e.rows.begin(), e.rows.end());
+  for (const CatalogEntry& e : shipped_catalog().entries()) rows.insert(e.rows.begin(), e.rows.end());
   for (int r = 1; r <= 84; ++r) EXPECT_TRUE(rows.count(r)) << "row " << r;
   for (const char* id : {"intra-op-threads", "cublas-workspace", "cudnn-benchmark",
                          "tf32-reduced-precision", "nccl-environment", "rng-seeding",
                          "dataloader-workers", "pythonhashseed"})
-    EXPECT_NE(catalog().find(id), nullptr) << id;
+    EXPECT_NE(shipped_catalog().find(id), nullptr) << id;
 }
 
 TEST(CatalogTest, KeyedOnRecordedNames) {
@@ -119,8 +109,8 @@ TEST(CatalogTest, KeyedOnRecordedNames) {
                          "aten::_adaptive_avg_pool2d_backward", "aten::grid_sampler_2d_backward",
                          "aten::_embedding_bag_backward", "aten::_embedding_bag_dense_backward",
                          "torchvision::_roi_align_backward", "IndexBackward0"})
-    EXPECT_FALSE(catalog().lookup(op).empty()) << op;
-  EXPECT_TRUE(catalog().lookup("aten::relu").empty());
+    EXPECT_FALSE(shipped_catalog().lookup(op).empty()) << op;
+  EXPECT_TRUE(shipped_catalog().lookup("aten::relu").empty());
 }
 
 // An _index_put_impl_(self, indices, values, accumulate, unsafe) record, read back.
@@ -149,7 +139,7 @@ struct IndexPutOp {
 };
 
 TEST(CatalogTest, ConditionsAreCheckedAgainstTheRecordedArguments) {
-  const CatalogEntry* e = catalog().find("index-put-accumulate-cpu");
+  const CatalogEntry* e = shipped_catalog().find("index-put-accumulate-cpu");
   ASSERT_NE(e, nullptr);
   IndexPutOp hit("hit", true, 65536, 2);
   CatalogMatch m = evaluate(*e, hit.facts(2));
@@ -164,18 +154,18 @@ TEST(CatalogTest, ConditionsAreCheckedAgainstTheRecordedArguments) {
   IndexPutOp one_thread("onethread", true, 65536, 1);
   EXPECT_FALSE(evaluate(*e, one_thread.facts(1)).applies);
   // The CUDA entries do not apply to a CPU op.
-  EXPECT_FALSE(evaluate(*catalog().find("index-put-cuda-duplicates"), hit.facts(2)).applies);
+  EXPECT_FALSE(evaluate(*shipped_catalog().find("index-put-cuda-duplicates"), hit.facts(2)).applies);
 }
 
 TEST(CatalogTest, SearchByNameRemedyAndId) {
-  auto by_name = catalog().search("index_put");
+  auto by_name = shipped_catalog().search("index_put");
   EXPECT_FALSE(by_name.empty());
-  EXPECT_FALSE(catalog().search("CUBLAS_WORKSPACE_CONFIG").empty());
-  auto by_id = catalog().search("grid-sampler-2d-backward-cuda");
+  EXPECT_FALSE(shipped_catalog().search("CUBLAS_WORKSPACE_CONFIG").empty());
+  auto by_id = shipped_catalog().search("grid-sampler-2d-backward-cuda");
   ASSERT_FALSE(by_id.empty());
   EXPECT_EQ(by_id.front()->id, "grid-sampler-2d-backward-cuda");  // exact id first
   EXPECT_LT(by_id.size(), 4u);
-  EXPECT_TRUE(catalog().search("no such thing anywhere").empty());
+  EXPECT_TRUE(shipped_catalog().search("no such thing anywhere").empty());
 }
 
 TEST(CatalogTest, BadCatalogsAreRejectedWithTheField) {
@@ -248,12 +238,12 @@ struct UnaryOp {
 // oneMKL VML's first-call race: float32 and float64 only (ATen hands no other dtype to VML), and
 // only with several intra-op threads to make the first call together.
 TEST(CatalogTest, MklVmlFirstCallNeedsFloatOrDoubleOnSeveralThreads) {
-  std::vector<const CatalogEntry*> hits = catalog().lookup("aten::tanh_");
+  std::vector<const CatalogEntry*> hits = shipped_catalog().lookup("aten::tanh_");
   ASSERT_EQ(hits.size(), 1u);
   const CatalogEntry& e = *hits[0];
   EXPECT_EQ(e.id, "mkl-vml-first-call");
   for (const char* op : {"aten::sqrt", "aten::exp_", "aten::log.out", "aten::erfinv"})
-    EXPECT_EQ(catalog().lookup(op).size(), 1u) << op;
+    EXPECT_EQ(shipped_catalog().lookup(op).size(), 1u) << op;
   UnaryOp f64("aten::tanh_", 7), f32("aten::tanh_", 6), f16("aten::tanh_", 5);
   EXPECT_TRUE(evaluate(e, f64.facts("aten::tanh_", 2)).applies);
   EXPECT_TRUE(evaluate(e, f32.facts("aten::tanh_", 4)).applies);
@@ -288,7 +278,7 @@ TEST(CatalogTest, QuantizedResizeNeedsAQuantizedTensor) {
   b.end();
   run.add_stream("r0.main.t0", b);
   RiskReport r;
-  ASSERT_TRUE(risk_report(run.path(), catalog(), &r).ok());
+  ASSERT_TRUE(risk_report(run.path(), shipped_catalog(), &r).ok());
   const RiskHit* hit = nullptr;
   for (const RiskHit& h : r.hits)
     if (h.entry_id == "quantized-resize-cpu") hit = &h;
@@ -313,7 +303,7 @@ TEST(RiskTest, ReportsCatalogOpsThatRanWithTheirConditions) {
   run.add_stream("r0.main.t0", b);
   run.env("r0.main", sample_env(2, 1));
   RiskReport r;
-  ASSERT_TRUE(risk_report(run.path(), catalog(), &r).ok());
+  ASSERT_TRUE(risk_report(run.path(), shipped_catalog(), &r).ok());
   EXPECT_EQ(r.ops_scanned, 6u);
   const RiskHit* hit = nullptr;
   for (const RiskHit& h : r.hits)

@@ -12,6 +12,7 @@
 #include "diff/diff.h"
 #include "diff/report_model.h"
 #include "report/render.h"
+#include "test_dirs.h"
 #include "trace_builder.h"
 
 namespace detaudit {
@@ -100,19 +101,9 @@ struct Case {
   }
 };
 
-const Catalog& catalog() {
-  static Catalog c = [] {
-    Catalog c;
-    Status s = Catalog::load(std::string(DETAUDIT_SOURCE_DIR) + "/configs/catalog.json", &c);
-    EXPECT_TRUE(s.ok()) << s.message();
-    return c;
-  }();
-  return c;
-}
-
 DiffReport diff(const Case& c, GateConfig gate = {}) {
   DiffOptions o;
-  o.catalog = &catalog();
+  o.catalog = &shipped_catalog();
   o.gate = gate;
   DiffReport r;
   Status s = diff_runs(c.a.path(), c.b.path(), o, &r);
@@ -317,7 +308,7 @@ TEST(DiffTest, TruncatedStreamIsComparedUpToTheCut) {
 
   // Allowed, it passes on what both runs have.
   DiffOptions o;
-  o.catalog = &catalog();
+  o.catalog = &shipped_catalog();
   o.gate.allow_truncated = true;
   ASSERT_TRUE(diff_runs(c.a.path(), c.b.path(), o, &r).ok());
   EXPECT_EQ(r.verdict, "identical");
@@ -474,7 +465,7 @@ TEST(DiffTest, DifferenceMadeInsideACompiledRegionIsLocalizedToIt) {
   b.add_stream("r0.main.t0", compiled_step(0x41, 0x01));
   DiffReport r;
   DiffOptions o;
-  o.catalog = &catalog();
+  o.catalog = &shipped_catalog();
   ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->op, "aten::mse_loss");
@@ -754,7 +745,7 @@ TEST(DiffTest, ClashingThreadNamesPairByWhatTheyRan) {
   b.add_stream("r0.main.t-thread", filled_buffer(0x11, 0x21));
   b.add_stream("r0.main.t-thread~1", build(Scenario{}, false));
   DiffOptions o;
-  o.catalog = &catalog();
+  o.catalog = &shipped_catalog();
   DiffReport r;
   ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
   EXPECT_EQ(r.verdict, "identical");
@@ -953,7 +944,7 @@ DiffReport diff_cases(const std::string& name, TraceBuilder a, TraceBuilder b) {
   ra.add_stream("r0.main.t-main", a);
   rb.add_stream("r0.main.t-main", b);
   DiffOptions o;
-  o.catalog = &catalog();
+  o.catalog = &shipped_catalog();
   DiffReport r;
   Status s = diff_runs(ra.path(), rb.path(), o, &r);
   EXPECT_TRUE(s.ok()) << s.message();
@@ -1223,7 +1214,7 @@ TEST(DiffTest, LibraryPoolThreadsAreComparedAsOneSetPerProcess) {
   b.add_stream("r0.main.t-pt_gloo_runloop", pool_thread({2}, 1));  // another step, by timing
   b.add_stream("r0.main.t-pt_gloo_runloop~1", pool_thread({4, 1, 3}));
   DiffOptions o;
-  o.catalog = &catalog();
+  o.catalog = &shipped_catalog();
   DiffReport r;
   ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
   EXPECT_EQ(r.verdict, "identical");

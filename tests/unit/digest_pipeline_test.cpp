@@ -156,7 +156,7 @@ struct Program {
 
   // Reads the stream back: every OP record whole, in order, with the digest of its bytes.
   void check(const std::string& what) {
-    const std::string path = testing::TempDir() + "/pipeline_" + what + "_" +
+    const std::string path = ::testing::TempDir() + "/pipeline_" + what + "_" +
                               std::to_string(::getpid()) + ".dtr";
     std::ofstream(path, std::ios::binary) << stream;
     trace::TraceReader r;
@@ -326,7 +326,7 @@ TEST(DigestPipelineTest, AFailedBatchLeavesRecordsWholeAndMarksItsTensorsNotRead
   pipeline.drain();
   EXPECT_TRUE(digest->failed());
   EXPECT_EQ(held.release(&stream), 2u);
-  const std::string path = testing::TempDir() + "/pipeline_failed_" + std::to_string(::getpid()) + ".dtr";
+  const std::string path = ::testing::TempDir() + "/pipeline_failed_" + std::to_string(::getpid()) + ".dtr";
   std::ofstream(path, std::ios::binary) << stream;
   trace::TraceReader r;
   ASSERT_TRUE(r.open(path).ok());

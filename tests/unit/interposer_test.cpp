@@ -7,17 +7,15 @@
 #include <fstream>
 
 #include "run/interposer.h"
+#include "test_dirs.h"
 
 namespace detaudit::run {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string temp_dir(const std::string& name) {
-  fs::path p = fs::path(::testing::TempDir()) / ("detaudit_interposer_" + name);
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
+std::string interposer_dir(const std::string& name) {
+  return detaudit::testing::fresh_temp_dir("interposer_" + name);
 }
 
 void add_build(const std::string& lib_dir, const std::string& version, const std::string& libtorch,
@@ -39,7 +37,7 @@ std::string fake_python(const std::string& dir, const std::string& version,
 }
 
 TEST(InterposerTest, ListsCompleteBuildsOnly) {
-  std::string lib = temp_dir("list");
+  std::string lib = interposer_dir("list");
   add_build(lib, "2.13.0+cpu", "/venv/torch/lib/libtorch_cpu.so");
   add_build(lib, "1.13.1", "/usr/lib/libtorch_cpu.so.1.13");
   add_build(lib, "9.9.9", "/x/libtorch_cpu.so", /*with_library=*/false);
@@ -73,7 +71,7 @@ TEST(InterposerTest, MatchesByLibraryThenVersion) {
 }
 
 TEST(InterposerTest, ChoosesThePythonsTorch) {
-  std::string dir = temp_dir("choose");
+  std::string dir = interposer_dir("choose");
   std::string lib = dir + "/lib/detaudit";
   add_build(lib, "1.13.1", "/usr/lib/libtorch_cpu.so.1.13");
   add_build(lib, "2.13.0+cpu", "/venv/torch/lib/libtorch_cpu.so");
@@ -86,7 +84,7 @@ TEST(InterposerTest, ChoosesThePythonsTorch) {
 }
 
 TEST(InterposerTest, AScriptIsProbedThroughItsInterpreter) {
-  std::string dir = temp_dir("shebang");
+  std::string dir = interposer_dir("shebang");
   std::string lib = dir + "/lib/detaudit";
   add_build(lib, "1.13.1", "/usr/lib/libtorch_cpu.so.1.13");
   add_build(lib, "2.13.0+cpu", "/venv/torch/lib/libtorch_cpu.so");
@@ -103,7 +101,7 @@ TEST(InterposerTest, AScriptIsProbedThroughItsInterpreter) {
 
 // `bash -c "cd run && /venv/bin/torchrun ..."`: the Python the script runs, not the PATH's.
 TEST(InterposerTest, AShellCommandIsProbedThroughThePythonItRuns) {
-  std::string dir = temp_dir("shell");
+  std::string dir = interposer_dir("shell");
   std::string lib = dir + "/lib/detaudit";
   add_build(lib, "1.13.1", "/usr/lib/libtorch_cpu.so.1.13");
   add_build(lib, "2.13.0+cpu", "/venv/torch/lib/libtorch_cpu.so");
@@ -124,7 +122,7 @@ TEST(InterposerTest, AShellCommandIsProbedThroughThePythonItRuns) {
 }
 
 TEST(InterposerTest, NoMatchNamesTheTorchAndTheBuildCommand) {
-  std::string dir = temp_dir("nomatch");
+  std::string dir = interposer_dir("nomatch");
   std::string lib = dir + "/lib/detaudit";
   add_build(lib, "1.13.1", "/usr/lib/libtorch_cpu.so.1.13");
   Config c;
@@ -144,7 +142,7 @@ TEST(InterposerTest, NoMatchNamesTheTorchAndTheBuildCommand) {
 }
 
 TEST(InterposerTest, NothingBuiltSaysHowToBuild) {
-  std::string dir = temp_dir("none");
+  std::string dir = interposer_dir("none");
   Config c;
   c.target.command = {"/bin/true"};
   std::string chosen;
@@ -155,7 +153,7 @@ TEST(InterposerTest, NothingBuiltSaysHowToBuild) {
 }
 
 TEST(InterposerTest, AnExplicitLibraryMustFitWhenItSaysWhatItIs) {
-  std::string dir = temp_dir("explicit");
+  std::string dir = interposer_dir("explicit");
   std::string lib = dir + "/lib/detaudit";
   add_build(lib, "1.13.1", "/usr/lib/libtorch_cpu.so.1.13");
   std::string library = lib + "/torch/1.13.1/libdetaudit_hooks.so";
@@ -180,7 +178,7 @@ TEST(InterposerTest, BuildCommandForACppProgramNamesItsLibtorch) {
 }
 
 TEST(InterposerTest, APipInstalledDetauditAdvisesPipIntoTheProgramsEnvironment) {
-  std::string package = temp_dir("pip") + "/site-packages/detaudit";
+  std::string package = interposer_dir("pip") + "/site-packages/detaudit";
   std::filesystem::create_directories(package + "/lib/detaudit");
   ProgramTorch t;
   t.python = "/other/venv/bin/python";
@@ -197,7 +195,7 @@ TEST(InterposerTest, APipInstalledDetauditAdvisesPipIntoTheProgramsEnvironment) 
 // A CUDA run gets the device digest by default: an interposer with the kernels, and a GPU the
 // program can see. Anything less keeps MD5 (host copies).
 TEST(InterposerTest, TheDeviceDigestIsTheDefaultOnlyWithKernelsAndAVisibleGpu) {
-  const std::string lib = temp_dir("device_default");
+  const std::string lib = interposer_dir("device_default");
   add_build(lib, "2.14.1+cu130", "/venv/torch/lib/libtorch_cpu.so");
   const fs::path dir = fs::path(lib) / "torch" / "2.14.1+cu130";
   std::ofstream(dir / "torch.txt", std::ios::app) << "device_digest=ON\n";
@@ -205,7 +203,7 @@ TEST(InterposerTest, TheDeviceDigestIsTheDefaultOnlyWithKernelsAndAVisibleGpu) {
   ASSERT_TRUE(read_interposer_build(dir.string(), &build).ok());
   EXPECT_TRUE(build.device_digest);
 
-  const std::string dev = temp_dir("device_default_dev");
+  const std::string dev = interposer_dir("device_default_dev");
   std::ofstream(dev + "/nvidiactl") << "";  // the driver alone: no GPU
   Config config;
   ::unsetenv("CUDA_VISIBLE_DEVICES");

@@ -11,17 +11,15 @@
 #include "run/launcher.h"
 #include "run/session.h"
 #include "run_layout.h"
+#include "test_dirs.h"
 
 namespace detaudit::run {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string temp_dir(const std::string& name) {
-  fs::path p = fs::path(::testing::TempDir()) / ("detaudit_launcher_" + name);
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
+std::string launcher_dir(const std::string& name) {
+  return detaudit::testing::fresh_temp_dir("launcher_" + name);
 }
 
 std::string read_file(const std::string& path) {
@@ -32,7 +30,7 @@ std::string read_file(const std::string& path) {
 }
 
 TEST(LauncherTest, CopiesOutputAndKeepsExitCode) {
-  std::string dir = temp_dir("exit");
+  std::string dir = launcher_dir("exit");
   LaunchSpec spec;
   spec.argv = {"/bin/sh", "-c", "echo out; echo err >&2; exit 3"};
   spec.env = current_environment();
@@ -92,7 +90,7 @@ TEST(LauncherTest, MissingWorkingDirectoryIsAClearError) {
 }
 
 TEST(LauncherTest, EnvironmentAndWorkingDirectoryReachTheChild) {
-  std::string dir = temp_dir("env");
+  std::string dir = launcher_dir("env");
   LaunchSpec spec;
   spec.argv = {"/bin/sh", "-c", "echo \"$DETAUDIT_T_VAR\"; pwd"};
   spec.env = {"DETAUDIT_T_VAR=hello", "PATH=/usr/bin:/bin"};
@@ -105,7 +103,7 @@ TEST(LauncherTest, EnvironmentAndWorkingDirectoryReachTheChild) {
 }
 
 TEST(LauncherTest, LargeOutputIsNotLost) {
-  std::string dir = temp_dir("large");
+  std::string dir = launcher_dir("large");
   LaunchSpec spec;
   // 200,000 lines on stdout and stderr at once: the pump must drain both pipes.
   spec.argv = {"/bin/sh", "-c", "seq 1 100000; seq 1 100000 >&2"};
@@ -183,7 +181,7 @@ TEST(SessionTest, RunNeedsACommand) {
 }
 
 TEST(SessionTest, RefusesToOverwriteARunUnlessForced) {
-  std::string dir = temp_dir("overwrite") + "/run-0";
+  std::string dir = launcher_dir("overwrite") + "/run-0";
   ASSERT_TRUE(prepare_run_dir(dir, false).ok());
   EXPECT_TRUE(fs::is_directory(fs::path(dir) / layout::kStreamsDir));
   std::ofstream(dir + "/streams/old.dtr") << "x";
@@ -213,7 +211,7 @@ TEST(SessionTest, TargetEnvironmentPrependsPreload) {
 }
 
 TEST(SessionTest, ExecuteRunWritesRunJson) {
-  std::string out = temp_dir("execute");
+  std::string out = launcher_dir("execute");
   Config c;
   c.out = out;
   c.target.command = {"/bin/sh", "-c", "mkdir -p \"$DETAUDIT_RUN_DIR/streams\"; "
