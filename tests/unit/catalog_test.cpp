@@ -11,14 +11,13 @@
 
 #include "catalog/catalog.h"
 #include "diff/risk.h"
-#include "test_dirs.h"
+#include "test_files.h"
 #include "trace_builder.h"
 
 namespace detaudit {
 namespace {
 
 using namespace detaudit::testing;
-
 
 TEST(CatalogTest, EveryEntryHasSourcesRemedyAndUncertainty) {
   std::ifstream in(shipped_catalog_file());

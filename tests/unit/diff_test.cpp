@@ -12,7 +12,7 @@
 #include "diff/diff.h"
 #include "diff/report_model.h"
 #include "report/render.h"
-#include "test_dirs.h"
+#include "test_files.h"
 #include "trace_builder.h"
 
 namespace detaudit {

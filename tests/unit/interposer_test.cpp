@@ -7,7 +7,7 @@
 #include <fstream>
 
 #include "run/interposer.h"
-#include "test_dirs.h"
+#include "test_files.h"
 
 namespace detaudit::run {
 namespace {

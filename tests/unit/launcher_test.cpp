@@ -11,7 +11,7 @@
 #include "run/launcher.h"
 #include "run/session.h"
 #include "run_layout.h"
-#include "test_dirs.h"
+#include "test_files.h"
 
 namespace detaudit::run {
 namespace {

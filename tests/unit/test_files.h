@@ -1,4 +1,4 @@
-// Test helper: files the unit tests share.
+// Test helpers the unit tests share: a fresh temporary directory, the shipped catalog.
 #pragma once
 
 #include <filesystem>
