@@ -47,6 +47,8 @@ def probe():
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (tests/gpu/, every test)")
+    config.addinivalue_line("markers", "timing: measures time; run.sh --jobs runs these alone, "
+                                       "before the others run side by side")
 
 
 def pytest_collection_modifyitems(config, items):

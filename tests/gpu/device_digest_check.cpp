@@ -3,13 +3,16 @@
 // made contiguous on the stream as the recorder does, and tensors alone and in one batch.
 // Then the same through the pipeline (CudaQueue, a collector thread) behind a 200 ms kernel: the
 // host must have submitted every batch while the stream is still busy, and the results must not
-// change. Exit 0: all equal; 1: a mismatch (printed); 77: no GPU. Run by
+// change. Last, the kernel's throughput on 1 GiB and on batches of small tensors, against a
+// device-to-device copy of the same bytes, as one "THROUGHPUT {json}" line (measured, never
+// asserted). Exit 0: all equal; 1: a mismatch (printed); 77: no GPU. Run by
 // tests/gpu/test_device_digest.py.
 #include <ATen/ATen.h>
 #include <ATen/cuda/Sleep.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -120,6 +123,68 @@ void check_pipeline(const std::vector<at::Tensor>& tensors) {
   }
 }
 
+// Milliseconds per call of `enqueue` on the current stream: the median of 7, after a warm-up.
+template <class F>
+double time_ms(F enqueue) {
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  enqueue();
+  std::vector<float> ms;
+  for (int i = 0; i < 7; ++i) {
+    cudaEventRecord(start, stream);
+    enqueue();
+    cudaEventRecord(stop, stream);
+    cudaEventSynchronize(stop);
+    float t = 0;
+    cudaEventElapsedTime(&t, start, stop);
+    ms.push_back(t);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// GB/s of the digest of `tensors` (one launch, as the recorder batches them).
+double digest_gbs(const std::vector<at::Tensor>& tensors) {
+  std::vector<device::DigestJob> jobs;
+  uint64_t bytes = 0;
+  for (const at::Tensor& t : tensors) {
+    jobs.push_back({t.data_ptr(), uint64_t(t.nbytes()), uint8_t(t.scalar_type())});
+    bytes += uint64_t(t.nbytes());
+  }
+  const int n = int(jobs.size());
+  auto opts = at::TensorOptions().dtype(at::kByte).device(at::kCUDA);
+  at::Tensor scratch = at::empty({int64_t(device::lane_scratch_bytes(jobs.data(), n)) + 8}, opts);
+  at::Tensor results = at::empty({int64_t(n * sizeof(lanes::LaneResult))}, opts);
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  const double ms = time_ms([&] {
+    device::launch_lane_digest(jobs.data(), n, scratch.data_ptr(),
+                               static_cast<lanes::LaneResult*>(results.data_ptr()), stream);
+  });
+  return double(bytes) / (ms * 1e-3) / 1e9;
+}
+
+void report_throughput() {
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  at::Tensor big = at::randn({int64_t(1) << 28}, cuda);  // 1 GiB of float32
+  at::Tensor dst = at::empty_like(big);
+  const double copy_ms = time_ms([&] { dst.copy_(big); });
+  std::vector<at::Tensor> small;  // a batch of 32 activations of 64 KiB
+  for (int i = 0; i < device::kMaxBatch; ++i) small.push_back(at::randn({16384}, cuda));
+  std::vector<at::Tensor> tiny;  // a batch of 32 biases of 1 KiB
+  for (int i = 0; i < device::kMaxBatch; ++i) tiny.push_back(at::randn({256}, cuda));
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  std::printf("THROUGHPUT {\"device\": \"%s\", \"digest_1gib_gbs\": %.1f, "
+              "\"digest_batch_32x64kib_gbs\": %.2f, \"digest_batch_32x1kib_gbs\": %.3f, "
+              "\"copy_1gib_read_write_gbs\": %.1f}\n",
+              prop.name, digest_gbs({big}), digest_gbs(small), digest_gbs(tiny),
+              2.0 * double(big.nbytes()) / (copy_ms * 1e-3) / 1e9);
+}
+
 }  // namespace
 
 int main() {
@@ -175,5 +240,6 @@ int main() {
                   at::randint(0, 100, {70000}, cuda.dtype(at::kLong))});
   std::printf("%d tensors checked, then 100 batches through the pipeline; %d mismatches\n",
               checked, failures);
+  report_throughput();
   return failures ? 1 : 0;
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks in one command, run from the repository root on a machine with an NVIDIA GPU:
 #
-#   bash tests/gpu/run.sh [--build-only] [pytest arguments...]
+#   bash tests/gpu/run.sh [--build-only] [--jobs N] [pytest arguments...]
 #
 # 1. Picks the Python whose torch has CUDA (DETAUDIT_GPU_PYTHON, else python3, python or
 #    <source>/.venv-cuda/bin/python, the first whose torch was built with CUDA). Without a GPU it
@@ -11,7 +11,9 @@
 #    no package registry. Without .deb/ it builds against the system's packages.
 # 3. Builds the CLI (build/gpu/cli) and the interposer for that torch (build/gpu/hooks), whose
 #    interposer lands where the CLI looks: build/gpu/cli/lib/detaudit/torch/<version>/.
-# 4. Runs `python -m pytest -v tests/gpu` with DETAUDIT_BIN, DETAUDIT_PYTHON, ... set.
+# 4. Runs `python -m pytest -v tests/gpu` with DETAUDIT_BIN, DETAUDIT_PYTHON, ... set. With
+#    --jobs N (N > 1, pytest-xdist importable) the tests marked `timing` run first, alone, and
+#    the others then N side by side: a lease's minutes go further.
 #
 # With $OUT set (the device tool), the log, the build log, a JUnit file, a summary and the
 # benchmark's figures go there. Exit status: 0 when everything passed (or no GPU), else non-zero.
@@ -21,12 +23,15 @@ build=${DETAUDIT_GPU_BUILD_DIR:-$root/build/gpu}
 prefix=${DETAUDIT_GPU_PREFIX:-/tmp/detaudit-prefix}
 results=${OUT:-$build/results}
 build_only=0
+test_jobs=1
 pytest_args=()
-for a in "$@"; do
-  case $a in
+while [ $# -gt 0 ]; do
+  case $1 in
     --build-only) build_only=1;;
-    *) pytest_args+=("$a");;
+    --jobs) test_jobs=${2:?--jobs needs a number}; shift;;
+    *) pytest_args+=("$1");;
   esac
+  shift
 done
 mkdir -p "$results"
 log=$results/gpu-run.log
@@ -154,25 +159,47 @@ main() {
   export DETAUDIT_BIN="$build/cli/bin/detaudit" DETAUDIT_PYTHON="$py"
   export DETAUDIT_TORCH_BIN="$build/hooks/bin" DETAUDIT_GPU_RESULTS="$results"
   export PYTHONUNBUFFERED=1
-  say "pytest tests/gpu ${pytest_args[*]}"
   t0=$SECONDS
-  (cd "$root" && "$py" -m pytest -v -rs -p no:cacheprovider \
-     --junitxml "$results/gpu-junit.xml" tests/gpu "${pytest_args[@]}")
-  local rc=$?
+  local rc=0 junits=()
+  if [ "$test_jobs" -gt 1 ] && "$py" -c 'import xdist' 2>/dev/null; then
+    run_pytest "$results/gpu-junit-timing.xml" -m timing || rc=$?
+    junits+=("$results/gpu-junit-timing.xml")
+    run_pytest "$results/gpu-junit.xml" -m "not timing" -n "$test_jobs" || rc=$?
+  else
+    [ "$test_jobs" -gt 1 ] && say "no pytest-xdist for $py: the tests run one by one"
+    run_pytest "$results/gpu-junit.xml" || rc=$?
+  fi
+  junits+=("$results/gpu-junit.xml")
   say "pytest exit $rc in $((SECONDS - t0)) s"
   local counts
-  counts=$("$py" - "$results/gpu-junit.xml" <<'PY' 2>/dev/null
+  counts=$("$py" - "${junits[@]}" <<'PY' 2>/dev/null
 import sys, xml.etree.ElementTree as ET
-s = ET.parse(sys.argv[1]).getroot()
-s = s if s.tag == "testsuite" else s[0]
-print(" ".join(f"{k}={s.get(k)}" for k in ("tests", "failures", "errors", "skipped")))
-for case in s.iter("testcase"):  # with a GPU, a skip is worth reading
-    for sk in case.findall("skipped"):
-        print(f"  skipped {case.get('name')}: {sk.get('message')}")
+keys = ("tests", "failures", "errors", "skipped")
+total, skips = dict.fromkeys(keys, 0), []
+for path in sys.argv[1:]:
+    s = ET.parse(path).getroot()
+    s = s if s.tag == "testsuite" else s[0]
+    for k in keys:
+        total[k] += int(s.get(k) or 0)
+    for case in s.iter("testcase"):  # with a GPU, a skip is worth reading
+        for sk in case.findall("skipped"):
+            skips.append(f"  skipped {case.get('name')}: {sk.get('message')}")
+print(" ".join(f"{k}={v}" for k, v in total.items()))
+print("\n".join(skips))
 PY
 )
   [ $rc = 0 ] && finish 0 "passed: pytest tests/gpu ($counts)"
   finish "$rc" "FAILED: pytest tests/gpu exit $rc ($counts)"
+}
+
+run_pytest() {  # run_pytest JUNIT_FILE [pytest arguments...]
+  local junit=$1; shift
+  say "pytest tests/gpu $* ${pytest_args[*]}"
+  (cd "$root" && "$py" -m pytest -v -rs -p no:cacheprovider --junitxml "$junit" tests/gpu \
+     "$@" "${pytest_args[@]}")
+  local rc=$?
+  [ $rc = 5 ] && rc=0  # no test selected in this part
+  return $rc
 }
 
 run_logged() {

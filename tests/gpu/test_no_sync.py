@@ -11,6 +11,8 @@ import pytest
 
 import gpulib
 
+pytestmark = pytest.mark.timing
+
 PROBE = gpulib.program("no_sync.py")
 LINE = re.compile(r"no-sync busy=(True|False) issue_ms=([\d.]+) sleep_ms=([\d.]+) ops=(\d+)")
 

@@ -12,6 +12,8 @@ import pytest
 
 import gpulib
 
+pytestmark = pytest.mark.timing
+
 PROGRAM = gpulib.program("bench_step.py")
 STEPS = os.environ.get("DETAUDIT_GPU_BENCH_STEPS", "30")
 RESULTS = {}
