@@ -32,7 +32,9 @@ class Case:
     needs_torchvision: bool = False
 
 
-CASES = [
+CASES = [  # roi_align first: its deterministic mode compiles (the longest test), so it starts first
+    Case("roi_align", "race_roi_align.py", "torchvision-roi-align-backward", "backward",
+         needs_torchvision=True),
     Case("index_add", "race_index_add.py", "index-add-cuda", "forward"),
     Case("scatter_add", "race_scatter_add.py", "scatter-add-cuda", "forward"),
     Case("interpolate_bilinear", "race_interpolate_bilinear.py",
@@ -42,8 +44,6 @@ CASES = [
     Case("grid_sample", "race_grid_sample.py", "grid-sampler-2d-backward-cuda", "backward"),
     Case("embedding_bag_max", "race_embedding_bag_max.py", "embedding-bag-max-backward-cuda",
          "backward"),
-    Case("roi_align", "race_roi_align.py", "torchvision-roi-align-backward", "backward",
-         needs_torchvision=True),
 ]
 CHECKSUM = re.compile(r"step (\d+) .* checksum (\w+)")
 
@@ -69,6 +69,28 @@ def command(case, *extra):
 def needs(case, gpu):
     if case.needs_torchvision and "torchvision" not in gpu:
         pytest.skip(f"torchvision does not import: {gpu.get('torchvision_error')}")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_deterministic_mode_outcome(case, gpu):
+    needs(case, gpu)
+    entry = gpulib.catalog_entry(case.catalog_id)
+    has_deterministic = entry["deterministic_alternative"]["exists"]
+    with gpulib.TempDir() as tmp:
+        proc, report = gpulib.record_pair(tmp, command(case, "--deterministic"),
+                                          flags=["--digest", "device"])
+        log = gpulib.output_log(os.path.join(tmp, "run-0"))
+        if has_deterministic:
+            assert proc.returncode == 0 and report and report["verdict"] == "identical", (
+                f"the catalog says {case.catalog_id} has a deterministic implementation, yet: "
+                f"{gpulib.describe(proc, report)}\n--- program\n{log[-2000:]}")
+            assert first_differing_step(tmp) is None, "the program's own checksums differ"
+        else:
+            assert NO_DETERMINISTIC_IMPL in log, (
+                f"the catalog says {case.catalog_id} has no deterministic implementation, but the "
+                f"program did not fail with '{NO_DETERMINISTIC_IMPL}':\n{log[-3000:]}\n"
+                f"{gpulib.describe(proc, report)}")
+            assert proc.returncode == 4, f"a failed program is exit 4: {gpulib.describe(proc)}"
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -107,25 +129,3 @@ def test_race_is_named_at_its_op(case, gpu):
         pytest.fail(f"not reproduced: the {case.name} race did not change the program's "
                     f"checksums in {PAIRS} recorded pairs (each reported identical), so the "
                     f"verdict could not be checked; raise DETAUDIT_GPU_RACE_PAIRS or the collisions")
-
-
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_deterministic_mode_outcome(case, gpu):
-    needs(case, gpu)
-    entry = gpulib.catalog_entry(case.catalog_id)
-    has_deterministic = entry["deterministic_alternative"]["exists"]
-    with gpulib.TempDir() as tmp:
-        proc, report = gpulib.record_pair(tmp, command(case, "--deterministic"),
-                                          flags=["--digest", "device"])
-        log = gpulib.output_log(os.path.join(tmp, "run-0"))
-        if has_deterministic:
-            assert proc.returncode == 0 and report and report["verdict"] == "identical", (
-                f"the catalog says {case.catalog_id} has a deterministic implementation, yet: "
-                f"{gpulib.describe(proc, report)}\n--- program\n{log[-2000:]}")
-            assert first_differing_step(tmp) is None, "the program's own checksums differ"
-        else:
-            assert NO_DETERMINISTIC_IMPL in log, (
-                f"the catalog says {case.catalog_id} has no deterministic implementation, but the "
-                f"program did not fail with '{NO_DETERMINISTIC_IMPL}':\n{log[-3000:]}\n"
-                f"{gpulib.describe(proc, report)}")
-            assert proc.returncode == 4, f"a failed program is exit 4: {gpulib.describe(proc)}"

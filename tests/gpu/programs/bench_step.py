@@ -2,10 +2,14 @@
 `BENCH {json}`: median and mean step milliseconds over the timed steps (each step ends with a
 synchronize, so a step's time includes everything the recorder made the GPU do), and, with
 --count-bytes, the bytes the ops of one step wrote (what a recorder must digest), counted in an
-extra untimed step, plus the GPU's device-to-device copy bandwidth for scale."""
+extra untimed step, plus the GPU's device-to-device copy bandwidth for scale. With
+--deterministic, torch's deterministic algorithms; the line then also holds a checksum of the
+final parameters' bits, which a recorded run must leave unchanged."""
 import argparse
 import json
+import os
 import statistics
+import sys
 import time
 
 import torch
@@ -76,7 +80,11 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--count-bytes", action="store_true")
+    ap.add_argument("--deterministic", action="store_true")
     args = ap.parse_args()
+    if args.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read at cuBLAS's first use
+        torch.use_deterministic_algorithms(True)
     torch.manual_seed(0)
     model, x, y, loss_fn = {"cnn": cnn, "transformer": transformer}[args.model]()
     model, x, y = model.cuda(), x.cuda(), y.cuda()
@@ -101,6 +109,11 @@ def main():
               "min_ms": min(times), "final_loss": loss.item(),
               "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
               "parameters": sum(p.numel() for p in model.parameters())}
+    if args.deterministic:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from gpu_common import checksum
+        result["params_checksum"] = checksum(torch.cat([p.detach().reshape(-1)
+                                                        for p in model.parameters()]))
     if args.count_bytes:
         with CountBytes() as counter:
             step()
