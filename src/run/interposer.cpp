@@ -291,6 +291,33 @@ std::string shell_script_python(const std::vector<std::string>& command,
   return "";
 }
 
+// A launcher's command (env, timeout, taskset, numactl, nice, mpirun, ...): the first later word
+// that is a Python, a Python's script or a program linked to libtorch. NAME=VALUE words (env's)
+// set the environment the rest is probed in: its PATH finds the Python.
+bool probe_launched(const Config& c, std::vector<std::string> env, ProgramTorch* torch) {
+  const std::vector<std::string>& command = c.target.command;
+  constexpr size_t kWordsLooked = 12;  // a launcher's own options come first, and are few
+  for (size_t i = 1; i < command.size() && i <= kWordsLooked; ++i) {
+    const std::string& word = command[i];
+    if (word.empty() || word[0] == '-') continue;
+    if (size_t eq = word.find('='); eq != std::string::npos) {
+      const std::string key = word.substr(0, eq + 1);
+      env.erase(std::remove_if(env.begin(), env.end(),
+                               [&key](const std::string& kv) { return kv.rfind(key, 0) == 0; }),
+                env.end());
+      env.push_back(word);
+      continue;
+    }
+    const std::string found = find_program(word, env);
+    if (found.empty() || fs::is_directory(found)) continue;
+    if (is_python_name(found)) return probe_python(found, c, env, torch);
+    if (std::string python = script_python(found); !python.empty())
+      return probe_python(python, c, env, torch);
+    if (probe_linked(found, c, env, torch)) return true;
+  }
+  return false;
+}
+
 ProgramTorch probe_program_torch(const Config& c) {
   ProgramTorch torch;
   if (c.target.command.empty()) return torch;
@@ -310,7 +337,8 @@ ProgramTorch probe_program_torch(const Config& c) {
   }
   if (std::string python = shell_script_python(c.target.command, env); !python.empty())
     if (probe_python(python, c, env, &torch)) return torch;
-  // A shell script or a launcher: most likely it runs the Python on its PATH.
+  if (probe_launched(c, env, &torch)) return torch;
+  // A shell script: most likely it runs the Python on its PATH.
   probe_python("python3", c, env, &torch);
   return torch;
 }
@@ -378,10 +406,22 @@ Status choose_interposer(const Config& c, const std::string& explicit_library,
   }
   const ProgramTorch torch = probe_program_torch(c);
   if (!torch.known()) {
-    // No torch to be seen (a Python without it, a static or foreign program): the program will
-    // say so itself, or record nothing, which `run` reports.
-    if (explicit_library.empty()) *library = builds.front().library;
-    return Status();
+    // No torch to be seen (a Python without it, a static or foreign program): with one build,
+    // the program will say so itself, or record nothing, which `run` reports. With several, a
+    // guess can preload one libtorch into a program that loads another: it crashes.
+    if (!explicit_library.empty()) return Status();
+    if (builds.size() == 1) {
+      *library = builds.front().library;
+      return Status();
+    }
+    return Status::error(
+        fmt::format("cannot tell which torch `{}` loads (no Python, Python script or program "
+                    "linked to libtorch in the command, and python3 on its PATH has no torch), "
+                    "and interposers are built for torch {}: put the Python first (detaudit run "
+                    "-- /path/to/python train.py) or name one with DETAUDIT_HOOKS={}",
+                    c.target.command[0], versions_of(builds),
+                    builds.front().library),
+        ExitCode::kUsage);
   }
   if (const InterposerBuild* b = match_interposer(builds, torch)) {
     *library = b->library;

@@ -382,6 +382,20 @@ class RecordPython(RecordedRuns):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertNotIn("cut short", r.stdout)
 
+    # --- a launcher in front of the Python -------------------------------------------------
+
+    def test_a_launcher_runs_the_interposer_of_the_python_it_names(self):
+        """`env VAR=1 PYTHON ...`, `timeout N PYTHON ...`: that Python's interposer is preloaded
+        and the run records. (Before, the launcher hid the Python and the first interposer built
+        was preloaded: with torch 1.13's beside it, the program died of SIGBUS.)"""
+        for launcher in (["env", "OMP_NUM_THREADS=1"], ["timeout", "300"]):
+            r, run_dir = record(os.path.join(self.tmp, "launcher-" + launcher[0]),
+                                launcher + [PYTHON, example("train_sgd.py"), "--steps", "1"])
+            self.assertEqual(r.returncode, 0, r.stderr)
+            run_json = read_json(os.path.join(run_dir, "run.json"))
+            self.assertEqual(os.path.realpath(run_json["hooks_library"]), os.path.realpath(HOOKS))
+            self.assertTrue(ops(export_records(run_dir)), f"{launcher[0]}: no op recorded")
+
     # --- a Python whose torch is not the interposer's ---------------------------------------
 
     def test_mismatched_python_torch_is_refused(self):

@@ -121,6 +121,59 @@ TEST(InterposerTest, AShellCommandIsProbedThroughThePythonItRuns) {
   }
 }
 
+// `env OMP_NUM_THREADS=1 python ...`, `timeout 600 python ...`: the Python the launcher runs.
+// Before, the launcher hid it and the first build was preloaded: a program that loaded another
+// torch crashed (SIGBUS) with two libtorch in one process.
+TEST(InterposerTest, ALauncherIsSeenThrough) {
+  std::string dir = interposer_dir("launcher");
+  std::string lib = dir + "/lib/detaudit";
+  add_build(lib, "1.13.1", "/usr/lib/libtorch_cpu.so.1.13");
+  add_build(lib, "2.13.0+cpu", "/venv/torch/lib/libtorch_cpu.so");
+  std::string python = fake_python(dir, "2.13.0+cpu", "/elsewhere/libtorch_cpu.so");
+  const std::vector<std::vector<std::string>> commands = {
+      {"env", "OMP_NUM_THREADS=1", python, "train.py"},
+      {"env", "-u", "CUDA_VISIBLE_DEVICES", "PATH=" + dir + ":/usr/bin:/bin", "python3", "x.py"},
+      {"timeout", "600", python, "train.py"},
+      {"taskset", "-c", "0-3", python, "-u", "train.py"},
+      {"nice", "-n", "5", "env", "A=1", python}};
+  for (const auto& command : commands) {
+    Config c;
+    c.target.command = command;
+    c.target.env["PATH"] = "/usr/bin:/bin";  // no Python with torch but the launched one
+    std::string chosen;
+    Status s = choose_interposer(c, "", lib, "/src", &chosen);
+    ASSERT_TRUE(s.ok()) << command[0] << ": " << s.message();
+    EXPECT_EQ(chosen, lib + "/torch/2.13.0+cpu/libdetaudit_hooks.so") << command[0];
+  }
+}
+
+// Nothing tells the torch: one build is a fair guess, of several none is.
+TEST(InterposerTest, AnUnknownTorchIsGuessedOnlyWhenOneIsBuilt) {
+  std::string dir = interposer_dir("unknown");
+  std::string lib = dir + "/lib/detaudit";
+  add_build(lib, "2.13.0+cpu", "/venv/torch/lib/libtorch_cpu.so");
+  Config c;
+  c.target.command = {"/bin/true"};
+  c.target.env["PATH"] = dir;  // no python3 to ask
+  std::string chosen;
+  ASSERT_TRUE(choose_interposer(c, "", lib, "/src", &chosen).ok());
+  EXPECT_EQ(chosen, lib + "/torch/2.13.0+cpu/libdetaudit_hooks.so");
+
+  add_build(lib, "1.13.1", "/usr/lib/libtorch_cpu.so.1.13");
+  chosen.clear();
+  Status s = choose_interposer(c, "", lib, "/src", &chosen);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), ExitCode::kUsage);
+  EXPECT_TRUE(chosen.empty());
+  const std::string& m = s.message();
+  EXPECT_EQ(m.find('\n'), std::string::npos) << "one line";
+  EXPECT_NE(m.find("`/bin/true`"), std::string::npos) << m;
+  EXPECT_NE(m.find("1.13.1, 2.13.0+cpu"), std::string::npos) << m;
+  EXPECT_NE(m.find("DETAUDIT_HOOKS="), std::string::npos) << m;
+  // An explicit library is the user's choice.
+  ASSERT_TRUE(choose_interposer(c, "/x/libdetaudit_hooks.so", lib, "/src", &chosen).ok());
+}
+
 TEST(InterposerTest, NoMatchNamesTheTorchAndTheBuildCommand) {
   std::string dir = interposer_dir("nomatch");
   std::string lib = dir + "/lib/detaudit";
