@@ -1,10 +1,12 @@
-"""Step time of a small CUDA CNN and a small transformer, plain and recorded with the device
-digest, written as JSON to DETAUDIT_GPU_BENCH_OUT (default <results>/gpu-bench.json; run.sh's
-results are $OUT on the device). A benchmark, not a timed test: nothing is asserted about speed,
-only that both runs ran and produced figures.
+"""Step time of a small CUDA CNN and a small transformer: plain, recorded with the device digest,
+and loaded but recording step 0 only (the callbacks' floor), written as JSON to
+DETAUDIT_GPU_BENCH_OUT (default <results>/gpu-bench.json; run.sh's results are $OUT on the
+device). A benchmark, not a timed test: nothing is asserted about speed, only that the runs ran
+and produced figures.
 
-The file also holds the bytes one step's ops write and the GPU's copy bandwidth, the figures
-docs/performance.md needs to set the digest's throughput against the memory bandwidth."""
+The file also holds the bytes one step's ops write, the GPU's copy bandwidth and the digest
+pipeline's counters (batches, waits for a full ring), the figures docs/performance.md needs to
+set the digest's cost against the memory bandwidth and the launches."""
 import json
 import os
 
@@ -25,6 +27,17 @@ def bench_line(text, what):
     return json.loads(lines[-1][len("BENCH "):])
 
 
+def status_lines(run_dir, prefix):
+    """The interposer's counters (`.status` files: batches, waits for a full ring)."""
+    d = os.path.join(run_dir, "streams")
+    lines = []
+    for name in sorted(os.listdir(d)):
+        if name.endswith(".status"):
+            with open(os.path.join(d, name), errors="replace") as f:
+                lines += [l.strip() for l in f if l.startswith(prefix)]
+    return lines
+
+
 @pytest.mark.parametrize("model", ["cnn", "transformer"])
 def test_step_time(model, gpu):
     argv = [gpulib.PYTHON, PROGRAM, "--model", model, "--steps", STEPS]
@@ -38,13 +51,22 @@ def test_step_time(model, gpu):
         streams = os.listdir(os.path.join(run_dir, "streams"))
         assert any(s.endswith(".dtr") for s in streams), f"no trace was written: {streams}"
         trace_bytes = sum(os.path.getsize(os.path.join(run_dir, "streams", s)) for s in streams)
-    for r in (a, b):
+        pipeline = status_lines(run_dir, "device digests:")
+        # Loaded, recording step 0 only: the timed steps pay the callbacks, not the recording.
+        proc, run_dir = gpulib.record_one(os.path.join(tmp, "floor"), argv,
+                                          flags=["--digest", "device", "--steps", "0"])
+        assert proc.returncode == 0, f"{model} recording step 0 only: {gpulib.describe(proc)}"
+        c = bench_line(gpulib.output_log(run_dir), f"{model} recording step 0 only")
+    for r in (a, b, c):
         assert r["median_ms"] > 0 and r["steps"] == int(STEPS), r
     overhead_ms = b["median_ms"] - a["median_ms"]
     result = {
         "model": model, "device": a["device"], "torch": a["torch"], "steps_timed": a["steps"],
         "plain_median_ms": a["median_ms"], "recorded_median_ms": b["median_ms"],
         "ratio": b["median_ms"] / a["median_ms"], "overhead_ms_per_step": overhead_ms,
+        "loaded_not_recording_median_ms": c["median_ms"],
+        "loaded_not_recording_ratio": c["median_ms"] / a["median_ms"],
+        "device_digest_pipeline": pipeline,
         "plain": a, "recorded": b, "trace_bytes": trace_bytes,
         "ops_per_step": a.get("ops_per_step"),
         "output_bytes_per_step": a.get("output_bytes_per_step"),
