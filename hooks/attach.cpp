@@ -124,6 +124,10 @@ __attribute__((constructor)) void attach() {
                                                .scopes({at::RecordScope::USER_SCOPE})));
   pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
   std::atexit(flush_everything);
+  // Loaded by the preload shim (src/preload/preload.c), whose _exit comes first: it flushes.
+  using Register = void (*)(void (*)());
+  if (auto shim = reinterpret_cast<Register>(dlsym(RTLD_DEFAULT, "detaudit_preload_flush_at_exit")))
+    shim(flush_everything);
   install_signal_handlers();
   proc.note_status("attached libtorch " + torch_version() + " pid " + std::to_string(::getpid()) +
               (applied.empty() ? "" : " applied" + applied));
@@ -132,7 +136,8 @@ __attribute__((constructor)) void attach() {
 }  // namespace
 }  // namespace detaudit::hooks
 
-// Forked DataLoader workers end with os._exit(), which skips atexit: flush there too.
+// Forked DataLoader workers end with os._exit(), which skips atexit: flush there too. (Preloaded
+// itself; loaded by the shim, the shim's _exit is the one called.)
 extern "C" [[noreturn]] void _exit(int status) {
   detaudit::hooks::flush_everything();
   using ExitFn = void (*)(int);

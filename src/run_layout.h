@@ -20,6 +20,10 @@ namespace detaudit::layout {
 
 inline constexpr const char* kEnvRunDir = "DETAUDIT_RUN_DIR";  // the interposer records here
 inline constexpr const char* kEnvConfig = "DETAUDIT_CONFIG";   // path of the resolved config
+// LD_PRELOAD names the preload shim (src/preload/preload.c), which loads this interposer into the
+// processes that can run torch; the shim lies in the folder above the interposers' torch/.
+inline constexpr const char* kEnvInterposer = "DETAUDIT_INTERPOSER";
+inline constexpr const char* kPreloadLibrary = "libdetaudit_preload.so";
 // Set by a recorded process for the children it starts: its name, and its RANK ("" if none).
 inline constexpr const char* kEnvParentProcess = "DETAUDIT_PARENT_PROCESS";
 inline constexpr const char* kEnvParentRank = "DETAUDIT_PARENT_RANK";

@@ -189,7 +189,16 @@ std::vector<std::string> target_environment(const Config& c, const std::string& 
     if (eq != std::string::npos) set(kv.substr(0, eq), kv.substr(eq + 1));
   }
   for (const auto& [k, v] : c.target.env) set(k, v);
+  // <lib>/detaudit/torch/<version>/libdetaudit_hooks.so: the shim is <lib>/detaudit's. A library
+  // placed by hand, with no shim above it, is preloaded itself (into every child too).
   std::string preload = hooks_library;
+  std::error_code ec;
+  const fs::path shim =
+      fs::path(hooks_library).parent_path().parent_path().parent_path() / layout::kPreloadLibrary;
+  if (!hooks_library.empty() && fs::exists(shim, ec)) {
+    preload = shim.string();
+    set(layout::kEnvInterposer, hooks_library);
+  }
   if (vars.count("LD_PRELOAD") && !vars["LD_PRELOAD"].empty())
     preload += ":" + vars["LD_PRELOAD"];
   set("LD_PRELOAD", preload);

@@ -54,7 +54,8 @@ Status prepare_run_dir(const std::string& dir, bool force);
 Status check_run_dir(const std::string& dir, bool force);
 
 // The audited program's environment: ours, then target.env, then the interposer's variables
-// (LD_PRELOAD gets the hooks library prepended).
+// (LD_PRELOAD gets the preload shim prepended, DETAUDIT_INTERPOSER the hooks library it loads;
+// a hooks library with no shim above it is preloaded itself).
 std::vector<std::string> target_environment(const Config& config, const std::string& hooks_library,
                                             const std::string& run_dir_abs);
 

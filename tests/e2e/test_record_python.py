@@ -212,7 +212,7 @@ class RecordPython(RecordedRuns):
         self.assertFalse(env["determinism"]["deterministic_algorithms"])
         for var in ("OMP_NUM_THREADS", "PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG", "LD_PRELOAD"):
             self.assertIn(var, env["env"])
-        self.assertIn("libdetaudit_hooks.so", env["env"]["LD_PRELOAD"])
+        self.assertIn("libdetaudit_preload.so", env["env"]["LD_PRELOAD"])
         # The interposer's libtorch: torch.txt has the Python's version, "2.13.0+cpu".
         with open(os.path.join(os.path.dirname(HOOKS), "torch.txt")) as f:
             built = dict(l.split("=", 1) for l in f.read().splitlines())["version"]
@@ -395,6 +395,23 @@ class RecordPython(RecordedRuns):
             run_json = read_json(os.path.join(run_dir, "run.json"))
             self.assertEqual(os.path.realpath(run_json["hooks_library"]), os.path.realpath(HOOKS))
             self.assertTrue(ops(export_records(run_dir)), f"{launcher[0]}: no op recorded")
+
+    def test_only_processes_that_can_run_torch_load_the_interposer(self):
+        """A shell and what it runs besides Python (/bin/true, another shell; torch.compile's
+        compiler and assembler alike) start without the interposer and its libtorch, which cost
+        each of them 1-3 s; the Python records, its trace whole."""
+        r, run_dir = record(os.path.join(self.tmp, "children"),
+                            ["sh", "-c", f"/bin/true && {PYTHON} {example('train_sgd.py')} "
+                                         "--steps 1 && sh -c true"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        streams = os.path.join(run_dir, "streams")
+        statuses = sorted(f for f in os.listdir(streams) if f.endswith(".status"))
+        self.assertEqual(statuses, ["r0.main.status"])
+        with open(os.path.join(streams, "r0.main.status")) as f:
+            self.assertIn("attached libtorch", f.read())
+        records = export_records(run_dir)
+        self.assertTrue(ops(records))
+        self.assertEqual(records[-1]["record"], "end")
 
     # --- a Python whose torch is not the interposer's ---------------------------------------
 

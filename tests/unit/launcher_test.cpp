@@ -199,7 +199,8 @@ TEST(SessionTest, TargetEnvironmentPrependsPreload) {
   auto env = target_environment(c, "/h/libdetaudit_hooks.so", "/runs/run-0");
   unsetenv("LD_PRELOAD");
   auto has = [&](const std::string& kv) { return std::find(env.begin(), env.end(), kv) != env.end(); };
-  EXPECT_TRUE(has("LD_PRELOAD=/h/libdetaudit_hooks.so:/other.so"));
+  EXPECT_TRUE(has("LD_PRELOAD=/h/libdetaudit_hooks.so:/other.so"));  // no shim above /h
+  for (const std::string& kv : env) EXPECT_NE(kv.rfind(layout::kEnvInterposer, 0), 0u) << kv;
   EXPECT_TRUE(has("DETAUDIT_RUN_DIR=/runs/run-0"));
   EXPECT_TRUE(has("DETAUDIT_CONFIG=/runs/run-0/config.json"));
   EXPECT_TRUE(has("X=1"));
@@ -208,6 +209,23 @@ TEST(SessionTest, TargetEnvironmentPrependsPreload) {
   c.target.env["TORCHINDUCTOR_CACHE_DIR"] = "/mine";
   env = target_environment(c, "/h/libdetaudit_hooks.so", "/runs/run-0");
   EXPECT_TRUE(has("TORCHINDUCTOR_CACHE_DIR=/mine"));
+}
+
+// An installed layout: <lib>/detaudit/libdetaudit_preload.so above torch/<version>/: LD_PRELOAD
+// names the shim, DETAUDIT_INTERPOSER the hooks library it loads.
+TEST(SessionTest, TargetEnvironmentPreloadsTheShimAboveTheInterposer) {
+  const std::string lib = launcher_dir("shim") + "/lib/detaudit";
+  fs::create_directories(lib + "/torch/2.13.0+cpu");
+  const std::string hooks = lib + "/torch/2.13.0+cpu/libdetaudit_hooks.so";
+  std::ofstream(lib + "/" + layout::kPreloadLibrary) << "";
+  Config c;
+  auto env = target_environment(c, hooks, "/runs/run-0");
+  auto has = [&](const std::string& kv) { return std::find(env.begin(), env.end(), kv) != env.end(); };
+  EXPECT_TRUE(has(std::string("LD_PRELOAD=") + lib + "/" + layout::kPreloadLibrary));
+  EXPECT_TRUE(has(std::string(layout::kEnvInterposer) + "=" + hooks));
+  // The probes' environment (no library) names neither.
+  env = target_environment(c, "", "/runs/run-0");
+  for (const std::string& kv : env) EXPECT_NE(kv.rfind(layout::kEnvInterposer, 0), 0u) << kv;
 }
 
 TEST(SessionTest, ExecuteRunWritesRunJson) {
