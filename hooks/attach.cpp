@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -28,8 +29,15 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (ThreadRecorder* t = ThreadRecorder::current()) t->on_end(fn);
 }
 
+// The process whose records are ours to flush: set at attach and in a forked child (atfork). A
+// vfork child shares our memory and runs no atfork handler: when its exec fails, it leaves
+// through _exit (CPython's subprocess, for a program that is not there), and must not finish
+// the parent's streams from there.
+std::atomic<pid_t> g_recording_pid{0};
+
 void flush_everything() {
   static std::atomic<bool> done{false};
+  if (::getpid() != g_recording_pid.load()) return;
   if (!ProcessRecorder::instance().active() || done.exchange(true)) return;
   ProcessRecorder::instance().finish_all();
 }
@@ -83,7 +91,10 @@ void install_signal_handlers() {
 
 void atfork_prepare() { ProcessRecorder::instance().before_fork(); }
 void atfork_parent() { ProcessRecorder::instance().after_fork_parent(); }
-void atfork_child() { ProcessRecorder::instance().after_fork_child(); }
+void atfork_child() {
+  g_recording_pid.store(::getpid());
+  ProcessRecorder::instance().after_fork_child();
+}
 
 bool load_config(Config* config, std::string* error) {
   const char* path = std::getenv(layout::kEnvConfig);
@@ -122,6 +133,7 @@ __attribute__((constructor)) void attach() {
                                                         at::RecordScope::USER_SCOPE})),
                      at::addGlobalCallback(at::RecordFunctionCallback(on_op_start, on_op_end)
                                                .scopes({at::RecordScope::USER_SCOPE})));
+  g_recording_pid.store(::getpid());
   pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
   std::atexit(flush_everything);
   // Loaded by the preload shim (src/preload/preload.c), whose _exit comes first: it flushes.

@@ -1,7 +1,8 @@
 """Traces survive the program's death: a target killed with SIGKILL mid-run, one that aborts and
 one that raises leave streams that read cleanly up to their last whole record; a corrupted byte is
 a one-line error naming file and offset (exit 3) from show, export and diff; a file cut
-mid-record reads up to the cut, with a message.
+mid-record reads up to the cut, with a message. A subprocess whose exec fails leaves the
+program's trace whole.
 
     cd tests/e2e && ../../.venv/bin/python -m unittest -v test_crash_safety
 """
@@ -167,6 +168,24 @@ class CrashSafety(unittest.TestCase):
         main = ops(recs, stream="r0.main.t-main")
         self.assertGreater(len(main), 10)
         return main, main[len(main) // 2]
+
+    def test_a_failed_exec_in_a_subprocess_leaves_the_trace_whole(self):
+        """A vfork child whose exec fails leaves through _exit in the parent's memory: it must
+        not flush the parent's streams (it did: a second, undecodable stream, and the ops after
+        it gone)."""
+        out = os.path.join(self.tmp, "missing_tool")
+        r = run_detaudit(["run", "--runs", "2", "--out", out, "-q", "--",
+                          PYTHON, program("missing_tool.py"), "--steps", "2"])
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("IDENTICAL", r.stdout)
+        for i in (0, 1):
+            run_dir = os.path.join(out, f"run-{i}")
+            self.assertEqual(sorted(f for f in os.listdir(os.path.join(run_dir, "streams"))
+                                    if f.endswith(".dtr")), ["r0.main.t-main.dtr"])
+            records = export_records(run_dir)
+            self.assertEqual(records[-1]["record"], "end")
+            # Both steps' ops, each after its failed exec.
+            self.assertEqual({o["step"] for o in ops(records, "aten::tanh")}, {0, 1})
 
     def test_corrupt_byte_is_exit_3_naming_file_and_offset(self):
         self.assertEqual(self.runs["raise"][0].returncode, 4)
