@@ -142,7 +142,16 @@ def mode_env(args, mode_config, run_dir, name=""):
     config_path = os.path.join(run_dir, "config.json")
     with open(config_path, "w") as f:
         json.dump(mode_config, f)
-    env["LD_PRELOAD"] = args.baseline_hooks if name.endswith(BASELINE) else args.hooks
+    hooks = args.baseline_hooks if name.endswith(BASELINE) else args.hooks
+    # As `detaudit run` starts a program: the preload shim above torch/<version>/ loads the
+    # interposer (docs/how-it-works.md, "Launch"); a library placed by hand is preloaded itself.
+    shim = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(hooks))),
+                        "libdetaudit_preload.so")
+    if os.path.exists(shim):
+        env["LD_PRELOAD"] = shim
+        env["DETAUDIT_INTERPOSER"] = hooks
+    else:
+        env["LD_PRELOAD"] = hooks
     env["DETAUDIT_RUN_DIR"] = run_dir
     env["DETAUDIT_CONFIG"] = config_path
     return env
