@@ -62,13 +62,15 @@ class InBuffer {
   bool* flag_;
 };
 
-// With DETAUDIT_DEBUG set, says once per op why it could not be recorded.
-void report_swallowed(const char* op, const char* what) {
+// With DETAUDIT_DEBUG set, says once per op why it could not be recorded. Only then is the
+// message asked for: a c10::Error's what() symbolizes its backtrace, milliseconds each.
+void report_swallowed(const char* op, const std::exception& e) {
   static const bool debug = std::getenv("DETAUDIT_DEBUG") != nullptr;
+  if (!debug) return;
   thread_local std::unordered_map<std::string, bool> seen;
-  if (debug && !seen[op]) {
+  if (!seen[op]) {
     seen[op] = true;
-    std::fprintf(stderr, "detaudit: debug: %s not recorded: %s\n", op, what);
+    std::fprintf(stderr, "detaudit: debug: %s not recorded: %s\n", op, e.what());
   }
 }
 
@@ -382,7 +384,7 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f, trace::Pha
     f.items_end = items_.size();
   } catch (const std::exception& e) {
     // Never throw into libtorch: an op we cannot describe goes unrecorded.
-    report_swallowed(fn.name(), e.what());
+    report_swallowed(fn.name(), e);
     f.recorded = false;
   }
   // The inputs' digests go on the stream now, ahead of the op's own kernels.
@@ -554,7 +556,7 @@ void ThreadRecorder::on_end(const at::RecordFunction& fn) {
     } catch (const std::exception& e) {
       // Never throw into libtorch. The record was being encoded apart, and is dropped; what the
       // buffer holds is whole records.
-      report_swallowed(fn.name(), e.what());
+      report_swallowed(fn.name(), e);
       holes_.clear();
     }
     busy_ = false;

@@ -16,6 +16,9 @@
 namespace detaudit::hooks {
 
 bool has_no_data(const at::Tensor& t) {
+  // Symbolic sizes: a tensor of torch.compile's tracing with dynamic shapes, whose numel()
+  // throws (and an error's message costs a symbolized backtrace: most of a recorded compile).
+  if (t.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) return true;
   // A meta tensor has no bytes either, but it is the program's own: it runs in every run.
   return !t.is_meta() && t.has_storage() && t.numel() > 0 &&
          t.storage().data_ptr().get() == nullptr;
