@@ -95,6 +95,12 @@ std::string script_python(const std::string& path) {
   return !argv.empty() && is_python_name(argv[0]) ? argv[0] : "";
 }
 
+// The Python a program is, or the one its "#!" names; empty for anything else.
+std::string python_of(const std::string& program) {
+  if (program.empty()) return "";
+  return is_python_name(program) ? program : script_python(program);
+}
+
 // The folder for what `detaudit run` remembers between invocations; empty when there is none.
 std::string cache_dir() {
   const char* xdg = std::getenv("XDG_CACHE_HOME");
@@ -283,10 +289,7 @@ std::string shell_script_python(const std::vector<std::string>& command,
   std::istringstream words(script);
   for (std::string w; words >> w;) {
     if (w.find('=') != std::string::npos || w[0] == '$' || w[0] == '-') continue;
-    const std::string found = find_program(w, env);
-    if (found.empty()) continue;
-    if (is_python_name(found)) return found;
-    if (std::string python = script_python(found); !python.empty()) return python;
+    if (std::string python = python_of(find_program(w, env)); !python.empty()) return python;
   }
   return "";
 }
@@ -310,8 +313,7 @@ bool probe_launched(const Config& c, std::vector<std::string> env, ProgramTorch*
     }
     const std::string found = find_program(word, env);
     if (found.empty() || fs::is_directory(found)) continue;
-    if (is_python_name(found)) return probe_python(found, c, env, torch);
-    if (std::string python = script_python(found); !python.empty())
+    if (std::string python = python_of(found); !python.empty())
       return probe_python(python, c, env, torch);
     if (probe_linked(found, c, env, torch)) return true;
   }
