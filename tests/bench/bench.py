@@ -35,12 +35,16 @@ MODES = [
     # libtorch's own cost of a callback that needs every op's inputs and outputs: no recorder
     # on RecordFunction goes below it (callback_floor.cpp).
     ("floor: empty callback (inputs + outputs)", "floor"),
+    # The op thread's share of a recorder whose work runs on another core: identity, geometry
+    # and a copy of small new tensors' bytes (capture_floor.cpp).
+    ("floor: capture only, hashed on another core", "capture-floor"),
     ("peer: TorchDispatchMode + MD5", "md5"),
     # What a user wanting bitwise per-op hashes picks: torch.hash_tensor of inputs and outputs.
     ("peer: DebugMode hash_tensor (inputs + outputs)", "debugmode"),
     ("peer: DebugMode norm (outputs)", "debugmode-norm"),
 ]
 PEERS = ("md5", "debugmode", "debugmode-norm")  # a string config: workloads.py --peer, no interposer
+FLOORS = {"floor": "libbench_callback_floor.so", "capture-floor": "libbench_capture_floor.so"}
 
 
 def run_measured(cmd, env):
@@ -133,8 +137,8 @@ def with_baselines(args, modes):
 
 def mode_env(args, mode_config, run_dir, name=""):
     env = dict(os.environ)
-    if mode_config == "floor":
-        env["LD_PRELOAD"] = os.path.join(args.torch_bin, "libbench_callback_floor.so")
+    if isinstance(mode_config, str) and mode_config in FLOORS:
+        env["LD_PRELOAD"] = os.path.join(args.torch_bin, FLOORS[mode_config])
         return env
     if mode_config is None or mode_config in PEERS:
         return env
@@ -348,7 +352,7 @@ def main():
             print(f"DebugMode unavailable in torch {py['torch']}: skipping {sorted(dropped)}", flush=True)
         args.modes -= dropped
     args.hooks = args.hooks or default_hooks(args.build, py)
-    if "cpp" in args.langs.split(",") or any(cfg == "floor" for name, cfg in MODES if name in args.modes):
+    if "cpp" in args.langs.split(",") or any(isinstance(cfg, str) and cfg in FLOORS for name, cfg in MODES if name in args.modes):
         args.torch_bin = args.torch_bin or default_torch_bin(args.build, args.python, py)
     if not os.path.exists(args.hooks):
         sys.exit(f"bench: no interposer at {args.hooks}")
