@@ -38,13 +38,20 @@ MODES = [
     # The op thread's share of a recorder whose work runs on another core: identity, geometry
     # and a copy of small new tensors' bytes (capture_floor.cpp).
     ("floor: capture only, hashed on another core", "capture-floor"),
+    # The same, holding each new small tensor until the worker hashed it, instead of a copy;
+    # and hashing it on the op's thread, with no worker.
+    ("floor: capture only, held and hashed on another core", "capture-floor-held"),
+    ("floor: capture only, hashed on the op's thread", "capture-floor-inline"),
     ("peer: TorchDispatchMode + MD5", "md5"),
     # What a user wanting bitwise per-op hashes picks: torch.hash_tensor of inputs and outputs.
     ("peer: DebugMode hash_tensor (inputs + outputs)", "debugmode"),
     ("peer: DebugMode norm (outputs)", "debugmode-norm"),
 ]
 PEERS = ("md5", "debugmode", "debugmode-norm")  # a string config: workloads.py --peer, no interposer
-FLOORS = {"floor": "libbench_callback_floor.so", "capture-floor": "libbench_capture_floor.so"}
+FLOORS = {"floor": ("libbench_callback_floor.so", {}),
+          "capture-floor": ("libbench_capture_floor.so", {}),
+          "capture-floor-held": ("libbench_capture_floor.so", {"DETAUDIT_BENCH_CAPTURE": "reference"}),
+          "capture-floor-inline": ("libbench_capture_floor.so", {"DETAUDIT_BENCH_CAPTURE": "inline"})}
 
 
 def run_measured(cmd, env):
@@ -138,7 +145,9 @@ def with_baselines(args, modes):
 def mode_env(args, mode_config, run_dir, name=""):
     env = dict(os.environ)
     if isinstance(mode_config, str) and mode_config in FLOORS:
-        env["LD_PRELOAD"] = os.path.join(args.torch_bin, FLOORS[mode_config])
+        library, extra = FLOORS[mode_config]
+        env["LD_PRELOAD"] = os.path.join(args.torch_bin, library)
+        env.update(extra)
         return env
     if mode_config is None or mode_config in PEERS:
         return env

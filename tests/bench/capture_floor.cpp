@@ -6,10 +6,11 @@
 //
 // Not a recorder. A direct-mapped table of the tensor versions already copied stands for the
 // cache the op's thread would keep (DETAUDIT_BENCH_CAPTURE_SEEN=off drops it: every small
-// tensor copied each time an op names it). For the bench's workloads only: a forked child has
-// no worker thread. Preloaded by bench.py
-// as the mode "floor: capture only, hashed on another core"; docs/performance.md compares it
-// with the empty callback (callback_floor.cpp) and the interposer.
+// tensor copied each time an op names it). DETAUDIT_BENCH_CAPTURE picks what happens to a new
+// small tensor's bytes instead of a copy (below). For the bench's workloads only: a forked
+// child has no worker thread. Preloaded by bench.py as the modes "floor: capture only, ...";
+// docs/performance.md compares them with the empty callback (callback_floor.cpp) and the
+// interposer.
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 #include <xxhash.h>
@@ -30,6 +31,7 @@ namespace {
 constexpr size_t kCopyBytes = 64 * 1024;      // larger tensors: geometry only
 constexpr size_t kHandoverBytes = 256 * 1024;
 constexpr size_t kBufferBytes = kHandoverBytes + kCopyBytes + 4096;
+constexpr size_t kHeldTensors = 64;
 
 struct TensorHead {
   const void* impl;
@@ -39,6 +41,17 @@ struct TensorHead {
   int64_t offset;
   int64_t sizes[6], strides[6];
   uint32_t copied;  // bytes that follow the head
+  uint32_t referred;  // or: bytes of the next held tensor's storage span, hashed where they lie
+};
+
+// A thread's heads and copies, and the tensors it holds for the worker to hash.
+struct Batch {
+  std::string bytes;
+  std::vector<at::Tensor> held;
+  void clear() {
+    bytes.clear();
+    held.clear();
+  }
 };
 
 class Worker {
@@ -47,14 +60,14 @@ class Worker {
     static Worker* w = new Worker();  // never destroyed: threads may hand over at exit
     return *w;
   }
-  // Takes a full buffer; gives back an empty one, waiting for the worker if it has none: a
+  // Takes a full batch; gives back an empty one, waiting for the worker if it has none: a
   // fixed set of buffers, made once, so that no hand-over maps fresh memory.
-  std::string swap(std::string&& full) {
+  Batch swap(Batch&& full) {
     std::unique_lock<std::mutex> lock(mu_);
     queue_.push_back(std::move(full));
     cv_.notify_one();
     spare_cv_.wait(lock, [this] { return !spare_.empty(); });
-    std::string empty = std::move(spare_.back());
+    Batch empty = std::move(spare_.back());
     spare_.pop_back();
     empty.clear();
     return empty;
@@ -64,41 +77,47 @@ class Worker {
   Worker() {
     for (int i = 0; i < 8; ++i) {
       spare_.emplace_back();
-      spare_.back().reserve(kBufferBytes);
+      spare_.back().bytes.reserve(kBufferBytes);
+      spare_.back().held.reserve(kHeldTensors);
     }
     std::thread([this] { loop(); }).detach();
   }
   void loop() {
     for (;;) {
-      std::string buf;
+      Batch batch;
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [this] { return !queue_.empty(); });
-        buf = std::move(queue_.back());
-        queue_.pop_back();
+        batch = std::move(queue_.front());
+        queue_.erase(queue_.begin());
       }
+      const std::string& buf = batch.bytes;
       uint64_t h = 0;
+      size_t next_held = 0;
       for (size_t at = 0; at + sizeof(TensorHead) <= buf.size();) {
         TensorHead head;
         std::memcpy(&head, buf.data() + at, sizeof head);
         at += sizeof head;
         h ^= XXH3_64bits(buf.data() + at, head.copied);
         at += head.copied;
+        if (head.referred)
+          h ^= XXH3_64bits(batch.held[next_held++].data_ptr(), head.referred);
       }
       sink_.fetch_xor(h, std::memory_order_relaxed);  // kept, so the hashing is not optimized away
+      batch.held.clear();  // the tensors go here, on the worker's thread
       std::lock_guard<std::mutex> lock(mu_);
-      spare_.push_back(std::move(buf));
+      spare_.push_back(std::move(batch));
       spare_cv_.notify_one();
     }
   }
   std::mutex mu_;
   std::condition_variable cv_, spare_cv_;
-  std::vector<std::string> queue_, spare_;
+  std::vector<Batch> queue_, spare_;
   std::atomic<uint64_t> sink_{0};
 };
 
 struct ThreadBuffer {
-  std::string bytes;
+  Batch batch;
   // Tensor versions whose bytes were copied already, direct-mapped: a lower bound on what an
   // op-thread cache costs (it ignores address reuse and writes through aliases, which a real
   // one must not).
@@ -107,7 +126,10 @@ struct ThreadBuffer {
     uint32_t version = 0;
   };
   std::vector<Seen> seen = std::vector<Seen>(4096);
-  ThreadBuffer() { bytes.reserve(kBufferBytes); }
+  ThreadBuffer() {
+    batch.bytes.reserve(kBufferBytes);
+    batch.held.reserve(kHeldTensors);
+  }
 };
 // initial-exec, as the interposer's: preloaded, never dlopen'ed late.
 __attribute__((tls_model("initial-exec"))) thread_local ThreadBuffer tls;
@@ -116,6 +138,22 @@ const bool remember_seen = [] {
   const char* v = std::getenv("DETAUDIT_BENCH_CAPTURE_SEEN");
   return !(v && std::string(v) == "off");
 }();
+// DETAUDIT_BENCH_CAPTURE=reference copies nothing: the thread holds each new small tensor
+// until the worker has hashed it where it lies (a real recorder would then have to hash on the
+// op's thread any such tensor an op is about to write; not done here).
+// DETAUDIT_BENCH_CAPTURE=inline hashes them on the op's thread, where they lie, as the
+// interposer does (without its statistics, cache and records).
+enum class Bytes { kCopied, kReferred, kHashedInline };
+const Bytes bytes_policy = [] {
+  const char* set = std::getenv("DETAUDIT_BENCH_CAPTURE");
+  const std::string v = set ? set : "";
+  return v == "reference" ? Bytes::kReferred : v == "inline" ? Bytes::kHashedInline : Bytes::kCopied;
+}();
+__attribute__((tls_model("initial-exec"))) thread_local uint64_t inline_sink = 0;
+
+void append(const TensorHead& head) {
+  tls.batch.bytes.append(reinterpret_cast<const char*>(&head), sizeof head);
+}
 
 void capture(const at::Tensor& t) {
   if (!t.defined()) return;
@@ -129,14 +167,14 @@ void capture(const at::Tensor& t) {
   if (remember_seen) {
     ThreadBuffer::Seen& s = tls.seen[(reinterpret_cast<uintptr_t>(impl) >> 4) & 4095];
     if (s.impl == impl && s.version == head.version) {
-      tls.bytes.append(reinterpret_cast<const char*>(&head), sizeof head);
+      append(head);
       return;
     }
     s.impl = impl;
     s.version = head.version;
   }
   if (!impl->has_storage() || !t.is_cpu()) {
-    tls.bytes.append(reinterpret_cast<const char*>(&head), sizeof head);
+    append(head);
     return;
   }
   head.storage = t.storage().unsafeGetStorageImpl();
@@ -155,12 +193,23 @@ void capture(const at::Tensor& t) {
   }
   const size_t span = plain ? size_t(last + 1) * t.element_size() : 0;
   if (span > kCopyBytes || t.dim() > 6) {
-    tls.bytes.append(reinterpret_cast<const char*>(&head), sizeof head);
+    append(head);
+    return;
+  }
+  if (bytes_policy == Bytes::kReferred) {
+    head.referred = uint32_t(span);
+    append(head);
+    tls.batch.held.push_back(t);
+    return;
+  }
+  if (bytes_policy == Bytes::kHashedInline) {
+    inline_sink ^= XXH3_64bits(t.data_ptr(), span);
+    append(head);
     return;
   }
   head.copied = uint32_t(span);
-  tls.bytes.append(reinterpret_cast<const char*>(&head), sizeof head);
-  tls.bytes.append(static_cast<const char*>(t.data_ptr()), span);
+  append(head);
+  tls.batch.bytes.append(static_cast<const char*>(t.data_ptr()), span);
 }
 
 void capture_all(const c10::IValue& v) {
@@ -184,8 +233,9 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
 void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (fn.scope() == at::RecordScope::USER_SCOPE) return;
   for (const c10::IValue& v : fn.outputs()) capture_all(v);
-  if (tls.bytes.size() >= kHandoverBytes) {
-    tls.bytes = Worker::instance().swap(std::move(tls.bytes));
+  // Held tensors go soon: each keeps its memory from the program until the worker is done.
+  if (tls.batch.bytes.size() >= kHandoverBytes || tls.batch.held.size() >= kHeldTensors) {
+    tls.batch = Worker::instance().swap(std::move(tls.batch));
   }
 }
 
