@@ -7,20 +7,15 @@
 
 #include <memory>
 
+#include "interposer_scopes.h"
+
 namespace {
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction&) { return nullptr; }
 void on_end(const at::RecordFunction&, at::ObserverContext*) {}
 
 struct Attach {
-  Attach() {
-    at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end)
-                              .needsInputs(true)
-                              .needsOutputs(true)
-                              .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
-                                       at::RecordScope::TORCHSCRIPT_FUNCTION,
-                                       at::RecordScope::CUSTOM_CLASS, at::RecordScope::USER_SCOPE}));
-  }
+  Attach() { detaudit::bench::add_callback_like_the_interposer(on_start, on_end); }
 } attach;
 
 }  // namespace

@@ -26,6 +26,8 @@
 #include <thread>
 #include <vector>
 
+#include "interposer_scopes.h"
+
 namespace {
 
 constexpr size_t kCopyBytes = 64 * 1024;      // larger tensors: geometry only
@@ -240,14 +242,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
 }
 
 struct Attach {
-  Attach() {
-    at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end)
-                              .needsInputs(true)
-                              .needsOutputs(true)
-                              .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
-                                       at::RecordScope::TORCHSCRIPT_FUNCTION,
-                                       at::RecordScope::CUSTOM_CLASS, at::RecordScope::USER_SCOPE}));
-  }
+  Attach() { detaudit::bench::add_callback_like_the_interposer(on_start, on_end); }
 } attach;
 
 }  // namespace
