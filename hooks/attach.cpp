@@ -14,6 +14,7 @@
 #include <fstream>
 
 #include "environment.h"
+#include "op_callback.h"
 #include "recorder.h"
 #include "run_layout.h"
 
@@ -119,18 +120,9 @@ __attribute__((constructor)) void attach() {
     if (!error.empty()) std::fprintf(stderr, "detaudit: error: %s\n", error.c_str());
     return;
   }
-  // Two callbacks with one body, one of them on at a time (ProcessRecorder::set_callbacks).
-  // The op callback takes the scopes a training program's ops and marks run in, not the mobile,
-  // static-runtime and build-feature ones: the autograd engine rebuilds libtorch's callback list
-  // of every scope a callback takes, on every task it runs.
-  proc.set_callbacks(at::addGlobalCallback(at::RecordFunctionCallback(on_op_start, on_op_end)
-                                               .needsInputs(true)
-                                               .needsOutputs(true)
-                                               .scopes({at::RecordScope::FUNCTION,
-                                                        at::RecordScope::BACKWARD_FUNCTION,
-                                                        at::RecordScope::TORCHSCRIPT_FUNCTION,
-                                                        at::RecordScope::CUSTOM_CLASS,
-                                                        at::RecordScope::USER_SCOPE})),
+  // Two callbacks with one body, one of them on at a time (ProcessRecorder::set_callbacks): the
+  // op callback (op_callback.h), and the marks callback in the user scope alone.
+  proc.set_callbacks(at::addGlobalCallback(op_callback(on_op_start, on_op_end)),
                      at::addGlobalCallback(at::RecordFunctionCallback(on_op_start, on_op_end)
                                                .scopes({at::RecordScope::USER_SCOPE})));
   g_recording_pid.store(::getpid());

@@ -39,7 +39,7 @@ MODES = [
     # and a copy of small new tensors' bytes (capture_floor.cpp).
     ("floor: capture only, hashed on another core", "capture-floor"),
     # The same, holding each new small tensor until the worker hashed it, instead of a copy;
-    # and hashing it on the op's thread, with no worker.
+    # and hashing it on the op's thread (the worker gets the heads alone).
     ("floor: capture only, held and hashed on another core", "capture-floor-held"),
     ("floor: capture only, hashed on the op's thread", "capture-floor-inline"),
     ("peer: TorchDispatchMode + MD5", "md5"),
@@ -48,10 +48,15 @@ MODES = [
     ("peer: DebugMode norm (outputs)", "debugmode-norm"),
 ]
 PEERS = ("md5", "debugmode", "debugmode-norm")  # a string config: workloads.py --peer, no interposer
+# Preloaded libraries, no interposer: the floors above, and the variables that pick a variant.
 FLOORS = {"floor": ("libbench_callback_floor.so", {}),
           "capture-floor": ("libbench_capture_floor.so", {}),
           "capture-floor-held": ("libbench_capture_floor.so", {"DETAUDIT_BENCH_CAPTURE": "reference"}),
           "capture-floor-inline": ("libbench_capture_floor.so", {"DETAUDIT_BENCH_CAPTURE": "inline"})}
+
+
+def is_floor(mode_config):
+    return isinstance(mode_config, str) and mode_config in FLOORS
 
 
 def run_measured(cmd, env):
@@ -144,7 +149,7 @@ def with_baselines(args, modes):
 
 def mode_env(args, mode_config, run_dir, name=""):
     env = dict(os.environ)
-    if isinstance(mode_config, str) and mode_config in FLOORS:
+    if is_floor(mode_config):
         library, extra = FLOORS[mode_config]
         env["LD_PRELOAD"] = os.path.join(args.torch_bin, library)
         env.update(extra)
@@ -361,7 +366,7 @@ def main():
             print(f"DebugMode unavailable in torch {py['torch']}: skipping {sorted(dropped)}", flush=True)
         args.modes -= dropped
     args.hooks = args.hooks or default_hooks(args.build, py)
-    if "cpp" in args.langs.split(",") or any(isinstance(cfg, str) and cfg in FLOORS for name, cfg in MODES if name in args.modes):
+    if "cpp" in args.langs.split(",") or any(is_floor(cfg) for name, cfg in MODES if name in args.modes):
         args.torch_bin = args.torch_bin or default_torch_bin(args.build, args.python, py)
     if not os.path.exists(args.hooks):
         sys.exit(f"bench: no interposer at {args.hooks}")

@@ -7,7 +7,7 @@
 
 #include <memory>
 
-#include "interposer_scopes.h"
+#include "op_callback.h"
 
 namespace {
 
@@ -15,7 +15,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction&) { retur
 void on_end(const at::RecordFunction&, at::ObserverContext*) {}
 
 struct Attach {
-  Attach() { detaudit::bench::add_callback_like_the_interposer(on_start, on_end); }
+  Attach() { at::addGlobalCallback(detaudit::hooks::op_callback(on_start, on_end)); }
 } attach;
 
 }  // namespace

@@ -1,14 +1,19 @@
-// What the op's thread would still spend if the recorder did its describing, caching, hashing
-// and encoding on another core: for each tensor an op reads or returns, its identity, version
-// and geometry, and a copy of its bytes when they are small (the program may change them
-// before another core reads them), appended to the thread's buffer; a full buffer goes to a
-// worker thread, which hashes the copied bytes (XXH3) and nothing else.
+// The least the op's thread spends in a recorder that reads each new tensor: for each tensor an
+// op reads or returns, its identity, version and geometry (a head), appended to the thread's
+// buffer, which a worker thread takes every 256 KiB; and for a new tensor version of at most
+// 64 KiB, one of three things (DETAUDIT_BENCH_CAPTURE):
+// - unset: its bytes copied after the head (the program may change them before another core
+//   reads them), and XXH3-hashed by the worker;
+// - "reference": the tensor held until the worker has hashed it where it lies (a real recorder
+//   would then have to hash on the op's thread any such tensor an op is about to write; not done
+//   here);
+// - "inline": hashed on the op's thread, where it lies, as the interposer does (without its
+//   statistics, cache and records); the worker gets the heads alone.
 //
-// Not a recorder. A direct-mapped table of the tensor versions already copied stands for the
-// cache the op's thread would keep (DETAUDIT_BENCH_CAPTURE_SEEN=off drops it: every small
-// tensor copied each time an op names it). DETAUDIT_BENCH_CAPTURE picks what happens to a new
-// small tensor's bytes instead of a copy (below). For the bench's workloads only: a forked
-// child has no worker thread. Preloaded by bench.py as the modes "floor: capture only, ...";
+// Not a recorder. A direct-mapped table of the tensor versions already seen stands for the cache
+// the op's thread would keep (DETAUDIT_BENCH_CAPTURE_SEEN=off drops it: every small tensor
+// copied each time an op names it). For the bench's workloads only: a forked child has no
+// worker thread. Preloaded by bench.py as the modes "floor: capture only, ...";
 // docs/performance.md compares them with the empty callback (callback_floor.cpp) and the
 // interposer.
 #include <ATen/ATen.h>
@@ -26,7 +31,7 @@
 #include <thread>
 #include <vector>
 
-#include "interposer_scopes.h"
+#include "op_callback.h"
 
 namespace {
 
@@ -135,16 +140,10 @@ struct ThreadBuffer {
 };
 // initial-exec, as the interposer's: preloaded, never dlopen'ed late.
 __attribute__((tls_model("initial-exec"))) thread_local ThreadBuffer tls;
-// DETAUDIT_BENCH_CAPTURE_SEEN=off copies every small tensor each time an op names it.
 const bool remember_seen = [] {
   const char* v = std::getenv("DETAUDIT_BENCH_CAPTURE_SEEN");
   return !(v && std::string(v) == "off");
 }();
-// DETAUDIT_BENCH_CAPTURE=reference copies nothing: the thread holds each new small tensor
-// until the worker has hashed it where it lies (a real recorder would then have to hash on the
-// op's thread any such tensor an op is about to write; not done here).
-// DETAUDIT_BENCH_CAPTURE=inline hashes them on the op's thread, where they lie, as the
-// interposer does (without its statistics, cache and records).
 enum class Bytes { kCopied, kReferred, kHashedInline };
 const Bytes bytes_policy = [] {
   const char* set = std::getenv("DETAUDIT_BENCH_CAPTURE");
@@ -242,7 +241,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
 }
 
 struct Attach {
-  Attach() { detaudit::bench::add_callback_like_the_interposer(on_start, on_end); }
+  Attach() { at::addGlobalCallback(detaudit::hooks::op_callback(on_start, on_end)); }
 } attach;
 
 }  // namespace
