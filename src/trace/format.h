@@ -19,6 +19,8 @@
 //                   [<rng:u64le>]                   ; if op-bits has kOpHasRng
 //                   <n-in:varint> <value>{n-in} <n-out:varint> <value>{n-out}
 //   END body    ::= <ops:varint> <tensors-hashed:varint> <bytes-hashed:varint>
+//                   [<signal:varint> <ending-bits:varint> <open-op:str>]
+//                   ; the tail when a signal ended the stream (format 7): kEnd* in records.h
 //   SCOPE body  ::= <path:varint string id>          ; the user scopes around the OPs that
 //                                                   ; follow, "outer/inner"; "" for none
 //   COLLECTIVE body ::= <op-order:varint> <group:varint> <seq:varint> <group-rank:zvarint>
@@ -67,7 +69,7 @@
 namespace detaudit::trace {
 
 inline constexpr char kMagic[3] = {'D', 'T', 'R'};
-inline constexpr uint32_t kFormatVersion = 6;  // 6: TENSOR_NEW_SHARED
+inline constexpr uint32_t kFormatVersion = 7;  // 6: TENSOR_NEW_SHARED; 7: END by a signal
 // Format 4 lacks only TENSOR_WRITTEN: its overwrites read as reads, which can only confirm more.
 inline constexpr uint32_t kOldestReadableFormat = 4;
 inline constexpr size_t kMaxRecordBytes = 64u << 20;  // a larger length is corruption

@@ -189,8 +189,13 @@ bool TraceReader::decode(ByteReader& r, OpRecord* op) {
       end_.ops = r.varint();
       end_.tensors_hashed = r.varint();
       end_.bytes_hashed = r.varint();
+      if (r.remaining() > 0) {  // format 7: a signal ended the stream
+        end_.signal = int(r.varint());
+        end_.ending_bits = r.varint();
+        end_.open_op = std::string(r.str());
+      }
       saw_end_ = true;
-      return true;
+      return !r.failed();
   }
   return false;
 }

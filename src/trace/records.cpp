@@ -1,5 +1,8 @@
 #include "trace/records.h"
 
+#include <algorithm>
+#include <cstring>
+
 namespace detaudit::trace {
 
 void frame_record(std::string_view kind_and_body, std::string* out) {
@@ -58,11 +61,35 @@ ByteWriter& RecordEncoder::begin_collective(const CollectiveInfo& c) {
 }
 
 void RecordEncoder::end(const EndInfo& e, std::string* out) {
-  ByteWriter& w = begin(RecordKind::kEnd);
+  char buf[kMaxEndRecordBytes];
+  out->append(buf, encode_end(e, buf));
+}
+
+size_t encode_end(const EndInfo& e, char* buf) {
+  // Body first, after room for the length: kind, three counts, the signal's tail.
+  constexpr size_t kLengthRoom = 2;  // a body under 128 * 128 bytes
+  char* body = buf + kLengthRoom;
+  SpanWriter w(body);
+  w.u8(uint8_t(RecordKind::kEnd));
   w.varint(e.ops);
   w.varint(e.tensors_hashed);
   w.varint(e.bytes_hashed);
-  finish(out);
+  if (e.signal != 0) {
+    w.varint(uint64_t(e.signal));
+    w.varint(e.ending_bits);
+    const size_t n = std::min<size_t>(e.open_op.size(), 160);
+    w.varint(n);
+    w.raw(e.open_op.data(), n);
+  }
+  const size_t body_size = w.size();
+  SpanWriter head(buf);
+  head.varint(body_size);
+  // Close up the gap a one-byte length leaves.
+  if (head.size() < kLengthRoom) std::memmove(buf + head.size(), body, body_size);
+  char* crc_at = buf + head.size() + body_size;
+  const uint32_t crc = crc32c(0, buf + head.size(), body_size);
+  std::memcpy(crc_at, &crc, 4);
+  return head.size() + body_size + 4;
 }
 
 namespace {

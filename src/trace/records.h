@@ -46,7 +46,21 @@ struct EndInfo {
   uint64_t ops = 0;
   uint64_t tensors_hashed = 0;
   uint64_t bytes_hashed = 0;
+  // A stream a signal ended (format 7): the signal, kEnd* bits, and the op its thread was inside
+  // when kEndInsideOp is set. 0 for a stream that ended at exit.
+  int signal = 0;
+  uint64_t ending_bits = 0;
+  std::string open_op;
 };
+
+// ending-bits of an END record a signal wrote.
+inline constexpr uint64_t kEndExiting = 1;      // the process was already exiting (finalizing)
+inline constexpr uint64_t kEndInsideOp = 2;     // its thread was inside open-op, never finished
+inline constexpr uint64_t kEndThreadKnown = 4;  // the signal stopped this thread: whether an op
+                                                // was open is known (else only "not saved open")
+
+// The most bytes encode_end() writes.
+inline constexpr size_t kMaxEndRecordBytes = 256;
 
 // Builds one record body in a scratch buffer, then frames it onto an output buffer.
 class RecordEncoder {
@@ -72,6 +86,10 @@ class RecordEncoder {
   std::string scratch_;
   ByteWriter writer_{&scratch_};
 };
+
+// The END record of `e`, framed, into buf (kMaxEndRecordBytes): no allocation, for a signal's
+// save. open_op is cut to fit. Returns the bytes written.
+size_t encode_end(const EndInfo& e, char* buf);
 
 // Frames a record (its kind byte and body) into out: length, the bytes, their CRC-32C.
 void frame_record(std::string_view kind_and_body, std::string* out);

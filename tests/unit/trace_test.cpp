@@ -194,6 +194,44 @@ TEST(TraceTest, EveryCutReadsCleanlyUpToTheLastWholeRecord) {
   }
 }
 
+// A clean END, and the END a signal's save writes with its tail (format 7), read back; the tail
+// is encoded without allocation, into a fixed buffer, the op's name cut to fit.
+TEST(TraceTest, EndRecordsOfAnExitAndOfASignalRoundTrip) {
+  EndInfo clean;
+  clean.ops = 3;
+  clean.tensors_hashed = 2;
+  clean.bytes_hashed = 300;
+  EndInfo killed = clean;
+  killed.signal = 6;
+  killed.ending_bits = kEndExiting | kEndInsideOp | kEndThreadKnown;
+  killed.open_op = "aten::index_put_";
+  EndInfo long_name = killed;
+  long_name.open_op = std::string(1000, 'x');
+  for (const EndInfo& e : {clean, killed, long_name}) {
+    std::string bytes = sample_trace();
+    RecordEncoder enc;
+    enc.end(e, &bytes);
+    char buf[kMaxEndRecordBytes];
+    const size_t n = encode_end(e, buf);
+    ASSERT_LE(n, kMaxEndRecordBytes);
+    EXPECT_EQ(bytes.substr(bytes.size() - n), std::string(buf, n));  // one encoding, two ways
+    const std::string path = temp_path("end.dtr");
+    write_file(path, bytes);
+    TraceReader r;
+    ASSERT_TRUE(r.open(path).ok()) << r.error();
+    ReadResult res;
+    while ((res = r.next()) == ReadResult::kRecord) {
+    }
+    EXPECT_EQ(res, ReadResult::kEof);
+    ASSERT_TRUE(r.saw_end());
+    EXPECT_EQ(r.end_info().ops, 3u);
+    EXPECT_EQ(r.end_info().bytes_hashed, 300u);
+    EXPECT_EQ(r.end_info().signal, e.signal);
+    EXPECT_EQ(r.end_info().ending_bits, e.ending_bits);
+    EXPECT_EQ(r.end_info().open_op, e.open_op.substr(0, 160));
+  }
+}
+
 TEST(TraceTest, CorruptByteNamesFileAndOffset) {
   std::string bytes = sample_trace();
   bytes[bytes.size() - 10] ^= 0x40;  // inside the op record
