@@ -39,6 +39,7 @@ std::atomic<pid_t> g_recording_pid{0};
 void flush_everything() {
   static std::atomic<bool> done{false};
   if (::getpid() != g_recording_pid.load()) return;
+  ProcessRecorder::instance().mark_exit_started();
   if (!ProcessRecorder::instance().active() || done.exchange(true)) return;
   ProcessRecorder::instance().finish_all();
 }
@@ -54,17 +55,10 @@ struct SignalSave {
 
 void save_for_signal(void* arg) {
   const SignalSave& save = *static_cast<SignalSave*>(arg);
-  if (save.sig == SIGTERM || save.sig == SIGINT) {
-    // Asked to stop (a CI runner, a scheduler, Ctrl-C): every thread's records so far.
-    if (ProcessRecorder::instance().active())
-      ProcessRecorder::instance().save_on_stop_signal(save.sig == SIGTERM ? "SIGTERM" : "SIGINT",
-                                                      save.stopped);
-  } else if (ThreadRecorder* t = save.stopped) {
-    // A crash: what this thread recorded up to its last whole record, then the records that
-    // waited for its MD5 batch when the crash came from outside its buffer (the program's own
-    // abort).
-    t->save_held_after(StreamWriter::instance().crash_flush(t->stream()));
-  }
+  // Every thread's records so far, whether the program was told to stop (a CI runner, a
+  // scheduler, Ctrl-C) or crashed (its own abort, a fault): a crash in one thread at exit (gloo's
+  // at interpreter teardown) must not lose what the others recorded.
+  if (ProcessRecorder::instance().active()) ProcessRecorder::instance().save_on_signal(save.sig, save.stopped);
 }
 
 void on_fatal_signal(int sig) {

@@ -2,6 +2,7 @@
 // changes: step ends, the op callback on and off, forks, and DataLoader workers' batches.
 #include <ATen/Parallel.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -20,8 +21,26 @@
 #include "run_layout.h"
 #include "stream_identity.h"
 #include "tensor_digest.h"
+#include "trace/process_status.h"
 
 namespace detaudit::hooks {
+
+namespace {
+
+// Appends lines to a .status file with write(): a signal's save may run while a stdio lock is held.
+void append_lines(const std::string& status_path, const std::vector<std::string>& lines) {
+  if (status_path.empty()) return;
+  int fd = ::open(status_path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  if (fd < 0) return;
+  for (const std::string& line : lines) {
+    if (line.empty()) continue;
+    const std::string text = line + "\n";
+    (void)!::write(fd, text.data(), text.size());
+  }
+  ::close(fd);
+}
+
+}  // namespace
 
 ProcessRecorder& ProcessRecorder::instance() {
   static ProcessRecorder* p = new ProcessRecorder();  // outlives static destruction
@@ -102,6 +121,11 @@ const std::string& ProcessRecorder::process_name() {
       const char* parent_rank = std::getenv(layout::kEnvParentRank);
       if (parent_rank && *parent_rank == '\0') role_ = "main";
     }
+    // Registered now, after the program's own start-up: it runs before the exit handlers and
+    // static destructors the program set up before its first op, so a crash in those (a
+    // library's thread aborting at teardown) is known to come while exiting.
+    static std::once_flag exit_watch;
+    std::call_once(exit_watch, [] { std::atexit([] { ProcessRecorder::instance().mark_exit_started(); }); });
     int fd = create_exclusive(streams_dir_, layout::process_name(rank_, role_), layout::kStatusExt,
                               &process_name_);
     if (fd < 0) {
@@ -228,33 +252,42 @@ void ProcessRecorder::finish_all() {
   }
   StreamWriter::instance().drain();
   process_name();  // a process that recorded nothing still leaves its .status
-  for (const std::string& line : {device_digest_status(), md5_batch_status(), torch_pool_status()})
-    if (!line.empty() && !status_path_.empty()) std::ofstream(status_path_, std::ios::app) << line << "\n";
+  append_lines(status_path_, closing_status_lines(trace::ProcessEnding().line()));
   if (env_written_.load()) rewrite_environment_if_cuda_started(*this);
 }
 
-namespace {
-// The counters, and the signal that stopped the process, appended to its `.status` file.
-void append_stop_status(const std::string& status_path, const char* signal_name) {
-  if (status_path.empty()) return;
-  int fd = ::open(status_path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
-  if (fd < 0) return;
-  for (const std::string& line : {device_digest_status(), md5_batch_status(), torch_pool_status()}) {
-    if (line.empty()) continue;
-    (void)!::write(fd, line.data(), line.size());
-    (void)!::write(fd, "\n", 1);
-  }
-  const char prefix[] = "interrupted by ";
-  (void)!::write(fd, prefix, sizeof prefix - 1);
-  (void)!::write(fd, signal_name, std::strlen(signal_name));
-  (void)!::write(fd, "\n", 1);
-  ::close(fd);
+bool ProcessRecorder::exiting() const {
+  return exit_started_.load() || (is_python_ && python::exiting());
 }
-}  // namespace
 
-void ProcessRecorder::save_on_stop_signal(const char* signal_name, ThreadRecorder* stopped) {
+void ProcessRecorder::note_lost_stream(const std::string& path, int err) {
+  std::lock_guard<std::mutex> lock(lost_mu_);
+  if (lost_streams_.empty()) {
+    const std::string line = "detaudit: error: cannot write the trace " + path + ": " +
+                             std::strerror(err) + "; that thread is not recorded\n";
+    (void)!::write(STDERR_FILENO, line.data(), line.size());
+  }
+  lost_streams_.push_back(path + ": " + std::strerror(err));
+}
+
+// What the .status says last: counters, streams lost to the disk, and how the process ended.
+std::vector<std::string> ProcessRecorder::closing_status_lines(const std::string& ending) {
+  std::vector<std::string> lines = {device_digest_status(), md5_batch_status(), torch_pool_status()};
+  {
+    std::lock_guard<std::mutex> lock(lost_mu_);
+    for (const std::string& lost : lost_streams_) lines.push_back("stream not recorded: " + lost);
+  }
+  const std::string write_error = StreamWriter::instance().first_write_error();
+  if (!write_error.empty()) lines.push_back("trace write failed: " + write_error);
+  lines.push_back(ending);
+  return lines;
+}
+
+void ProcessRecorder::save_on_signal(int sig, ThreadRecorder* stopped) {
   // No lock: the stopped thread may hold it. The other threads keep running meanwhile; each
   // buffer is saved up to its last whole record.
+  const bool stop = sig == SIGTERM || sig == SIGINT;
+  const bool is_exiting = exiting();
   // Digests already on a device first: the records that wait for them are then whole.
   drain_device_digests_for(2000);
   std::vector<ThreadRecorder*> threads;
@@ -264,14 +297,31 @@ void ProcessRecorder::save_on_stop_signal(const char* signal_name, ThreadRecorde
       threads.push_back(t);
       streams.push_back(t->stream());
     }
+  // A crash ends the recording for good; a stop signal only once the program's work is done.
+  const bool close_streams = !stop || is_exiting;
   StreamBuffer* own = stopped ? stopped->stream() : nullptr;
   const size_t own_saved = StreamWriter::instance().freeze_and_save(
-      streams, own, [&](size_t i, long max_wait_ms) { threads[i]->release_held_for_save(max_wait_ms); },
-      /*budget_ms=*/5000);  // with the device drain's 2 s, inside the handler's 10 s
-  append_stop_status(status_path_, signal_name);
+      streams, own,
+      [&](size_t i, long max_wait_ms) { threads[i]->release_held_for_save(max_wait_ms); },
+      /*budget_ms=*/5000,  // with the device drain's 2 s, inside the handler's 10 s
+      [&](size_t i) {
+        if (close_streams) threads[i]->close_for_signal(sig, is_exiting, /*stopped=*/false);
+      });
+  trace::ProcessEnding ending;
+  ending.how = stop ? trace::ProcessEnding::How::kInterrupted : trace::ProcessEnding::How::kKilled;
+  ending.signal = trace::signal_text(sig);
+  if (stopped) {
+    ending.thread = stopped->stream_thread_name();
+    ending.inside_op = stopped->open_op(&ending.inside_step);
+  }
+  ending.exiting = is_exiting;
+  append_lines(status_path_, closing_status_lines(ending.line()));
   // Should the stopped thread hold its arena's lock, this waits until the handler's bound ends
   // the process, and only these records are lost.
-  if (stopped) stopped->save_held_after(own_saved);
+  if (stopped) {
+    stopped->save_held_after(own_saved);
+    if (close_streams) stopped->close_for_signal(sig, is_exiting, /*stopped=*/true);
+  }
 }
 
 void ProcessRecorder::write_environment_once() {

@@ -96,6 +96,11 @@ struct Ref {
 
 bool host_is_python() { return dlsym(RTLD_DEFAULT, "Py_IsInitialized") != nullptr; }
 
+bool exiting() {
+  const Api& a = api();
+  return a.ok && (!a.is_initialized() || a.is_finalizing());
+}
+
 std::optional<std::string> thread_name() {
   Gil gil;
   if (!gil.usable()) return std::nullopt;

@@ -12,6 +12,9 @@ namespace detaudit::hooks::python {
 
 bool host_is_python();
 
+// The interpreter is finalizing or gone: the program's own code has finished. Takes no lock.
+bool exiting();
+
 // threading.current_thread().name of a thread Python started; nullopt for other threads
 // (autograd's, OpenMP's), which Python would only name "Dummy-<n>" in order of first call.
 std::optional<std::string> thread_name();

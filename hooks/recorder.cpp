@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <unistd.h>
 
+#include <cerrno>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -195,8 +197,20 @@ void ThreadRecorder::open_stream() {
   h.unix_ns = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
                            std::chrono::system_clock::now().time_since_epoch())
                            .count());
-  encoder_.header(h, &stream_.bytes);
-  stream_.committed.store(stream_.bytes.size(), std::memory_order_release);
+  // The header goes to the file now, with it: a stream file is never there without one, whatever
+  // ends the process. When the disk refuses it, the file goes and the stream is not recorded.
+  std::string header;
+  encoder_.header(h, &header);
+  if (stream_.fd >= 0 && !write_fully(stream_.fd, header.data(), header.size())) {
+    const int err = errno;
+    const std::string path = proc.streams_dir() + "/" + layout::stream_name(process, thread_name_) +
+                             layout::kTraceExt;
+    ::unlink(path.c_str());
+    ::close(stream_.fd);
+    stream_.fd = -1;
+    proc.note_lost_stream(path, err);
+  }
+  stream_.committed.store(0, std::memory_order_release);
   last_handover_ns_ = now_ns();
   proc.write_environment_once();
 }
@@ -512,6 +526,33 @@ void ThreadRecorder::save_held_after(size_t saved) {
   if (stream_.writing.load()) return;
   release_held_for_save();
   StreamWriter::instance().crash_flush(&stream_, saved);
+}
+
+std::string ThreadRecorder::open_op(uint64_t* step) const {
+  for (size_t i = std::min(depth_, frames_.size()); i-- > 0;) {
+    const Frame& f = frames_[i];
+    if (f.mark == Mark::kOp && f.recorded && f.info) {
+      *step = f.step;
+      return f.info->name;
+    }
+  }
+  return "";
+}
+
+void ThreadRecorder::close_for_signal(int sig, bool exiting, bool stopped) {
+  // A record still waiting for a digest, or one being written, would be missing behind the END.
+  if (!stream_open_ || stream_.fd < 0 || stream_.writing.load() || !held_.empty()) return;
+  trace::EndInfo end = totals_;
+  end.signal = sig;
+  end.ending_bits = exiting ? trace::kEndExiting : 0;
+  if (stopped) {
+    end.ending_bits |= trace::kEndThreadKnown;
+    uint64_t step = 0;
+    end.open_op = open_op(&step);
+    if (!end.open_op.empty()) end.ending_bits |= trace::kEndInsideOp;
+  }
+  char buf[trace::kMaxEndRecordBytes];
+  StreamWriter::instance().append_now(&stream_, buf, trace::encode_end(end, buf));
 }
 
 void ThreadRecorder::after_record() {

@@ -83,10 +83,18 @@ class ProcessRecorder {
   void unregister_thread(ThreadRecorder* t);
   // At exit: close every stream with an END record and wait for the writer.
   void finish_all();
-  // For a SIGTERM or SIGINT handler, on the writer thread (it allocates): save every thread's
-  // whole records (no END: the run was cut) and append "interrupted by <signal>" to the
-  // process's .status. `stopped` is the thread the handler runs on, if it records.
-  void save_on_stop_signal(const char* signal_name, ThreadRecorder* stopped);
+  // For a signal's handler, on the writer thread (it allocates): saves every thread's whole
+  // records and appends how the process ended to its .status ("ended: killed by SIGABRT | ...").
+  // A crash (SIGABRT, SIGSEGV, ...) ends each saved stream with an END record that names the
+  // signal: nothing more would have been recorded. A stop signal (SIGTERM, SIGINT) does so only
+  // once the process is exiting; mid-run its streams stay cut. `stopped` is the thread the
+  // handler runs on, if it records.
+  void save_on_signal(int sig, ThreadRecorder* stopped);
+  // A stream whose file could not be created with its header (a full disk): said at exit.
+  void note_lost_stream(const std::string& path, int err);
+  // exit() has begun, or the Python interpreter is finalizing.
+  bool exiting() const;
+  void mark_exit_started() { exit_started_.store(true); }
   void write_environment_once();
 
   // pthread_atfork: no callback toggles across a fork; in the child, a new role, a fresh order,
@@ -113,6 +121,7 @@ class ProcessRecorder {
   void set_step(uint64_t step);
   void refresh_step_state(uint64_t step);
   void follow_worker_batch();
+  std::vector<std::string> closing_status_lines(const std::string& ending);
 
   bool active_ = false;
   Config config_;
@@ -145,6 +154,9 @@ class ProcessRecorder {
   std::vector<std::pair<const void*, uint64_t>> groups_;  // key, collectives so far
   std::mutex threads_mu_;  // taken once per thread, never per op
   std::vector<ThreadRecorder*> threads_;
+  std::atomic<bool> exit_started_{false};
+  std::mutex lost_mu_;
+  std::vector<std::string> lost_streams_;  // "<file>: <why>"
 };
 
 class ThreadRecorder {
@@ -166,6 +178,14 @@ class ThreadRecorder {
   // records, if it is out of its buffer, released and appended. Last of all, because releasing
   // them frees memory of its malloc arena, whose lock a thread stopped inside malloc holds.
   void save_held_after(size_t saved);
+  // For a signal's save, once this thread's records are saved: its END record naming the signal,
+  // when nothing it recorded is still missing. `stopped`: the signal stopped this thread, so
+  // whether an op was open on it is known.
+  void close_for_signal(int sig, bool exiting, bool stopped);
+  // The thread's stream name ("main", "pt_gloo_runloop"), "" before its first record.
+  const std::string& stream_thread_name() const { return thread_name_; }
+  // The innermost op this thread is inside and records, "" if none; its step in *step.
+  std::string open_op(uint64_t* step) const;
 
  private:
   // A tensor argument captured when the op started, written when it ends.

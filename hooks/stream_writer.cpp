@@ -17,17 +17,6 @@ namespace {
 
 thread_local bool t_on_writer_thread = false;
 
-void write_all(int fd, const char* p, size_t n) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return;  // a full disk must not take the training run down
-    }
-    p += w;
-    n -= size_t(w);
-  }
-}
 
 void sleep_ms(long ms) {
   timespec ts{0, ms * 1000000L};
@@ -42,6 +31,19 @@ int64_t monotonic_ms() {
 
 }  // namespace
 
+bool write_fully(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return false;  // a full disk must not take the training run down
+    }
+    p += w;
+    n -= size_t(w);
+  }
+  return true;
+}
+
 StreamWriter& StreamWriter::instance() {
   // Never destroyed: op threads and exit handlers may still call it during static destruction.
   static StreamWriter* writer = new StreamWriter();
@@ -55,8 +57,33 @@ void StreamWriter::ensure_thread() {
 
 void StreamWriter::release(Chunk* chunk) { ::munmap(chunk, sizeof(Chunk) + chunk->size); }
 
+void StreamWriter::write_all(int fd, const char* p, size_t n) {
+  if (write_fully(fd, p, n)) return;
+  int none = 0;
+  if (!write_errno_.compare_exchange_strong(none, errno)) return;
+  write_error_fd_.store(fd);
+  // Said once, now, with write(): this may run in a signal's save, and a stdio lock may be held.
+  const std::string line = "detaudit: error: cannot write the trace: " + first_write_error() +
+                           "; the stream is cut here, the program goes on\n";
+  (void)!::write(STDERR_FILENO, line.data(), line.size());
+}
+
+std::string StreamWriter::first_write_error() const {
+  const int err = write_errno_.load();
+  if (err == 0) return "";
+  char path[512] = {};
+  const std::string link = "/proc/self/fd/" + std::to_string(write_error_fd_.load());
+  if (::readlink(link.c_str(), path, sizeof path - 1) < 0) path[0] = '\0';
+  return std::string(std::strerror(err)) + " (" + (path[0] ? path : "a stream") + ")";
+}
+
 void StreamWriter::hand_over(StreamBuffer* stream) {
-  if (stream->bytes.empty() || stream->fd < 0) return;
+  if (stream->bytes.empty()) return;
+  if (stream->fd < 0) {  // a stream that has no file (it could not be created): nothing to keep
+    stream->bytes.clear();
+    stream->committed.store(0, std::memory_order_release);
+    return;
+  }
   const size_t n = stream->bytes.size();
   void* mem = ::mmap(nullptr, sizeof(Chunk) + n, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -165,9 +192,13 @@ size_t StreamWriter::crash_flush(StreamBuffer* stream, size_t from) {
   return committed;
 }
 
+void StreamWriter::append_now(StreamBuffer* stream, const char* bytes, size_t n) {
+  if (stream && stream->fd >= 0) write_all(stream->fd, bytes, n);
+}
+
 size_t StreamWriter::freeze_and_save(const std::vector<StreamBuffer*>& streams, StreamBuffer* own,
                                      const std::function<void(size_t, long)>& settle,
-                                     long budget_ms) {
+                                     long budget_ms, const std::function<void(size_t)>& saved) {
   g_streams_frozen.store(true);
   // By the clock, over all streams: on a loaded host each 1 ms sleep takes several, and the
   // waits of a few streams must not use up the handler's bound before anything is written.
@@ -181,6 +212,7 @@ size_t StreamWriter::freeze_and_save(const std::vector<StreamBuffer*>& streams, 
     const int64_t left = deadline - monotonic_ms();
     if (left > 0) settle(k, long(left));  // else saved without its held records
     crash_flush(s);
+    if (saved) saved(k);
   }
   return crash_flush(own);
 }

@@ -60,14 +60,20 @@ class StreamWriter {
   // Within such a job: what was handed over, then the stream's committed bytes from `from` on.
   // Returns the offset written up to, the `from` of a later call once more records committed.
   size_t crash_flush(StreamBuffer* stream, size_t from = 0);
-  // Within such a job, for a stop signal: freeze every stream, wait (briefly) for threads inside
-  // a write to leave it, then save each buffer's committed bytes. `settle(i, max_wait_ms)` runs
-  // first for each stream i whose thread is out of it for good, while `budget_ms` lasts. `own`,
-  // the buffer of the thread the signal stopped, is saved as it stands, unsettled: settling frees
-  // memory of that thread's malloc arena, whose lock it may hold. Returns the offset own was
-  // written up to.
+  // Within such a job, after crash_flush: bytes written straight after the stream's (its END).
+  void append_now(StreamBuffer* stream, const char* bytes, size_t n);
+  // The first write that failed (a full disk): its errno and file, "" if none did. The writer
+  // goes on dropping that stream's bytes; the program goes on.
+  std::string first_write_error() const;
+  // Within such a job: freeze every stream, wait (briefly) for threads inside a write to leave
+  // it, then save each buffer's committed bytes. `settle(i, max_wait_ms)` runs first for each
+  // stream i whose thread is out of it for good, while `budget_ms` lasts, and `saved(i)` after
+  // its bytes are written. `own`, the buffer of the thread the signal stopped, is saved as it
+  // stands, unsettled: settling frees memory of that thread's malloc arena, whose lock it may
+  // hold. Returns the offset own was written up to.
   size_t freeze_and_save(const std::vector<StreamBuffer*>& streams, StreamBuffer* own,
-                         const std::function<void(size_t, long)>& settle, long budget_ms);
+                         const std::function<void(size_t, long)>& settle, long budget_ms,
+                         const std::function<void(size_t)>& saved = nullptr);
   // In a forked child: forget the parent's queue and thread.
   void reset_after_fork();
 
@@ -81,6 +87,7 @@ class StreamWriter {
   };
   static void release(Chunk* chunk);
   StreamWriter() = default;
+  void write_all(int fd, const char* p, size_t n);  // remembers the first failure
   void ensure_thread();
   void run();
   size_t write_pending();
@@ -96,6 +103,11 @@ class StreamWriter {
   std::atomic<bool> signal_job_claimed_{false};
   std::atomic<uint64_t> signal_jobs_asked_{0}, signal_jobs_done_{0};
   std::atomic<bool> started_{false};
+  std::atomic<int> write_errno_{0};
+  std::atomic<int> write_error_fd_{-1};
 };
+
+// Writes all of [p, p + n) to fd; false with errno set when the disk refused some of it.
+bool write_fully(int fd, const char* p, size_t n);
 
 }  // namespace detaudit::hooks
