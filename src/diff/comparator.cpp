@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <csignal>
+
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -16,6 +18,7 @@
 #include "diff/differing_versions.h"
 #include "diff/op_source.h"
 #include "run_layout.h"
+#include "trace/process_status.h"
 
 namespace detaudit {
 namespace {
@@ -23,6 +26,21 @@ namespace {
 using trace::ReadResult;
 
 bool ends_with_underscore(std::string_view s) { return !s.empty() && s.back() == '_'; }
+
+// How a side of a stream ended: its END record and its last op.
+StreamResult::Tail tail_of(const OpSource& s) {
+  StreamResult::Tail t;
+  t.ended = s.reader().saw_end();
+  t.end = s.reader().end_info();
+  t.any_op = s.ops_read() > 0;
+  if (t.any_op) {
+    t.last_op = std::string(s.reader().string(s.last_op().name));
+    t.last_step = s.last_op().step;
+    t.last_index = s.last_op().index;
+    t.last_order = s.last_op().order;
+  }
+  return t;
+}
 
 // Fills both runs' look-ahead buffers at once, run B's on a helper thread: reading and decoding
 // are nine tenths of a diff's work. The comparator touches neither side while a fill runs.
@@ -150,6 +168,8 @@ class StreamComparator {
     Status s = finish(ra, rb);
     out_->max_step_a = a.max_step();
     out_->max_step_b = b.max_step();
+    out_->tail_a = tail_of(a);
+    out_->tail_b = tail_of(b);
     return s;
   }
 
@@ -620,8 +640,14 @@ class StreamComparator {
     t.stream = name_;
     t.file = r.path();
     t.offset = res == ReadResult::kTruncated ? r.offset() : r.bytes_read();
-    t.message = res == ReadResult::kTruncated
-                    ? r.error()
+    const trace::EndInfo& end = r.end_info();
+    t.message = res == ReadResult::kTruncated ? r.error()
+                : r.saw_end() && end.signal != 0
+                    ? fmt::format("{}: offset {}: the process was {} {} here{}", r.path(),
+                                  t.offset,
+                                  end.signal == SIGTERM || end.signal == SIGINT ? "stopped by" : "killed by",
+                                  trace::signal_text(end.signal),
+                                  end.open_op.empty() ? "" : " inside " + end.open_op)
                     : fmt::format("{}: offset {}: no END record: the process did not exit "
                                   "cleanly", r.path(), t.offset);
     t.ops_compared = out_->summary.compared;
@@ -640,6 +666,12 @@ class StreamComparator {
     out_->cut_a = cut_a || a.stop_result() == ReadResult::kTruncated;
     out_->cut_b = cut_b || b.stop_result() == ReadResult::kTruncated;
 
+    // A crash's END closes the stream where the process died: when the other run went on, the
+    // rest was not compared, as for a cut; when both end together, nothing is missing.
+    const bool killed_a = ra.saw_end() && ra.end_info().signal != 0;
+    const bool killed_b = rb.saw_end() && rb.end_info().signal != 0;
+    cut_a = cut_a || killed_a;
+    cut_b = cut_b || killed_b;
     bool more_a = a.size() > 0, more_b = b.size() > 0;
     if ((more_a && cut_b) || (more_b && cut_a)) {
       // One side stopped early because it was cut: compare up to the cut, say so.
@@ -666,8 +698,11 @@ class StreamComparator {
       bool tr_b = b.stop_result() == ReadResult::kTruncated;
       if (tr_a) note_truncated("a", ra, a.stop_result());
       if (tr_b) note_truncated("b", rb, b.stop_result());
-      if (!tr_a && !tr_b && cut_a != cut_b)
-        note_truncated(cut_a ? "a" : "b", cut_a ? ra : rb, ReadResult::kEof);
+      // One side lacks its END: its process may have gone on to ops the other never ran.
+      const bool open_a = !ra.saw_end() && !a.stopped_at_step_limit();
+      const bool open_b = !rb.saw_end() && !b.stopped_at_step_limit();
+      if (!tr_a && !tr_b && open_a != open_b)
+        note_truncated(open_a ? "a" : "b", open_a ? ra : rb, ReadResult::kEof);
     }
     compare_step_settings(ra, rb);
     for (const OpSource* src : {&a, &b})
@@ -769,6 +804,7 @@ Status count_stream(const std::string& name, const std::string& path, bool in_a,
   if (src.stop_result() == ReadResult::kCorrupt)
     return Status::error(r.error(), ExitCode::kBadInput);
   (in_a ? out->max_step_a : out->max_step_b) = src.max_step();
+  (in_a ? out->tail_a : out->tail_b) = tail_of(src);
   (in_a ? out->summary.ops_a : out->summary.ops_b) = n;
   (in_a ? out->records_a : out->records_b) = src.records_read();
   out->bytes = r.bytes_read();

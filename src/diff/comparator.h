@@ -35,6 +35,15 @@ struct StreamResult {
   uint64_t records_a = 0, records_b = 0, bytes = 0;
   uint64_t max_step_a = 0, max_step_b = 0;  // the largest step of each run's ops
   bool cut_a = false, cut_b = false;  // no END record: that run's process did not end cleanly
+  // How each run's stream ended (its END record: a signal's, for a crash) and its last op.
+  struct Tail {
+    bool ended = false;
+    trace::EndInfo end;
+    bool any_op = false;
+    std::string last_op;
+    uint64_t last_step = 0, last_index = 0, last_order = 0;
+  };
+  Tail tail_a, tail_b;
   // A stream in one run only: the step of its first op.
   std::optional<uint64_t> unpartnered_first_step;
 };

@@ -13,6 +13,7 @@
 
 #include "diff/classify.h"
 #include "diff/comparator.h"
+#include "diff/endings.h"
 #include "diff/environment.h"
 #include "diff/report_model.h"
 #include "report/render.h"
@@ -477,6 +478,16 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
         r.first->propagated_through.push_back(
             fmt::format("{} to rank {}, step {}", c->received_through, c->rank, c->step));
   }
+  std::vector<std::vector<StreamTail>> tails(2);
+  for (const StreamResult& res : results) {
+    const std::string& process = heads[res.summary.name].process;
+    for (int side = 0; side < 2; ++side) {
+      if (!(side == 0 ? res.summary.in_a : res.summary.in_b)) continue;
+      const StreamResult::Tail& t = side == 0 ? res.tail_a : res.tail_b;
+      tails[side].push_back({res.summary.name, process, res.rank, t.ended, t.any_op, t.last_op,
+                             t.last_step, t.last_index, t.last_order});
+    }
+  }
   for (StreamResult& res : results) {
     for (StructuralDifference& d : res.structural)
       if (r.structural.size() < kMaxStructural) r.structural.push_back(std::move(d));
@@ -527,12 +538,17 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
     r.ops_compared += c.matched;
     r.divergent_ops += std::max(c.unmatched_a, c.unmatched_b);
     if (c.truncated)
-      r.not_compared.push_back(fmt::format("a {} thread of {} has no END record: the process did "
-                                           "not end cleanly, so its last ops may be missing",
-                                           c.pool->thread, c.process));
+      r.not_compared.push_back(fmt::format(
+          "a {} thread of {} has no END record in run {}: the process did not end cleanly, so its "
+          "last ops may be missing{}",
+          c.pool->thread, c.process, c.truncated_a && c.truncated_b ? "A nor B" : c.truncated_a ? "A" : "B",
+          c.uncompared_a + c.uncompared_b
+              ? fmt::format(" ({} of the other run's ops not compared)", c.uncompared_a + c.uncompared_b)
+              : ""));
     r.library_pools.push_back(std::move(c));
   }
   note_pools(&r);
+  r.endings = collect_endings({run_a, run_b}, tails);
   if (r.first) trace_to_worker(sa, heads, firsts, &*r.first);
   if (r.first) find_shared_writer(sa, heads, &*r.first);
   if (r.first) explain_cause(r.environment, &*r.first);

@@ -90,13 +90,20 @@ Status compare_pool(const std::vector<std::string>& paths_a,
         ++(in_a ? out->ops_a : out->ops_b);
       }
       if (res == trace::ReadResult::kCorrupt) return Status::error(r.error(), ExitCode::kBadInput);
-      if (res == trace::ReadResult::kTruncated || !r.saw_end()) out->truncated = true;
+      if (res == trace::ReadResult::kTruncated || !r.saw_end())
+        out->truncated = (in_a ? out->truncated_a : out->truncated_b) = true;
     }
   }
   uint64_t first_step = UINT64_MAX, first_order = UINT64_MAX;
   for (const auto& [_, t] : tallies) {
     if (t.balance == 0) continue;
     const bool a = t.balance > 0;
+    // An op the other run lacks, where the other run's pool was cut: its partner may be past the
+    // cut.
+    if (a ? out->truncated_b : out->truncated_a) {
+      (a ? out->uncompared_a : out->uncompared_b) += uint64_t(a ? t.balance : -t.balance);
+      continue;
+    }
     (a ? out->unmatched_a : out->unmatched_b) += uint64_t(a ? t.balance : -t.balance);
     const uint64_t step = a ? t.step_a : t.step_b, order = a ? t.order_a : t.order_b;
     if (step < first_step || (step == first_step && order < first_order)) {
@@ -106,7 +113,7 @@ Status compare_pool(const std::vector<std::string>& paths_a,
       out->first_unmatched_op = a ? t.name_a : t.name_b;
     }
   }
-  out->matched = out->ops_a - out->unmatched_a;
+  out->matched = out->ops_a - out->unmatched_a - out->uncompared_a;
   return Status();
 }
 

@@ -32,6 +32,10 @@ struct PoolComparison {
   uint64_t first_unmatched_step = 0;
   std::string first_unmatched_op;  // run A's (else B's) first unmatched op, by step then order
   bool truncated = false;          // a stream of either run has no END record
+  bool truncated_a = false, truncated_b = false;
+  // Ops of one run with no match in the other whose pool streams were cut: not compared, not
+  // counted as unmatched (the cut may have taken their partners).
+  uint64_t uncompared_a = 0, uncompared_b = 0;
 };
 
 Status compare_pool(const std::vector<std::string>& paths_a,

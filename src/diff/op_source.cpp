@@ -121,6 +121,7 @@ bool OpSource::read_one() {
       return false;
     }
     max_step_ = std::max(max_step_, b.rec.step);
+    last_op_ = {b.rec.name, b.rec.step, ops_read_, b.rec.order};
     b.index = ops_read_++;
     b.key = key_of(b.rec);
     if (b.rec.bits & trace::kOpCompiledRegion) {

@@ -88,6 +88,12 @@ class OpSource {
   std::string allocated_by(int64_t id) const;
   // The largest step of the ops read so far.
   uint64_t max_step() const { return max_step_; }
+  // The last op read: the last to end on its thread. Valid once ops_read() > 0.
+  struct LastOp {
+    uint32_t name = 0;
+    uint64_t step = 0, index = 0, order = 0;
+  };
+  const LastOp& last_op() const { return last_op_; }
 
  private:
   // The op whose output a tensor id is, for the empty family's (uninitialized) outputs: a read of
@@ -111,6 +117,7 @@ class OpSource {
   trace::ReadResult stop_result_ = trace::ReadResult::kRecord;
   uint64_t ops_read_ = 0, records_ = 0;
   uint64_t last_step_ = UINT64_MAX, max_step_ = 0;
+  LastOp last_op_;
   bool stopped_at_limit_ = false;
   std::vector<uint64_t> name_hash_;
   std::vector<int8_t> name_is_collective_;  // by string id: -1 unknown

@@ -194,6 +194,35 @@ struct StreamSummary {
   std::vector<std::string> compiled_regions;
 };
 
+// How one recorded process of a run ended, when that was not a plain exit, or its run failed.
+struct ProcessEndingReport {
+  std::string process;  // "r1.main"
+  int64_t rank = 0;
+  // "killed by SIGABRT", "interrupted by SIGTERM", "exited", or "no end recorded" (killed with
+  // no chance to say so: SIGKILL, the OOM killer, a lost node)
+  std::string ended;
+  std::string detail;       // one line: how, on which thread, inside which op, while exiting
+  std::string thread;       // the thread the signal stopped, "" if it recorded nothing
+  std::string inside_op;    // the op that thread was inside; "" when after its last recorded op
+  uint64_t inside_step = 0;
+  bool recorded_ending = false;  // its .status says how it ended
+  bool exiting = false;          // it was already exiting (after the program's last line)
+  // Its last recorded op: the last to end among its streams, by program order.
+  bool any_op = false;
+  std::string last_stream, last_op;
+  uint64_t last_step = 0, last_index = 0;
+  // Every stream it wrote ends with an END record (a crash's included): nothing it recorded is
+  // missing.
+  bool streams_whole = true;
+};
+
+struct RunEnding {
+  std::string run;      // "A" or "B"
+  std::string program;  // how the program ended, from run.json ("exit code 1"); "" if unknown
+  bool failed = false;
+  std::vector<ProcessEndingReport> processes;  // those that did not exit cleanly
+};
+
 struct DiffReport {
   // Data-parallel replicas within each run (run A's, then run B's): src/diff/replicas.h.
   std::vector<ReplicaCheck> replicas;
@@ -225,6 +254,9 @@ struct DiffReport {
   // Streams compared otherwise than op by op, said once: library thread pools (library_threads.h).
   std::vector<PoolComparison> library_pools;
   std::vector<std::string> notes;
+  // How each run ended, when a program failed or a process did not exit cleanly (src/diff/endings.h);
+  // empty otherwise.
+  std::vector<RunEnding> endings;
   // `run --verify-remedy`: the remedy applied as run's settings and its runs diffed (cli/run.cpp).
   std::optional<RemedyVerification> remedy_verification;
   std::vector<StreamSummary> streams;

@@ -118,6 +118,10 @@ Status risk_report(const std::string& run_dir, const Catalog& catalog, RiskRepor
     if (res == trace::ReadResult::kCorrupt)
       return Status::error(reader.error(), ExitCode::kBadInput);
     if (res == trace::ReadResult::kTruncated) r.truncated.push_back(reader.error());
+    else if (!reader.saw_end())
+      r.truncated.push_back(fmt::format("{}: offset {}: no END record: the process did not exit "
+                                        "cleanly, so its last ops may be missing",
+                                        path, reader.bytes_read()));
   }
   for (auto& [_, h] : hits) r.hits.push_back(std::move(h));
   std::stable_sort(r.hits.begin(), r.hits.end(),

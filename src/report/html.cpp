@@ -352,6 +352,11 @@ std::string render_html(const DiffReport& r) {
                                     k.first.empty() ? "" : ", first at " + k.first, k.runs)) + "</li>";
     b += "</ul></section>";
   }
+  for (const auto& [head, lines] : ending_lines(r)) {
+    b += "<section id=\"endings\"><h2>How the runs ended</h2><p>" + esc(head) + "</p><ul>";
+    for (const std::string& l : lines) b += "<li>" + esc(l) + "</li>";
+    b += "</ul></section>";
+  }
   if (!r.notes.empty()) {
     b += "<section><h2>Notes</h2><ul>";
     for (const std::string& n : r.notes) b += "<li>" + esc(n) + "</li>";

@@ -61,6 +61,25 @@ std::string digests_used(const DiffReport& r) {
   return out;
 }
 
+std::vector<std::pair<std::string, std::vector<std::string>>> ending_lines(const DiffReport& r) {
+  std::vector<std::pair<std::string, std::vector<std::string>>> out;
+  const std::string recorded =
+      r.verdict == "identical"   ? fmt::format("what both runs recorded is identical ({} ops)", r.ops_compared)
+      : r.verdict == "incomplete" ? "what both runs recorded agrees, but part of it was not compared"
+      : r.verdict == "divergent"  ? "what both runs recorded diverges: see below"
+                                  : "what both runs recorded could not be judged";
+  for (const RunEnding& e : r.endings) {
+    std::string head = e.failed ? fmt::format("run {}'s program failed ({})", e.run,
+                                              e.program.empty() ? "see run.json" : e.program)
+                                : fmt::format("run {}'s program ended ({}), but not every process exited",
+                                              e.run, e.program.empty() ? "no run.json" : e.program);
+    std::vector<std::string> lines;
+    for (const ProcessEndingReport& p : e.processes) lines.push_back(p.detail);
+    out.emplace_back(head + "; " + recorded, std::move(lines));
+  }
+  return out;
+}
+
 std::string one_line_verdict(const DiffReport& r) {
   if (r.verdict == "incomplete")
     return fmt::format("incomplete: {} ops compared, bit for bit, but {} part(s) of the runs were "
@@ -98,6 +117,31 @@ json report_to_json(const DiffReport& r) {
   j["incomplete"] = r.incomplete;
   j["not_compared"] = r.not_compared;
   j["notes"] = r.notes;
+  j["endings"] = json::array();
+  for (const RunEnding& e : r.endings) {
+    json processes = json::array();
+    for (const ProcessEndingReport& p : e.processes) {
+      json q = {{"process", p.process},
+                {"rank", p.rank},
+                {"ended", p.ended},
+                {"detail", p.detail},
+                {"thread", p.thread.empty() ? json(nullptr) : json(p.thread)},
+                {"inside_op", p.inside_op.empty() ? json(nullptr) : json(p.inside_op)},
+                {"after_last_recorded_op", p.recorded_ending && p.inside_op.empty()},
+                {"while_exiting", p.exiting},
+                {"streams_whole", p.streams_whole},
+                {"last_op", nullptr}};
+      if (!p.inside_op.empty()) q["inside_step"] = p.inside_step;
+      if (p.any_op)
+        q["last_op"] = {{"stream", p.last_stream}, {"op", p.last_op}, {"step", p.last_step},
+                        {"index", p.last_index}};
+      processes.push_back(std::move(q));
+    }
+    j["endings"].push_back({{"run", e.run == "A" ? "a" : "b"},
+                            {"program", e.program.empty() ? json(nullptr) : json(e.program)},
+                            {"failed", e.failed},
+                            {"processes", processes}});
+  }
   j["remedy_verification"] = nullptr;
   if (const auto& v = r.remedy_verification) {
     json rounds = json::array();

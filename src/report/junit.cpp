@@ -26,6 +26,12 @@ std::string render_junit(const DiffReport& r) {
                          r.first ? xml_escape(r.first->divergence_class) : xml_escape(r.verdict),
                          xml_escape(text));
     }
+    std::string endings;
+    for (const auto& [head, lines] : ending_lines(r)) {
+      endings += head + "\n";
+      for (const std::string& l : lines) endings += "  " + l + "\n";
+    }
+    if (!endings.empty()) body += "<system-out>" + xml_escape(endings) + "</system-out>";
     cases += fmt::format("  <testcase classname=\"detaudit\" name=\"verdict\" time=\"{:.3f}\">{}"
                          "</testcase>\n", r.seconds, body);
   }

@@ -31,6 +31,11 @@ std::string render_markdown(const DiffReport& r) {
                                 md_escape(one_line_verdict(r)));
   for (const std::string& n : r.not_compared) out += "> not compared: " + md_escape(n) + "\n\n";
   for (const std::string& n : r.notes) out += "> note: " + md_escape(n) + "\n\n";
+  for (const auto& [head, lines] : ending_lines(r)) {
+    out += "> ended: " + md_escape(head) + "\n";
+    for (const std::string& l : lines) out += "> - " + md_escape(l) + "\n";
+    out += "\n";
+  }
   if (const auto& v = r.remedy_verification) {
     out += "> **remedy " + md_escape(v->outcome) + "**\n\n";
     for (const RemedyVerification::Round& k : v->rounds)

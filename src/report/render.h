@@ -3,6 +3,8 @@
 
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -23,6 +25,10 @@ std::string escape_markup(std::string_view s);
 std::string shape_string(const std::vector<int64_t>& sizes);
 std::string short_digest(const std::string& hex);  // first 12 hex digits
 std::string one_line_verdict(const DiffReport& r);
+// How the runs ended, when a program failed or a process did not exit: per run a headline ("run
+// B's program failed (exit code 1); what both runs recorded is identical"), then one line per
+// process (diff/endings.h). Empty when every process exited.
+std::vector<std::pair<std::string, std::vector<std::string>>> ending_lines(const DiffReport& r);
 // The digests the streams were recorded with, "md5" or "device, md5" ("" if no stream).
 std::string digests_used(const DiffReport& r);
 

@@ -60,6 +60,10 @@ std::string render_text(const DiffReport& r, bool color) {
                        r.unread_differences, u->op, u->index, u->step, u->stream,
                        u->overwritten_by);
   out += fmt::format("  A: {}\n  B: {}\n", r.run_a, r.run_b);
+  for (const auto& [head, lines] : ending_lines(r)) {
+    out += st("33", "  ended: " + head) + "\n";
+    for (const std::string& l : lines) out += "    " + l + "\n";
+  }
   for (const std::string& n : r.notes) out += "  note: " + n + "\n";
   if (const auto& v = r.remedy_verification) {
     out += st(v->verified ? "32" : "33", "  remedy " + v->outcome) + "\n";

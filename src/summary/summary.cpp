@@ -305,6 +305,12 @@ Status export_run(const std::string& run_dir, const std::string& stream, std::os
                {"ops", r.end_info().ops},
                {"tensors_hashed", r.end_info().tensors_hashed},
                {"bytes_hashed", r.end_info().bytes_hashed}};
+          if (const trace::EndInfo& e = r.end_info(); e.signal != 0) {
+            // A crash ended the stream (format 7): by which signal, and inside which op.
+            j["signal"] = trace::signal_text(e.signal);
+            j["while_exiting"] = (e.ending_bits & trace::kEndExiting) != 0;
+            j["inside_op"] = e.ending_bits & trace::kEndInsideOp ? json(e.open_op) : json(nullptr);
+          }
           break;
         default: continue;  // strings are resolved inline
       }

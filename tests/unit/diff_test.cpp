@@ -2,6 +2,8 @@
 // alignment, the environment, truncated and corrupt input, the gate and the report formats.
 #include <gtest/gtest.h>
 
+#include <csignal>
+
 #include <fstream>
 #include <functional>
 
@@ -1241,6 +1243,96 @@ TEST(DiffTest, LibraryPoolThreadsAreComparedAsOneSetPerProcess) {
   EXPECT_EQ(r.divergent_ops, 1u);
   EXPECT_NE(r.unexplained.find("only ops of r0.main's pt_gloo_runloop threads differ"),
             std::string::npos) << r.unexplained;
+}
+
+// A process that crashed after its last op (a thread aborting at exit) saved every stream with an
+// END that names the signal: what both runs recorded is compared in full, and the report says
+// which process ended how, after which op. One that crashed earlier than the other run's is a
+// cut, not a structural difference.
+TEST(DiffTest, ACrashAfterTheLastOpIsComparedInFullAndNamed) {
+  auto training = [](int steps, int crash_signal) {
+    TraceBuilder t;
+    for (int k = 0; k < steps; ++k) {
+      t.step(uint64_t(k));
+      t.op("aten::mul").in_new(tensor(uint8_t(k))).out_new(tensor(uint8_t(0x40 + k))).done();
+    }
+    if (crash_signal)
+      t.end_by_signal(crash_signal, trace::kEndExiting);
+    else
+      t.end();
+    return t;
+  };
+  RunDir a("crash/run-0"), b("crash/run-1");
+  a.add_stream("r0.main.t-main", training(3, 0));
+  b.add_stream("r0.main.t-main", training(3, SIGABRT));
+  RunDir::write(b.path() + "/streams/r0.main.status",
+                "attached libtorch 2.13.0 pid 9\nended: killed by SIGABRT | after its last recorded op | while exiting\n");
+  RunDir::write(a.path() + "/streams/r0.main.status", "attached libtorch 2.13.0 pid 8\nended: exit\n");
+  DiffOptions o;
+  DiffReport r;
+  ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
+  EXPECT_EQ(r.verdict, "identical");
+  EXPECT_TRUE(r.not_compared.empty()) << r.not_compared[0];
+  EXPECT_EQ(gate_exit_code(r), ExitCode::kIdentical);
+  ASSERT_EQ(r.endings.size(), 1u);
+  EXPECT_EQ(r.endings[0].run, "B");
+  ASSERT_EQ(r.endings[0].processes.size(), 1u);
+  const ProcessEndingReport& p = r.endings[0].processes[0];
+  EXPECT_EQ(p.ended, "killed by SIGABRT");
+  EXPECT_TRUE(p.exiting);
+  EXPECT_TRUE(p.streams_whole);
+  EXPECT_EQ(p.last_op, "aten::mul");
+  EXPECT_EQ(p.last_step, 2u);
+  EXPECT_EQ(p.last_index, 2u);
+  EXPECT_NE(render_report(r, ReportFormat::kText, false).find(
+                "r0.main killed by SIGABRT on a thread that recorded nothing after its last recorded op "
+                "(last op: step 2, aten::mul, op #2 of r0.main.t-main), while exiting; its streams are whole"),
+            std::string::npos)
+      << render_report(r, ReportFormat::kText, false);
+  const auto json = nlohmann::json::parse(render_report(r, ReportFormat::kJson, false));
+  EXPECT_EQ(json["endings"][0]["processes"][0]["ended"], "killed by SIGABRT");
+  EXPECT_EQ(json["endings"][0]["processes"][0]["last_op"]["step"], 2);
+
+  // Killed in step 1 of 3: the rest of run A was not compared, and it is a cut, not a structure.
+  RunDir c("crash-early/run-0"), d("crash-early/run-1");
+  c.add_stream("r0.main.t-main", training(3, 0));
+  d.add_stream("r0.main.t-main", training(2, SIGSEGV));
+  ASSERT_TRUE(diff_runs(c.path(), d.path(), o, &r).ok());
+  EXPECT_EQ(r.verdict, "incomplete");
+  EXPECT_EQ(r.structural_count, 0u);
+  ASSERT_EQ(r.not_compared.size(), 1u);
+  EXPECT_NE(r.not_compared[0].find("the process was killed by SIGSEGV here"), std::string::npos)
+      << r.not_compared[0];
+}
+
+// A pool thread cut short in one run (its process killed): the other run's pool ops it lacks
+// are not compared, never "divergent" (which left the verdict unexplained, exit 6).
+TEST(DiffTest, APoolCutShortInOneRunIsNotComparedNotDivergent) {
+  auto pool_thread = [](std::vector<uint8_t> fills, bool whole) {
+    TraceBuilder t;
+    t.step(0);
+    for (uint8_t f : fills)
+      t.op("aten::copy_").in_new(tensor(0x10)).in_new(tensor(f)).out_new(tensor(f)).done();
+    if (whole) t.end();
+    return t;
+  };
+  RunDir a("pool-cut/run-0"), b("pool-cut/run-1");
+  a.add_stream("r0.main.t0", build(Scenario{}, false));
+  b.add_stream("r0.main.t0", build(Scenario{}, false));
+  a.add_stream("r0.main.t-pt_gloo_runloop", pool_thread({1, 2, 3}, true));
+  b.add_stream("r0.main.t-pt_gloo_runloop", pool_thread({1}, false));  // the header and one op
+  DiffOptions o;
+  DiffReport r;
+  ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
+  EXPECT_EQ(r.verdict, "incomplete");
+  EXPECT_EQ(r.divergent_ops, 0u);
+  ASSERT_EQ(r.library_pools.size(), 1u);
+  EXPECT_EQ(r.library_pools[0].uncompared_a, 2u);
+  EXPECT_EQ(r.library_pools[0].unmatched_a, 0u);
+  bool said = false;
+  for (const std::string& n : r.not_compared)
+    said = said || n.find("no END record in run B") != std::string::npos;
+  EXPECT_TRUE(said);
 }
 
 }  // namespace

@@ -201,6 +201,15 @@ class TraceBuilder {
     e.ops = ops_;
     enc_.end(e, &bytes_);
   }
+  // The END a signal's save writes (hooks' ThreadRecorder::close_for_signal).
+  void end_by_signal(int sig, uint64_t bits = trace::kEndThreadKnown, const std::string& open_op = "") {
+    trace::EndInfo e;
+    e.ops = ops_;
+    e.signal = sig;
+    e.ending_bits = bits | (open_op.empty() ? 0 : trace::kEndInsideOp);
+    e.open_op = open_op;
+    enc_.end(e, &bytes_);
+  }
   const std::string& bytes() const { return bytes_; }
 
  private:

@@ -1,0 +1,119 @@
+#include "diff/endings.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "run_layout.h"
+#include "trace/process_status.h"
+
+namespace detaudit {
+namespace fs = std::filesystem;
+
+namespace {
+
+// How the program itself ended, from run.json: "exit code 1", "killed by SIGABRT"; "" when the
+// run directory has none (a copy of its streams).
+std::string program_ending(const std::string& run_dir, bool* failed) {
+  *failed = false;
+  std::ifstream in(fs::path(run_dir) / layout::kRunJson);
+  if (!in) return "";
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.value("finished", false)) return "";
+  *failed = !j.value("succeeded", true);
+  if (j.contains("signal") && j["signal"].is_string())
+    return "killed by " + j["signal"].get<std::string>();
+  if (j.contains("exit_code") && j["exit_code"].is_number_integer())
+    return fmt::format("exit code {}", j["exit_code"].get<int>());
+  return "";
+}
+
+}  // namespace
+
+std::string describe_ending(const ProcessEndingReport& p) {
+  std::string out = p.process + " ";
+  if (!p.recorded_ending) {
+    out += "ended without a word (SIGKILL, the OOM killer, or a lost node)";
+  } else {
+    out += p.ended;
+    out += p.thread.empty() ? " on a thread that recorded nothing" : " on thread " + p.thread;
+    out += p.inside_op.empty()
+               ? " after its last recorded op"
+               : fmt::format(" inside {} (step {}), which never finished", p.inside_op,
+                             p.inside_step);
+  }
+  if (p.any_op)
+    out += fmt::format(" ({}: step {}, {}, op #{} of {})", p.recorded_ending ? "last op" : "its last recorded op",
+                       p.last_step, p.last_op, p.last_index, p.last_stream);
+  if (p.exiting) out += ", while exiting";
+  out += p.streams_whole ? "; its streams are whole" : "; its streams are cut short";
+  return out;
+}
+
+std::vector<RunEnding> collect_endings(const std::vector<std::string>& run_dirs,
+                                       const std::vector<std::vector<StreamTail>>& tails) {
+  std::vector<RunEnding> out;
+  for (size_t i = 0; i < run_dirs.size(); ++i) {
+    RunEnding run;
+    run.run = i == 0 ? "A" : "B";
+    run.program = program_ending(run_dirs[i], &run.failed);
+    // The streams of each process: whether all are whole, and which op ended last.
+    std::map<std::string, ProcessEndingReport> by_process;
+    std::map<std::string, uint64_t> last_order;
+    for (const StreamTail& t : i < tails.size() ? tails[i] : std::vector<StreamTail>{}) {
+      ProcessEndingReport& p = by_process[t.process];
+      p.process = t.process;
+      p.rank = t.rank;
+      p.streams_whole = p.streams_whole && t.ended;
+      if (!t.any_op || (p.any_op && t.last_order <= last_order[t.process])) continue;
+      p.any_op = true;
+      p.last_stream = t.stream;
+      p.last_op = t.last_op;
+      p.last_step = t.last_step;
+      p.last_index = t.last_index;
+      last_order[t.process] = t.last_order;
+    }
+    std::error_code ec;
+    const fs::path streams = fs::path(run_dirs[i]) / layout::kStreamsDir;
+    for (const fs::directory_entry& e : fs::directory_iterator(streams, ec)) {
+      if (e.path().extension() != layout::kStatusExt) continue;
+      trace::ProcessStatus status;
+      if (!trace::read_process_status(e.path().string(), &status)) continue;
+      const std::string process = e.path().stem().string();
+      auto it = by_process.find(process);
+      ProcessEndingReport p = it != by_process.end() ? it->second : ProcessEndingReport{};
+      p.process = process;
+      if (it == by_process.end() && process.size() > 1 && process[0] == 'r')
+        p.rank = std::strtoll(process.c_str() + 1, nullptr, 10);
+      if (status.ending) {
+        const trace::ProcessEnding& end = *status.ending;
+        if (end.clean()) continue;
+        p.recorded_ending = true;
+        p.ended = end.how_text();
+        p.thread = end.thread;
+        p.inside_op = end.inside_op;
+        p.inside_step = end.inside_step;
+        p.exiting = end.exiting;
+      } else {
+        // A detaudit before 0.3 wrote no ending: say nothing unless something else went wrong.
+        if (!run.failed && p.streams_whole) continue;
+        if (it == by_process.end()) continue;  // recorded nothing: nothing was lost
+        p.ended = "no end recorded";
+      }
+      p.detail = describe_ending(p);
+      run.processes.push_back(std::move(p));
+    }
+    std::sort(run.processes.begin(), run.processes.end(),
+              [](const ProcessEndingReport& x, const ProcessEndingReport& y) {
+                return x.process < y.process;
+              });
+    if (run.failed || !run.processes.empty()) out.push_back(std::move(run));
+  }
+  return out;
+}
+
+}  // namespace detaudit
