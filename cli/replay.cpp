@@ -136,6 +136,13 @@ int run_replay(const ReplayFlags& f) {
   if (Status s = load_config((fs::path(run_a) / layout::kConfigJson).string(), &config); !s.ok())
     return report_error(s);
   const std::string out = f.out.empty() ? (root / "replay").string() : f.out;
+  // The audit it reads and writes beside is ours alone meanwhile (a `detaudit run --force` into
+  // it would replace the run being replayed).
+  run::OutLock lock;
+  if (Status s = lock.acquire(audit ? root.string() : fs::absolute(out).parent_path().string(),
+                              "detaudit replay");
+      !s.ok())
+    return report_error(s);
   if (Status s = run::check_run_dir(out, f.force); !s.ok()) return report_error(s);
   if (Status s = run::prepare_run_dir(out, f.force); !s.ok()) return report_error(s);
   const std::string out_abs = fs::absolute(out).lexically_normal().string();

@@ -48,9 +48,14 @@ void optional_flag(CLI::App* sub, RunArgs* args, const std::string& name,
 }
 
 void print_run_problem(const run::RunOutcome& o, int index) {
-  if (!o.result.succeeded())
+  if (!o.result.succeeded()) {
     fmt::print(stderr, "detaudit: run-{} failed ({}): {}; what it recorded is kept\n", index,
                o.result.describe(), o.dir);
+    for (const auto& [process, ending] : o.endings)
+      fmt::print(stderr, "detaudit: run-{}: {} {}\n", index, process,
+                 ending.empty() ? "ended without a word (SIGKILL, the OOM killer, or a lost node)"
+                                : ending);
+  }
   if (!o.streams.empty()) return;
   if (o.statuses.empty()) {
     fmt::print(stderr,
@@ -289,21 +294,40 @@ int run_main(const RunArgs& args) {
     }
   }
 
+  // Before anything starts: --out is ours alone and can be written.
+  run::OutLock out_lock;
+  if (Status s = out_lock.acquire(config.out, "detaudit run"); !s.ok()) return report_error(s);
   for (int i = 0; i < config.runs; ++i)
     if (Status s = run::check_run_dir(run::run_dir_path(config, i), args.force); !s.ok())
       return report_error(s);
 
   bool any_failed = false;
+  bool disk_full = false;
   std::vector<std::string> dirs;
   std::vector<bool> recorded;
   for (int i = 0; i < config.runs; ++i) {
     run::RunOutcome outcome;
-    if (Status s = run::execute_run(config, options, i, &outcome); !s.ok())
-      return report_error(s);
+    if (Status s = run::execute_run(config, options, i, &outcome); !s.ok()) {
+      report_error(s);
+      // The disk filled in an earlier run: that is what to fix, and what was recorded is kept.
+      if (std::string full = run::full_disk_note(config.out); !full.empty()) {
+        fmt::print(stderr, "detaudit: error: run-{} could not start: {}; free space or choose "
+                   "another --out (exit 5)\n", i, full);
+        return int(ExitCode::kIncomplete);
+      }
+      return int(s.code());
+    }
     dirs.push_back(outcome.dir);
     recorded.push_back(!outcome.streams.empty());
     print_run_problem(outcome, i);
     any_failed = any_failed || !outcome.result.succeeded();
+    if (std::string full = run::full_disk_note(outcome.dir); !full.empty()) {
+      // The program went on; its trace stops where the disk refused it. Said now: the diff
+      // below names the cut streams.
+      disk_full = true;
+      fmt::print(stderr, "detaudit: error: run-{}'s trace is cut where the disk refused it, {}; "
+                 "free space or choose another --out (exit 5)\n", i, full);
+    }
     if (int sig = run::interrupted()) {
       fmt::print(stderr, "detaudit: stopped by {} after run-{}; no further runs, no diff\n",
                  run::signal_name(sig), i);
@@ -326,13 +350,24 @@ int run_main(const RunArgs& args) {
     Catalog catalog;
     RiskReport risk;
     if (recorded[0] && load_catalog_or_warn(&catalog)) {
-      if (Status s = risk_report(dirs[0], catalog, &risk); s.ok())
+      if (Status s = risk_report(dirs[0], catalog, &risk); s.ok()) {
         code = write_risk_report(config, risk);
-      else
-        report_error(s);
+        // One run is a gate too: a trace cut short is not a whole recording.
+        if (!risk.truncated.empty() && code == 0 && !config.gate.allow_truncated) {
+          fmt::print(stderr, "detaudit: incomplete: {}{}; exit 5 (--allow-truncated passes on "
+                     "what was recorded)\n", risk.truncated.front(),
+                     risk.truncated.size() > 1
+                         ? fmt::format(", and {} more", risk.truncated.size() - 1) : "");
+          code = int(ExitCode::kIncomplete);
+        }
+      } else {
+        code = report_error(s);
+      }
     }
   }
   if (any_failed) return int(ExitCode::kTargetFailed);
+  // A divergence in what was recorded stands; anything else the full disk explains.
+  if (disk_full && code != int(ExitCode::kDivergent)) return int(ExitCode::kIncomplete);
   return code;
 }
 

@@ -1,7 +1,13 @@
 // Implements one `detaudit run` apart from flag parsing and printing (see session.h).
 #include "run/session.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -11,6 +17,7 @@
 #include <sstream>
 
 #include "run_layout.h"
+#include "trace/process_status.h"
 
 namespace detaudit::run {
 namespace {
@@ -41,13 +48,20 @@ json range_patch(const std::string& s) {
   return list;
 }
 
-Status write_json_file(const std::string& path, const json& j) {
+// `room`: pad the file with spaces to this many bytes, so that a later rewrite in place finds
+// its blocks already allocated (rewrite_json_in_place).
+Status write_json_file(const std::string& path, const json& j, size_t room = 0) {
   std::string tmp = path + ".tmp";
+  std::string text = j.dump(2) + "\n";
+  if (text.size() < room) text.append(room - text.size() - 1, ' ').push_back('\n');
   {
     std::ofstream out(tmp);
-    out << j.dump(2) << "\n";
-    if (!out)
+    out << text;
+    out.close();  // a full disk shows only when the buffer is written
+    if (!out) {
+      fs::remove(tmp);
       return Status::error(fmt::format("cannot write {}", path), ExitCode::kBadInput);
+    }
   }
   std::error_code ec;
   fs::rename(tmp, path, ec);  // whole or absent, never half-written
@@ -55,6 +69,21 @@ Status write_json_file(const std::string& path, const json& j) {
     return Status::error(fmt::format("cannot write {}: {}", path, ec.message()),
                          ExitCode::kBadInput);
   return Status();
+}
+
+// When the disk is full: over the file's own, already allocated bytes (it was padded), with
+// spaces after the JSON. Not atomic, but a full disk leaves no room for the atomic way.
+bool rewrite_json_in_place(const std::string& path, const json& j) {
+  std::string text = j.dump(2) + "\n";
+  std::error_code ec;
+  const uintmax_t size = fs::file_size(path, ec);
+  if (ec || text.size() > size) return false;
+  text.append(size - text.size(), ' ');
+  int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool ok = ::pwrite(fd, text.data(), text.size(), 0) == ssize_t(text.size());
+  ::close(fd);
+  return ok;
 }
 
 std::string first_line(const std::string& path) {
@@ -158,6 +187,40 @@ Status check_run_dir(const std::string& dir, bool force) {
   return Status();
 }
 
+OutLock::~OutLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock; the file stays, holding the last pid
+}
+
+Status OutLock::acquire(const std::string& out, const std::string& what) {
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  if (ec)
+    return Status::error(fmt::format("cannot create --out {}: {}; choose a directory you can "
+                                     "write", out, ec.message()));
+  const std::string path = (fs::path(out) / ".detaudit.lock").string();
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0)
+    return Status::error(fmt::format("cannot write into --out {}: {}; choose a directory you "
+                                     "can write", out, std::strerror(errno)));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    char pid[32] = {};
+    (void)!::pread(fd_, pid, sizeof pid - 1, 0);
+    std::string holder(pid);
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+    ::close(fd_);
+    fd_ = -1;
+    return Status::error(fmt::format("{} is in use by another detaudit{}; wait for it to finish "
+                                     "or choose another --out",
+                                     out, holder.empty() ? "" : " (" + holder + ")"));
+  }
+  // What holds it, for a second one's message; also the proof that a byte can be written here.
+  const std::string me = fmt::format("{} pid {}\n", what, ::getpid());
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) != ssize_t(me.size()))
+    return Status::error(fmt::format("cannot write into --out {}: {}; free space there or choose "
+                                     "another --out", out, std::strerror(errno)));
+  return Status();
+}
+
 Status prepare_run_dir(const std::string& dir, bool force) {
   if (Status s = check_run_dir(dir, force); !s.ok()) return s;
   std::error_code ec;
@@ -219,6 +282,29 @@ std::vector<std::string> target_environment(const Config& c, const std::string& 
   return env;
 }
 
+std::string full_disk_note(const std::string& dir) {
+  // What the interposer said of a write the disk refused, if its .status had room for it.
+  std::string refused;
+  std::error_code ec;
+  for (fs::directory_iterator it(fs::path(dir) / layout::kStreamsDir, ec), end;
+       !ec && it != end && refused.empty(); it.increment(ec)) {
+    if (it->path().extension() != layout::kStatusExt) continue;
+    trace::ProcessStatus status;
+    if (!trace::read_process_status(it->path().string(), &status)) continue;
+    for (const std::string& line : status.lines)
+      if (line.rfind("trace write failed: ", 0) == 0 || line.rfind("stream not recorded: ", 0) == 0)
+        refused = line;
+  }
+  struct statvfs fs_info {};
+  if (::statvfs(dir.c_str(), &fs_info) != 0) return refused;
+  const uint64_t free_bytes = uint64_t(fs_info.f_bavail) * fs_info.f_frsize;
+  // A write that does not fit fills the disk to its last block before it fails.
+  constexpr uint64_t kFull = 64 * 1024;
+  if (free_bytes >= kFull && refused.empty()) return "";
+  return fmt::format("the disk holding {} is full ({} bytes free){}", dir, free_bytes,
+                     refused.empty() ? "" : ": " + refused);
+}
+
 std::vector<std::string> list_stream_files(const std::string& run_dir) {
   std::vector<std::string> names;
   std::error_code ec;
@@ -264,7 +350,8 @@ Status execute_run(const Config& c, const RunOptions& options, int index, RunOut
                  {"finished", false}};
   // Written before the launch too, so a run whose supervisor was killed still says what it was.
   std::string run_json = (fs::path(abs_dir) / layout::kRunJson).string();
-  if (Status s = write_json_file(run_json, record); !s.ok()) return s;
+  constexpr size_t kRunJsonRoom = 16384;  // the finished record fits, whatever the disk has left
+  if (Status s = write_json_file(run_json, record, kRunJsonRoom); !s.ok()) return s;
 
   LaunchSpec spec;
   spec.argv = c.target.command;
@@ -277,6 +364,18 @@ Status execute_run(const Config& c, const RunOptions& options, int index, RunOut
   const LaunchResult& r = outcome->result;
   outcome->streams = list_stream_files(abs_dir);
   outcome->statuses = read_stream_statuses(abs_dir);
+  for (const auto& [process, _] : outcome->statuses) {
+    trace::ProcessStatus status;
+    if (!trace::read_process_status(
+            (fs::path(abs_dir) / layout::kStreamsDir / (process + layout::kStatusExt)).string(),
+            &status))
+      continue;
+    if (!status.ending) {
+      outcome->endings.emplace_back(process, "");
+    } else if (!status.ending->clean()) {
+      outcome->endings.emplace_back(process, status.ending->describe());
+    }
+  }
   record["finished"] = true;
   record["start_time"] = r.start_time;
   record["duration_s"] = r.duration_s;
@@ -287,7 +386,9 @@ Status execute_run(const Config& c, const RunOptions& options, int index, RunOut
   json statuses = json::object();
   for (const auto& [process, status] : outcome->statuses) statuses[process] = status;
   record["statuses"] = statuses;
-  return write_json_file(run_json, record);
+  Status s = write_json_file(run_json, record);
+  if (!s.ok() && rewrite_json_in_place(run_json, record)) return Status();
+  return s;
 }
 
 }  // namespace detaudit::run

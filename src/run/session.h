@@ -53,6 +53,22 @@ Status prepare_run_dir(const std::string& dir, bool force);
 // The same check without touching anything, so `run` can refuse before launching run-0.
 Status check_run_dir(const std::string& dir, bool force);
 
+// Holds <out>/.detaudit.lock while a `detaudit run` (or replay) writes into <out>: a second one
+// into the same directory is refused at once (exit 2) rather than mixing its runs with ours. It
+// also proves <out> can be created and written, before any program starts.
+class OutLock {
+ public:
+  OutLock() = default;
+  ~OutLock();
+  OutLock(const OutLock&) = delete;
+  OutLock& operator=(const OutLock&) = delete;
+  // `what`: the verb that holds it, said to a second one ("detaudit run").
+  Status acquire(const std::string& out, const std::string& what);
+
+ private:
+  int fd_ = -1;
+};
+
 // The audited program's environment: ours, then target.env, then the interposer's variables
 // (LD_PRELOAD gets the preload shim prepended, DETAUDIT_INTERPOSER the hooks library it loads;
 // a hooks library with no shim above it is preloaded itself).
@@ -64,6 +80,9 @@ struct RunOutcome {
   LaunchResult result;
   std::vector<std::string> streams;  // trace files found after the run, by name
   std::vector<std::pair<std::string, std::string>> statuses;  // process -> interposer status
+  // Processes that did not exit cleanly: process -> how it ended, "" when its .status says
+  // nothing (killed with no chance to say: SIGKILL).
+  std::vector<std::pair<std::string, std::string>> endings;
 };
 
 struct RunOptions {
@@ -77,6 +96,11 @@ struct RunOptions {
 // means the run could not happen; a program that failed is reported in the outcome.
 Status execute_run(const Config& config, const RunOptions& options, int index,
                    RunOutcome* outcome);
+
+// When the filesystem holding `dir` is (nearly) full: one line saying so, with the bytes left
+// ("the disk holding audit/run-0 is full (0 bytes free)"); "" otherwise. A trace written there
+// was cut where the disk refused it.
+std::string full_disk_note(const std::string& dir);
 
 // Trace files (streams/*.dtr) of a run directory, sorted by name.
 std::vector<std::string> list_stream_files(const std::string& run_dir);

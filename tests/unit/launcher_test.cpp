@@ -192,6 +192,29 @@ TEST(SessionTest, RefusesToOverwriteARunUnlessForced) {
   EXPECT_FALSE(fs::exists(dir + "/streams/old.dtr"));  // a forced run never mixes with the old one
 }
 
+// A second `detaudit run` into the same --out is refused while the first holds it, and an --out
+// that cannot be created is refused: both before any program starts.
+TEST(SessionTest, OutIsHeldByOneRunAtATime) {
+  const std::string out = launcher_dir("locked-out");
+  {
+    OutLock first;
+    ASSERT_TRUE(first.acquire(out, "detaudit run").ok());
+    OutLock second;
+    Status s = second.acquire(out, "detaudit run");
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.code(), ExitCode::kUsage);
+    EXPECT_NE(s.message().find("in use by another detaudit (detaudit run pid "), std::string::npos)
+        << s.message();
+  }
+  OutLock again;  // released with its holder
+  EXPECT_TRUE(again.acquire(out, "detaudit run").ok());
+  OutLock nowhere;
+  Status s = nowhere.acquire("/proc/detaudit-cannot-be-here", "detaudit run");
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), ExitCode::kUsage);
+  EXPECT_NE(s.message().find("choose a directory you can write"), std::string::npos) << s.message();
+}
+
 TEST(SessionTest, TargetEnvironmentPrependsPreload) {
   setenv("LD_PRELOAD", "/other.so", 1);
   Config c;
