@@ -4,6 +4,7 @@ detaudit` and its pytest plugin are tested here, on pip's torch. Under Debian's 
 checks that pip's route builds the same way into a virtual environment over Debian's python, or
 fails with one line naming the cause.
 """
+import json
 import os
 import re
 import subprocess
@@ -94,6 +95,50 @@ class InstalledCommand(TmpDirCase):
             self.assertNotEqual(r.returncode, 0, r.stdout)
             self.assertIn(f" detaudit: missing build dependency: install Debian's {debian} "
                           f"(sudo apt-get install {debian}), then build again\n", r.stderr)
+
+
+@unittest.skipUnless(INSTALLED_HERE, "pip's install is into .venv, whose torch is tested there")
+class EveryVerbFromTheInstall(TmpDirCase):
+    """Each verb as users have it, from the `detaudit` pip put on .venv's PATH: the build tree's
+    tests never saw pip's install drop detaudit_replay's execute bit."""
+
+    def installed(self, *args, timeout=600):
+        return run([os.path.join(VENV, "bin", "detaudit"), *map(str, args)], timeout=timeout)
+
+    def test_run_diff_show_export_catalog_replay_and_verify_remedy(self):
+        out = os.path.join(self.tmp, "audit")
+        # run, the diff inside it, and --verify-remedy: an unseeded program, verified with a seed.
+        r = self.installed("run", "--runs", "2", "--out", out, "-q", "--verify-remedy", "--format",
+                           "json", "--output", os.path.join(out, "report.json"), "--", VENV_PYTHON,
+                           os.path.join(SOURCE_DIR, "tests", "e2e", "programs", "print_random.py"))
+        self.assertEqual(r.returncode, 1, r.stderr)
+        report = load_report(os.path.join(out, "report.json"))
+        self.assertEqual(report["first_divergence"]["class"], "rng-state")
+        self.assertTrue(report["remedy_verification"]["verified"], report["remedy_verification"])
+        self.assertIn("remedy verified: identical with --seed 0", r.stderr)
+        a, b = os.path.join(out, "run-0"), os.path.join(out, "run-1")
+        d = self.installed("diff", a, b, "--format", "markdown")
+        self.assertEqual(d.returncode, 1, d.stderr)
+        self.assertIn("rng-state", d.stdout)
+        s = self.installed("show", a)
+        self.assertEqual(s.returncode, 0, s.stderr)
+        self.assertIn("r0.main.t-main", s.stdout)
+        e = self.installed("export", a)
+        self.assertEqual(e.returncode, 0, e.stderr)
+        records = [json.loads(line) for line in e.stdout.splitlines()]
+        self.assertEqual(records[-1]["record"], "end")
+        c = self.installed("catalog", "index_put")
+        self.assertEqual(c.returncode, 0, c.stderr)
+        self.assertIn("index-put-accumulate-cpu", c.stdout)
+        # replay runs the replayer pip installed beside the interposer.
+        first = report["first_divergence"]
+        p = self.installed("replay", out, "--op", f"{first['stream']}:{first['index']}",
+                           "--replays", "3", "--format", "json")
+        self.assertNotIn("Permission denied", p.stderr)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        replayed = json.loads(p.stdout)
+        self.assertEqual(replayed["op"]["name"], first["op"])
+        self.assertEqual(replayed["capture"]["status"], "saved", replayed["capture"])
 
 
 DEBIAN_PYTHON = "/usr/bin/python3"
