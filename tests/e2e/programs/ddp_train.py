@@ -8,7 +8,15 @@ Each rank trains a seeded DDP model on its own shard. Options make one rank misb
   --race-rank R     rank R's model gathers its input through an embedding-like `w[idx]`, whose
                     backward is the CPU index_put_(accumulate=True) race on 2 threads;
   --corrupt-rank R  after step --corrupt-step's optimizer step, rank R changes a parameter in
-                    place with no collective: the replicas now disagree.
+                    place with no collective: the replicas now disagree;
+  --kill-rank R     rank R kills itself with SIGKILL in step --kill-step, between its forward and
+                    backward pass; with --kill-marker PATH only once PATH exists (it is created
+                    otherwise), so that the second of two runs dies and the first does not;
+  --teardown-abort-rank R
+                    rank R leaves a collective's completion callback running Python as the
+                    interpreter exits: gloo's thread then meets interpreter teardown and torch
+                    aborts the process (SIGABRT, "terminate called without an active exception"),
+                    torch's own teardown race (pytorch PR 179291) made to happen every time.
 --optimizer adam and --threads 1 make it the plain loop users write most: Adam, one intra-op thread
 a rank (as torchrun sets).
 Every rank prints, per step, the MD5 of the all-reduced loss and of its gradients in DDP's bucket
@@ -17,8 +25,11 @@ order, and at the end the MD5 of its parameters.
 import argparse
 import hashlib
 import os
+import signal
 import socket
 import sys
+import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -69,6 +80,8 @@ def train(rank, world, args):
         idx = torch.randint(0, max(n // 64, 1), (8 * 32768,), generator=gen)
         opt.zero_grad()
         loss = nn.functional.cross_entropy(model(x, idx), y)
+        if rank == args.kill_rank and step == args.kill_step and kill_now(args.kill_marker):
+            os.kill(os.getpid(), signal.SIGKILL)
         loss.backward()
         # DDP's bucket holds the gradients in reverse order after its first step (it rebuilds
         # its buckets in the order gradients became ready) and in parameter order before.
@@ -84,7 +97,38 @@ def train(rank, world, args):
             f"loss-sum-md5 {md5(logged)} bucket-md5 {md5(bucket)} {md5(bucket_fwd)}")
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
     say(f"rank {rank} final {md5(params)}")
+    if args.teardown_abort_rank >= 0:
+        leave_a_callback_running(rank == args.teardown_abort_rank)
+        return
     dist.destroy_process_group()
+
+
+def kill_now(marker):
+    if not marker:
+        return True
+    if os.path.exists(marker):
+        return True
+    open(marker, "w").close()
+    return False
+
+
+def leave_a_callback_running(mine):
+    """An all-reduce whose completion callback runs Python on gloo's thread until the interpreter
+    finalizes: taking the GIL back then ends that thread inside C++ that may not throw, and torch
+    aborts the process."""
+    started = threading.Event()
+
+    def late(fut):
+        started.set()
+        while True:  # each sleep gives the GIL back; taking it again at teardown kills the thread
+            time.sleep(0.001)
+
+    work = dist.all_reduce(torch.ones(4), async_op=True)
+    if mine:
+        work.get_future().then(late)
+        started.wait()
+    else:
+        work.wait()
 
 
 def free_port():
@@ -107,6 +151,10 @@ def main():
     ap.add_argument("--corrupt-step", type=int, default=1)
     ap.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--kill-rank", type=int, default=-1)
+    ap.add_argument("--kill-step", type=int, default=1)
+    ap.add_argument("--kill-marker", default="")
+    ap.add_argument("--teardown-abort-rank", type=int, default=-1)
     args = ap.parse_args()
     args.port = args.port or free_port()
     if args.launch == "none":

@@ -1,8 +1,8 @@
 """Trains a small MLP until it is killed, printing each step: for the crash-safety tests (SIGKILL,
 and SIGTERM as CI runners and schedulers send it). With --spin-threads N, N Python threads run ops
-of their own meanwhile.
+of their own meanwhile; with --steps N it stops after N steps.
 
-    python tests/e2e/programs/train_forever.py [--spin-threads 2]
+    python tests/e2e/programs/train_forever.py [--spin-threads 2] [--steps N]
 """
 import argparse
 import threading
@@ -20,6 +20,7 @@ def spin(k):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--spin-threads", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=0, help="0: until killed")
     args = ap.parse_args()
     torch.manual_seed(0)
     for k in range(args.spin_threads):
@@ -29,7 +30,7 @@ def main():
     x = torch.randn(64, 32)
     y = torch.randn(64, 4)
     step = 0
-    while True:
+    while not args.steps or step < args.steps:
         opt.zero_grad()
         loss = nn.functional.mse_loss(net(x), y)
         loss.backward()
