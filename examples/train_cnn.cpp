@@ -3,6 +3,10 @@
 // detaudit line is the optional step marker.
 //
 //   train_cnn [--steps N] [--threads N] [--batch N] [--race] [--params-out FILE] [--no-marker]
+//             [--abort-at-exit]
+//
+// --abort-at-exit: after its last step the program dies of SIGABRT at exit, from a thread an exit
+// handler starts, as a library's worker does when it meets teardown (gloo's, pytorch PR 179291).
 //
 // --no-marker leaves out the detaudit step and optimizer marks: the program detaudit sees is then
 // a plain libtorch loop (recorded as one step 0).
@@ -13,10 +17,12 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <optional>
 #include <string>
+#include <thread>
 
 namespace {
 
@@ -56,8 +62,10 @@ int main(int argc, char** argv) {
     else if (a == "--race") race = true;
     else if (a == "--params-out" && i + 1 < argc) params_out = argv[++i];
     else if (a == "--no-marker") marker = false;
+    else if (a == "--abort-at-exit") std::atexit([] { std::thread([] { std::abort(); }).join(); });
     else {
-      std::fprintf(stderr, "usage: train_cnn [--steps N] [--threads N] [--batch N] [--race] [--params-out FILE] [--no-marker]\n");
+      std::fprintf(stderr, "usage: train_cnn [--steps N] [--threads N] [--batch N] [--race] "
+                           "[--params-out FILE] [--no-marker] [--abort-at-exit]\n");
       return 2;
     }
   }

@@ -23,9 +23,12 @@ assert torch.version.cuda' 2>/dev/null; then
 fi
 ((venv_only)) && exit 0
 build="$root/build/torch/cuda"
+# The recording core ./build already has (tests/build.sh), when it has one.
+recording="$root/build/src/libdetaudit_recording.a"
+[ -f "$recording" ] || recording=""
 cmake -S "$root/hooks" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       "-DDETAUDIT_TORCH=$venv/bin/python" "-DDETAUDIT_INTERPOSER_DIR=$root/build/lib/detaudit" \
-      >/dev/null
+      "-DDETAUDIT_RECORDING_LIBRARY=$recording" >/dev/null
 cmake --build "$build" --target detaudit_hooks detaudit_device detaudit_device_digest_check \
       detaudit_device_digest_test_nvcc -j "$(nproc)"
 "$build/bin/detaudit_device_digest_test_nvcc" --gtest_brief=1

@@ -96,8 +96,8 @@ class AbortAtExit(TmpDirCase):
 
     def test_a_cpp_program_aborting_at_exit_is_named_while_exiting(self):
         out = os.path.join(self.tmp, "cpp")
-        self.check_abort_at_exit(out, [build_binary("abort_at_exit"), "3"], exiting=True,
-                                 stream_closed_by=None)
+        self.check_abort_at_exit(out, [build_binary("train_cnn"), "--steps", "3", "--abort-at-exit"],
+                                 exiting=True, stream_closed_by=None)
 
     @unittest.skipUnless(HAVE_TORCHRUN, "needs torch 2.x's torchrun")
     def test_torchs_teardown_abort_under_torchrun_is_told_apart(self):
@@ -129,7 +129,7 @@ class AbortAtExit(TmpDirCase):
     def test_the_natural_gloo_teardown_race_never_leaves_a_stream_without_its_header(self):
         """The plain loop the issue saw abort 2 times in 20: recorded again and again, every
         stream of every run reads from its header to its last record, aborted or not."""
-        for k in range(6):
+        for k in range(3):
             out = os.path.join(self.tmp, f"natural-{k}")
             r, run_dir = record(out, torchrun("--steps", "4"))
             self.assertIn(r.returncode, (0, 4), r.stderr)
