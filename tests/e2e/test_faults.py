@@ -196,7 +196,9 @@ class Faults(TmpDirCase):
         # What its buffers held when it died is lost (at most 50 ms of ops): up to step 3.
         self.assertLessEqual(dead["last_op"]["step"], 3)
         self.assertFalse(dead["streams_whole"])
-        self.assertNotIn("r1.main", endings_of(report, "a"))
+        # Run A ran to its end: what its processes say is at most torch's teardown abort.
+        for p in endings_of(report, "a").values():
+            self.assertTrue(p["after_last_recorded_op"] and p["streams_whole"], p)
         # The other rank's streams read to their last record, and they were compared up to it.
         ends = stream_ends(os.path.join(out, "run-1"))
         self.assertIn("r0.main.t-main", ends)

@@ -30,20 +30,34 @@ trap 'rm -rf "$scratch"' EXIT
 mkdir -p "$work/trace_seeds"
 "$build/bin/fuzz_make_corpus" "$work/trace_seeds" >/dev/null
 
-failed=0
-for h in "${harnesses[@]}"; do
+# One harness per core at a time: each keeps a whole core for its time, as alone, and the set
+# takes the time of ceil(harnesses / cores) of them.
+fuzz_one() {
+  local h=$1 dict=() corpora
   mkdir -p "$work/corpus/$h"
   corpora=("$work/corpus/$h" "$root/tests/fuzz/corpus/$h")
   [ "$h" = fuzz_trace_reader ] && corpora+=("$work/trace_seeds")
-  dict=()
   case $h in
     fuzz_config) dict=(-dict="$root/tests/fuzz/config.dict");;
     fuzz_catalog) dict=(-dict="$root/tests/fuzz/catalog.dict");;
   esac
+  local rc=0
+  TMPDIR="$scratch" "$build/bin/$h" -max_total_time="$seconds" -timeout=5 -rss_limit_mb=2048 \
+    -print_final_stats=1 -artifact_prefix="$work/artifacts/$h-" "${dict[@]}" "${corpora[@]}" \
+    >"$work/$h.log" 2>&1 || rc=$?
+  echo "$rc" >"$work/$h.rc"
+}
+cores=$(nproc)
+for h in "${harnesses[@]}"; do
+  rm -f "$work/$h.rc"
+  while (($(jobs -rp | wc -l) >= cores)); do sleep 0.2; done
+  fuzz_one "$h" &
+done
+wait
+failed=0
+for h in "${harnesses[@]}"; do
   log="$work/$h.log"
-  if TMPDIR="$scratch" "$build/bin/$h" -max_total_time="$seconds" -timeout=5 -rss_limit_mb=2048 \
-       -print_final_stats=1 -artifact_prefix="$work/artifacts/$h-" "${dict[@]}" "${corpora[@]}" \
-       >"$log" 2>&1; then
+  if [ "$(cat "$work/$h.rc" 2>/dev/null)" = 0 ]; then
     execs=$(awk '/stat::number_of_executed_units/ {print $2}' "$log")
     cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
     echo "fuzz: $h: ${execs:-?} executions in ${seconds} s, ${cov:-?} coverage points, no finding"
