@@ -11,7 +11,7 @@
 // <process> is "r<rank>.<role>": role "main", "main.0" for its first forked child (a DataLoader
 // worker), "main.<program>" for a recorded child it started. <stream> is "<process>.t-<thread>":
 // thread "main", a Python thread's name, a named library thread ("pt_autograd_0"), or "thread".
-// A name claimed twice takes "~<k>" (hooks/stream_identity.h).
+// A name claimed twice takes "~<k>" (hooks/process/stream_identity.h).
 #pragma once
 
 #include <string>

@@ -1,3 +1,6 @@
+// hooks/device: the device digest on a GPU: batches launched behind the ops, the kernel, and the
+// queue a test can fake. Torch-free.
+//
 // Device digests without blocking the op's thread. The op's thread enqueues a batch's digest on
 // the op's stream, right behind the op, into a slot of a small ring; a collector thread waits for
 // the slots in the order they were filled and hands each batch's results to its completion. The

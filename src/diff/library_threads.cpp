@@ -90,8 +90,10 @@ Status compare_pool(const std::vector<std::string>& paths_a,
         ++(in_a ? out->ops_a : out->ops_b);
       }
       if (res == trace::ReadResult::kCorrupt) return Status::error(r.error(), ExitCode::kBadInput);
-      if (res == trace::ReadResult::kTruncated || !r.saw_end())
-        out->truncated = (in_a ? out->truncated_a : out->truncated_b) = true;
+      if (res == trace::ReadResult::kTruncated || !r.saw_end()) {
+        out->truncated = true;
+        (in_a ? out->truncated_a : out->truncated_b) = true;
+      }
     }
   }
   uint64_t first_step = UINT64_MAX, first_order = UINT64_MAX;

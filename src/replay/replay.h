@@ -1,6 +1,6 @@
 // `detaudit replay`: turns a verdict on one op into evidence. The op's inputs are captured from a
-// new run of the recorded command (hooks/op_capture.h), then the op is called again and again on
-// them in a fresh process (hooks/replay_main.cpp), and the distinct outputs are counted.
+// new run of the recorded command (hooks/capture/op_capture.h), then the op is called again and again on
+// them in a fresh process (hooks/capture/replay_main.cpp), and the distinct outputs are counted.
 //
 //   ReplayTarget t;  find_replay_target(run_dir, "r0.main.t-main", 51, &t);
 //   ... run the command with DETAUDIT_CAPTURE=capture_spec_json(t, dir) ...

@@ -1,5 +1,5 @@
 // The floor under any recorder built on RecordFunction: a global callback that asks for every
-// op's inputs and outputs, in the scopes the interposer's op callback takes (hooks/attach.cpp),
+// op's inputs and outputs, in the scopes the interposer's op callback takes (hooks/attach/attach.cpp),
 // and does nothing with them. What libtorch spends then (each op's arguments and results boxed
 // into IValues, the callback lists rebuilt per autograd task) no such recorder avoids.
 // bench.py preloads it as the mode "floor: empty callback (inputs + outputs)".
@@ -7,7 +7,7 @@
 
 #include <memory>
 
-#include "op_callback.h"
+#include "attach/op_callback.h"
 
 namespace {
 

@@ -31,7 +31,7 @@
 #include <thread>
 #include <vector>
 
-#include "op_callback.h"
+#include "attach/op_callback.h"
 
 namespace {
 

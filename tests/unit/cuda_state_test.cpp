@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "../../hooks/rng_source.h"
+#include "../../hooks/ops/rng_source.h"
 #include "catalog/catalog.h"
 #include "diff/diff.h"
 #include "diff/report_model.h"

@@ -16,7 +16,7 @@
 
 #include "device/digest_pipeline.h"
 #include "digest/device_digest.h"
-#include "pending_records.h"
+#include "stream/pending_records.h"
 #include "trace/bytes.h"
 #include "trace/reader.h"
 #include "trace/records.h"

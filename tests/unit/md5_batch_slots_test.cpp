@@ -1,4 +1,4 @@
-// The MD5 batches' two slots and the process's digest thread (hooks/md5_batch_slots.h), without
+// The MD5 batches' two slots and the process's digest thread (hooks/tensors/md5_batch_slots.h), without
 // torch: every message's digest is the one TensorDigester gives its bytes, whichever thread ran its
 // batch and however the op thread's calls interleave with it; run() leaves nothing pending; a stop
 // signal's bounded run never blocks. Run under TSan by tests/tsan.sh.
@@ -13,7 +13,7 @@
 #include "digest/hashers.h"
 #include "digest/md5_batch.h"
 #include "digest/tensor_digester.h"
-#include "md5_batch_slots.h"
+#include "tensors/md5_batch_slots.h"
 
 namespace detaudit {
 namespace {

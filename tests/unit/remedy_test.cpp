@@ -3,6 +3,7 @@
 
 #include "catalog/catalog.h"
 #include "diff/diff.h"
+#include "report/render.h"
 #include "diff/report_model.h"
 #include "run/remedy.h"
 

@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "hooks/stream_writer.h"
+#include "stream/stream_writer.h"
 
 namespace detaudit::hooks {
 namespace {

@@ -1,0 +1,145 @@
+// Attaches the recorder to a process: runs at load time under LD_PRELOAD, registers the
+// RecordFunction callback, and makes sure recorded bytes reach disk at exit, at _exit (forked
+// DataLoader workers leave through os._exit), and on a crash.
+#include <ATen/record_function.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+
+#include "process/environment.h"
+#include "attach/op_callback.h"
+#include "recorder/recorder.h"
+#include "run_layout.h"
+
+namespace detaudit::hooks {
+namespace {
+
+std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
+  if (ThreadRecorder* t = ThreadRecorder::current()) t->on_start(fn);
+  return nullptr;
+}
+
+void on_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  if (ThreadRecorder* t = ThreadRecorder::current()) t->on_end(fn);
+}
+
+// The process whose records are ours to flush: set at attach and in a forked child (atfork). A
+// vfork child shares our memory and runs no atfork handler: when its exec fails, it leaves
+// through _exit (CPython's subprocess, for a program that is not there), and must not finish
+// the parent's streams from there.
+std::atomic<pid_t> g_recording_pid{0};
+
+void flush_everything() {
+  static std::atomic<bool> done{false};
+  if (::getpid() != g_recording_pid.load()) return;
+  ProcessRecorder::instance().mark_exit_started();
+  if (!ProcessRecorder::instance().active() || done.exchange(true)) return;
+  ProcessRecorder::instance().finish_all();
+}
+
+struct sigaction g_previous[32];
+const int kFatalSignals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGTERM, SIGINT};
+
+// What a signal's handler saves, on the writer thread (StreamWriter::run_from_signal).
+struct SignalSave {
+  int sig;
+  ThreadRecorder* stopped;  // the thread the handler runs on, if it records
+};
+
+void save_for_signal(void* arg) {
+  const SignalSave& save = *static_cast<SignalSave*>(arg);
+  // Every thread's records so far, whether the program was told to stop (a CI runner, a
+  // scheduler, Ctrl-C) or crashed (its own abort, a fault): a crash in one thread at exit (gloo's
+  // at interpreter teardown) must not lose what the others recorded.
+  if (ProcessRecorder::instance().active()) ProcessRecorder::instance().save_on_signal(save.sig, save.stopped);
+}
+
+void on_fatal_signal(int sig) {
+  SignalSave save{sig, ThreadRecorder::current_if_any()};
+  StreamWriter::instance().run_from_signal(save_for_signal, &save, /*max_wait_ms=*/10000);
+  // Then die as we would have.
+  sigaction(sig, &g_previous[sig], nullptr);
+  raise(sig);
+}
+
+void install_signal_handlers() {
+  for (int sig : kFatalSignals) {
+    struct sigaction current;
+    sigaction(sig, nullptr, &current);
+    // Leave handlers the program installed alone; chain only to the default action.
+    if (current.sa_handler != SIG_DFL) continue;
+    struct sigaction sa;
+    std::memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_fatal_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESETHAND | SA_NODEFER;
+    sigaction(sig, &sa, &g_previous[sig]);
+  }
+}
+
+void atfork_prepare() { ProcessRecorder::instance().before_fork(); }
+void atfork_parent() { ProcessRecorder::instance().after_fork_parent(); }
+void atfork_child() {
+  g_recording_pid.store(::getpid());
+  ProcessRecorder::instance().after_fork_child();
+}
+
+bool load_config(Config* config, std::string* error) {
+  const char* path = std::getenv(layout::kEnvConfig);
+  if (!path) return true;  // defaults
+  Status s = detaudit::load_config(path, config);
+  if (!s.ok()) *error = s.message();
+  return s.ok();
+}
+
+__attribute__((constructor)) void attach() {
+  const char* run_dir = std::getenv(layout::kEnvRunDir);
+  if (!run_dir || !*run_dir) return;  // loaded, not asked to record
+  Config config;
+  std::string error;
+  ProcessRecorder& proc = ProcessRecorder::instance();
+  if (!load_config(&config, &error)) {
+    std::fprintf(stderr, "detaudit: error: %s; recording is off for this process\n", error.c_str());
+    return;
+  }
+  std::string applied = apply_determinism(config.determinism);
+  if (!proc.init(run_dir, config, &error)) {
+    if (!error.empty()) std::fprintf(stderr, "detaudit: error: %s\n", error.c_str());
+    return;
+  }
+  // Two callbacks with one body, one of them on at a time (ProcessRecorder::set_callbacks): the
+  // op callback (op_callback.h), and the marks callback in the user scope alone.
+  proc.set_callbacks(at::addGlobalCallback(op_callback(on_op_start, on_op_end)),
+                     at::addGlobalCallback(at::RecordFunctionCallback(on_op_start, on_op_end)
+                                               .scopes({at::RecordScope::USER_SCOPE})));
+  g_recording_pid.store(::getpid());
+  pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+  std::atexit(flush_everything);
+  // Loaded by the preload shim (src/preload/preload.c), whose _exit comes first: it flushes.
+  using Register = void (*)(void (*)());
+  if (auto shim = reinterpret_cast<Register>(dlsym(RTLD_DEFAULT, "detaudit_preload_flush_at_exit")))
+    shim(flush_everything);
+  install_signal_handlers();
+  proc.note_status("attached libtorch " + torch_version() + " pid " + std::to_string(::getpid()) +
+              (applied.empty() ? "" : " applied" + applied));
+}
+
+}  // namespace
+}  // namespace detaudit::hooks
+
+// Forked DataLoader workers end with os._exit(), which skips atexit: flush there too. (Preloaded
+// itself; loaded by the shim, the shim's _exit is the one called.)
+extern "C" [[noreturn]] void _exit(int status) {
+  detaudit::hooks::flush_everything();
+  using ExitFn = void (*)(int);
+  static ExitFn real = reinterpret_cast<ExitFn>(dlsym(RTLD_NEXT, "_exit"));
+  real(status);
+  __builtin_unreachable();
+}

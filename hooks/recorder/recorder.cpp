@@ -1,0 +1,616 @@
+// ThreadRecorder: one thread's op path, from the RecordFunction callbacks to the OP records in
+// its stream buffer.
+#include "recorder/recorder.h"
+
+#include <ATen/ATen.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "process/environment.h"
+#include "ops/rng_source.h"
+#include "run_layout.h"
+#include "process/stream_identity.h"
+#include "tensors/tensor_digest.h"
+
+namespace detaudit::hooks {
+
+using trace::ByteWriter;
+using trace::ValueType;
+
+namespace {
+
+constexpr size_t kHandoverBytes = 256 * 1024;
+constexpr size_t kStreamReserve = 4 * kHandoverBytes;
+constexpr uint64_t kHandoverNs = 50'000'000;  // bounds what a kill -9 can lose
+
+uint64_t now_ns() {
+  return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now().time_since_epoch())
+                      .count());
+}
+
+// DETAUDIT_MD5_BATCH=off hashes every small tensor alone when the op reaches it: the same trace,
+// for tests that compare the two, and benchmarks.
+bool md5_batch_wanted() {
+  const char* v = std::getenv("DETAUDIT_MD5_BATCH");
+  return !(v && std::string(v) == "off");
+}
+
+// Holds a stream's buffer (StreamBuffer::enter_write) for a scope and says so in *flag; holds
+// nothing when given no buffer, or once the streams are frozen.
+class InBuffer {
+ public:
+  InBuffer(StreamBuffer* stream, bool* flag)
+      : stream_(stream && stream->enter_write() ? stream : nullptr), flag_(flag) {
+    if (stream_) *flag_ = true;
+  }
+  ~InBuffer() {
+    if (!stream_) return;
+    *flag_ = false;
+    stream_->leave_write();
+  }
+  InBuffer(const InBuffer&) = delete;
+  InBuffer& operator=(const InBuffer&) = delete;
+
+ private:
+  StreamBuffer* stream_;
+  bool* flag_;
+};
+
+// With DETAUDIT_DEBUG set, says once per op why it could not be recorded. Only then is the
+// message asked for: a c10::Error's what() symbolizes its backtrace, milliseconds each.
+void report_swallowed(const char* op, const std::exception& e) {
+  static const bool debug = std::getenv("DETAUDIT_DEBUG") != nullptr;
+  if (!debug) return;
+  thread_local std::unordered_map<std::string, bool> seen;
+  if (!seen[op]) {
+    seen[op] = true;
+    std::fprintf(stderr, "detaudit: debug: %s not recorded: %s\n", op, e.what());
+  }
+}
+
+// An op that made a FakeTensor (aten::empty under torch.compile's FakeTensorMode).
+template <typename Outputs>
+bool produced_fake_tensor(const Outputs& outputs) {
+  for (const c10::IValue& v : outputs) {
+    if (v.isTensor() && v.toTensor().defined() && has_no_data(v.toTensor())) return true;
+    if (v.isTensorList())
+      for (const at::Tensor& t : v.toTensorList())
+        if (t.defined() && has_no_data(t)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// ThreadRecorder
+
+namespace {
+// initial-exec: read on every op, and the library is preloaded, never dlopen'ed late.
+__attribute__((tls_model("initial-exec"))) thread_local ThreadRecorder* tls_recorder = nullptr;
+__attribute__((tls_model("initial-exec"))) thread_local bool tls_destroyed = false;
+struct ThreadRecorderHolder {
+  std::unique_ptr<ThreadRecorder> recorder;
+  ~ThreadRecorderHolder() {
+    tls_recorder = nullptr;
+    tls_destroyed = true;
+  }
+};
+thread_local ThreadRecorderHolder tls_holder;
+}  // namespace
+
+ThreadRecorder* ThreadRecorder::current_if_any() { return tls_recorder; }
+
+ThreadRecorder* ThreadRecorder::current() {
+  if (tls_recorder) return tls_recorder;
+  if (tls_destroyed) return nullptr;  // thread exit: ops after our destructor go unrecorded
+  tls_holder.recorder.reset(new ThreadRecorder());
+  tls_recorder = tls_holder.recorder.get();
+  return tls_recorder;
+}
+
+ThreadRecorder::ThreadRecorder()
+    : fork_generation_(ProcessRecorder::instance().fork_generation()),
+      cache_(ProcessRecorder::instance().config().rehash_inputs) {
+  hasher_ = std::make_unique<Hasher>(ProcessRecorder::instance().config().digest);
+  device_digest_ = ProcessRecorder::instance().config().digest == trace::DigestAlgo::kDevice;
+  if (ProcessRecorder::instance().config().digest == trace::DigestAlgo::kMd5 &&
+      Md5Batch::available() && md5_batch_wanted())
+    md5_batch_ = std::make_unique<Md5TensorBatch>();
+  frames_.resize(64);
+  ProcessRecorder::instance().register_thread(this);
+}
+
+ThreadRecorder::~ThreadRecorder() {
+  ProcessRecorder::instance().unregister_thread(this);
+  if (fork_generation_ == ProcessRecorder::instance().fork_generation()) finish();
+}
+
+void ThreadRecorder::finish() {
+  if (!pending_collectives_.empty()) write_completed_collectives(/*at_end=*/true);
+  if (!stream_open_ || !stream_.enter_write()) return;
+  if (md5_batch_) md5_batch_->run();
+  if (!held_.empty()) {
+    drain_device_digests();
+    release_held();
+  }
+  encoder_.end(totals_, sink());
+  stream_.committed.store(stream_.bytes.size(), std::memory_order_release);
+  StreamWriter::instance().hand_over(&stream_);
+  stream_open_ = false;  // a later op on this thread would start a second stream file
+  stream_.leave_write();
+}
+
+void ThreadRecorder::reset_after_fork() {
+  // Everything here describes the parent's stream: the child starts its own.
+  fork_generation_ = ProcessRecorder::instance().fork_generation();
+  stream_.fd = -1;
+  stream_.bytes.clear();
+  stream_.committed.store(0);
+  held_ = PendingRecords();
+  device_batch_ = DeviceBatch();
+  if (md5_batch_) md5_batch_->discard();
+  stream_open_ = false;
+  thread_name_.clear();
+  identity_.reset();
+  capture_seen_ = 0;
+  strings_.clear();
+  pending_strings_.clear();
+  for (auto& [name, info] : ops_) info.name_id = UINT32_MAX;
+  cache_.clear();
+  next_tensor_id_ = 0;
+  last_step_written_ = UINT64_MAX;
+  last_scope_written_ = UINT32_MAX;
+  scope_changes_seen_ = UINT64_MAX;  // the string table starts afresh
+  last_order_written_ = 0;
+  totals_ = {};
+  starting_collective_.reset();
+  pending_collectives_.clear();
+  ProcessRecorder::instance().register_thread(this);
+}
+
+void ThreadRecorder::open_stream() {
+  ProcessRecorder& proc = ProcessRecorder::instance();
+  const std::string process = proc.process_name();
+  stream_.fd = create_exclusive(proc.streams_dir(), layout::stream_name(process, identity_->name),
+                                layout::kTraceExt, &thread_name_);
+  thread_name_ = thread_name_.substr(std::min(thread_name_.size(), process.size() + 3));
+  stream_open_ = true;
+  // Room for a handover's bytes, taken now: when the buffer grows must not depend on timing.
+  stream_.bytes.reserve(kStreamReserve);
+  StreamWriter::instance().start();
+  trace::StreamHeader h;
+  h.algo = proc.config().digest;
+  h.rank = proc.rank();
+  h.pid = uint64_t(::getpid());
+  h.process_role = process.substr(process.find('.') + 1);
+  h.thread = thread_name_;
+  if (proc.is_dataloader_worker()) h.flags |= trace::kStreamDataLoaderWorker;
+  h.unix_ns = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::system_clock::now().time_since_epoch())
+                           .count());
+  // The header goes to the file now, with it: a stream file is never there without one, whatever
+  // ends the process. When the disk refuses it, the file goes and the stream is not recorded.
+  std::string header;
+  encoder_.header(h, &header);
+  if (stream_.fd >= 0 && !write_fully(stream_.fd, header.data(), header.size())) {
+    const int err = errno;
+    const std::string path = proc.streams_dir() + "/" + layout::stream_name(process, thread_name_) +
+                             layout::kTraceExt;
+    ::unlink(path.c_str());
+    ::close(stream_.fd);
+    stream_.fd = -1;
+    proc.note_lost_stream(path, err);
+  }
+  stream_.committed.store(0, std::memory_order_release);
+  last_handover_ns_ = now_ns();
+  proc.write_environment_once();
+}
+
+uint32_t ThreadRecorder::intern(std::string_view s) {
+  auto it = strings_.find(std::string(s));
+  if (it != strings_.end()) return it->second;
+  uint32_t id = uint32_t(strings_.size());
+  strings_.emplace(std::string(s), id);
+  pending_strings_.emplace_back(s);
+  return id;
+}
+
+const OpInfo& ThreadRecorder::op_info(const at::RecordFunction& fn) {
+  const char* name = fn.name();
+  auto fast = ops_by_name_ptr_.find(name);
+  // Other records name themselves with short-lived strings: a reused address must match too.
+  if (fast != ops_by_name_ptr_.end() && std::strcmp(fast->second->name.c_str(), name) == 0) {
+    OpInfo& info = *fast->second;
+    if (info.name_id == UINT32_MAX) info.name_id = intern(name);
+    return info;
+  }
+  auto op_name = fn.operator_name();
+  std::string key = op_name ? op_name->name + "." + op_name->overload_name : std::string(name);
+  auto it = ops_.find(key);
+  if (it == ops_.end()) {
+    const bool selected = ProcessRecorder::instance().config().select.wants_op(name);
+    it = ops_.emplace(key, describe_op(name, op_name, selected)).first;
+    it->second.name_id = UINT32_MAX;
+  }
+  if (it->second.name_id == UINT32_MAX) it->second.name_id = intern(name);
+  ops_by_name_ptr_[name] = &it->second;
+  return it->second;
+}
+
+uint64_t ThreadRecorder::rng_state(const at::RecordFunction& fn) {
+  auto inputs = fn.inputs();
+  const RngSource source = rng_source(inputs.size(), [&](size_t i) {
+    const c10::IValue& v = inputs[i];
+    RngArg a;
+    if (v.isGenerator()) {
+      a.what = RngArg::What::kGenerator;
+    } else if (v.isTensor() && v.toTensor().defined()) {
+      a.what = RngArg::What::kTensor;
+      a.device_type = int(v.toTensor().device().type());
+      a.device_index = v.toTensor().device().index();
+    } else if (v.isDevice()) {
+      a.what = RngArg::What::kDevice;
+      a.device_type = int(v.toDevice().type());
+      a.device_index = v.toDevice().index();
+    }
+    return a;
+  });
+  switch (source.kind) {
+    case RngSource::Kind::kExplicit: return generator_digest(inputs[source.arg].toGenerator());
+    case RngSource::Kind::kCuda:
+      // A CUDA tensor means CUDA is up. A Device argument alone does not (a C++ program's first
+      // torch::rand(..., kCUDA) starts it inside the op): reading the generator then would start it.
+      if (source.from_device_arg && !cuda_initialized()) return 0;
+      return cuda_rng_digest(source.device_index);
+    case RngSource::Kind::kCpu: break;
+  }
+  return default_rng_digest();
+}
+
+void ThreadRecorder::on_start(const at::RecordFunction& fn) {
+  if (busy_) return;
+  if (fork_generation_ != ProcessRecorder::instance().fork_generation()) reset_after_fork();
+  ProcessRecorder& proc = ProcessRecorder::instance();
+  // Before this op can read a buffer a collective filled.
+  if (!pending_collectives_.empty()) write_completed_collectives(/*at_end=*/false);
+
+  if (depth_ == frames_.size()) frames_.resize(frames_.size() * 2);
+  Frame& f = frames_[depth_];
+  f = Frame{};
+  f.handle = fn.handle();
+  f.depth = phases_.op_depth();
+  f.items_begin = f.items_end = items_.size();
+  f.bytes_begin = bytes_.size();
+  f.snaps_begin = snaps_top_;
+  ++depth_;
+
+  f.mark = PhaseTracker::classify(fn);
+  if (f.mark != Mark::kOp) {
+    if (f.mark == Mark::kOptimizerStep && phases_.at_top_level_optimizer_step())
+      proc.at_top_level_op();
+    phases_.enter(f.mark, fn.name());
+    return;
+  }
+  if (phases_.outside_backward_and_optimizer() && f.depth == 0) proc.at_top_level_op();
+  f.backward = fn.scope() == at::RecordScope::BACKWARD_FUNCTION;
+  phases_.enter_op(f.backward);
+  if (!proc.step_selected()) {
+    unselected_since_clear_ = true;  // writes we do not see: start afresh when recording resumes
+    return;
+  }
+  if (unselected_since_clear_ || op_callback_epoch_ != proc.op_callback_epoch()) {
+    cache_.clear();
+    unselected_since_clear_ = false;
+    op_callback_epoch_ = proc.op_callback_epoch();
+  }
+  const OpInfo& info = op_info(fn);
+  f.info = &info;
+  if (!info.recorded() || phases_.taking_in_batches()) return;
+  if (!identity_) identity_ = thread_identity();
+  if (identity_->moves_batches) return;
+  const trace::Phase phase = phases_.phase(proc.is_python());
+  if (!proc.config().select.wants_phase(phase)) return;
+  begin_op(fn, f, phase);
+}
+
+void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f, trace::Phase phase) {
+  ProcessRecorder& proc = ProcessRecorder::instance();
+  const OpInfo& info = *f.info;
+  f.recorded = true;
+  f.order = proc.next_order();
+  f.step = proc.step();
+  if (f.step != step_started_) {
+    step_started_ = f.step;
+    step_first_order_ = f.order;
+    compiled_region_in_step_ = false;
+  }
+  if (info.compiled_region) compiled_region_in_step_ = true;
+  f.name_id = info.name_id;
+  // Interned only when a scope opened or closed: most ops share their neighbours' path.
+  if (phases_.scope_changes() != scope_changes_seen_) {
+    scope_id_ = intern(phases_.scope_path());
+    scope_changes_seen_ = phases_.scope_changes();
+  }
+  f.scope_id = scope_id_;
+  trace::Scope scope = fn.scope() == at::RecordScope::FUNCTION            ? trace::Scope::kFunction
+                       : fn.scope() == at::RecordScope::BACKWARD_FUNCTION ? trace::Scope::kBackwardFunction
+                                                                           : trace::Scope::kOther;
+  f.bits = uint8_t(uint8_t(phase) | (uint8_t(scope) << 2));
+  if (info.compiled_region) f.bits |= trace::kOpCompiledRegion;
+  f.seq_nr = fn.seqNr();
+  if (f.seq_nr >= 0) f.bits |= trace::kOpHasSeqNr;
+  if (f.depth == 0) cache_.set_top_level_serial(++top_level_serial_);
+
+  bytes_item_start_ = bytes_.size();
+  busy_ = true;  // ops the recorder runs itself (generator state, device copies) are not the program's
+  try {
+    if (info.is_random) {
+      f.bits |= trace::kOpIsRandom | trace::kOpHasRng;
+      f.rng = rng_state(fn);
+    }
+    uint64_t overwritten = info.overwritten_args, written = info.written_args;
+    if (info.collective.defined()) {
+      f.collective = true;
+      starting_collective_.emplace();
+      starting_collective_->info.op_order = f.order;
+      // A receive buffer is filled in full when the Work completes.
+      overwritten = written = collective_overwritten(fn, info, &starting_collective_->info);
+    }
+    if (info.layout_arg >= 0) {
+      auto inputs = fn.inputs();
+      f.constructor_empty =
+          size_t(info.layout_arg) < inputs.size() && !inputs[size_t(info.layout_arg)].isNone();
+    }
+    if (info.returns_uninitialized && !f.constructor_empty) {
+      const Frame* enclosing = nullptr;
+      // A tensor subclass's handler (`PythonSubclass`) stands between the op and the empty
+      // its __torch_dispatch__ runs.
+      for (size_t k = depth_ - 1; k-- > 0 && !enclosing;)
+        if (frames_[k].mark == Mark::kOp &&
+            !(frames_[k].info && std::string_view(frames_[k].info->name) == "PythonSubclass"))
+          enclosing = &frames_[k];
+      f.program_empty = f.depth == 0 || (enclosing && enclosing->program_empty);
+    }
+    if (proc.config().inputs) {
+      // Inside the buffer, so that small inputs can join the MD5 batch (md5_batch_).
+      InBuffer in_buffer(md5_batch_ ? &stream_ : nullptr, &in_buffer_);
+      auto inputs = fn.inputs();
+      ByteWriter(&bytes_).varint(inputs.size());
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        const uint64_t bit = i < 64 ? uint64_t(1) << i : 0;
+        capture_value(inputs[i], (written & bit)       ? Use::kWrittenInFull
+                                 : (overwritten & bit) ? Use::kNotRead
+                                                       : Use::kRead);
+      }
+    } else {
+      ByteWriter(&bytes_).varint(0);
+    }
+    flush_bytes_item();
+    f.items_end = items_.size();
+  } catch (const std::exception& e) {
+    // Never throw into libtorch: an op we cannot describe goes unrecorded.
+    report_swallowed(fn.name(), e);
+    f.recorded = false;
+  }
+  // The inputs' digests go on the stream now, ahead of the op's own kernels.
+  if (!device_batch_.empty()) device_batch_.submit();
+  if (saw_fake_tensor_) f.recorded = false;  // torch.compile tracing, not the program's work
+  saw_fake_tensor_ = false;
+  // Still busy: saving the inputs runs ops of its own.
+  if (const CaptureSpec* spec = capture_spec(); spec && f.recorded && !capture_done())
+    maybe_capture(*spec, fn, f);
+  if (!f.recorded) {
+    items_.resize(f.items_begin);
+    bytes_.resize(f.bytes_begin);
+    snaps_top_ = f.snaps_begin;
+  }
+  busy_ = false;
+}
+
+void ThreadRecorder::maybe_capture(const CaptureSpec& spec, const at::RecordFunction& fn,
+                                   const Frame& f) {
+  if (f.info->name != spec.op || identity_->name != spec.thread) return;
+  if (capture_seen_++ != spec.occurrence) return;
+  if (ProcessRecorder::instance().process_name() != spec.process) return;
+  std::vector<std::string> digests;
+  for (size_t i = f.items_begin; i < f.items_end; ++i) {
+    if (!items_[i].is_tensor) continue;
+    const Snapshot& s = snaps_[items_[i].begin];
+    trace::TensorDesc desc = s.desc;
+    if (s.pending) {
+      // A capture run may wait for the device: the digest decides whether this is the op.
+      if (!s.pending->done() && md5_batch_ && stream_.enter_write()) {
+        md5_batch_->run();
+        stream_.leave_write();
+      }
+      if (!s.pending->done()) drain_device_digests();
+      s.pending->apply(&desc);
+    }
+    digests.push_back(desc.not_read() ? std::string() : desc.digest_hex());
+  }
+  capture_op(spec, fn, digests);
+}
+
+void ThreadRecorder::emit_string_records() {
+  for (const std::string& s : pending_strings_) string_encoder_.string(s, sink());
+  pending_strings_.clear();
+}
+
+void ThreadRecorder::write_record(const Frame& f, const at::RecordFunction& fn) {
+  ProcessRecorder& proc = ProcessRecorder::instance();
+  if (!stream_open_) open_stream();
+  if (f.step != last_step_written_) {
+    trace::StepInfo info = proc.step_info();
+    info.step = f.step;
+    info.order = f.step == step_started_ ? step_first_order_ : f.order;
+    encoder_.step(info, sink());
+    last_step_written_ = f.step;
+    phases_.new_step();
+  }
+  if (f.scope_id != last_scope_written_) {
+    emit_string_records();  // the path's string precedes the SCOPE record that names it
+    encoder_.scope(f.scope_id, sink());
+    last_scope_written_ = f.scope_id;
+  }
+
+  ByteWriter& w = encoder_.begin(trace::RecordKind::kOp);
+  w.zvarint(int64_t(f.order - last_order_written_));
+  w.varint(f.name_id);
+  w.u8(f.bits);
+  w.varint(f.depth);
+  if (f.bits & trace::kOpHasSeqNr) w.zvarint(f.seq_nr);
+  if (f.bits & trace::kOpHasRng) w.u64(f.rng);
+  for (size_t i = f.items_begin; i < f.items_end; ++i) {
+    const Item& item = items_[i];
+    if (item.is_tensor)
+      emit_tensor(snaps_[item.begin], w);
+    else
+      w.raw(bytes_.data() + item.begin, item.end - item.begin);
+  }
+  const auto& outputs = fn.outputs();
+  w.varint(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (f.collective || returns_unfilled_buffer(outputs[i]))
+      emit_pending_output(outputs[i], w);
+    else
+      emit_output(outputs[i], w, f, i < 64 && (f.info->scratch_outputs >> i) & 1);
+  }
+
+  // Strings interned while encoding this op must precede it in the file.
+  emit_string_records();
+  if (holes_.empty()) {
+    encoder_.finish(sink());
+  } else {
+    held_.hold(encoder_.scratch(), std::move(holes_));
+    holes_.clear();
+  }
+  last_order_written_ = f.order;
+  ++totals_.ops;
+  release_held();
+  stream_.committed.store(stream_.bytes.size(), std::memory_order_release);
+  if (f.collective && starting_collective_) {
+    follow_collective(*starting_collective_, outputs);
+    pending_collectives_.push_back(std::move(*starting_collective_));
+    starting_collective_.reset();
+  }
+  after_record();
+}
+
+void ThreadRecorder::release_held() {
+  if (!held_.empty() && held_.release(&stream_.bytes))
+    stream_.committed.store(stream_.bytes.size(), std::memory_order_release);
+}
+
+void ThreadRecorder::submit_md5_batch() {
+  if (!md5_batch_ || md5_batch_->empty()) return;
+  md5_batch_->submit_if_idle();
+  release_held();
+}
+
+void ThreadRecorder::release_held_for_save(long max_wait_ms) {
+  // Bounded: the digest thread may be starved, and the process is about to end.
+  if (md5_batch_) md5_batch_->run(std::min(max_wait_ms, 2000L));
+  release_held();
+}
+
+void ThreadRecorder::save_held_after(size_t saved) {
+  if (stream_.writing.load()) return;
+  release_held_for_save();
+  StreamWriter::instance().crash_flush(&stream_, saved);
+}
+
+std::string ThreadRecorder::open_op(uint64_t* step) const {
+  for (size_t i = std::min(depth_, frames_.size()); i-- > 0;) {
+    const Frame& f = frames_[i];
+    if (f.mark == Mark::kOp && f.recorded && f.info) {
+      *step = f.step;
+      return f.info->name;
+    }
+  }
+  return "";
+}
+
+void ThreadRecorder::close_for_signal(int sig, bool exiting, bool stopped) {
+  // A record still waiting for a digest, or one being written, would be missing behind the END.
+  if (!stream_open_ || stream_.fd < 0 || stream_.writing.load() || !held_.empty()) return;
+  trace::EndInfo end = totals_;
+  end.signal = sig;
+  end.ending_bits = exiting ? trace::kEndExiting : 0;
+  if (stopped) {
+    end.ending_bits |= trace::kEndThreadKnown;
+    uint64_t step = 0;
+    end.open_op = open_op(&step);
+    if (!end.open_op.empty()) end.ending_bits |= trace::kEndInsideOp;
+  }
+  char buf[trace::kMaxEndRecordBytes];
+  StreamWriter::instance().append_now(&stream_, buf, trace::encode_end(end, buf));
+}
+
+void ThreadRecorder::after_record() {
+  const bool big = stream_.bytes.size() >= kHandoverBytes;
+  if (big || (++records_since_handover_ & 7) == 0) {
+    uint64_t now = now_ns();
+    if (big || now - last_handover_ns_ >= kHandoverNs) {
+      submit_md5_batch();  // what waits for it goes with a later hand-over
+      StreamWriter::instance().hand_over(&stream_);
+      last_handover_ns_ = now;
+    }
+  }
+}
+
+void ThreadRecorder::on_end(const at::RecordFunction& fn) {
+  if (busy_ || depth_ == 0) return;
+  // Pop to the matching frame; RecordFunctions end in LIFO order on a thread.
+  size_t i = depth_;
+  while (i > 0 && frames_[i - 1].handle != fn.handle()) --i;
+  if (i == 0) return;
+  Frame& f = frames_[i - 1];
+  depth_ = i - 1;
+
+  if (f.mark != Mark::kOp) {
+    if (phases_.leave(f.mark)) ProcessRecorder::instance().mark_step_end();
+    return;
+  }
+  phases_.leave_op(f.backward);
+  if (!f.recorded && f.info && f.info->writes && !f.info->metadata_only) {
+    // A write we do not record still changes bytes the cache describes.
+    for (const c10::IValue& v : fn.outputs())
+      if (v.isTensor() && v.toTensor().defined()) cache_.wrote_unseen(v.toTensor());
+  }
+  if (f.recorded && produced_fake_tensor(fn.outputs())) f.recorded = false;
+  // The only place this thread changes its stream buffer while the process runs: a stop
+  // signal's save waits until no thread is here, then saves every buffer.
+  if (f.recorded && stream_.enter_write()) {
+    busy_ = true;
+    in_buffer_ = true;
+    try {
+      write_record(f, fn);
+    } catch (const std::exception& e) {
+      // Never throw into libtorch. The record was being encoded apart, and is dropped; what the
+      // buffer holds is whole records.
+      report_swallowed(fn.name(), e);
+      holes_.clear();
+    }
+    busy_ = false;
+    in_buffer_ = false;
+    stream_.leave_write();
+  }
+  // The outputs' digests go on the stream behind the op.
+  if (!device_batch_.empty()) device_batch_.submit();
+  if (f.collective) starting_collective_.reset();  // not recorded after all
+  items_.resize(f.items_begin);
+  bytes_.resize(f.bytes_begin);
+  bytes_item_start_ = bytes_.size();
+  snaps_top_ = f.snaps_begin;
+}
+
+}  // namespace detaudit::hooks

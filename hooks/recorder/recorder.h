@@ -1,0 +1,372 @@
+// hooks/recorder: the op path: from the RecordFunction callbacks to the OP records, per thread
+// (ThreadRecorder) and per process (ProcessRecorder).
+//
+// The interposer's recorder: RecordFunction callbacks that turn each op into one OP record.
+//
+// ProcessRecorder holds what one process shares (config, step, program order, rank, its name).
+// ThreadRecorder holds one thread's stream: its buffer, its string table and its tensor cache,
+// so the op path takes no lock. An op's inputs are described when it starts (an in-place op is
+// about to change them) and its record is written when it ends.
+//
+// The jobs around it, each in its own file: op_schema (what an op reads and writes),
+// phase_tracker (phase, depth, step ends, user scopes), tensor_cache (what was described),
+// value_encoding.cpp (inputs and outputs as trace values), stream_identity (names that pair
+// across runs), stream_writer (bytes to disk), python_state (what only Python knows).
+#pragma once
+
+#include <ATen/record_function.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "config/config.h"
+#include "tensors/device_digests.h"
+#include "tensors/md5_tensor_batch.h"
+#include "digest/digest.h"
+#include "capture/op_capture.h"
+#include "ops/op_schema.h"
+#include "process/environment.h"
+#include "stream/pending_records.h"
+#include "ops/phase_tracker.h"
+#include "collectives/received_buffers.h"
+#include "stream/stream_writer.h"
+#include "process/stream_identity.h"
+#include "tensors/tensor_cache.h"
+#include "ops/torch_compat.h"
+#include "trace/records.h"
+
+namespace detaudit::hooks {
+
+class ThreadRecorder;
+
+class ProcessRecorder {
+ public:
+  static ProcessRecorder& instance();
+
+  // Reads the resolved config and prepares the streams directory; false if not recording.
+  bool init(const std::string& run_dir, const Config& config, std::string* error);
+  bool active() const { return active_; }
+  const Config& config() const { return config_; }
+  const std::string& streams_dir() const { return streams_dir_; }
+  long rank() const { return rank_; }
+  const std::string& role() const { return role_; }
+  bool is_python() const { return is_python_; }
+  bool is_dataloader_worker() const { return worker_ == Worker::kYes; }
+  // "r<rank>.<role>", claimed with its .status file on first use (stream_identity.h).
+  const std::string& process_name();
+  void write_status(const std::string& text);
+  // The first line of the .status file, written when the name is claimed: at the first record,
+  // or at exit. Claiming late lets a launcher's workers take their ranks' names first.
+  void note_status(const std::string& text);
+  // The rank of the process's first process group, for a process no variable (RANK) or spawn
+  // index gave one. Too late to rename a claimed process: its .status says so instead.
+  void adopt_group_rank(int64_t rank);
+
+  uint64_t next_order() { return order_.fetch_add(1, std::memory_order_relaxed) + 1; }
+  uint64_t step() const { return step_.load(std::memory_order_relaxed); }
+  bool step_selected() const { return step_selected_.load(std::memory_order_relaxed); }
+  // One of two callbacks is on at a time. In selected steps the op callback sees every scope,
+  // marks included; elsewhere the marks callback sees the user scope only, so libtorch boxes no
+  // op's inputs.
+  void set_callbacks(at::CallbackHandle ops, at::CallbackHandle marks);
+  // Bumped each time the op callback comes back on: the ops it missed may have changed any
+  // tensor a thread's cache describes.
+  uint64_t op_callback_epoch() const { return op_callback_epoch_.load(std::memory_order_acquire); }
+  void mark_step_end();
+  // Called at the start of each top-level op: begins the next step if one ended, or in a
+  // DataLoader worker, the step of the batch it is making.
+  void at_top_level_op();
+  trace::StepInfo step_info() const;
+
+  void register_thread(ThreadRecorder* t);
+  void unregister_thread(ThreadRecorder* t);
+  // At exit: close every stream with an END record and wait for the writer.
+  void finish_all();
+  // For a signal's handler, on the writer thread (it allocates): saves every thread's whole
+  // records and appends how the process ended to its .status ("ended: killed by SIGABRT | ...").
+  // A crash (SIGABRT, SIGSEGV, ...) ends each saved stream with an END record that names the
+  // signal: nothing more would have been recorded. A stop signal (SIGTERM, SIGINT) does so only
+  // once the process is exiting; mid-run its streams stay cut. `stopped` is the thread the
+  // handler runs on, if it records.
+  void save_on_signal(int sig, ThreadRecorder* stopped);
+  // A stream whose file could not be created with its header (a full disk): said at exit.
+  void note_lost_stream(const std::string& path, int err);
+  // exit() has begun, or the Python interpreter is finalizing.
+  bool exiting() const;
+  void mark_exit_started() { exit_started_.store(true); }
+  void write_environment_once();
+  // What the environment fingerprint says of this process.
+  ProcessFacts facts() const;
+
+  // pthread_atfork: no callback toggles across a fork; in the child, a new role, a fresh order,
+  // no inherited threads, and the op callback on (it may be a DataLoader worker).
+  void before_fork();
+  void after_fork_parent();
+  void after_fork_child();
+  // A collective on this process group: its ordinal among the groups this process used (in order
+  // of first use, the same on every rank that creates its groups in the same order) and the
+  // collective's sequence number in it, counted from 1. The first group's rank names a process
+  // whose rank nothing else gave (adopt_group_rank).
+  void next_collective(const void* group_key, trace::CollectiveInfo* info);
+
+  // Bumped in every forked child: a thread's state from before the fork belongs to the parent.
+  uint32_t fork_generation() const { return fork_generation_.load(std::memory_order_relaxed); }
+
+ private:
+  // A forked child of a Python program may be a DataLoader worker: its ops are labelled with
+  // the step that consumes the batch they make (one batch a step), not the step it forked in.
+  enum class Worker : uint8_t { kNo, kMaybe, kYes };
+
+  ProcessRecorder() = default;
+  void advance_step();
+  void set_step(uint64_t step);
+  void refresh_step_state(uint64_t step);
+  void follow_worker_batch();
+  std::vector<std::string> closing_status_lines(const std::string& ending);
+
+  bool active_ = false;
+  Config config_;
+  std::string streams_dir_;
+  long rank_ = 0;
+  bool rank_known_ = false;  // from RANK/LOCAL_RANK, a spawn index or a process group
+  std::string role_ = "main";
+  std::string process_name_;  // claimed; empty until then
+  std::string status_path_;   // its .status file, for a signal handler (no allocation there)
+  std::string claim_note_;    // the first line of the .status file when it is claimed
+  bool is_python_ = false;
+  int forks_ = 0;
+  std::atomic<uint64_t> order_{0};
+  std::atomic<uint64_t> step_{0};
+  std::atomic<bool> step_pending_{false};
+  std::atomic<bool> step_selected_{true};
+  std::atomic<uint64_t> step_rng_{0};
+  std::atomic<bool> env_written_{false};
+  std::atomic<uint32_t> fork_generation_{0};
+  std::atomic<Worker> worker_{Worker::kNo};  // set on the worker's main thread, read on all
+  uint64_t worker_base_step_ = 0;  // the consuming step of the worker's batch 0
+  uint64_t worker_epoch_offset_ = 0;  // persistent workers: batches of earlier epochs
+  int64_t worker_last_batch_ = -1;
+  std::mutex claim_mu_;
+  std::mutex op_callback_mu_;
+  at::CallbackHandle op_callback_ = 0, marks_callback_ = 0;
+  std::atomic<bool> op_callback_on_{true};
+  std::atomic<uint64_t> op_callback_epoch_{0};
+  std::mutex groups_mu_;  // taken once per collective
+  std::vector<std::pair<const void*, uint64_t>> groups_;  // key, collectives so far
+  std::mutex threads_mu_;  // taken once per thread, never per op
+  std::vector<ThreadRecorder*> threads_;
+  std::atomic<bool> exit_started_{false};
+  std::mutex lost_mu_;
+  std::vector<std::string> lost_streams_;  // "<file>: <why>"
+};
+
+class ThreadRecorder {
+ public:
+  static ThreadRecorder* current();  // this thread's, created on first use
+  static ThreadRecorder* current_if_any();  // for signal handlers: never allocates
+  ~ThreadRecorder();
+
+  void on_start(const at::RecordFunction& fn);
+  void on_end(const at::RecordFunction& fn);
+  // Writes the END record and hands everything over.
+  void finish();
+  StreamBuffer* stream() { return &stream_; }
+  // For a stop signal's save, once this thread is out of its buffer for good: the held
+  // records whose digests are in, into the buffer to be saved. Waits at most `max_wait_ms` for
+  // the digest thread.
+  void release_held_for_save(long max_wait_ms = 2000);
+  // For the thread a signal stopped, once its whole records are saved up to `saved`: its held
+  // records, if it is out of its buffer, released and appended. Last of all, because releasing
+  // them frees memory of its malloc arena, whose lock a thread stopped inside malloc holds.
+  void save_held_after(size_t saved);
+  // For a signal's save, once this thread's records are saved: its END record naming the signal,
+  // when nothing it recorded is still missing. `stopped`: the signal stopped this thread, so
+  // whether an op was open on it is known.
+  void close_for_signal(int sig, bool exiting, bool stopped);
+  // The thread's stream name ("main", "pt_gloo_runloop"), "" before its first record.
+  const std::string& stream_thread_name() const { return thread_name_; }
+  // The innermost op this thread is inside and records, "" if none; its step in *step.
+  std::string open_op(uint64_t* step) const;
+
+ private:
+  // A tensor argument captured when the op started, written when it ends.
+  struct Snapshot {
+    const c10::TensorImpl* key = nullptr;
+    uint32_t version = 0;
+    bool cacheable = false;
+    uint64_t storage_writes = 0;
+    int64_t base_id = -1;
+    bool written = false;  // written in full by the op: a reference is a TENSOR_WRITTEN
+    trace::TensorDesc desc;
+    std::shared_ptr<const PendingDigest> pending;  // desc's device digest, while on its way
+  };
+
+  // Encoded inputs: raw bytes, or a pointer to a snapshot.
+  struct Item {
+    bool is_tensor;
+    uint32_t begin, end;  // bytes range, or snapshot index in begin
+  };
+
+  // One open RecordFunction on this thread: an op, or a mark (PhaseTracker).
+  struct Frame {
+    uint64_t handle = 0;
+    Mark mark = Mark::kOp;
+    bool recorded = false;
+    bool backward = false;
+    uint64_t order = 0, step = 0;
+    uint32_t name_id = 0;
+    uint32_t scope_id = 0;
+    uint8_t bits = 0;
+    uint32_t depth = 0;
+    bool collective = false;
+    bool constructor_empty = false;  // an `empty` a tensor constructor fills (OpInfo::layout_arg)
+    // An `empty` whose garbage the program may read: a top-level one, or one an enclosing program
+    // `empty` runs (DTensor's empty_like on its local tensor). A kernel's own is written by it.
+    bool program_empty = false;
+    int64_t seq_nr = -1;
+    uint64_t rng = 0;
+    const OpInfo* info = nullptr;
+    size_t items_begin = 0, items_end = 0, bytes_begin = 0, snaps_begin = 0;
+  };
+
+  ThreadRecorder();
+  void open_stream();
+  void reset_after_fork();
+  const OpInfo& op_info(const at::RecordFunction& fn);
+  uint32_t intern(std::string_view s);
+  void begin_op(const at::RecordFunction& fn, Frame& f, trace::Phase phase);
+  // `detaudit replay`: saves this op's inputs if it is the one the capture names.
+  void maybe_capture(const CaptureSpec& spec, const at::RecordFunction& fn, const Frame& f);
+
+  // Value encoding (value_encoding.cpp): inputs when an op starts, outputs when it ends.
+  // How an op uses an argument: OpInfo::overwritten_args are not read, written_args are
+  // also written in full.
+  enum class Use : uint8_t { kRead, kNotRead, kWrittenInFull };
+  void capture_value(const c10::IValue& v, Use use = Use::kRead);
+  void capture_tensor(const at::Tensor& t, Use use);
+  void flush_bytes_item();
+  void emit_tensor(const Snapshot& s, trace::ByteWriter& w);
+  // Digest and statistics of t's contents, into desc. A CUDA tensor under the device digest is
+  // enqueued on its device, and a small CPU tensor under MD5 joins the thread's batch while
+  // the thread is inside its buffer, unless the digest is wanted now (`may_wait` false: shared
+  // memory, whose digest the cache compares with the last one seen); `pending` then says when
+  // the digest is in. Others are hashed here. Returns the bytes digested.
+  uint64_t describe_contents(const at::Tensor& t, trace::TensorDesc* desc,
+                             std::shared_ptr<const PendingDigest>* pending, bool may_wait = true);
+  // TENSOR_NEW with the next id; a view whose base is out of reach is written as external. A
+  // desc whose device digest is still on its way leaves a hole in the record (pending_records.h).
+  int64_t write_new(trace::ByteWriter& w, const trace::TensorDesc& desc, int64_t base_id,
+                    const std::shared_ptr<const PendingDigest>& pending = nullptr);
+  // `scratch`: a partly written workspace (OpInfo::scratch_outputs), described as uninitialized.
+  void emit_output(const c10::IValue& v, trace::ByteWriter& w, const Frame& f, bool scratch = false);
+  void emit_output_tensor(const at::Tensor& t, trace::ByteWriter& w, const Frame& f, bool scratch);
+
+  // A collective's receive buffers: geometry when the op returns, contents described when its
+  // Work's future completed (received_buffers.h), written in a COLLECTIVE record at this
+  // thread's next op after that.
+  struct PendingCollective {
+    trace::CollectiveInfo info;
+    std::vector<at::Tensor> received;  // until the op returns; then in `buffers`
+    c10::intrusive_ptr<c10::ivalue::Object> work;
+    c10::intrusive_ptr<c10::ivalue::Future> future;  // the Work's, if it has one
+    std::shared_ptr<ReceivedBuffers> buffers;
+    // Described, or to be described now: the future (else the Work) completed.
+    bool ready();
+  };
+  // Bytes a collective in flight is still filling. A functional collective
+  // (_c10d_functional::all_reduce) returns the buffer its inner c10d op fills later, and
+  // wait_tensor takes it before it is filled: neither reads it.
+  bool unfilled_collective_buffer(const at::Tensor& t);
+  bool returns_unfilled_buffer(const c10::IValue& v);
+  // Hands the returned op's receive buffers to the thread that completes its future.
+  void follow_collective(PendingCollective& p, const std::vector<c10::IValue>& outputs);
+  uint64_t collective_overwritten(const at::RecordFunction& fn, const OpInfo& info,
+                                  trace::CollectiveInfo* call);
+  void emit_pending_output(const c10::IValue& v, trace::ByteWriter& w);
+  void emit_received(const at::Tensor& t, const ReceivedBuffers::Described& d, trace::ByteWriter& w,
+                     uint64_t op_order);
+  // Writes a COLLECTIVE record for each pending collective whose Work completed; `at_end`: for
+  // every one, "not completed" if it has not.
+  void write_completed_collectives(bool at_end);
+
+  void emit_string_records();
+  void write_record(const Frame& f, const at::RecordFunction& fn);
+  // Where the stream's records go now: its buffer, or behind a record still held.
+  std::string* sink() { return held_.sink(&stream_.bytes); }
+  // Moves the held records whose digests are in to the buffer (inside enter_write()).
+  void release_held();
+  void after_record();
+  uint64_t rng_state(const at::RecordFunction& fn);
+
+  uint32_t fork_generation_;
+  bool busy_ = false;  // set while the recorder itself runs tensor ops
+  bool saw_fake_tensor_ = false;  // an input of the op being captured has no data
+  bool compiled_region_in_step_ = false;  // tensors first seen now are likely a region's output
+  bool stream_open_ = false;
+  std::optional<ThreadIdentity> identity_;  // asked at this thread's first op
+  uint64_t capture_seen_ = 0;  // ops named as the capture's op, recorded by this thread
+  std::string thread_name_;  // claimed with the stream file
+  StreamBuffer stream_;
+  trace::RecordEncoder encoder_;         // op records
+  trace::RecordEncoder string_encoder_;  // string records, written while an op body is open
+  // Device digests: the tensors of the next launch, and records waiting for digests.
+  bool device_digest_ = false;
+  DeviceBatch device_batch_;
+  std::vector<PendingRecords::Hole> holes_;  // of the record being encoded
+  // Descriptions made while encoding a value, reused: write_new() copies into the second while
+  // its caller holds the first.
+  trace::TensorDesc desc_scratch_, desc_copy_;
+  PendingRecords held_;
+  // MD5 of small CPU tensors, batched and hashed on the digest thread; null for other digests.
+  // Only inside enter_write(), so a stop signal's save can run it when the thread is out
+  // (release_held_for_save).
+  std::unique_ptr<Md5TensorBatch> md5_batch_;
+  bool in_buffer_ = false;
+  // Hands the batch being filled to the digest thread if it is idle, and releases what is done.
+  void submit_md5_batch();
+
+  // By "name.overload": overloads differ (linspace is composite, linspace.out writes `out`).
+  std::unordered_map<std::string, OpInfo> ops_;
+  // By name pointer, the fast path: a dispatcher op's name lives in its overload's schema.
+  std::unordered_map<const char*, OpInfo*> ops_by_name_ptr_;
+  std::unordered_map<std::string, uint32_t> strings_;
+  std::vector<std::string> pending_strings_;  // interned, not yet written
+
+  TensorCache cache_;
+  int64_t next_tensor_id_ = 0;
+  uint64_t top_level_serial_ = 0;
+
+  PhaseTracker phases_;
+  std::vector<Frame> frames_;
+  size_t depth_ = 0;  // open frames, marks included
+  std::vector<Item> items_;
+  std::vector<Snapshot> snaps_;
+  size_t snaps_top_ = 0;
+  std::string bytes_;          // non-tensor input bytes of open frames
+  size_t bytes_item_start_ = 0;
+
+  uint64_t last_step_written_ = UINT64_MAX;
+  uint32_t last_scope_written_ = UINT32_MAX;
+  uint32_t scope_id_ = 0;                      // interned scope path of the ops now starting
+  uint64_t scope_changes_seen_ = UINT64_MAX;   // PhaseTracker::scope_changes() when interned
+  uint64_t step_started_ = UINT64_MAX;   // the step of the last op started on this thread
+  uint64_t step_first_order_ = 0;        // the order of that step's first op here
+  bool unselected_since_clear_ = false;  // ops ran unrecorded: the caches may be stale
+  uint64_t op_callback_epoch_ = 0;
+  uint64_t last_order_written_ = 0;
+  uint64_t records_since_handover_ = 0;
+  uint64_t last_handover_ns_ = 0;
+
+  std::optional<PendingCollective> starting_collective_;  // collectives do not nest
+  std::vector<PendingCollective> pending_collectives_;
+
+  std::unique_ptr<Hasher> hasher_;
+  trace::EndInfo totals_;
+};
+
+}  // namespace detaudit::hooks

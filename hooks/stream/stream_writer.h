@@ -1,0 +1,116 @@
+// hooks/stream: an op's records on their way to the file: each thread's buffer, the records held
+// for their digests, the writer thread that writes them and saves them on a signal.
+//
+// Moves finished trace bytes from op threads to disk without a lock or a write on the op thread.
+//
+// Each recording thread appends whole records to its own buffer and hands full buffers over as
+// chunks through a lock-free stack; one background thread writes them to the stream's file.
+// A signal's handler has the writer thread save what the buffers hold (run_from_signal).
+//
+// Chunks live in their own memory mappings, never in malloc's heap: handovers follow the clock
+// and the writer frees when it is done, so in the heap they would move the program's tensors
+// from run to run, and a kernel whose result depends on alignment would follow them.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace detaudit::hooks {
+
+// Set once a stop signal's save freezes every buffer: from then on no thread changes its own.
+inline std::atomic<bool> g_streams_frozen{false};
+
+// One stream's file and the bytes its thread has not handed over yet.
+struct StreamBuffer {
+  int fd = -1;
+  std::string bytes;                    // whole records only, at chunk boundaries
+  std::atomic<size_t> committed{0};     // bytes.size() after the last whole record
+  std::atomic<bool> writing{false};     // its thread is appending or handing over
+
+  // Around the op thread's changes to `bytes`; false once the streams are frozen. Both sides
+  // are sequentially consistent: either the handler sees `writing` and waits, or the thread
+  // sees the freeze and leaves the buffer alone.
+  bool enter_write() {
+    writing.store(true);
+    if (!g_streams_frozen.load()) return true;
+    writing.store(false);
+    return false;
+  }
+  void leave_write() { writing.store(false, std::memory_order_release); }
+};
+
+class StreamWriter {
+ public:
+  static StreamWriter& instance();
+
+  // Starts the writer thread (when a stream opens: a deterministic point of the program).
+  void start() { ensure_thread(); }
+  // Hands the buffer's bytes to the writer thread; the buffer is left empty, its capacity kept.
+  void hand_over(StreamBuffer* stream);
+  // Writes everything handed over so far and waits for it (at exit, never on the op path); gives
+  // up only when no chunk was written for `stall_ms` (a dead disk must not hang the program).
+  void drain(long stall_ms = 60000);
+  // From a signal handler: runs job(arg) on the writer thread and waits for it, at most
+  // `max_wait_ms`; here when there is no writer thread, or this is it. The saving allocates, and
+  // the handler's thread may have been stopped inside malloc, holding its lock; the writer
+  // thread blocks signals, so it never is. Bounded: a program told to stop must stop. `arg`
+  // must outlive the job; after a time-out the caller is expected to end the process.
+  void run_from_signal(void (*job)(void*), void* arg, long max_wait_ms);
+  // Within such a job: what was handed over, then the stream's committed bytes from `from` on.
+  // Returns the offset written up to, the `from` of a later call once more records committed.
+  size_t crash_flush(StreamBuffer* stream, size_t from = 0);
+  // Within such a job, after crash_flush: bytes written straight after the stream's (its END).
+  void append_now(StreamBuffer* stream, const char* bytes, size_t n);
+  // The first write that failed (a full disk): its errno and file, "" if none did. The writer
+  // goes on dropping that stream's bytes; the program goes on.
+  std::string first_write_error() const;
+  // Within such a job: freeze every stream, wait (briefly) for threads inside a write to leave
+  // it, then save each buffer's committed bytes. `settle(i, max_wait_ms)` runs first for each
+  // stream i whose thread is out of it for good, while `budget_ms` lasts, and `saved(i)` after
+  // its bytes are written. `own`, the buffer of the thread the signal stopped, is saved as it
+  // stands, unsettled: settling frees memory of that thread's malloc arena, whose lock it may
+  // hold. Returns the offset own was written up to.
+  size_t freeze_and_save(const std::vector<StreamBuffer*>& streams, StreamBuffer* own,
+                         const std::function<void(size_t, long)>& settle, long budget_ms,
+                         const std::function<void(size_t)>& saved = nullptr);
+  // In a forked child: forget the parent's queue and thread.
+  void reset_after_fork();
+
+ private:
+  // One mapping: this header, then `size` bytes.
+  struct Chunk {
+    int fd;
+    size_t size;
+    Chunk* next;
+    char* data() { return reinterpret_cast<char*>(this + 1); }
+  };
+  static void release(Chunk* chunk);
+  StreamWriter() = default;
+  void write_all(int fd, const char* p, size_t n);  // remembers the first failure
+  void ensure_thread();
+  void run();
+  size_t write_pending();
+
+  std::atomic<Chunk*> head_{nullptr};
+  std::atomic<uint64_t> pushed_{0}, written_{0};
+  // run_from_signal's job: written by the handler holding `claimed`, published by `asked`.
+  struct SignalJob {
+    void (*run)(void*);
+    void* arg;
+  };
+  SignalJob signal_job_{nullptr, nullptr};
+  std::atomic<bool> signal_job_claimed_{false};
+  std::atomic<uint64_t> signal_jobs_asked_{0}, signal_jobs_done_{0};
+  std::atomic<bool> started_{false};
+  std::atomic<int> write_errno_{0};
+  std::atomic<int> write_error_fd_{-1};
+};
+
+// Writes all of [p, p + n) to fd; false with errno set when the disk refused some of it.
+bool write_fully(int fd, const char* p, size_t n);
+
+}  // namespace detaudit::hooks

@@ -1,0 +1,34 @@
+// A thread's small CPU tensors, digested with MD5 many at a time on the digest thread
+// (md5_batch_slots.h). Each tensor is copied into the batch being filled when the op reaches it
+// (the program may change or free it afterwards); its digest is pending until its batch has run,
+// and the records that name it wait for it (pending_records.h), as they wait for a device digest.
+// The op's thread only copies: MD5 of a small-op model's tensors costs as much as the ops
+// themselves, and here it runs beside them.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <memory>
+
+#include "tensors/md5_batch_slots.h"
+
+namespace detaudit::hooks {
+
+class Md5TensorBatch {
+ public:
+  // Whether t's bytes go through a batch: a CPU tensor of plain bits (no lazy conjugate or
+  // negation), of one leaf at most, laid out so that its elements can be gathered.
+  static bool takes(const at::Tensor& t);
+  // t's digest and statistics, computed later; t may change or go meanwhile. Null when its
+  // view cannot be gathered (nothing was added).
+  std::shared_ptr<PendingDigest> add(const at::Tensor& t, bool with_stats);
+  void submit_if_idle() { slots_.submit_if_idle(); }
+  bool run(long max_wait_ms = -1) { return slots_.run(max_wait_ms); }
+  bool empty() const { return slots_.empty(); }
+  void discard() { slots_.discard(); }
+
+ private:
+  Md5BatchSlots slots_;
+};
+
+}  // namespace detaudit::hooks
