@@ -11,6 +11,7 @@
 #include "catalog/catalog.h"
 #include "cli/verbs.h"
 #include "diff/diff.h"
+#include "report/render.h"
 #include "diff/report_model.h"
 #include "summary/timeline.h"
 

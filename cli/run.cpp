@@ -17,6 +17,7 @@
 #include "cli/verbs.h"
 #include "config/config.h"
 #include "diff/diff.h"
+#include "report/render.h"
 #include "catalog/catalog.h"
 #include "diff/report_model.h"
 #include "diff/risk.h"

@@ -3,6 +3,9 @@
 # programs once per torch, pip's torch 2.13 and Debian's libtorch 1.13, then the sanitizer builds.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# The rooms' order first: a second, and it says at once what to fix.
+"$root/tests/install_deps.sh"
+python3 "$root/tests/check_layers.py" --self-test
 # chromium renders the HTML report for its test; python3-jsonschema checks the timeline's schema;
 # clang-14 and its runtimes build the sanitizers and libFuzzer.
 "$root/tests/build.sh" --debian-torch chromium python3-jsonschema clang-14 libclang-rt-14-dev

@@ -16,7 +16,6 @@
 #include "diff/endings.h"
 #include "diff/environment.h"
 #include "diff/report_model.h"
-#include "report/render.h"
 #include "run_layout.h"
 #include "trace/reader.h"
 
@@ -582,38 +581,6 @@ ExitCode gate_exit_code(const DiffReport& report) {
   // Fail closed: what was not compared cannot pass, unless the gate allows it.
   if (report.incomplete && !report.gate.allow_truncated) return ExitCode::kIncomplete;
   return ExitCode::kIdentical;
-}
-
-Status parse_report_format(const std::string& name, ReportFormat* out) {
-  static const std::pair<const char*, ReportFormat> kFormats[] = {
-      {"text", ReportFormat::kText},
-      {"json", ReportFormat::kJson},
-      {"junit", ReportFormat::kJunit},
-      {"markdown", ReportFormat::kMarkdown},
-      {"md", ReportFormat::kMarkdown},
-      {"html", ReportFormat::kHtml}};
-  for (const auto& [n, f] : kFormats)
-    if (name == n) {
-      *out = f;
-      return Status();
-    }
-  return Status::error(
-      fmt::format("unknown report format '{}' (expected text, json, junit, markdown or html)",
-                  name),
-      ExitCode::kUsage);
-}
-
-std::string render_report(const DiffReport& report, ReportFormat format, bool color) {
-  switch (format) {
-    case ReportFormat::kText: return render_text(report, color);
-    // Op names need not be UTF-8 (a C++ program names its own scopes): replaced, never thrown on.
-    case ReportFormat::kJson:
-      return report_to_json(report).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-    case ReportFormat::kJunit: return render_junit(report);
-    case ReportFormat::kMarkdown: return render_markdown(report);
-    case ReportFormat::kHtml: return render_html(report);
-  }
-  return render_text(report, color);
 }
 
 }  // namespace detaudit

@@ -25,8 +25,4 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
 // not compared and the gate does not allow truncation).
 ExitCode gate_exit_code(const DiffReport& report);
 
-enum class ReportFormat { kText, kJson, kJunit, kMarkdown, kHtml };
-Status parse_report_format(const std::string& name, ReportFormat* out);
-std::string render_report(const DiffReport& report, ReportFormat format, bool color);
-
 }  // namespace detaudit

@@ -1,4 +1,4 @@
-// The report renderers behind render_report (diff/diff.h): one file per format.
+// A diff's report in each format: render_report picks the renderer, one file per format.
 #pragma once
 
 #include <string>
@@ -9,8 +9,14 @@
 #include <nlohmann/json.hpp>
 
 #include "diff/report_model.h"
+#include "util/status.h"
 
 namespace detaudit {
+
+enum class ReportFormat { kText, kJson, kJunit, kMarkdown, kHtml };
+// "text", "json", "junit", "markdown" (or "md"), "html"; a usage error names the five.
+Status parse_report_format(const std::string& name, ReportFormat* out);
+std::string render_report(const DiffReport& report, ReportFormat format, bool color);
 
 std::string render_text(const DiffReport& r, bool color);
 nlohmann::json report_to_json(const DiffReport& r);  // the schema of docs/report.md

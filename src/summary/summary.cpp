@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "run_layout.h"
+#include "trace/process_status.h"
 
 namespace detaudit::summary {
 namespace {
