@@ -3,9 +3,10 @@
 # programs once per torch, pip's torch 2.13 and Debian's libtorch 1.13, then the sanitizer builds.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-# The rooms' order first: a second, and it says at once what to fix.
-"$root/tests/install_deps.sh"
+# The rooms' order and the code's format first: seconds, and they say at once what to fix.
+"$root/tests/install_deps.sh" clang-format-14
 python3 "$root/tests/check_layers.py" --self-test
+"$root/tests/check_format.sh"
 # chromium renders the HTML report for its test; python3-jsonschema checks the timeline's schema;
 # clang-14 and its runtimes build the sanitizers and libFuzzer.
 "$root/tests/build.sh" --debian-torch chromium python3-jsonschema clang-14 libclang-rt-14-dev
