@@ -1,11 +1,12 @@
 // `detaudit catalog [QUERY]`: searches the catalog of known nondeterministic ops and settings
 // by op name, id, remedy or condition.
-#include <CLI/CLI.hpp>
+#include "catalog/catalog.h"
+
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <memory>
 
-#include "catalog/catalog.h"
 #include "cli/verbs.h"
 
 namespace detaudit::cli {

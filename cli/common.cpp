@@ -1,7 +1,6 @@
 // Shared by the verbs: error printing, and where the interposer and catalog live.
-#include <unistd.h>
-
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -30,10 +29,13 @@ int report_error(const Status& status) {
 
 void say_if_incomplete(const DiffReport& report) {
   if (gate_exit_code(report) != ExitCode::kIncomplete) return;
-  fmt::print(stderr, "detaudit: incomplete: {}{}; exit 5 (--allow-truncated passes on what both "
-             "runs have)\n", report.not_compared.front(),
+  fmt::print(stderr,
+             "detaudit: incomplete: {}{}; exit 5 (--allow-truncated passes on what both "
+             "runs have)\n",
+             report.not_compared.front(),
              report.not_compared.size() > 1
-                 ? fmt::format(", and {} more", report.not_compared.size() - 1) : "");
+                 ? fmt::format(", and {} more", report.not_compared.size() - 1)
+                 : "");
 }
 
 std::string explicit_hooks_library() {

@@ -1,18 +1,19 @@
 // `detaudit diff RUN_A RUN_B`: compares two recorded runs, prints or writes the report, and
 // exits with the gate's code (docs/exit-codes.md).
-#include <CLI/CLI.hpp>
-#include <fmt/format.h>
+#include "diff/diff.h"
 
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
-#include <unistd.h>
 
 #include "catalog/catalog.h"
 #include "cli/verbs.h"
-#include "diff/diff.h"
-#include "report/render.h"
 #include "diff/report_model.h"
+#include "report/render.h"
 #include "summary/timeline.h"
 
 namespace detaudit::cli {
@@ -41,9 +42,11 @@ Status write_marked_timeline(const DiffReport& report, const std::string& path) 
     marks.first_label = report.first->divergence_class + " at " + report.first->op;
   }
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return Status::error(fmt::format("{}: cannot write the timeline", path), ExitCode::kBadInput);
+  if (!out)
+    return Status::error(fmt::format("{}: cannot write the timeline", path), ExitCode::kBadInput);
   if (Status s = summary::write_timeline(report.run_a, &marks, out); !s.ok()) return s;
-  if (!out.good()) return Status::error(fmt::format("{}: cannot write the timeline", path), ExitCode::kBadInput);
+  if (!out.good())
+    return Status::error(fmt::format("{}: cannot write the timeline", path), ExitCode::kBadInput);
   return Status();
 }
 

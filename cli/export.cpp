@@ -2,9 +2,9 @@
 //
 //   detaudit export audit/run-0 --output run0.jsonl
 //   pandas.read_json("run0.jsonl", lines=True)
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -28,19 +28,24 @@ int export_main(const ExportArgs& a) {
     // The timeline instead of the records: one file for ui.perfetto.dev or chrome://tracing.
     std::ofstream out(a.perfetto, std::ios::binary | std::ios::trunc);
     if (!out)
-      return report_error(Status::error(fmt::format("cannot write {}", a.perfetto), ExitCode::kBadInput));
-    if (Status s = summary::write_timeline(a.run_dir, nullptr, out); !s.ok()) return report_error(s);
+      return report_error(
+          Status::error(fmt::format("cannot write {}", a.perfetto), ExitCode::kBadInput));
+    if (Status s = summary::write_timeline(a.run_dir, nullptr, out); !s.ok())
+      return report_error(s);
     out.flush();
     if (!out)
-      return report_error(Status::error(fmt::format("cannot write {}", a.perfetto), ExitCode::kBadInput));
-    fmt::print(stderr, "detaudit: timeline written to {} (open it in ui.perfetto.dev)\n", a.perfetto);
+      return report_error(
+          Status::error(fmt::format("cannot write {}", a.perfetto), ExitCode::kBadInput));
+    fmt::print(stderr, "detaudit: timeline written to {} (open it in ui.perfetto.dev)\n",
+               a.perfetto);
     return 0;
   }
   std::ofstream file;
   if (!a.output.empty()) {
     file.open(a.output);
     if (!file)
-      return report_error(Status::error(fmt::format("cannot write {}", a.output), ExitCode::kBadInput));
+      return report_error(
+          Status::error(fmt::format("cannot write {}", a.output), ExitCode::kBadInput));
   }
   std::ostream& out = a.output.empty() ? std::cout : file;
   std::vector<std::string> notes;
@@ -49,8 +54,9 @@ int export_main(const ExportArgs& a) {
   for (const auto& n : notes) fmt::print(stderr, "detaudit: note: {}\n", n);
   if (!s.ok()) return report_error(s);
   if (!out)
-    return report_error(Status::error(
-        fmt::format("cannot write {}", a.output.empty() ? "to stdout" : a.output), ExitCode::kBadInput));
+    return report_error(
+        Status::error(fmt::format("cannot write {}", a.output.empty() ? "to stdout" : a.output),
+                      ExitCode::kBadInput));
   return 0;
 }
 

@@ -1,6 +1,7 @@
 // detaudit: record training runs, find where two runs first diverge, and say why.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
 
 #include "cli/verbs.h"
 

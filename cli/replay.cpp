@@ -1,9 +1,11 @@
 // `detaudit replay RUN (--first-divergence | --op STREAM:N)`: captures the op's inputs from a new
 // run of the recorded command, calls the op again and again on them in a fresh process, and says
 // whether its nondeterminism is reproduced and whether the remedy removes it (src/replay/).
-#include <CLI/CLI.hpp>
+#include "replay/replay.h"
+
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -13,7 +15,6 @@
 #include "config/config.h"
 #include "diff/diff.h"
 #include "diff/report_model.h"
-#include "replay/replay.h"
 #include "run/launcher.h"
 #include "run/session.h"
 #include "run_layout.h"
@@ -37,11 +38,13 @@ struct ReplayFlags {
 
 Status read_json(const fs::path& path, json* out) {
   std::ifstream in(path);
-  if (!in) return Status::error(fmt::format("{}: cannot read it", path.string()), ExitCode::kBadInput);
+  if (!in)
+    return Status::error(fmt::format("{}: cannot read it", path.string()), ExitCode::kBadInput);
   try {
     *out = json::parse(in);
   } catch (const std::exception& e) {
-    return Status::error(fmt::format("{}: not JSON ({})", path.string(), e.what()), ExitCode::kBadInput);
+    return Status::error(fmt::format("{}: not JSON ({})", path.string(), e.what()),
+                         ExitCode::kBadInput);
   }
   return Status();
 }
@@ -65,12 +68,12 @@ Status first_divergence_of(const std::string& run_a, const std::string& run_b, s
 // One series: the replayer in a fresh process, under the program's environment without the
 // interposer.
 Status replay_series(const std::string& replayer, const std::string& setting, int threads,
-                     bool deterministic, bool busy, const ReplayFlags& f,
-                     const Config& config, replay::ReplayReport* report) {
-  std::vector<std::string> argv = {replayer, report->inputs_file, report->target.op,
-                                   "", "--replays", std::to_string(f.replays),
-                                   "--deterministic", deterministic ? "on" : "off",
-                                   "--digest", report->target.digest};
+                     bool deterministic, bool busy, const ReplayFlags& f, const Config& config,
+                     replay::ReplayReport* report) {
+  std::vector<std::string> argv = {
+      replayer,    report->inputs_file,       report->target.op, "",
+      "--replays", std::to_string(f.replays), "--deterministic", deterministic ? "on" : "off",
+      "--digest",  report->target.digest};
   std::ifstream capture(fs::path(report->inputs_file).parent_path() / "capture.json");
   json c = json::parse(capture, nullptr, false);
   if (c.is_object()) argv[3] = c.value("overload", "");
@@ -87,19 +90,20 @@ Status replay_series(const std::string& replayer, const std::string& setting, in
   const std::string line = out.substr(brace == std::string::npos ? 0 : brace + 1);
   json j = json::parse(line, nullptr, false);
   if (exit_code != 0 || !j.is_object())
-    return Status::error(fmt::format("{} failed (exit {}) on {}", replayer, exit_code,
-                                     report->inputs_file),
-                         ExitCode::kBadInput);
+    return Status::error(
+        fmt::format("{} failed (exit {}) on {}", replayer, exit_code, report->inputs_file),
+        ExitCode::kBadInput);
   return replay::add_series(setting, j, report);
 }
 
 int run_replay(const ReplayFlags& f) {
   if (f.first_divergence == !f.op.empty())
-    return report_error(Status::error("name the op: --first-divergence or --op STREAM:N (one of them)"));
+    return report_error(
+        Status::error("name the op: --first-divergence or --op STREAM:N (one of them)"));
   if (f.format != "text" && f.format != "json" && f.format != "markdown" && f.format != "junit" &&
       f.format != "html")
-    return report_error(Status::error(fmt::format(
-        "--format: expected text, json, markdown, junit or html, got '{}'", f.format)));
+    return report_error(Status::error(
+        fmt::format("--format: expected text, json, markdown, junit or html, got '{}'", f.format)));
   if (f.replays < 2) return report_error(Status::error("--replays must be at least 2"));
   if (f.capture_runs < 1) return report_error(Status::error("--capture-runs must be at least 1"));
   // RUN is an audit directory (run-0, run-1) or one run.
@@ -110,7 +114,9 @@ int run_replay(const ReplayFlags& f) {
   if (!fs::exists(fs::path(run_a) / layout::kRunJson, ec))
     return report_error(Status::error(
         fmt::format("{}: not a run directory (no {}); give `detaudit run --out`'s directory or one "
-                    "of its run-<i>", f.run, layout::kRunJson), ExitCode::kBadInput));
+                    "of its run-<i>",
+                    f.run, layout::kRunJson),
+        ExitCode::kBadInput));
 
   std::string stream;
   uint64_t index = 0;
@@ -118,7 +124,8 @@ int run_replay(const ReplayFlags& f) {
     if (!audit || !fs::exists(root / "run-1" / layout::kRunJson, ec))
       return report_error(Status::error(fmt::format(
           "--first-divergence: {} has no run-0 and run-1 to diff; record two runs with `detaudit "
-          "run --runs 2 --out {}`, or name the op with --op", f.run, f.run)));
+          "run --runs 2 --out {}`, or name the op with --op",
+          f.run, f.run)));
     if (Status s = first_divergence_of(run_a, (root / "run-1").string(), &stream, &index); !s.ok())
       return report_error(s);
   } else if (Status s = replay::parse_op_ref(f.op, &stream, &index); !s.ok()) {
@@ -131,7 +138,8 @@ int run_replay(const ReplayFlags& f) {
 
   // The recorded command again, as recorded, with the capture asked of the interposer.
   json run_json;
-  if (Status s = read_json(fs::path(run_a) / layout::kRunJson, &run_json); !s.ok()) return report_error(s);
+  if (Status s = read_json(fs::path(run_a) / layout::kRunJson, &run_json); !s.ok())
+    return report_error(s);
   Config config;
   if (Status s = load_config((fs::path(run_a) / layout::kConfigJson).string(), &config); !s.ok())
     return report_error(s);
@@ -182,12 +190,12 @@ int run_replay(const ReplayFlags& f) {
       int threads;
       bool deterministic, busy;
     };
-    for (const Setting& s : {Setting{"as recorded", threads, report.target.deterministic, false},
-                             Setting{"under contention", std::max(2, 2 * threads),
-                                     report.target.deterministic, true},
-                             Setting{"under the remedy", threads, true, false}})
-      if (Status st = replay_series(replayer, s.name, s.threads, s.deterministic, s.busy, f,
-                                    config, &report);
+    for (const Setting& s :
+         {Setting{"as recorded", threads, report.target.deterministic, false},
+          Setting{"under contention", std::max(2, 2 * threads), report.target.deterministic, true},
+          Setting{"under the remedy", threads, true, false}})
+      if (Status st = replay_series(replayer, s.name, s.threads, s.deterministic, s.busy, f, config,
+                                    &report);
           !st.ok())
         return report_error(st);
   }
@@ -215,13 +223,17 @@ int run_replay(const ReplayFlags& f) {
 void add_replay_verb(CLI::App& app, VerbAction* action) {
   auto flags = std::make_shared<ReplayFlags>();
   CLI::App* cmd = app.add_subcommand(
-      "replay", "Replay one recorded op on its own inputs: is its nondeterminism real, and does "
-                "the remedy remove it?");
-  cmd->add_option("RUN", flags->run, "`detaudit run --out`'s directory, or one run-<i>")->required();
+      "replay",
+      "Replay one recorded op on its own inputs: is its nondeterminism real, and does "
+      "the remedy remove it?");
+  cmd->add_option("RUN", flags->run, "`detaudit run --out`'s directory, or one run-<i>")
+      ->required();
   cmd->add_flag("--first-divergence", flags->first_divergence,
                 "the op where run-0 and run-1 first diverged");
-  cmd->add_option("--op", flags->op, "the op at STREAM:N (as the reports number ops: r0.main.t-main:51)");
-  cmd->add_option("--replays", flags->replays, "calls of the op per setting")->capture_default_str();
+  cmd->add_option("--op", flags->op,
+                  "the op at STREAM:N (as the reports number ops: r0.main.t-main:51)");
+  cmd->add_option("--replays", flags->replays, "calls of the op per setting")
+      ->capture_default_str();
   cmd->add_option("--capture-runs", flags->capture_runs,
                   "new runs of the command to try before giving up on one that takes the "
                   "recorded path")

@@ -3,24 +3,23 @@
 //
 //   detaudit run --runs 2 --out audit/ -- /usr/bin/python3 train.py
 //   detaudit run --config config.json --steps 0-3
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
 
+#include "catalog/catalog.h"
 #include "cli/verbs.h"
 #include "config/config.h"
 #include "diff/diff.h"
-#include "report/render.h"
-#include "catalog/catalog.h"
 #include "diff/report_model.h"
 #include "diff/risk.h"
+#include "report/render.h"
 #include "run/interposer.h"
 #include "run/remedy.h"
 #include "run/session.h"
@@ -39,8 +38,8 @@ struct RunArgs {
 
 // Every option that overrides the config is read only when given, so the config's value stands.
 template <typename T>
-void optional_flag(CLI::App* sub, RunArgs* args, const std::string& name,
-                   std::optional<T>* target, const std::string& help) {
+void optional_flag(CLI::App* sub, RunArgs* args, const std::string& name, std::optional<T>* target,
+                   const std::string& help) {
   auto holder = std::make_shared<T>();
   CLI::Option* opt = sub->add_option(name, *holder, help);
   args->finish.push_back([opt, holder, target] {
@@ -73,8 +72,8 @@ void print_run_problem(const run::RunOutcome& o, int index) {
 std::string report_path(const std::string& output, int index, int runs) {
   if (output.empty() || runs <= 2) return output;
   std::filesystem::path p(output);
-  return (p.parent_path() / fmt::format("{}.run-{}{}", p.stem().string(), index,
-                                        p.extension().string()))
+  return (p.parent_path() /
+          fmt::format("{}.run-{}{}", p.stem().string(), index, p.extension().string()))
       .string();
 }
 
@@ -92,9 +91,12 @@ int write_risk_report(const Config& config, const RiskReport& risk) {
   ReportFormat format;
   if (Status s = parse_report_format(config.format, &format); !s.ok()) return report_error(s);
   const bool to_file = !config.output.empty();
-  std::string text = format == ReportFormat::kHtml   ? render_risk_html(risk)
-                     : format == ReportFormat::kJson ? risk_report_to_json(risk).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"
-                                                     : render_risk_report(risk, !to_file && isatty(STDOUT_FILENO));
+  std::string text = format == ReportFormat::kHtml ? render_risk_html(risk)
+                     : format == ReportFormat::kJson
+                         ? risk_report_to_json(risk).dump(
+                               2, ' ', false, nlohmann::json::error_handler_t::replace) +
+                               "\n"
+                         : render_risk_report(risk, !to_file && isatty(STDOUT_FILENO));
   // Replicas that disagree are a divergence one run shows: the gate fails on it.
   const int code = risk.replicas.divergence ? int(ExitCode::kDivergent) : 0;
   if (!to_file) {
@@ -104,8 +106,8 @@ int write_risk_report(const Config& config, const RiskReport& risk) {
   std::ofstream out(config.output);
   out << text;
   if (!out)
-    return report_error(Status::error(fmt::format("cannot write report {}", config.output),
-                                      ExitCode::kBadInput));
+    return report_error(
+        Status::error(fmt::format("cannot write report {}", config.output), ExitCode::kBadInput));
   fmt::print(stderr, "detaudit: risk report written to {}\n", config.output);
   return code;
 }
@@ -148,9 +150,9 @@ int diff_pairs(const Config& config, const std::vector<std::string>& dirs,
       std::ofstream out(path);
       out << render_report(report, format, false);
       if (!out) {
-        worst = std::max(worst, report_error(Status::error(
-                                    fmt::format("cannot write report {}", path),
-                                    ExitCode::kBadInput)));
+        worst = std::max(worst,
+                         report_error(Status::error(fmt::format("cannot write report {}", path),
+                                                    ExitCode::kBadInput)));
         continue;
       }
       fmt::print(stderr, "detaudit: report for run-0 vs run-{} written to {}\n", i, path);
@@ -181,7 +183,8 @@ RemedyVerification verify_remedies(const Config& config, const run::RunOptions& 
       break;
     }
     std::string why_not;
-    run::RemedySettings next = run::remedy_settings(*report.first, have_catalog ? &catalog : nullptr, &why_not);
+    run::RemedySettings next = run::remedy_settings(*report.first,
+                                                    have_catalog ? &catalog : nullptr, &why_not);
     if (next.empty()) {
       outcome = "not verified: " + why_not;
       break;
@@ -223,10 +226,14 @@ RemedyVerification verify_remedies(const Config& config, const run::RunOptions& 
       verification.outcome = "not verified: " + s.message();
       return verification;
     }
-    nlohmann::json r = {{"round", round}, {"flags", applied.flags()}, {"runs", c.out},
-                        {"verdict", next_report.verdict}, {"first_divergence", nullptr}};
+    nlohmann::json r = {{"round", round},
+                        {"flags", applied.flags()},
+                        {"runs", c.out},
+                        {"verdict", next_report.verdict},
+                        {"first_divergence", nullptr}};
     if (next_report.first)
-      r["first_divergence"] = {{"stream", next_report.first->stream}, {"op", next_report.first->op},
+      r["first_divergence"] = {{"stream", next_report.first->stream},
+                               {"op", next_report.first->op},
                                {"class", next_report.first->divergence_class},
                                {"step", next_report.first->step}};
     rounds.push_back(r);
@@ -236,8 +243,9 @@ RemedyVerification verify_remedies(const Config& config, const run::RunOptions& 
     k.runs = c.out;
     k.verdict = next_report.verdict;
     if (next_report.first)
-      k.first = fmt::format("{} step {} {} ({})", next_report.first->stream, next_report.first->step,
-                            next_report.first->op, next_report.first->divergence_class);
+      k.first = fmt::format("{} step {} {} ({})", next_report.first->stream,
+                            next_report.first->step, next_report.first->op,
+                            next_report.first->divergence_class);
     verification.rounds.push_back(std::move(k));
     report = std::move(next_report);
     if (report.verdict == "identical")
@@ -252,10 +260,11 @@ RemedyVerification verify_remedies(const Config& config, const run::RunOptions& 
     outcome = fmt::format("not verified in {} rounds", kMaxRemedyRounds);
   fmt::print(stderr, "detaudit: remedy {}\n", outcome);
   const bool verified = report.verdict == "identical" && !rounds.empty();
-  nlohmann::json j = {{"verified", verified},
-                      {"outcome", outcome},
-                      {"flags", verified ? nlohmann::json(applied.flags()) : nlohmann::json(nullptr)},
-                      {"rounds", rounds}};
+  nlohmann::json j = {
+      {"verified", verified},
+      {"outcome", outcome},
+      {"flags", verified ? nlohmann::json(applied.flags()) : nlohmann::json(nullptr)},
+      {"rounds", rounds}};
   std::ofstream((std::filesystem::path(config.out) / "remedy.json").string()) << j.dump(2) << "\n";
   verification.verified = verified;
   verification.outcome = outcome;
@@ -287,11 +296,15 @@ int run_main(const RunArgs& args) {
   if (!config.digest_chosen) {
     // A CUDA run's tensors are digested on their GPU, with no copy and no synchronization.
     run::InterposerBuild build;
-    if (run::read_interposer_build(std::filesystem::path(options.hooks_library).parent_path().string(), &build).ok() &&
+    if (run::read_interposer_build(
+            std::filesystem::path(options.hooks_library).parent_path().string(), &build)
+            .ok() &&
         run::default_digest(config, build) == trace::DigestAlgo::kDevice) {
       config.digest = trace::DigestAlgo::kDevice;
       if (!args.quiet)
-        fmt::print(stderr, "detaudit: digest: device (a CUDA torch and a GPU; --digest md5 hashes host copies)\n");
+        fmt::print(
+            stderr,
+            "detaudit: digest: device (a CUDA torch and a GPU; --digest md5 hashes host copies)\n");
     }
   }
 
@@ -312,8 +325,10 @@ int run_main(const RunArgs& args) {
       report_error(s);
       // The disk filled in an earlier run: that is what to fix, and what was recorded is kept.
       if (std::string full = run::full_disk_note(config.out); !full.empty()) {
-        fmt::print(stderr, "detaudit: error: run-{} could not start: {}; free space or choose "
-                   "another --out (exit 5)\n", i, full);
+        fmt::print(stderr,
+                   "detaudit: error: run-{} could not start: {}; free space or choose "
+                   "another --out (exit 5)\n",
+                   i, full);
         return int(ExitCode::kIncomplete);
       }
       return int(s.code());
@@ -326,8 +341,10 @@ int run_main(const RunArgs& args) {
       // The program went on; its trace stops where the disk refused it. Said now: the diff
       // below names the cut streams.
       disk_full = true;
-      fmt::print(stderr, "detaudit: error: run-{}'s trace is cut where the disk refused it, {}; "
-                 "free space or choose another --out (exit 5)\n", i, full);
+      fmt::print(stderr,
+                 "detaudit: error: run-{}'s trace is cut where the disk refused it, {}; "
+                 "free space or choose another --out (exit 5)\n",
+                 i, full);
     }
     if (int sig = run::interrupted()) {
       fmt::print(stderr, "detaudit: stopped by {} after run-{}; no further runs, no diff\n",
@@ -355,10 +372,13 @@ int run_main(const RunArgs& args) {
         code = write_risk_report(config, risk);
         // One run is a gate too: a trace cut short is not a whole recording.
         if (!risk.truncated.empty() && code == 0 && !config.gate.allow_truncated) {
-          fmt::print(stderr, "detaudit: incomplete: {}{}; exit 5 (--allow-truncated passes on "
-                     "what was recorded)\n", risk.truncated.front(),
+          fmt::print(stderr,
+                     "detaudit: incomplete: {}{}; exit 5 (--allow-truncated passes on "
+                     "what was recorded)\n",
+                     risk.truncated.front(),
                      risk.truncated.size() > 1
-                         ? fmt::format(", and {} more", risk.truncated.size() - 1) : "");
+                         ? fmt::format(", and {} more", risk.truncated.size() - 1)
+                         : "");
           code = int(ExitCode::kIncomplete);
         }
       } else {
@@ -386,25 +406,34 @@ void add_run_verb(CLI::App& app, VerbAction* action) {
   run::RunFlags& f = args->flags;
   sub->add_option("--config", args->config_path, "JSON config (docs/config.md)")
       ->check(CLI::ExistingFile);
-  optional_flag(sub, args.get(), "--runs", &f.runs, "how many times to run the program (default 1)");
-  optional_flag(sub, args.get(), "--out", &f.out, "directory for run-0/, run-1/, ... (default audit)");
+  optional_flag(sub, args.get(), "--runs", &f.runs,
+                "how many times to run the program (default 1)");
+  optional_flag(sub, args.get(), "--out", &f.out,
+                "directory for run-0/, run-1/, ... (default audit)");
   optional_flag(sub, args.get(), "--steps", &f.steps, "steps to record: \"0-3,7,10-\" or \"all\"");
-  optional_flag(sub, args.get(), "--ops", &f.ops, "ops to record, comma-separated globs (\"aten::*mm*\")");
-  optional_flag(sub, args.get(), "--exclude-ops", &f.exclude_ops, "ops not to record, comma-separated globs");
+  optional_flag(sub, args.get(), "--ops", &f.ops,
+                "ops to record, comma-separated globs (\"aten::*mm*\")");
+  optional_flag(sub, args.get(), "--exclude-ops", &f.exclude_ops,
+                "ops not to record, comma-separated globs");
   optional_flag(sub, args.get(), "--phases", &f.phases, "forward,backward,optimizer (default all)");
   optional_flag(sub, args.get(), "--ranks", &f.ranks, "ranks to record: \"0,2-3\" or \"all\"");
-  optional_flag(sub, args.get(), "--digest", &f.digest, "md5, sha256, xxh3 or device (default: device on a CUDA run with a GPU, else md5)");
+  optional_flag(sub, args.get(), "--digest", &f.digest,
+                "md5, sha256, xxh3 or device (default: device on a CUDA run with a GPU, else md5)");
   sub->add_flag("--no-stats", f.no_stats, "do not record min/max/mean/L2 of tensors");
-  sub->add_flag("--rehash-inputs", f.rehash_inputs,
-                "hash every input at every top-level op (programs that write tensors through NumPy)");
+  sub->add_flag(
+      "--rehash-inputs", f.rehash_inputs,
+      "hash every input at every top-level op (programs that write tensors through NumPy)");
   sub->add_flag("--no-inputs", f.no_inputs, "record op outputs only");
-  optional_flag(sub, args.get(), "--seed", &f.seed, "seed torch's default generators before the first op");
+  optional_flag(sub, args.get(), "--seed", &f.seed,
+                "seed torch's default generators before the first op");
   optional_flag(sub, args.get(), "--deterministic", &f.deterministic,
                 "torch.use_deterministic_algorithms: on, warn or off");
-  optional_flag(sub, args.get(), "--threads", &f.threads, "intra-op threads (torch.set_num_threads)");
+  optional_flag(sub, args.get(), "--threads", &f.threads,
+                "intra-op threads (torch.set_num_threads)");
   sub->add_flag("--no-mkl-vml-warm-up", f.no_mkl_vml_warm_up,
                 "leave oneMKL's VML kernels unresolved until the program's first calls");
-  optional_flag(sub, args.get(), "--format", &f.format, "report format: text, json, junit, markdown or html");
+  optional_flag(sub, args.get(), "--format", &f.format,
+                "report format: text, json, junit, markdown or html");
   optional_flag(sub, args.get(), "--output", &f.output, "write the report to this file");
   optional_flag(sub, args.get(), "--fail-on", &f.fail_on, "any (default) or tolerance");
   optional_flag(sub, args.get(), "--rtol", &f.rtol, "relative tolerance for --fail-on tolerance");

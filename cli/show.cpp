@@ -3,9 +3,9 @@
 //
 //   detaudit show audit/run-0
 //   detaudit show audit/run-0 --step 3 --stream r0.main.t0
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <memory>
 
 #include "cli/verbs.h"
@@ -52,7 +52,8 @@ json summary_json(const summary::RunSummary& s) {
   json streams = json::array();
   for (const auto& st : s.streams) {
     json phases = json::object();
-    for (int p = 0; p < 4; ++p) phases[std::string(trace::phase_name(trace::Phase(p)))] = st.phase_ops[p];
+    for (int p = 0; p < 4; ++p)
+      phases[std::string(trace::phase_name(trace::Phase(p)))] = st.phase_ops[p];
     json j = {{"name", st.name},
               {"rank", st.header.rank},
               {"pid", st.header.pid},
@@ -74,18 +75,20 @@ json summary_json(const summary::RunSummary& s) {
     streams.push_back(j);
   }
   json top = json::array();
-  for (const auto& [name, count] : summary::top_ops(s, 15)) top.push_back({{"op", name}, {"count", count}});
+  for (const auto& [name, count] : summary::top_ops(s, 15))
+    top.push_back({{"op", name}, {"count", count}});
   json statuses = json::object();
   for (const auto& [p, st] : s.statuses) statuses[p] = st;
-  return {{"run", s.dir}, {"run_json", s.run_json}, {"ending", ending(s.run_json)},
-          {"streams", streams}, {"top_ops", top}, {"statuses", statuses}};
+  return {{"run", s.dir},       {"run_json", s.run_json}, {"ending", ending(s.run_json)},
+          {"streams", streams}, {"top_ops", top},         {"statuses", statuses}};
 }
 
 void print_summary(const summary::RunSummary& s) {
   const json& run = s.run_json;
   std::string command;
   if (run.is_object() && run.contains("command") && run["command"].is_array())
-    for (const auto& a : run["command"]) command += (command.empty() ? "" : " ") + a.get<std::string>();
+    for (const auto& a : run["command"])
+      command += (command.empty() ? "" : " ") + a.get<std::string>();
   fmt::print("run {}\n", s.dir);
   if (!command.empty()) fmt::print("  command   {}\n", command);
   fmt::print("  ended     {}", ending(run));
@@ -94,8 +97,7 @@ void print_summary(const summary::RunSummary& s) {
   if (run.is_object() && run.contains("start_time") && run["start_time"].is_string())
     fmt::print(", started {}", run["start_time"].get<std::string>());
   fmt::print("\n");
-  for (const auto& [process, status] : s.statuses)
-    fmt::print("  {:<9} {}\n", process, status);
+  for (const auto& [process, status] : s.statuses) fmt::print("  {:<9} {}\n", process, status);
 
   uint64_t ops = 0, tensors = 0, bytes = 0;
   fmt::print("\n{} stream{}\n", s.streams.size(), s.streams.size() == 1 ? "" : "s");
@@ -104,9 +106,10 @@ void print_summary(const summary::RunSummary& s) {
     std::string steps = st.step_records == 0
                             ? "no steps"
                             : fmt::format("steps {}-{}", st.first_step, st.last_step);
-    fmt::print("  {:<14} pid {:<7} {:<14} {:>9} ops (forward {}, backward {}, optimizer {}, other {})\n",
-               st.name, st.header.pid, steps, st.ops, st.phase_ops[0], st.phase_ops[1],
-               st.phase_ops[2], st.phase_ops[3]);
+    fmt::print(
+        "  {:<14} pid {:<7} {:<14} {:>9} ops (forward {}, backward {}, optimizer {}, other {})\n",
+        st.name, st.header.pid, steps, st.ops, st.phase_ops[0], st.phase_ops[1], st.phase_ops[2],
+        st.phase_ops[3]);
     if (st.saw_end) {
       tensors += st.end.tensors_hashed;
       bytes += st.end.bytes_hashed;
@@ -116,14 +119,16 @@ void print_summary(const summary::RunSummary& s) {
     } else if (!st.cut_reason.empty()) {
       fmt::print("  {:<14} cut short: {}\n", "", st.cut_reason);
     } else {
-      fmt::print("  {:<14} cut short: no END record after {} ops{} (the program was killed?)\n",
-                 "", st.ops,
+      fmt::print("  {:<14} cut short: no END record after {} ops{} (the program was killed?)\n", "",
+                 st.ops,
                  st.step_records ? fmt::format(", in step {}", st.last_step) : std::string());
     }
   }
-  if (s.streams.empty()) fmt::print("  (none: the interposer recorded nothing)\n");
-  else fmt::print("  {:<14} {} ops, {} tensors and {} hashed in complete streams\n", "total", ops,
-                  tensors, human_bytes(bytes));
+  if (s.streams.empty())
+    fmt::print("  (none: the interposer recorded nothing)\n");
+  else
+    fmt::print("  {:<14} {} ops, {} tensors and {} hashed in complete streams\n", "total", ops,
+               tensors, human_bytes(bytes));
 
   auto top = summary::top_ops(s, 15);
   if (!top.empty()) {
@@ -134,21 +139,27 @@ void print_summary(const summary::RunSummary& s) {
 
 int show_step(const ShowArgs& a) {
   std::vector<std::pair<std::string, std::string>> files;
-  if (Status s = summary::find_streams(a.run_dir, a.stream, &files); !s.ok()) return report_error(s);
+  if (Status s = summary::find_streams(a.run_dir, a.stream, &files); !s.ok())
+    return report_error(s);
   json all = json::array();
   for (const auto& file : files) {
     // Not a structured binding: the lambda below captures the name, which C++17 (clang) forbids.
     const std::string& name = file.first;
     const std::string& path = file.second;
-    if (!a.json) fmt::print("{} step {}\n  {:>8}  {:<9}  {:<12}  {:<16}  op\n", name, a.step, "order",
-                            "phase", "digest", "shape");
+    if (!a.json)
+      fmt::print("{} step {}\n  {:>8}  {:<9}  {:<12}  {:<16}  op\n", name, a.step, "order", "phase",
+                 "digest", "shape");
     uint64_t n = 0;
     Status s = summary::for_each_step_op(path, uint64_t(a.step), [&](const summary::OpLine& op) {
       ++n;
       if (a.json) {
-        all.push_back({{"stream", name}, {"order", op.order}, {"depth", op.depth}, {"op", op.name},
+        all.push_back({{"stream", name},
+                       {"order", op.order},
+                       {"depth", op.depth},
+                       {"op", op.name},
                        {"phase", std::string(trace::phase_name(op.phase))},
-                       {"digest", op.digest_prefix}, {"shape", op.shape}});
+                       {"digest", op.digest_prefix},
+                       {"shape", op.shape}});
         return;
       }
       fmt::print("  {:>8}  {:<9}  {:<12}  {:<16}  {:{}}{}\n", op.order, trace::phase_name(op.phase),
@@ -165,7 +176,8 @@ int show_step(const ShowArgs& a) {
 int show_main(const ShowArgs& a) {
   if (a.step >= 0) return show_step(a);
   summary::RunSummary s;
-  if (Status st = summary::summarize_run(a.run_dir, a.stream, &s); !st.ok()) return report_error(st);
+  if (Status st = summary::summarize_run(a.run_dir, a.stream, &s); !st.ok())
+    return report_error(st);
   if (a.json)
     fmt::print("{}\n", summary_json(s).dump(2, ' ', false, json::error_handler_t::replace));
   else

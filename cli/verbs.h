@@ -33,6 +33,6 @@ void say_if_incomplete(const DiffReport& report);
 std::string explicit_hooks_library();  // $DETAUDIT_HOOKS, or empty
 std::string interposers_dir();         // <prefix>/lib/detaudit: torch/<version>/ for each torch
 std::string source_dir();              // where detaudit was built from, for build commands
-std::string catalog_path();        // $DETAUDIT_CATALOG, else beside the executable
+std::string catalog_path();            // $DETAUDIT_CATALOG, else beside the executable
 
 }  // namespace detaudit::cli

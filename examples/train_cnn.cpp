@@ -28,9 +28,11 @@ namespace {
 
 struct Net : torch::nn::Module {
   Net() {
-    conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 16, 3).padding(1)));
+    conv1 = register_module("conv1",
+                            torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 16, 3).padding(1)));
     bn1 = register_module("bn1", torch::nn::BatchNorm2d(16));
-    conv2 = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)));
+    conv2 = register_module("conv2",
+                            torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)));
     bn2 = register_module("bn2", torch::nn::BatchNorm2d(32));
     fc1 = register_module("fc1", torch::nn::Linear(32 * 8 * 8, 64));
     fc2 = register_module("fc2", torch::nn::Linear(64, 10));
@@ -56,16 +58,24 @@ int main(int argc, char** argv) {
   std::string params_out;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--steps" && i + 1 < argc) steps = std::stoi(argv[++i]);
-    else if (a == "--threads" && i + 1 < argc) threads = std::stoi(argv[++i]);
-    else if (a == "--batch" && i + 1 < argc) batch = std::stoi(argv[++i]);
-    else if (a == "--race") race = true;
-    else if (a == "--params-out" && i + 1 < argc) params_out = argv[++i];
-    else if (a == "--no-marker") marker = false;
-    else if (a == "--abort-at-exit") std::atexit([] { std::thread([] { std::abort(); }).join(); });
+    if (a == "--steps" && i + 1 < argc)
+      steps = std::stoi(argv[++i]);
+    else if (a == "--threads" && i + 1 < argc)
+      threads = std::stoi(argv[++i]);
+    else if (a == "--batch" && i + 1 < argc)
+      batch = std::stoi(argv[++i]);
+    else if (a == "--race")
+      race = true;
+    else if (a == "--params-out" && i + 1 < argc)
+      params_out = argv[++i];
+    else if (a == "--no-marker")
+      marker = false;
+    else if (a == "--abort-at-exit")
+      std::atexit([] { std::thread([] { std::abort(); }).join(); });
     else {
-      std::fprintf(stderr, "usage: train_cnn [--steps N] [--threads N] [--batch N] [--race] "
-                           "[--params-out FILE] [--no-marker] [--abort-at-exit]\n");
+      std::fprintf(stderr,
+                   "usage: train_cnn [--steps N] [--threads N] [--batch N] [--race] "
+                   "[--params-out FILE] [--no-marker] [--abort-at-exit]\n");
       return 2;
     }
   }

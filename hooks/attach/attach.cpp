@@ -13,8 +13,8 @@
 #include <cstring>
 #include <fstream>
 
-#include "process/environment.h"
 #include "attach/op_callback.h"
+#include "process/environment.h"
 #include "recorder/recorder.h"
 #include "run_layout.h"
 
@@ -58,7 +58,8 @@ void save_for_signal(void* arg) {
   // Every thread's records so far, whether the program was told to stop (a CI runner, a
   // scheduler, Ctrl-C) or crashed (its own abort, a fault): a crash in one thread at exit (gloo's
   // at interpreter teardown) must not lose what the others recorded.
-  if (ProcessRecorder::instance().active()) ProcessRecorder::instance().save_on_signal(save.sig, save.stopped);
+  if (ProcessRecorder::instance().active())
+    ProcessRecorder::instance().save_on_signal(save.sig, save.stopped);
 }
 
 void on_fatal_signal(int sig) {
@@ -128,7 +129,7 @@ __attribute__((constructor)) void attach() {
     shim(flush_everything);
   install_signal_handlers();
   proc.note_status("attached libtorch " + torch_version() + " pid " + std::to_string(::getpid()) +
-              (applied.empty() ? "" : " applied" + applied));
+                   (applied.empty() ? "" : " applied" + applied));
 }
 
 }  // namespace

@@ -6,9 +6,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "tensors/tensor_copy.h"
 
@@ -89,8 +88,9 @@ void capture_op(const CaptureSpec& spec, const at::RecordFunction& fn,
     for (const c10::IValue& v : fn.inputs()) {
       if (v.isGenerator()) {
         j["status"] = "unsupported";
-        j["why"] = "the op takes a generator, which cannot be saved: a random op's outputs follow "
-                   "its generator's state (the rng-state class), not a kernel's order";
+        j["why"] =
+            "the op takes a generator, which cannot be saved: a random op's outputs follow "
+            "its generator's state (the rng-state class), not a kernel's order";
         write_result(spec, j);
         return;
       }
@@ -102,7 +102,8 @@ void capture_op(const CaptureSpec& spec, const at::RecordFunction& fn,
       if (compact) compacted.push_back(int(args.size()) - 1);
     }
     if (!compacted.empty()) j["compacted"] = compacted;
-    const std::vector<char> bytes = torch::jit::pickle_save(c10::ivalue::Tuple::create(std::move(args)));
+    const std::vector<char> bytes = torch::jit::pickle_save(
+        c10::ivalue::Tuple::create(std::move(args)));
     if (!write_file(spec.dir + "/inputs.pt", bytes.data(), bytes.size())) {
       j["status"] = "error";
       j["why"] = "cannot write " + spec.dir + "/inputs.pt";

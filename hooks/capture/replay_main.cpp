@@ -20,11 +20,10 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "digest/digest.h"
 #include "tensors/tensor_copy.h"
@@ -41,10 +40,12 @@ int fail(const std::string& why) {
 }
 
 c10::IValue fresh_copy(const c10::IValue& v) {
-  if (v.isTensor() && v.toTensor().defined()) return detaudit::hooks::copy_with_layout(v.toTensor());
+  if (v.isTensor() && v.toTensor().defined())
+    return detaudit::hooks::copy_with_layout(v.toTensor());
   if (v.isTensorList()) {
     c10::List<at::Tensor> out;
-    for (const at::Tensor& t : v.toTensorList()) out.push_back(detaudit::hooks::copy_with_layout(t));
+    for (const at::Tensor& t : v.toTensorList())
+      out.push_back(detaudit::hooks::copy_with_layout(t));
     return out;
   }
   if (v.isList()) {
@@ -85,12 +86,18 @@ int main(int argc, char** argv) {
   for (int i = 4; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-    if (a == "--replays") replays = std::atoi(value().c_str());
-    else if (a == "--threads") threads = std::atoi(value().c_str());
-    else if (a == "--deterministic") deterministic = value() == "on";
-    else if (a == "--busy-thread") busy = true;
-    else if (a == "--digest") digest = value();
-    else return fail("unknown option " + a);
+    if (a == "--replays")
+      replays = std::atoi(value().c_str());
+    else if (a == "--threads")
+      threads = std::atoi(value().c_str());
+    else if (a == "--deterministic")
+      deterministic = value() == "on";
+    else if (a == "--busy-thread")
+      busy = true;
+    else if (a == "--digest")
+      digest = value();
+    else
+      return fail("unknown option " + a);
   }
   detaudit::trace::DigestAlgo algo;
   if (!detaudit::trace::parse_digest_name(digest, &algo)) return fail("unknown digest " + digest);
@@ -98,7 +105,8 @@ int main(int argc, char** argv) {
 
   std::ifstream in(inputs_path, std::ios::binary);
   if (!in) return fail("cannot read " + inputs_path);
-  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
+                                std::istreambuf_iterator<char>());
   json out;
   try {
     const c10::IValue saved = torch::jit::pickle_load(bytes);
@@ -106,7 +114,8 @@ int main(int argc, char** argv) {
     const std::vector<c10::IValue> inputs = saved.toTupleRef().elements().vec();
 
     const auto handle = c10::Dispatcher::singleton().findSchema({op_name, overload});
-    if (!handle) return fail("this torch has no op " + op_name + (overload.empty() ? "" : "." + overload));
+    if (!handle)
+      return fail("this torch has no op " + op_name + (overload.empty() ? "" : "." + overload));
 
     if (threads > 0) at::set_num_threads(threads);
     at::globalContext().setDeterministicAlgorithms(deterministic, /*warn_only=*/false);

@@ -1,9 +1,8 @@
 #include "collectives/collectives.h"
 
+#include <cstring>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
-
-#include <cstring>
 
 namespace detaudit::hooks {
 namespace {
@@ -73,7 +72,8 @@ bool work_completed(const c10::intrusive_ptr<c10::ivalue::Object>& work) {
   return !holder || static_cast<c10d::Work*>(holder.get())->isCompleted();
 }
 
-c10::intrusive_ptr<c10::ivalue::Future> work_future(const c10::intrusive_ptr<c10::ivalue::Object>& work) {
+c10::intrusive_ptr<c10::ivalue::Future> work_future(
+    const c10::intrusive_ptr<c10::ivalue::Object>& work) {
   auto holder = holder_of(c10::IValue(work), "Work");
   if (!holder) return {};
   try {

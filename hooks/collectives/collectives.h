@@ -49,7 +49,8 @@ bool work_completed(const c10::intrusive_ptr<c10::ivalue::Object>& work);
 
 // The Work's future, or null for a Work that has none. gloo completes it before the Work itself:
 // a program waiting on it (DDP's reducer) runs on while the Work still reads not completed.
-c10::intrusive_ptr<c10::ivalue::Future> work_future(const c10::intrusive_ptr<c10::ivalue::Object>& work);
+c10::intrusive_ptr<c10::ivalue::Future> work_future(
+    const c10::intrusive_ptr<c10::ivalue::Object>& work);
 
 // The tensors of one argument, lists of lists flattened.
 void tensors_of(const c10::IValue& v, std::vector<at::Tensor>* out);

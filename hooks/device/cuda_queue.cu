@@ -1,6 +1,6 @@
-#include "device/cuda_queue.h"
-
 #include <cuda_runtime.h>
+
+#include "device/cuda_queue.h"
 
 namespace detaudit::device {
 
@@ -10,7 +10,8 @@ std::unique_ptr<CudaQueue> CudaQueue::create(int slots, std::string* error) {
   const size_t bytes = size_t(slots) * kMaxBatch * sizeof(lanes::LaneResult);
   cudaError_t rc = cudaGetDevice(&q->device_);
   // Made once, at the first CUDA tensor: these calls may synchronize, the ones per op never do.
-  if (rc == cudaSuccess) rc = cudaHostAlloc(reinterpret_cast<void**>(&q->host_), bytes, cudaHostAllocDefault);
+  if (rc == cudaSuccess)
+    rc = cudaHostAlloc(reinterpret_cast<void**>(&q->host_), bytes, cudaHostAllocDefault);
   if (rc == cudaSuccess) rc = cudaMalloc(reinterpret_cast<void**>(&q->results_), bytes);
   if (rc == cudaSuccess) q->events_ = new void*[size_t(slots)]();
   for (int s = 0; rc == cudaSuccess && s < slots; ++s) {

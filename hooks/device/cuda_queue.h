@@ -26,7 +26,7 @@ class CudaQueue : public DeviceQueue {
   CudaQueue() = default;
   int slots_ = 0;
   int device_ = -1;
-  lanes::LaneResult* host_ = nullptr;    // pinned: the copies are asynchronous
+  lanes::LaneResult* host_ = nullptr;     // pinned: the copies are asynchronous
   lanes::LaneResult* results_ = nullptr;  // device memory, a batch's room per slot
   void** events_ = nullptr;               // cudaEvent_t per slot
 };

@@ -73,5 +73,4 @@ bool DigestPipeline::drain_for(int ms) {
   }
 }
 
-
 }  // namespace detaudit::device

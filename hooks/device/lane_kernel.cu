@@ -13,7 +13,8 @@ using namespace lanes;
 
 struct Batch {
   DigestJob jobs[kMaxBatch];
-  uint64_t first_leaf[kMaxBatch + 1];  // prefix sums: job j's leaves are [first_leaf[j], first_leaf[j+1])
+  uint64_t first_leaf[kMaxBatch +
+                      1];  // prefix sums: job j's leaves are [first_leaf[j], first_leaf[j+1])
   int n;
 };
 

@@ -28,9 +28,9 @@ uint64_t scratch_outputs(std::string_view name) {
 
 // In-place ops that write every element of self and never read its bytes.
 bool writes_all_of_self(std::string_view name) {
-  static const char* kOps[] = {"aten::zero_",    "aten::fill_",       "aten::copy_",
-                               "aten::normal_",  "aten::uniform_",    "aten::bernoulli_",
-                               "aten::random_",  "aten::exponential_", "aten::geometric_",
+  static const char* kOps[] = {"aten::zero_",       "aten::fill_",        "aten::copy_",
+                               "aten::normal_",     "aten::uniform_",     "aten::bernoulli_",
+                               "aten::random_",     "aten::exponential_", "aten::geometric_",
                                "aten::log_normal_", "aten::cauchy_"};
   for (const char* op : kOps)
     if (name == op) return true;

@@ -21,12 +21,12 @@ struct OpInfo {
   bool is_view = false;  // returns an alias it does not write: its data is its base's
   bool is_random = false;
   bool returns_uninitialized = false;  // empty, resize_: bytes no op wrote
-  bool writes = false;  // writes an argument in place (`Tensor(a!)`)
-  bool metadata_only = false;  // in place on sizes and strides only (as_strided_, t_, ...)
-  bool compiled_region = false;  // a torch.compile region: its kernels are not seen
-  bool repoints_storage = false;  // set_: the output's bytes are another storage's
-  bool scope_bookkeeping = false;  // record_function's own enter/exit ops: a label, not work
-  uint64_t scratch_outputs = 0;  // outputs (by index) that are partly written scratch space
+  bool writes = false;                 // writes an argument in place (`Tensor(a!)`)
+  bool metadata_only = false;          // in place on sizes and strides only (as_strided_, t_, ...)
+  bool compiled_region = false;        // a torch.compile region: its kernels are not seen
+  bool repoints_storage = false;       // set_: the output's bytes are another storage's
+  bool scope_bookkeeping = false;      // record_function's own enter/exit ops: a label, not work
+  uint64_t scratch_outputs = 0;        // outputs (by index) that are partly written scratch space
   // Implemented only through other ops (a Composite kernel): its outputs are what its nested
   // ops described. A backend kernel may write its outputs directly after a nested op ran
   // (addmm copies the bias with copy_, then a GEMM adds the product in place).

@@ -16,7 +16,8 @@ Mark PhaseTracker::classify(const at::RecordFunction& fn) {
   std::string_view name = fn.name();
   if (fn.scope() == at::RecordScope::USER_SCOPE) {
     if (starts_with(name, "Optimizer.step#")) return Mark::kOptimizerStep;
-    if (starts_with(name, "Optimizer.") || name == "detaudit::optimizer") return Mark::kOptimizerOther;
+    if (starts_with(name, "Optimizer.") || name == "detaudit::optimizer")
+      return Mark::kOptimizerOther;
     if (name == "detaudit::step") return Mark::kStepEnd;
     return Mark::kUserScope;
   }
@@ -30,12 +31,8 @@ void PhaseTracker::enter(Mark mark, std::string_view name) {
       ++optimizer_step_depth_;
       ++optimizer_depth_;
       break;
-    case Mark::kOptimizerOther:
-      ++optimizer_depth_;
-      break;
-    case Mark::kBackwardNode:
-      ++backward_depth_;
-      break;
+    case Mark::kOptimizerOther: ++optimizer_depth_; break;
+    case Mark::kBackwardNode: ++backward_depth_; break;
     case Mark::kUserScope:
       scopes_.emplace_back(name);
       scope_path_stale_ = true;
@@ -43,21 +40,15 @@ void PhaseTracker::enter(Mark mark, std::string_view name) {
       if (name == kBatchIntakeScope) ++batch_intake_depth_;
       break;
     case Mark::kStepEnd:
-    case Mark::kOp:
-      break;
+    case Mark::kOp: break;
   }
 }
 
 bool PhaseTracker::leave(Mark mark) {
   switch (mark) {
-    case Mark::kOptimizerStep:
-      --optimizer_step_depth_;
-      return --optimizer_depth_ == 0;
-    case Mark::kOptimizerOther:
-      --optimizer_depth_;
-      return false;
-    case Mark::kStepEnd:
-      return true;
+    case Mark::kOptimizerStep: --optimizer_step_depth_; return --optimizer_depth_ == 0;
+    case Mark::kOptimizerOther: --optimizer_depth_; return false;
+    case Mark::kStepEnd: return true;
     case Mark::kBackwardNode:
       --backward_depth_;
       backward_seen_in_step_ = true;
@@ -70,8 +61,7 @@ bool PhaseTracker::leave(Mark mark) {
       scope_path_stale_ = true;
       ++scope_changes_;
       return false;
-    case Mark::kOp:
-      return false;
+    case Mark::kOp: return false;
   }
   return false;
 }

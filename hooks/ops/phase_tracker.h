@@ -44,7 +44,9 @@ class PhaseTracker {
   // (2.x LBFGS runs no op between them) must still start a new step.
   bool at_top_level_optimizer_step() const { return optimizer_depth_ == 0 && backward_depth_ == 0; }
   // Outside backward and optimizer work: where a pending step may begin.
-  bool outside_backward_and_optimizer() const { return backward_depth_ == 0 && optimizer_depth_ == 0; }
+  bool outside_backward_and_optimizer() const {
+    return backward_depth_ == 0 && optimizer_depth_ == 0;
+  }
   trace::Phase phase(bool python_host) const;
   uint32_t op_depth() const { return op_depth_; }
   void new_step() { backward_seen_in_step_ = false; }

@@ -27,8 +27,8 @@ struct RngArg {
 struct RngSource {
   enum class Kind : uint8_t { kExplicit, kCpu, kCuda };
   Kind kind = Kind::kCpu;
-  size_t arg = 0;         // kExplicit: the argument that holds the Generator
-  int device_index = -1;  // kCuda: -1 = the current CUDA device
+  size_t arg = 0;                // kExplicit: the argument that holds the Generator
+  int device_index = -1;         // kCuda: -1 = the current CUDA device
   bool from_device_arg = false;  // kCuda: named by a Device argument, not by a tensor
 };
 

@@ -34,9 +34,9 @@ bool warm_up_mkl_vml() {
   if (!at::hasMKL()) return false;
   at::RecordFunctionGuard no_recording(false);
   using UnaryOp = at::Tensor (*)(const at::Tensor&);
-  static const UnaryOp kVmlOps[] = {at::acos, at::asin,  at::atan, at::cos,  at::erf,   at::erfc,
-                                    at::erfinv, at::exp, at::log,  at::log10, at::log2, at::sin,
-                                    at::sqrt, at::tan,   at::tanh, at::trunc};
+  static const UnaryOp kVmlOps[] = {at::acos,   at::asin, at::atan, at::cos,   at::erf,  at::erfc,
+                                    at::erfinv, at::exp,  at::log,  at::log10, at::log2, at::sin,
+                                    at::sqrt,   at::tan,  at::tanh, at::trunc};
   // 16 elements: contiguous, so ATen hands them to VML, and under any grain size, so serial.
   for (at::ScalarType dtype : {at::kFloat, at::kDouble}) {
     at::Tensor x = at::full({16}, 0.5, at::TensorOptions().dtype(dtype));
@@ -163,7 +163,8 @@ nlohmann::json size_getter(std::string_view library, const char* fn) {
 nlohmann::json cublas_version() {
   MappedSymbols cublas("libcublas.so");
   if (auto property = cublas.get<int (*)(int, int*)>("cublasGetProperty")) {
-    int major = 0, minor = 0, patch = 0;  // libraryPropertyType: MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
+    int major = 0, minor = 0,
+        patch = 0;  // libraryPropertyType: MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
     if (property(0, &major) == 0 && property(1, &minor) == 0 && property(2, &patch) == 0)
       return major * 10000 + minor * 100 + patch;
   }
@@ -194,7 +195,8 @@ nlohmann::json bf16_reduction(const C&, long) {
 // What a torch's CUDA state is, read only where CUDA is up already.
 nlohmann::json cuda_fingerprint() {
   nlohmann::json j;
-  const bool built = bool(MappedSymbols("libtorch_cuda.so")) || bool(MappedSymbols("libc10_cuda.so"));
+  const bool built = bool(MappedSymbols("libtorch_cuda.so")) ||
+                     bool(MappedSymbols("libc10_cuda.so"));
   j["built"] = built;
   const bool initialized = built && cuda_initialized();
   j["initialized"] = initialized;
@@ -219,14 +221,15 @@ nlohmann::json cuda_fingerprint() {
     char name[256] = {};
     nlohmann::json d;
     d["name"] = name_fn(name, int(sizeof name) - 1, dev) == 0 ? nlohmann::json(name)
-                                                               : nlohmann::json(nullptr);
+                                                              : nlohmann::json(nullptr);
     int major = 0, minor = 0, sms = 0;
-    d["compute_capability"] =
-        attr_fn(&major, kCuAttrCcMajor, dev) == 0 && attr_fn(&minor, kCuAttrCcMinor, dev) == 0
-            ? nlohmann::json(std::to_string(major) + "." + std::to_string(minor))
-            : nlohmann::json(nullptr);
+    d["compute_capability"] = attr_fn(&major, kCuAttrCcMajor, dev) == 0 &&
+                                      attr_fn(&minor, kCuAttrCcMinor, dev) == 0
+                                  ? nlohmann::json(std::to_string(major) + "." +
+                                                   std::to_string(minor))
+                                  : nlohmann::json(nullptr);
     d["sm_count"] = attr_fn(&sms, kCuAttrMultiprocessorCount, dev) == 0 ? nlohmann::json(sms)
-                                                                         : nlohmann::json(nullptr);
+                                                                        : nlohmann::json(nullptr);
     devices[std::to_string(i)] = d;
   }
   j["devices"] = devices;
@@ -285,10 +288,23 @@ uint64_t default_rng_digest() {
 namespace {
 
 const char* kEnvVars[] = {
-    "CUBLAS_WORKSPACE_CONFIG", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_CBWR", "MKL_DYNAMIC",
-    "OMP_DYNAMIC", "PYTHONHASHSEED", "NCCL_ALGO", "NCCL_PROTO", "CUDA_LAUNCH_BLOCKING",
-    "CUDA_VISIBLE_DEVICES", "NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LD_PRELOAD",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "MKL_CBWR",
+    "MKL_DYNAMIC",
+    "OMP_DYNAMIC",
+    "PYTHONHASHSEED",
+    "NCCL_ALGO",
+    "NCCL_PROTO",
+    "CUDA_LAUNCH_BLOCKING",
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_TF32_OVERRIDE",
+    "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LD_PRELOAD",
 };
 
 std::string matmul_precision() {

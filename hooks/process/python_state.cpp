@@ -49,12 +49,10 @@ const Api& api() {
            resolve(&x.gil_release, "PyGILState_Release") &&
            resolve(&x.import_module, "PyImport_ImportModule") &&
            resolve(&x.get_attr, "PyObject_GetAttrString") &&
-           resolve(&x.call_object, "PyObject_CallObject") &&
-           resolve(&x.utf8, "PyUnicode_AsUTF8") && resolve(&x.dec_ref, "Py_DecRef") &&
-           resolve(&x.err_clear, "PyErr_Clear") &&
+           resolve(&x.call_object, "PyObject_CallObject") && resolve(&x.utf8, "PyUnicode_AsUTF8") &&
+           resolve(&x.dec_ref, "Py_DecRef") && resolve(&x.err_clear, "PyErr_Clear") &&
            resolve(&x.current_frame, "PyEval_GetFrame") &&
-           resolve(&x.frame_back, "PyFrame_GetBack") &&
-           resolve(&x.frame_code, "PyFrame_GetCode") &&
+           resolve(&x.frame_back, "PyFrame_GetBack") && resolve(&x.frame_code, "PyFrame_GetCode") &&
            resolve(&x.mapping_get, "PyMapping_GetItemString") &&
            resolve(&x.as_long_long, "PyLong_AsLongLong");
     return x;

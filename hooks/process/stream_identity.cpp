@@ -89,7 +89,8 @@ int create_exclusive(const std::string& dir, const std::string& stem, const std:
                      std::string* claimed) {
   for (int k = 0; k < 1000; ++k) {
     std::string name = k == 0 ? stem : stem + "~" + std::to_string(k);
-    int fd = ::open((dir + "/" + name + ext).c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    int fd = ::open((dir + "/" + name + ext).c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
+                    0644);
     if (fd >= 0) {
       *claimed = name;
       return fd;

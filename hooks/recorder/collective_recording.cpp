@@ -67,7 +67,8 @@ void ThreadRecorder::emit_pending_output(const c10::IValue& v, ByteWriter& w) {
   }
 }
 
-void ThreadRecorder::follow_collective(PendingCollective& p, const std::vector<c10::IValue>& outputs) {
+void ThreadRecorder::follow_collective(PendingCollective& p,
+                                       const std::vector<c10::IValue>& outputs) {
   // Its buffers change when the Work completes, unseen: what the cache says of them is void.
   for (const at::Tensor& t : p.received) cache_.wrote_unseen(t);
   const Config& config = ProcessRecorder::instance().config();
@@ -77,9 +78,9 @@ void ThreadRecorder::follow_collective(PendingCollective& p, const std::vector<c
   if (p.work) p.future = work_future(p.work);
   // Added before the caller holds the Work, so before any callback of the program's. Runs at
   // once, here, if the collective already completed.
-  if (p.future) p.future->addCallback([buffers = p.buffers](c10::ivalue::Future&) {
-    buffers->describe_once();
-  });
+  if (p.future)
+    p.future->addCallback(
+        [buffers = p.buffers](c10::ivalue::Future&) { buffers->describe_once(); });
 }
 
 bool ThreadRecorder::unfilled_collective_buffer(const at::Tensor& t) {

@@ -13,13 +13,13 @@
 #include <cstring>
 #include <fstream>
 
-#include "tensors/device_digests.h"
 #include "process/environment.h"
-#include "tensors/md5_tensor_batch.h"
 #include "process/python_state.h"
+#include "process/stream_identity.h"
 #include "recorder/recorder.h"
 #include "run_layout.h"
-#include "process/stream_identity.h"
+#include "tensors/device_digests.h"
+#include "tensors/md5_tensor_batch.h"
 #include "tensors/tensor_digest.h"
 #include "trace/process_status.h"
 
@@ -125,7 +125,8 @@ const std::string& ProcessRecorder::process_name() {
     // static destructors the program set up before its first op, so a crash in those (a
     // library's thread aborting at teardown) is known to come while exiting.
     static std::once_flag exit_watch;
-    std::call_once(exit_watch, [] { std::atexit([] { ProcessRecorder::instance().mark_exit_started(); }); });
+    std::call_once(exit_watch,
+                   [] { std::atexit([] { ProcessRecorder::instance().mark_exit_started(); }); });
     int fd = create_exclusive(streams_dir_, layout::process_name(rank_, role_), layout::kStatusExt,
                               &process_name_);
     if (fd < 0) {
@@ -220,7 +221,8 @@ void ProcessRecorder::follow_worker_batch() {
     if (*batch < worker_last_batch_) worker_epoch_offset_ += uint64_t(worker_last_batch_) + 1;
     worker_last_batch_ = *batch;
   }
-  const uint64_t s = worker_base_step_ + worker_epoch_offset_ + uint64_t(std::max<int64_t>(*batch, 0));
+  const uint64_t s = worker_base_step_ + worker_epoch_offset_ +
+                     uint64_t(std::max<int64_t>(*batch, 0));
   if (s != step()) set_step(s);
 }
 
@@ -272,7 +274,8 @@ void ProcessRecorder::note_lost_stream(const std::string& path, int err) {
 
 // What the .status says last: counters, streams lost to the disk, and how the process ended.
 std::vector<std::string> ProcessRecorder::closing_status_lines(const std::string& ending) {
-  std::vector<std::string> lines = {device_digest_status(), md5_batch_status(), torch_pool_status()};
+  std::vector<std::string> lines = {device_digest_status(), md5_batch_status(),
+                                    torch_pool_status()};
   {
     std::lock_guard<std::mutex> lock(lost_mu_);
     for (const std::string& lost : lost_streams_) lines.push_back("stream not recorded: " + lost);
@@ -324,9 +327,7 @@ void ProcessRecorder::save_on_signal(int sig, ThreadRecorder* stopped) {
   }
 }
 
-ProcessFacts ProcessRecorder::facts() const {
-  return {rank_, role_, is_python_, config_.digest};
-}
+ProcessFacts ProcessRecorder::facts() const { return {rank_, role_, is_python_, config_.digest}; }
 
 void ProcessRecorder::write_environment_once() {
   if (env_written_.exchange(true)) return;
@@ -341,8 +342,8 @@ void ProcessRecorder::before_fork() {
 void ProcessRecorder::after_fork_parent() { op_callback_mu_.unlock(); }
 
 void ProcessRecorder::after_fork_child() {
-  const std::string parent =
-      process_name_.empty() ? layout::process_name(rank_, role_) : process_name_;
+  const std::string parent = process_name_.empty() ? layout::process_name(rank_, role_)
+                                                   : process_name_;
   role_ += "." + std::to_string(forks_ - 1);
   process_name_.clear();
   status_path_.clear();

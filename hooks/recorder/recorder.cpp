@@ -5,18 +5,17 @@
 #include <ATen/ATen.h>
 #include <unistd.h>
 
-#include <cerrno>
-
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
-#include "process/environment.h"
 #include "ops/rng_source.h"
-#include "run_layout.h"
+#include "process/environment.h"
 #include "process/stream_identity.h"
+#include "run_layout.h"
 #include "tensors/tensor_digest.h"
 
 namespace detaudit::hooks {
@@ -341,9 +340,10 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f, trace::Pha
     scope_changes_seen_ = phases_.scope_changes();
   }
   f.scope_id = scope_id_;
-  trace::Scope scope = fn.scope() == at::RecordScope::FUNCTION            ? trace::Scope::kFunction
-                       : fn.scope() == at::RecordScope::BACKWARD_FUNCTION ? trace::Scope::kBackwardFunction
-                                                                           : trace::Scope::kOther;
+  trace::Scope scope = fn.scope() == at::RecordScope::FUNCTION ? trace::Scope::kFunction
+                       : fn.scope() == at::RecordScope::BACKWARD_FUNCTION
+                           ? trace::Scope::kBackwardFunction
+                           : trace::Scope::kOther;
   f.bits = uint8_t(uint8_t(phase) | (uint8_t(scope) << 2));
   if (info.compiled_region) f.bits |= trace::kOpCompiledRegion;
   f.seq_nr = fn.seqNr();
@@ -351,7 +351,8 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f, trace::Pha
   if (f.depth == 0) cache_.set_top_level_serial(++top_level_serial_);
 
   bytes_item_start_ = bytes_.size();
-  busy_ = true;  // ops the recorder runs itself (generator state, device copies) are not the program's
+  busy_ =
+      true;  // ops the recorder runs itself (generator state, device copies) are not the program's
   try {
     if (info.is_random) {
       f.bits |= trace::kOpIsRandom | trace::kOpHasRng;
@@ -367,8 +368,8 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f, trace::Pha
     }
     if (info.layout_arg >= 0) {
       auto inputs = fn.inputs();
-      f.constructor_empty =
-          size_t(info.layout_arg) < inputs.size() && !inputs[size_t(info.layout_arg)].isNone();
+      f.constructor_empty = size_t(info.layout_arg) < inputs.size() &&
+                            !inputs[size_t(info.layout_arg)].isNone();
     }
     if (info.returns_uninitialized && !f.constructor_empty) {
       const Frame* enclosing = nullptr;

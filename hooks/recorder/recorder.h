@@ -24,20 +24,20 @@
 #include <unordered_map>
 #include <vector>
 
+#include "capture/op_capture.h"
+#include "collectives/received_buffers.h"
 #include "config/config.h"
+#include "digest/digest.h"
+#include "ops/op_schema.h"
+#include "ops/phase_tracker.h"
+#include "ops/torch_compat.h"
+#include "process/environment.h"
+#include "process/stream_identity.h"
+#include "stream/pending_records.h"
+#include "stream/stream_writer.h"
 #include "tensors/device_digests.h"
 #include "tensors/md5_tensor_batch.h"
-#include "digest/digest.h"
-#include "capture/op_capture.h"
-#include "ops/op_schema.h"
-#include "process/environment.h"
-#include "stream/pending_records.h"
-#include "ops/phase_tracker.h"
-#include "collectives/received_buffers.h"
-#include "stream/stream_writer.h"
-#include "process/stream_identity.h"
 #include "tensors/tensor_cache.h"
-#include "ops/torch_compat.h"
 #include "trace/records.h"
 
 namespace detaudit::hooks {
@@ -148,17 +148,17 @@ class ProcessRecorder {
   std::atomic<bool> env_written_{false};
   std::atomic<uint32_t> fork_generation_{0};
   std::atomic<Worker> worker_{Worker::kNo};  // set on the worker's main thread, read on all
-  uint64_t worker_base_step_ = 0;  // the consuming step of the worker's batch 0
-  uint64_t worker_epoch_offset_ = 0;  // persistent workers: batches of earlier epochs
+  uint64_t worker_base_step_ = 0;            // the consuming step of the worker's batch 0
+  uint64_t worker_epoch_offset_ = 0;         // persistent workers: batches of earlier epochs
   int64_t worker_last_batch_ = -1;
   std::mutex claim_mu_;
   std::mutex op_callback_mu_;
   at::CallbackHandle op_callback_ = 0, marks_callback_ = 0;
   std::atomic<bool> op_callback_on_{true};
   std::atomic<uint64_t> op_callback_epoch_{0};
-  std::mutex groups_mu_;  // taken once per collective
+  std::mutex groups_mu_;                                  // taken once per collective
   std::vector<std::pair<const void*, uint64_t>> groups_;  // key, collectives so far
-  std::mutex threads_mu_;  // taken once per thread, never per op
+  std::mutex threads_mu_;                                 // taken once per thread, never per op
   std::vector<ThreadRecorder*> threads_;
   std::atomic<bool> exit_started_{false};
   std::mutex lost_mu_;
@@ -167,7 +167,7 @@ class ProcessRecorder {
 
 class ThreadRecorder {
  public:
-  static ThreadRecorder* current();  // this thread's, created on first use
+  static ThreadRecorder* current();         // this thread's, created on first use
   static ThreadRecorder* current_if_any();  // for signal handlers: never allocates
   ~ThreadRecorder();
 
@@ -263,7 +263,8 @@ class ThreadRecorder {
   int64_t write_new(trace::ByteWriter& w, const trace::TensorDesc& desc, int64_t base_id,
                     const std::shared_ptr<const PendingDigest>& pending = nullptr);
   // `scratch`: a partly written workspace (OpInfo::scratch_outputs), described as uninitialized.
-  void emit_output(const c10::IValue& v, trace::ByteWriter& w, const Frame& f, bool scratch = false);
+  void emit_output(const c10::IValue& v, trace::ByteWriter& w, const Frame& f,
+                   bool scratch = false);
   void emit_output_tensor(const at::Tensor& t, trace::ByteWriter& w, const Frame& f, bool scratch);
 
   // A collective's receive buffers: geometry when the op returns, contents described when its
@@ -304,13 +305,13 @@ class ThreadRecorder {
   uint64_t rng_state(const at::RecordFunction& fn);
 
   uint32_t fork_generation_;
-  bool busy_ = false;  // set while the recorder itself runs tensor ops
-  bool saw_fake_tensor_ = false;  // an input of the op being captured has no data
+  bool busy_ = false;                     // set while the recorder itself runs tensor ops
+  bool saw_fake_tensor_ = false;          // an input of the op being captured has no data
   bool compiled_region_in_step_ = false;  // tensors first seen now are likely a region's output
   bool stream_open_ = false;
   std::optional<ThreadIdentity> identity_;  // asked at this thread's first op
   uint64_t capture_seen_ = 0;  // ops named as the capture's op, recorded by this thread
-  std::string thread_name_;  // claimed with the stream file
+  std::string thread_name_;    // claimed with the stream file
   StreamBuffer stream_;
   trace::RecordEncoder encoder_;         // op records
   trace::RecordEncoder string_encoder_;  // string records, written while an op body is open
@@ -347,16 +348,16 @@ class ThreadRecorder {
   std::vector<Item> items_;
   std::vector<Snapshot> snaps_;
   size_t snaps_top_ = 0;
-  std::string bytes_;          // non-tensor input bytes of open frames
+  std::string bytes_;  // non-tensor input bytes of open frames
   size_t bytes_item_start_ = 0;
 
   uint64_t last_step_written_ = UINT64_MAX;
   uint32_t last_scope_written_ = UINT32_MAX;
-  uint32_t scope_id_ = 0;                      // interned scope path of the ops now starting
-  uint64_t scope_changes_seen_ = UINT64_MAX;   // PhaseTracker::scope_changes() when interned
-  uint64_t step_started_ = UINT64_MAX;   // the step of the last op started on this thread
-  uint64_t step_first_order_ = 0;        // the order of that step's first op here
-  bool unselected_since_clear_ = false;  // ops ran unrecorded: the caches may be stale
+  uint32_t scope_id_ = 0;                     // interned scope path of the ops now starting
+  uint64_t scope_changes_seen_ = UINT64_MAX;  // PhaseTracker::scope_changes() when interned
+  uint64_t step_started_ = UINT64_MAX;        // the step of the last op started on this thread
+  uint64_t step_first_order_ = 0;             // the order of that step's first op here
+  bool unselected_since_clear_ = false;       // ops ran unrecorded: the caches may be stale
   uint64_t op_callback_epoch_ = 0;
   uint64_t last_order_written_ = 0;
   uint64_t records_since_handover_ = 0;

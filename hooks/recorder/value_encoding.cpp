@@ -37,8 +37,8 @@ ManagedFromDataPtr libshm_from_data_ptr() {
         },
         &path);
     void* lib = path.empty() ? nullptr : ::dlopen(path.c_str(), RTLD_LAZY | RTLD_NOLOAD);
-    return lib ? reinterpret_cast<ManagedFromDataPtr>(::dlsym(
-                     lib, "_ZN21THManagedMapAllocator11fromDataPtrERKN3c107DataPtrE"))
+    return lib ? reinterpret_cast<ManagedFromDataPtr>(
+                     ::dlsym(lib, "_ZN21THManagedMapAllocator11fromDataPtrERKN3c107DataPtrE"))
                : nullptr;
   }();
   return f;
@@ -167,12 +167,12 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t, Use use) {
   // Another process may have written shared bytes since: describe them as found.
   const bool same_bytes_known = !shared && cache_.bytes_known(st, s.version);
   // First seen after a compiled region ran: most likely its output, made by kernels we cannot see.
-  trace::Provenance prov = same_bytes_known            ? trace::Provenance::kView
+  trace::Provenance prov = same_bytes_known           ? trace::Provenance::kView
                            : compiled_region_in_step_ ? trace::Provenance::kCompiled
                                                       : trace::Provenance::kExternal;
   if (same_bytes_known) s.base_id = st->id;
-  const trace::TensorDesc* known =
-      same_bytes_known ? cache_.described_geometry(st, t, &s.pending) : nullptr;
+  const trace::TensorDesc* known = same_bytes_known ? cache_.described_geometry(st, t, &s.pending)
+                                                    : nullptr;
   if (known) {
     s.desc = *known;
   } else if (use != Use::kRead) {
@@ -225,8 +225,9 @@ void ThreadRecorder::emit_tensor(const Snapshot& s, ByteWriter& w) {
     trace::TensorDesc& desc = desc_scratch_;
     desc = s.desc;
     desc.digest.fill(0);
-    desc.bits = uint8_t((desc.bits | trace::kTensorNotRead) &
-                        ~(trace::kTensorHasStats | trace::kTensorHasNanInf | trace::kTensorIntStats));
+    desc.bits = uint8_t(
+        (desc.bits | trace::kTensorNotRead) &
+        ~(trace::kTensorHasStats | trace::kTensorHasNanInf | trace::kTensorIntStats));
     write_new(w, desc, s.base_id);
     return;
   }
@@ -286,7 +287,8 @@ int64_t ThreadRecorder::write_new(ByteWriter& w, const trace::TensorDesc& desc, 
   return id;
 }
 
-void ThreadRecorder::emit_output(const c10::IValue& v, ByteWriter& w, const Frame& f, bool scratch) {
+void ThreadRecorder::emit_output(const c10::IValue& v, ByteWriter& w, const Frame& f,
+                                 bool scratch) {
   if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
     if (!t.defined()) {

@@ -1,9 +1,9 @@
 #include "stream/pending_records.h"
 
+#include <algorithm>
+
 #include "digest/device_digest.h"
 #include "trace/records.h"
-
-#include <algorithm>
 
 namespace detaudit::hooks {
 
@@ -24,8 +24,9 @@ void PendingDigest::complete(const Md5Batch::Result& result) {
 void PendingDigest::apply(trace::TensorDesc* desc) const {
   if (failed_) {
     desc->digest.fill(0);
-    desc->bits = uint8_t((desc->bits | trace::kTensorNotRead) &
-                         ~(trace::kTensorHasStats | trace::kTensorHasNanInf | trace::kTensorIntStats));
+    desc->bits = uint8_t(
+        (desc->bits | trace::kTensorNotRead) &
+        ~(trace::kTensorHasStats | trace::kTensorHasNanInf | trace::kTensorIntStats));
     return;
   }
   if (md5_)

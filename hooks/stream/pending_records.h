@@ -9,9 +9,9 @@
 
 #include <atomic>
 #include <cstdint>
-#include <string_view>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "digest/lane_digest.h"
@@ -87,7 +87,7 @@ class PendingRecords {
   // A ring of entries that keep their buffers: `count_` of them from `head_` are in use.
   std::vector<Entry> ring_;
   size_t head_ = 0, count_ = 0;
-  std::string tensors_;          // the holes' <tensor> productions, while a record is framed
+  std::string tensors_;  // the holes' <tensor> productions, while a record is framed
   std::vector<size_t> tensor_ends_;
 };
 

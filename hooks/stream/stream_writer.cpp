@@ -17,7 +17,6 @@ namespace {
 
 thread_local bool t_on_writer_thread = false;
 
-
 void sleep_ms(long ms) {
   timespec ts{0, ms * 1000000L};
   nanosleep(&ts, nullptr);  // async-signal-safe, unlike std::this_thread::sleep_for

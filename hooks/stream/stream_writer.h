@@ -13,8 +13,8 @@
 #pragma once
 
 #include <atomic>
-#include <functional>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,9 +27,9 @@ inline std::atomic<bool> g_streams_frozen{false};
 // One stream's file and the bytes its thread has not handed over yet.
 struct StreamBuffer {
   int fd = -1;
-  std::string bytes;                    // whole records only, at chunk boundaries
-  std::atomic<size_t> committed{0};     // bytes.size() after the last whole record
-  std::atomic<bool> writing{false};     // its thread is appending or handing over
+  std::string bytes;                 // whole records only, at chunk boundaries
+  std::atomic<size_t> committed{0};  // bytes.size() after the last whole record
+  std::atomic<bool> writing{false};  // its thread is appending or handing over
 
   // Around the op thread's changes to `bytes`; false once the streams are frozen. Both sides
   // are sequentially consistent: either the handler sees `writing` and waits, or the thread

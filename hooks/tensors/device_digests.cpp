@@ -103,8 +103,9 @@ DevicePipeline* pipeline_of(int index) {
     std::lock_guard<std::mutex> lock(g_make_mu);
     if (g_state[index].load() == 0) {
       const pid_t pid = ::getpid();
-      std::unique_ptr<device::DeviceQueue> queue =
-          g_owner.load() == 0 || g_owner.load() == pid ? make_queue(index) : nullptr;
+      std::unique_ptr<device::DeviceQueue> queue = g_owner.load() == 0 || g_owner.load() == pid
+                                                       ? make_queue(index)
+                                                       : nullptr;
       if (!queue) {
         g_state[index].store(-1, std::memory_order_release);
         return nullptr;
@@ -119,7 +120,8 @@ DevicePipeline* pipeline_of(int index) {
     if (g_state[index].load() < 0) return nullptr;
   }
   // A forked child inherits the registry, not the collector threads.
-  return g_owner.load(std::memory_order_relaxed) == ::getpid() ? g_pipelines[index].load() : nullptr;
+  return g_owner.load(std::memory_order_relaxed) == ::getpid() ? g_pipelines[index].load()
+                                                               : nullptr;
 }
 
 template <typename Fn>

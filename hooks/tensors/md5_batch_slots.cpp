@@ -140,8 +140,8 @@ bool Md5BatchSlots::reclaim(Slot& s, long max_wait_ms) {
     // here is short, and rare (this thread filled a whole batch meanwhile).
     const auto start = std::chrono::steady_clock::now();
     while (s.busy.load(std::memory_order_acquire)) {
-      if (max_wait_ms >= 0 && std::chrono::steady_clock::now() - start >
-                                  std::chrono::milliseconds(max_wait_ms))
+      if (max_wait_ms >= 0 &&
+          std::chrono::steady_clock::now() - start > std::chrono::milliseconds(max_wait_ms))
         return false;
       sched_yield();
     }

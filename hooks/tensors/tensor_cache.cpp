@@ -38,7 +38,8 @@ bool TensorCache::valid(const Entry& e) const {
          it->second.writes == e.storage_writes;
 }
 
-TensorCache::Entry* TensorCache::lookup(const at::Tensor& t, uint32_t version, bool allow_external) {
+TensorCache::Entry* TensorCache::lookup(const at::Tensor& t, uint32_t version,
+                                        bool allow_external) {
   auto it = entries_.find(t.unsafeGetTensorImpl());
   if (it == entries_.end()) return nullptr;
   Entry& e = it->second;
@@ -57,7 +58,8 @@ TensorCache::Entry* TensorCache::find_unchanged(const c10::TensorImpl* key, uint
   if (it == entries_.end()) return nullptr;
   Entry& e = it->second;
   // A nested in-place kernel may have written it without a version bump: a storage write.
-  if (e.version != version || e.impl.expired() || e.storage_writes != storage_writes) return nullptr;
+  if (e.version != version || e.impl.expired() || e.storage_writes != storage_writes)
+    return nullptr;
   return &e;
 }
 
@@ -77,8 +79,8 @@ bool TensorCache::bytes_known(const StorageState* st, uint32_t version) const {
   return st && st->id >= 0 && st->version == version && !st->uninitialized;
 }
 
-const trace::TensorDesc* TensorCache::described_geometry(StorageState* st, const at::Tensor& t,
-                                                         std::shared_ptr<const PendingDigest>* pending) {
+const trace::TensorDesc* TensorCache::described_geometry(
+    StorageState* st, const at::Tensor& t, std::shared_ptr<const PendingDigest>* pending) {
   if (!st || rehash_inputs_) return nullptr;
   auto it = entries_.find(st->last);
   if (it != entries_.end()) {
@@ -151,7 +153,8 @@ void TensorCache::wrote_unseen(const at::Tensor& t) {
   }
 }
 
-void TensorCache::note_shared_bytes(StorageState* st, const at::Tensor& t, trace::TensorDesc* desc) {
+void TensorCache::note_shared_bytes(StorageState* st, const at::Tensor& t,
+                                    trace::TensorDesc* desc) {
   desc->sharing = trace::Sharing::kSharedMemory;
   if (!st) return;
   if (st->shared_seen_offset >= 0 && st->shared_seen_writes == st->writes &&

@@ -41,10 +41,10 @@ class TensorCache {
   struct Entry {
     WeakImpl impl{c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>()};
     uint32_t version = 0;
-    int64_t id = -1;                // trace tensor id; -1: described, not written yet
-    uint64_t external_serial = 0;   // entered from outside: valid in this top-level op only
+    int64_t id = -1;               // trace tensor id; -1: described, not written yet
+    uint64_t external_serial = 0;  // entered from outside: valid in this top-level op only
     const c10::StorageImpl* storage = nullptr;  // key of its StorageState, if it has storage
-    uint64_t storage_writes = 0;    // the storage's `writes` when described
+    uint64_t storage_writes = 0;                // the storage's `writes` when described
     int64_t storage_offset = 0;
     int64_t base_id = -1;           // for views: the id of the tensor whose bytes these are
     uint64_t written_order = 0;     // order of the op whose output it is; 0 when seen as input
@@ -57,8 +57,8 @@ class TensorCache {
   struct StorageState {
     c10::weak_intrusive_ptr<c10::StorageImpl> storage{c10::intrusive_ptr<c10::StorageImpl>()};
     uint64_t writes = 0;
-    uint32_t version = 0;   // of the tensor last written here
-    int64_t id = -1;        // its trace tensor id, once written
+    uint32_t version = 0;                   // of the tensor last written here
+    int64_t id = -1;                        // its trace tensor id, once written
     const c10::TensorImpl* last = nullptr;  // its entry's key
     uint32_t last_version = 0;
     bool uninitialized = false;  // the last write left bytes no kernel wrote (empty, resize_)

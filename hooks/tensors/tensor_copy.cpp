@@ -17,7 +17,8 @@ at::Tensor copy_with_layout(const at::Tensor& tensor, bool* compacted) {
   const at::TensorOptions bytes = t.options().dtype(at::kByte);
   at::Tensor dst_bytes = at::empty({int64_t(nbytes)}, bytes);
   dst_bytes.copy_(at::empty({0}, bytes).set_(t.storage(), 0, {int64_t(nbytes)}, {1}));
-  return at::empty({0}, t.options()).set_(dst_bytes.storage(), t.storage_offset(), t.sizes(), t.strides());
+  return at::empty({0}, t.options())
+      .set_(dst_bytes.storage(), t.storage_offset(), t.sizes(), t.strides());
 }
 
 }  // namespace detaudit::hooks

@@ -83,13 +83,14 @@ Status parse_condition(const json& j, const std::string& where, CatalogCondition
   int tests = int(c->equals.has_value()) + int(c->given.has_value()) + int(!c->dtype.empty()) +
               int(c->min_numel > 0) + int(c->min_intra_op_threads > 0);
   if (tests != 1)
-    return field_error(where, "needs exactly one of equals, given, dtype, min_numel, "
-                              "min_intra_op_threads");
+    return field_error(where,
+                       "needs exactly one of equals, given, dtype, min_numel, "
+                       "min_intra_op_threads");
   if ((c->equals || c->given || c->min_numel) && c->arg < 0 && c->environment.empty())
     return field_error(where, "an argument condition needs \"arg\" (positional index)");
-  std::string who = c->arg >= 0 ? fmt::format("{} (input {})", c->name.empty() ? "arg" : c->name,
-                                              c->arg)
-                                : std::string();
+  std::string who = c->arg >= 0
+                        ? fmt::format("{} (input {})", c->name.empty() ? "arg" : c->name, c->arg)
+                        : std::string();
   if (!c->environment.empty())
     c->text = fmt::format("fingerprint {} == {}", c->environment, c->equals->dump());
   else if (c->equals)
@@ -172,8 +173,9 @@ bool dtype_matches(const std::string& want, uint8_t dtype) {
   if (size_t bar = want.find('|'); bar != std::string::npos)  // "float32|float64": either
     return dtype_matches(want.substr(0, bar), dtype) || dtype_matches(want.substr(bar + 1), dtype);
   if (want == "floating") return trace::dtype_is_floating(dtype);
-  if (want == "quantized") return trace::dtype_name(dtype).substr(0, 2) == "qu" ||
-                                  trace::dtype_name(dtype).substr(0, 2) == "qi";
+  if (want == "quantized")
+    return trace::dtype_name(dtype).substr(0, 2) == "qu" ||
+           trace::dtype_name(dtype).substr(0, 2) == "qi";
   return trace::dtype_name(dtype) == want;
 }
 
@@ -272,7 +274,8 @@ ConditionResult check_condition(const CatalogCondition& c, const OpFacts& f) {
     auto it = f.fingerprint->find(c.environment);
     if (it == f.fingerprint->end()) return ConditionResult::kUnknown;
     // Flattened values are a string's text or the JSON of anything else (environment.h).
-    const std::string want = c.equals->is_string() ? c.equals->get<std::string>() : c.equals->dump();
+    const std::string want = c.equals->is_string() ? c.equals->get<std::string>()
+                                                   : c.equals->dump();
     return it->second == want ? ConditionResult::kMet : ConditionResult::kNotMet;
   }
   if (c.min_intra_op_threads) {
@@ -290,8 +293,9 @@ ConditionResult check_condition(const CatalogCondition& c, const OpFacts& f) {
     return ConditionResult::kUnknown;
   }
   int idx = argument_value_index(in, c.arg);
-  if (idx < 0) return c.given ? (*c.given ? ConditionResult::kNotMet : ConditionResult::kMet)
-                              : ConditionResult::kUnknown;
+  if (idx < 0)
+    return c.given ? (*c.given ? ConditionResult::kNotMet : ConditionResult::kMet)
+                   : ConditionResult::kUnknown;
   const trace::Value& v = in[size_t(idx)];
   using trace::ValueType;
   if (c.given) {
@@ -312,16 +316,15 @@ ConditionResult check_condition(const CatalogCondition& c, const OpFacts& f) {
     }
     if (want.is_string()) {
       if (v.type != ValueType::kString || !f.reader) return ConditionResult::kUnknown;
-      return f.reader->string(uint64_t(v.i)) == want.get<std::string>()
-                 ? ConditionResult::kMet
-                 : ConditionResult::kNotMet;
+      return f.reader->string(uint64_t(v.i)) == want.get<std::string>() ? ConditionResult::kMet
+                                                                        : ConditionResult::kNotMet;
     }
     return ConditionResult::kUnknown;
   }
   // The recorder skips quantized tensors, saying why: that reason is their dtype's kind.
   if (v.type == ValueType::kTensorSkipped && c.dtype == "quantized" && f.reader)
     return f.reader->string(uint64_t(v.i)) == "quantized" ? ConditionResult::kMet
-                                                           : ConditionResult::kUnknown;
+                                                          : ConditionResult::kUnknown;
   const trace::TensorDesc* t = tensor_at(f, v);
   if (!t) return ConditionResult::kUnknown;
   if (!c.dtype.empty())
@@ -353,10 +356,9 @@ CatalogMatch evaluate(const CatalogEntry& e, const OpFacts& f) {
     }
   }
   for (const CatalogCondition& c : e.conditions) {
-    bool applies = c.applies_to.empty()
-                       ? (!autograd || c.arg < 0)
-                       : std::find(c.applies_to.begin(), c.applies_to.end(), f.name) !=
-                             c.applies_to.end();
+    bool applies = c.applies_to.empty() ? (!autograd || c.arg < 0)
+                                        : std::find(c.applies_to.begin(), c.applies_to.end(),
+                                                    f.name) != c.applies_to.end();
     if (!applies) {
       m.unknown.push_back(c.text);
       continue;

@@ -10,13 +10,12 @@
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "trace/reader.h"
 #include "util/status.h"
@@ -27,16 +26,16 @@ namespace detaudit {
 // min_intra_op_threads. Argument conditions name the positional input index and its name; an
 // environment condition names a fingerprint key and tests it with equals.
 struct CatalogCondition {
-  int arg = -1;                      // positional input index; -1 when not about an argument
-  std::string name;                  // argument name, for people
+  int arg = -1;                          // positional input index; -1 when not about an argument
+  std::string name;                      // argument name, for people
   std::optional<nlohmann::json> equals;  // bool, int or string
-  std::optional<bool> given;         // the argument is not None
-  std::string dtype;                 // "float32", "floating", ...: of the tensor argument
-  uint64_t min_numel = 0;            // of the tensor argument
+  std::optional<bool> given;             // the argument is not None
+  std::string dtype;                     // "float32", "floating", ...: of the tensor argument
+  uint64_t min_numel = 0;                // of the tensor argument
   uint64_t min_intra_op_threads = 0;
-  std::string environment;           // flattened fingerprint key ("determinism.mkl_vml_warm_up")
+  std::string environment;              // flattened fingerprint key ("determinism.mkl_vml_warm_up")
   std::vector<std::string> applies_to;  // op names; empty = the entry's dispatcher names
-  std::string text;                  // rendered description
+  std::string text;                     // rendered description
 };
 
 struct CatalogEntry {
@@ -46,18 +45,18 @@ struct CatalogEntry {
   std::vector<std::string> ops;      // dispatcher and autograd node names
   std::vector<std::string> devices;  // "cpu", "cuda", "xpu", "any"
   std::vector<std::string> phases;   // "forward", "backward", "optimizer", "any"
-  std::string signature;             // e.g. "_index_put_impl_(self, indices, values, accumulate, unsafe)"
-  std::string condition;             // as prose
+  std::string signature;  // e.g. "_index_put_impl_(self, indices, values, accumulate, unsafe)"
+  std::string condition;  // as prose
   std::vector<CatalogCondition> conditions;
-  std::vector<std::string> env_keys; // environment keys this entry explains
+  std::vector<std::string> env_keys;  // environment keys this entry explains
   bool deterministic_alternative = false;
-  std::string alternative_since;     // a version, or "" when none/unknown
-  std::string alternative;           // how
+  std::string alternative_since;  // a version, or "" when none/unknown
+  std::string alternative;        // how
   std::string remedy;
   std::vector<std::string> sources;
   bool uncertain = false;
-  std::string uncertainty;           // what is not verified; "" when certain
-  bool nondeterministic = true;      // false: listed as known-deterministic (kept for lookups)
+  std::string uncertainty;       // what is not verified; "" when certain
+  bool nondeterministic = true;  // false: listed as known-deterministic (kept for lookups)
 };
 
 // What one op looked like, for condition checks: the reader holds its tensors.
@@ -73,7 +72,7 @@ enum class ConditionResult { kMet, kNotMet, kUnknown };
 
 struct CatalogMatch {
   const CatalogEntry* entry = nullptr;
-  bool applies = false;                 // no condition is known to be unmet
+  bool applies = false;                          // no condition is known to be unmet
   std::vector<std::string> met, unmet, unknown;  // condition texts
 };
 

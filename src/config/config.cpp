@@ -65,13 +65,13 @@ Status get_bool(const json& j, const std::string& field, bool* out) {
 }
 
 Status get_int(const json& j, const std::string& field, int64_t min, int64_t max, int64_t* out) {
-  if (!j.is_number_integer())
-    return field_error(field, "expected an integer, got " + type_name(j));
+  if (!j.is_number_integer()) return field_error(field, "expected an integer, got " + type_name(j));
   if (j.is_number_unsigned() && j.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
     return field_error(field, fmt::format("expected an integer from {} to {}", min, max));
   int64_t v = j.get<int64_t>();
   if (v < min || v > max)
-    return field_error(field, fmt::format("expected an integer from {} to {}, got {}", min, max, v));
+    return field_error(field,
+                       fmt::format("expected an integer from {} to {}, got {}", min, max, v));
   *out = v;
   return Status();
 }
@@ -87,7 +87,8 @@ Status get_choice(const json& j, const std::string& field,
                   std::initializer_list<const char*> choices, std::string* out) {
   std::string names;
   for (const char* c : choices) names += std::string(names.empty() ? "" : ", ") + "\"" + c + "\"";
-  if (!j.is_string()) return field_error(field, "expected one of " + names + ", got " + type_name(j));
+  if (!j.is_string())
+    return field_error(field, "expected one of " + names + ", got " + type_name(j));
   std::string v = j.get<std::string>();
   for (const char* c : choices)
     if (v == c) {
@@ -124,7 +125,8 @@ Status parse_target(const json& j, TargetConfig* t) {
   if (j.contains("command")) {
     if (Status s = get_string_list(j["command"], "target.command", &t->command); !s.ok()) return s;
     // An empty list means "not set here": `run` then takes the program from after "--".
-    if (!t->command.empty() && t->command[0].empty()) return field_error("target.command[0]", "the program is empty");
+    if (!t->command.empty() && t->command[0].empty())
+      return field_error("target.command[0]", "the program is empty");
   }
   if (j.contains("env")) {
     const json& env = j["env"];
@@ -203,10 +205,10 @@ Status parse_determinism(const json& j, DeterminismConfig* d) {
     } else if (seed.is_number_unsigned()) {
       d->seed = seed.get<uint64_t>();
     } else {
-      return field_error("determinism.seed",
-                         "expected a non-negative integer (or null), got " +
-                             (seed.is_number_integer() ? std::to_string(seed.get<int64_t>())
-                                                       : type_name(seed)));
+      return field_error(
+          "determinism.seed",
+          "expected a non-negative integer (or null), got " +
+              (seed.is_number_integer() ? std::to_string(seed.get<int64_t>()) : type_name(seed)));
     }
   }
   if (j.contains("algorithms")) {
@@ -230,7 +232,8 @@ Status parse_determinism(const json& j, DeterminismConfig* d) {
     }
   }
   if (j.contains("mkl_vml_warm_up"))
-    if (Status s = get_bool(j["mkl_vml_warm_up"], "determinism.mkl_vml_warm_up", &d->mkl_vml_warm_up);
+    if (Status s = get_bool(j["mkl_vml_warm_up"], "determinism.mkl_vml_warm_up",
+                            &d->mkl_vml_warm_up);
         !s.ok())
       return s;
   return Status();
@@ -246,7 +249,8 @@ Status RangeSet::parse(const json& j, const std::string& field, RangeSet* out) {
   if (!j.is_array()) {
     if (!j.is_number_integer() && !j.is_string())
       return field_error(field, fmt::format("expected \"all\", or a list of integers and ranges "
-                                            "like [0, \"2-4\", \"7-\"], got {}", type_name(j)));
+                                            "like [0, \"2-4\", \"7-\"], got {}",
+                                            type_name(j)));
     list = json::array({j});
   }
   if (list.empty())
@@ -358,8 +362,9 @@ bool SelectConfig::wants_op(std::string_view name) const {
 
 Status parse_config(const json& j, Config* out) {
   Config c = *out;  // fields absent from the JSON keep their current values
-  if (Status s = check_object(j, "", {"target", "runs", "out", "select", "digest", "record",
-                                      "determinism", "gate", "report"});
+  if (Status s = check_object(
+          j, "",
+          {"target", "runs", "out", "select", "digest", "record", "determinism", "gate", "report"});
       !s.ok())
     return s;
   if (j.contains("target"))
@@ -377,18 +382,21 @@ Status parse_config(const json& j, Config* out) {
     if (Status s = parse_select(j["select"], &c.select); !s.ok()) return s;
   if (j.contains("digest")) {
     std::string name;
-    if (Status s = get_choice(j["digest"], "digest", {"md5", "sha256", "xxh3", "device"}, &name); !s.ok())
+    if (Status s = get_choice(j["digest"], "digest", {"md5", "sha256", "xxh3", "device"}, &name);
+        !s.ok())
       return s;
     trace::parse_digest_name(name, &c.digest);
     c.digest_chosen = true;
   }
   if (j.contains("record")) {
     const json& r = j["record"];
-    if (Status s = check_object(r, "record", {"stats", "inputs", "rehash_inputs"}); !s.ok()) return s;
+    if (Status s = check_object(r, "record", {"stats", "inputs", "rehash_inputs"}); !s.ok())
+      return s;
     if (r.contains("stats"))
       if (Status s = get_bool(r["stats"], "record.stats", &c.stats); !s.ok()) return s;
     if (r.contains("rehash_inputs"))
-      if (Status s = get_bool(r["rehash_inputs"], "record.rehash_inputs", &c.rehash_inputs); !s.ok())
+      if (Status s = get_bool(r["rehash_inputs"], "record.rehash_inputs", &c.rehash_inputs);
+          !s.ok())
         return s;
     if (r.contains("inputs"))
       if (Status s = get_bool(r["inputs"], "record.inputs", &c.inputs); !s.ok()) return s;
@@ -400,11 +408,13 @@ Status parse_config(const json& j, Config* out) {
     if (Status s = check_object(g, "gate", {"fail_on", "rtol", "atol", "allow_truncated"}); !s.ok())
       return s;
     if (g.contains("allow_truncated"))
-      if (Status s = get_bool(g["allow_truncated"], "gate.allow_truncated", &c.gate.allow_truncated);
+      if (Status s = get_bool(g["allow_truncated"], "gate.allow_truncated",
+                              &c.gate.allow_truncated);
           !s.ok())
         return s;
     if (g.contains("fail_on"))
-      if (Status s = get_choice(g["fail_on"], "gate.fail_on", {"any", "tolerance"}, &c.gate.fail_on);
+      if (Status s = get_choice(g["fail_on"], "gate.fail_on", {"any", "tolerance"},
+                                &c.gate.fail_on);
           !s.ok())
         return s;
     if (g.contains("rtol"))
@@ -417,8 +427,7 @@ Status parse_config(const json& j, Config* out) {
     if (Status s = check_object(r, "report", {"format", "output"}); !s.ok()) return s;
     if (r.contains("format"))
       if (Status s = get_choice(r["format"], "report.format",
-                                {"text", "json", "junit", "markdown", "html"},
-                                &c.format);
+                                {"text", "json", "junit", "markdown", "html"}, &c.format);
           !s.ok())
         return s;
     if (r.contains("output"))
@@ -468,12 +477,15 @@ json config_to_json(const Config& c) {
   j["record"] = {{"stats", c.stats}, {"inputs", c.inputs}, {"rehash_inputs", c.rehash_inputs}};
   json det;
   det["seed"] = c.determinism.seed ? json(*c.determinism.seed) : json(nullptr);
-  det["algorithms"] = c.determinism.algorithms.empty() ? json(nullptr) : json(c.determinism.algorithms);
-  det["intra_op_threads"] =
-      c.determinism.intra_op_threads ? json(*c.determinism.intra_op_threads) : json(nullptr);
+  det["algorithms"] = c.determinism.algorithms.empty() ? json(nullptr)
+                                                       : json(c.determinism.algorithms);
+  det["intra_op_threads"] = c.determinism.intra_op_threads ? json(*c.determinism.intra_op_threads)
+                                                           : json(nullptr);
   det["mkl_vml_warm_up"] = c.determinism.mkl_vml_warm_up;
   j["determinism"] = det;
-  j["gate"] = {{"fail_on", c.gate.fail_on}, {"rtol", c.gate.rtol}, {"atol", c.gate.atol},
+  j["gate"] = {{"fail_on", c.gate.fail_on},
+               {"rtol", c.gate.rtol},
+               {"atol", c.gate.atol},
                {"allow_truncated", c.gate.allow_truncated}};
   j["report"] = {{"format", c.format}, {"output", c.output}};
   return j;

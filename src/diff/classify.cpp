@@ -109,16 +109,15 @@ bool digests_differ(const TensorDesc* a, const TensorDesc* b) {
 
 // The state of a CPU generator as torch.get_rng_state() returns it: mt19937's, as uint8[5056].
 bool is_cpu_generator_state(const TensorDesc* t) {
-  return t && trace::dtype_name(t->dtype) == "uint8" && t->sizes.size() == 1 &&
-         t->sizes[0] == 5056;
+  return t && trace::dtype_name(t->dtype) == "uint8" && t->sizes.size() == 1 && t->sizes[0] == 5056;
 }
 
 // Ops whose outputs hold exactly the values of their first input (aliases and copies).
 bool passes_values_through(std::string_view op) {
-  static const char* kOps[] = {"aten::detach_", "aten::detach",     "detach_",
-                               "detach",        "aten::alias",      "aten::lift",
+  static const char* kOps[] = {"aten::detach_",    "aten::detach",          "detach_",
+                               "detach",           "aten::alias",           "aten::lift",
                                "aten::lift_fresh", "aten::lift_fresh_copy", "aten::clone",
-                               "aten::contiguous", "aten::_to_copy",  "aten::to"};
+                               "aten::contiguous", "aten::_to_copy",        "aten::to"};
   for (const char* k : kOps)
     if (op == k) return true;
   return false;
@@ -187,16 +186,15 @@ bool outputs_differ(const trace::OpRecord& a, const trace::TraceReader& ra,
   return false;
 }
 
-bool output_deltas(const trace::OpRecord& a, const trace::TraceReader& ra,
-                   const trace::OpRecord& b, const trace::TraceReader& rb, const GateConfig& gate,
+bool output_deltas(const trace::OpRecord& a, const trace::TraceReader& ra, const trace::OpRecord& b,
+                   const trace::TraceReader& rb, const GateConfig& gate,
                    std::vector<StatsDelta>* out) {
   bool all_within = true;
   size_t n = std::min(a.output_tensors.size(), b.output_tensors.size());
   for (size_t i = 0; i < n; ++i) {
     const TensorDesc* ta = ra.tensor(a.output_tensors[i]);
     const TensorDesc* tb = rb.tensor(b.output_tensors[i]);
-    if (!ta || !tb || !ta->has_contents() || !tb->has_contents() || ta->same_digest(*tb))
-      continue;
+    if (!ta || !tb || !ta->has_contents() || !tb->has_contents() || ta->same_digest(*tb)) continue;
     StatsDelta d = delta_of(*ta, *tb, gate, fmt::format("output {}", i));
     all_within = all_within && d.within_tolerance;
     if (out) out->push_back(std::move(d));
@@ -218,7 +216,8 @@ double largest_relative_difference(const trace::OpRecord& a, const trace::TraceR
     const double ys[] = {tb->stats.min, tb->stats.max, tb->stats.mean, tb->stats.l2};
     for (int k = 0; k < 4; ++k) {
       const double scale = std::max(std::fabs(xs[k]), std::fabs(ys[k]));
-      if (scale > 0 && std::isfinite(scale)) largest = std::max(largest, std::fabs(ys[k] - xs[k]) / scale);
+      if (scale > 0 && std::isfinite(scale))
+        largest = std::max(largest, std::fabs(ys[k] - xs[k]) / scale);
     }
   }
   return largest;
@@ -258,10 +257,8 @@ void classify_divergence(const BufferedOp& a, const OpSource& sa, const Buffered
     fd->inputs.push_back(std::move(p));
   }
   for (size_t i = 0; i < std::max(oa.output_tensors.size(), ob.output_tensors.size()); ++i) {
-    const TensorDesc* ta =
-        i < oa.output_tensors.size() ? ra.tensor(oa.output_tensors[i]) : nullptr;
-    const TensorDesc* tb =
-        i < ob.output_tensors.size() ? rb.tensor(ob.output_tensors[i]) : nullptr;
+    const TensorDesc* ta = i < oa.output_tensors.size() ? ra.tensor(oa.output_tensors[i]) : nullptr;
+    const TensorDesc* tb = i < ob.output_tensors.size() ? rb.tensor(ob.output_tensors[i]) : nullptr;
     bool differs = digests_differ(ta, tb) && !ta->uninitialized() && !tb->uninitialized();
     TensorPair p{"output", int(i), differs, side_of(ta, ra), side_of(tb, rb)};
     // An output's origin is the op itself; only say so when it is not plain.
@@ -273,8 +270,9 @@ void classify_divergence(const BufferedOp& a, const OpSource& sa, const Buffered
 
   const trace::StepInfo* step_a = sa.step_info(oa.step);
   const trace::StepInfo* step_b = sb.step_info(ob.step);
-  bool step_rng_differs = step_a && step_b && (step_a->rng_cpu != step_b->rng_cpu ||
-                                               step_a->rng_cuda != step_b->rng_cuda);
+  bool step_rng_differs = step_a && step_b &&
+                          (step_a->rng_cpu != step_b->rng_cpu ||
+                           step_a->rng_cuda != step_b->rng_cuda);
   bool rng_differs = oa.is_random() && ((oa.has_rng() && ob.has_rng() && oa.rng != ob.rng) ||
                                         (!oa.has_rng() && step_rng_differs));
   if (rng_differs) {
@@ -367,8 +365,7 @@ void classify_divergence(const BufferedOp& a, const OpSource& sa, const Buffered
     } else if (ext) {
       fd->divergence_class = kClassExternal;
       // A 0-dim external tensor is how a Python number reaches an op (a wrapped scalar).
-      if (ta && tb && ta->sizes.empty() && tb->sizes.empty() && ta->has_stats() &&
-          tb->has_stats())
+      if (ta && tb && ta->sizes.empty() && tb->sizes.empty() && ta->has_stats() && tb->has_stats())
         fd->scalar_argument = fmt::format("{:.17g} vs {:.17g}", ta->stats.min, tb->stats.min);
     } else {
       fd->divergence_class = kClassInputDiffers;
@@ -377,9 +374,10 @@ void classify_divergence(const BufferedOp& a, const OpSource& sa, const Buffered
     if (uninit && ta && ta->base_id >= 0) {
       const std::string by = sa.allocated_by(ta->base_id);
       if (!by.empty())
-        fd->detail = fmt::format("input {} differs: bytes {} returned uninitialized, read before "
-                                 "any op wrote them",
-                                 first_diff_input, by);
+        fd->detail = fmt::format(
+            "input {} differs: bytes {} returned uninitialized, read before "
+            "any op wrote them",
+            first_diff_input, by);
     }
     return;
   }
@@ -387,9 +385,10 @@ void classify_divergence(const BufferedOp& a, const OpSource& sa, const Buffered
     // The same tensors in: the differing value came from outside torch, a Python scalar.
     fd->divergence_class = kClassExternal;
     fd->scalar_argument = first_differing_value(oa.inputs, ra, ob.inputs, rb);
-    fd->detail = fmt::format("same tensor inputs, a non-tensor argument differs ({}): a value "
-                             "computed outside torch",
-                             fd->scalar_argument.empty() ? "in a list" : fd->scalar_argument);
+    fd->detail = fmt::format(
+        "same tensor inputs, a non-tensor argument differs ({}): a value "
+        "computed outside torch",
+        fd->scalar_argument.empty() ? "in a list" : fd->scalar_argument);
     return;
   }
   if (a.collective && a.received) {
@@ -423,9 +422,8 @@ void classify_divergence(const BufferedOp& a, const OpSource& sa, const Buffered
                              first_differing_value(oa.outputs, ra, ob.outputs, rb));
     return;
   }
-  fd->detail = oa.is_random()
-                   ? "identical inputs, arguments and generator state, different outputs"
-                   : "identical inputs and arguments, different outputs";
+  fd->detail = oa.is_random() ? "identical inputs, arguments and generator state, different outputs"
+                              : "identical inputs and arguments, different outputs";
 }
 
 std::optional<CatalogRef> catalog_ref(const Catalog* catalog, const OpFacts& facts,
@@ -460,7 +458,8 @@ const EnvDifference* find_env(const std::vector<EnvDifference>& env,
   // "intra_op_threads (step 3)" matches "intra_op_threads".
   for (const EnvDifference& d : env)
     for (std::string_view k : keys)
-      if (d.key.compare(0, k.size(), k) == 0 && (d.key.size() == k.size() || d.key[k.size()] == ' '))
+      if (d.key.compare(0, k.size(), k) == 0 &&
+          (d.key.size() == k.size() || d.key[k.size()] == ' '))
         return &d;
   return nullptr;
 }
@@ -482,8 +481,8 @@ std::string describe(const EnvDifference& d) {
 // was up when the fingerprint was written (initialized, available, built) is not one.
 const EnvDifference* find_cuda_env(const std::vector<EnvDifference>& env) {
   for (const EnvDifference& d : env) {
-    if (d.key.rfind("cuda.", 0) == 0 && d.key != "cuda.initialized" &&
-        d.key != "cuda.available" && d.key != "cuda.built")
+    if (d.key.rfind("cuda.", 0) == 0 && d.key != "cuda.initialized" && d.key != "cuda.available" &&
+        d.key != "cuda.built")
       return &d;
   }
   return find_env(env, {"env.CUBLAS_WORKSPACE_CONFIG", "env.NVIDIA_TF32_OVERRIDE",
@@ -508,23 +507,25 @@ void explain_cause(const std::vector<EnvDifference>& env, FirstDivergence* fd) {
       if (p.a.present && p.a.device.rfind("cpu", 0) != 0) on_cpu = false;
 
   if (fd->arose_in_compiled_region) {
-    fd->cause = fmt::format("a kernel inside the torch.compile region {} (inductor-generated, not "
-                            "recorded) gave different results for the same inputs",
-                            fd->compiled_region);
-    fd->remedy = "torch.use_deterministic_algorithms(True) before compiling; to name the op, "
-                 "audit again without compilation: --env TORCHDYNAMO_DISABLE=1";
+    fd->cause = fmt::format(
+        "a kernel inside the torch.compile region {} (inductor-generated, not "
+        "recorded) gave different results for the same inputs",
+        fd->compiled_region);
+    fd->remedy =
+        "torch.use_deterministic_algorithms(True) before compiling; to name the op, "
+        "audit again without compilation: --env TORCHDYNAMO_DISABLE=1";
     return;
   }
   if (cls == kClassNondeterministic) {
-    const EnvDifference* threads =
-        find_env(env, {"intra_op_threads", "step.intra_op_threads", "env.OMP_NUM_THREADS",
-                       "env.MKL_NUM_THREADS"});
+    const EnvDifference* threads = find_env(env, {"intra_op_threads", "step.intra_op_threads",
+                                                  "env.OMP_NUM_THREADS", "env.MKL_NUM_THREADS"});
     const EnvDifference* det = find_env_containing(env, {"determinism."});
     const EnvDifference* cuda = on_cpu ? nullptr : find_cuda_env(env);
     if (threads && on_cpu) {
       fd->cause = describe(*threads);
-      fd->remedy = "run every time with the same intra-op thread count "
-                   "(torch.set_num_threads / OMP_NUM_THREADS)";
+      fd->remedy =
+          "run every time with the same intra-op thread count "
+          "(torch.set_num_threads / OMP_NUM_THREADS)";
     } else if (det) {
       fd->cause = describe(*det);
       fd->remedy = "use the same determinism settings in every run";
@@ -555,9 +556,10 @@ void explain_cause(const std::vector<EnvDifference>& env, FirstDivergence* fd) {
     fd->cause = seed ? describe(*seed)
                 : device.empty()
                     ? "the random generator was seeded or consumed differently before this op"
-                    : fmt::format("the default CUDA generator of {} (its seed and Philox offset) "
-                                  "was seeded or consumed differently before this op",
-                                  device);
+                    : fmt::format(
+                          "the default CUDA generator of {} (its seed and Philox offset) "
+                          "was seeded or consumed differently before this op",
+                          device);
     fd->remedy = device.empty()
                      ? "seed every generator at program start (torch.manual_seed, random.seed, "
                        "np.random.seed) and consume random numbers in the same order"
@@ -569,13 +571,16 @@ void explain_cause(const std::vector<EnvDifference>& env, FirstDivergence* fd) {
     fd->cause = hash ? describe(*hash)
                      : "data entering the program (data loading, from_blob, numpy, another "
                        "thread) differs";
-    fd->remedy = "make the input pipeline deterministic: seed samplers, shuffles and DataLoader "
-                 "workers (worker_init_fn, generator=torch.Generator().manual_seed(s))";
+    fd->remedy =
+        "make the input pipeline deterministic: seed samplers, shuffles and DataLoader "
+        "workers (worker_init_fn, generator=torch.Generator().manual_seed(s))";
     if (!hash && fd->data_order) {
-      fd->cause = "the data order differs: the same samples were selected or ordered "
-                  "differently (a shuffle by Python's random, an unseeded sampler)";
-      fd->remedy = "seed the order: random.seed(s) before a Python shuffle, and DataLoader("
-                   "generator=torch.Generator().manual_seed(s)) for its sampler";
+      fd->cause =
+          "the data order differs: the same samples were selected or ordered "
+          "differently (a shuffle by Python's random, an unseeded sampler)";
+      fd->remedy =
+          "seed the order: random.seed(s) before a Python shuffle, and DataLoader("
+          "generator=torch.Generator().manual_seed(s)) for its sampler";
       if (fd->hash_seed_unset) {
         fd->cause += ", or a set iterated in hash order: PYTHONHASHSEED is unset in both runs";
         fd->remedy += "; iterate sorted(names), not a set, or run with PYTHONHASHSEED=0";
@@ -588,73 +593,87 @@ void explain_cause(const std::vector<EnvDifference>& env, FirstDivergence* fd) {
                         "set of names (or a dict built from one) orders them anew in each process"
                       : "tensors were created or picked in another order: the same values reach "
                         "this op through views of different tensors";
-      fd->remedy = "create and pick tensors in a fixed order: iterate sorted(names), not a set; "
-                   "or run with PYTHONHASHSEED=0. If a shuffle picks them, seed it (random.seed)";
+      fd->remedy =
+          "create and pick tensors in a fixed order: iterate sorted(names), not a set; "
+          "or run with PYTHONHASHSEED=0. If a shuffle picks them, seed it (random.seed)";
     }
     if (!hash && !fd->scalar_argument.empty()) {
-      fd->cause = fmt::format("a Python value passed to the op differs ({}): drawn from an "
-                              "unseeded generator (random, numpy) or from the clock",
-                              fd->scalar_argument);
-      fd->remedy = "seed Python's and NumPy's generators (random.seed, np.random.seed) or draw "
-                   "the value from a seeded torch.Generator";
+      fd->cause = fmt::format(
+          "a Python value passed to the op differs ({}): drawn from an "
+          "unseeded generator (random, numpy) or from the clock",
+          fd->scalar_argument);
+      fd->remedy =
+          "seed Python's and NumPy's generators (random.seed, np.random.seed) or draw "
+          "the value from a seeded torch.Generator";
     }
     if (!hash && !fd->batch_read_by.empty()) {
-      fd->cause = "data made in a DataLoader worker differs: what the Dataset drew from outside "
-                  "torch (NumPy, random, a file) or an unseeded worker";
-      fd->remedy = "seed what __getitem__ draws from in each worker: worker_init_fn seeding "
-                   "numpy and random from torch.initial_seed(), and no generator created "
-                   "unseeded in the Dataset (np.random.default_rng(seed))";
+      fd->cause =
+          "data made in a DataLoader worker differs: what the Dataset drew from outside "
+          "torch (NumPy, random, a file) or an unseeded worker";
+      fd->remedy =
+          "seed what __getitem__ draws from in each worker: worker_init_fn seeding "
+          "numpy and random from torch.initial_seed(), and no generator created "
+          "unseeded in the Dataset (np.random.default_rng(seed))";
     }
   } else if (cls == kClassSharedMemory) {
-    fd->cause = "another process wrote these bytes through shared memory (share_memory_(), "
-                "Hogwild training): whose update lands first, and what each process reads, "
-                "follows timing";
+    fd->cause =
+        "another process wrote these bytes through shared memory (share_memory_(), "
+        "Hogwild training): whose update lands first, and what each process reads, "
+        "follows timing";
     if (!fd->shared_writer.empty()) fd->cause += "; written by " + fd->shared_writer;
-    fd->remedy = "for a reproducible run, do not share parameters between training processes "
-                 "(one copy each, averaged in a fixed order), or serialise the writers: a "
-                 "torch.multiprocessing Lock around each optimizer step, taken in a fixed order";
+    fd->remedy =
+        "for a reproducible run, do not share parameters between training processes "
+        "(one copy each, averaged in a fixed order), or serialise the writers: a "
+        "torch.multiprocessing Lock around each optimizer step, taken in a fixed order";
   } else if (cls == kClassRemoteInput) {
-    fd->cause = "another rank sent different data into this collective, and no stream of that "
-                "rank recorded where it diverged";
-    fd->remedy = "record every rank (--ranks all) so the diff can follow the collective to the "
-                 "rank where the difference began";
+    fd->cause =
+        "another rank sent different data into this collective, and no stream of that "
+        "rank recorded where it diverged";
+    fd->remedy =
+        "record every rank (--ranks all) so the diff can follow the collective to the "
+        "rank where the difference began";
   } else if (cls == kClassUninitialized) {
     fd->cause = "an op read memory returned by the empty family (uninitialized)";
-    fd->remedy = "initialise the buffer (torch.zeros) or enable deterministic mode with "
-                 "fill_uninitialized_memory=True";
+    fd->remedy =
+        "initialise the buffer (torch.zeros) or enable deterministic mode with "
+        "fill_uninitialized_memory=True";
     // FSDP2 gathers sharded parameters: garbage there is a parameter no initialiser wrote.
     const bool fsdp_parameter = fd->scope_path.find("FSDP::") != std::string::npos ||
                                 (!fd->chain.empty() && fd->chain.front().rfind("fsdp::", 0) == 0);
     if (fsdp_parameter) {
-      fd->cause = "FSDP gathered a parameter shard that no op wrote: memory from the empty "
-                  "family, as module.to_empty() leaves every parameter until something "
-                  "initialises it";
-      fd->remedy = "after model.to_empty(), initialise every parameter: reset_parameters() "
-                   "must reach each submodule (or load a checkpoint); "
-                   "torch.use_deterministic_algorithms(True) only fills the garbage with NaN";
+      fd->cause =
+          "FSDP gathered a parameter shard that no op wrote: memory from the empty "
+          "family, as module.to_empty() leaves every parameter until something "
+          "initialises it";
+      fd->remedy =
+          "after model.to_empty(), initialise every parameter: reset_parameters() "
+          "must reach each submodule (or load a checkpoint); "
+          "torch.use_deterministic_algorithms(True) only fills the garbage with NaN";
     }
   } else if (cls == kClassStructural) {
     const EnvDifference* ver = find_env(env, {"torch_version", "build_config"});
-    const EnvDifference* threads =
-        find_env(env, {"intra_op_threads", "step.intra_op_threads", "env.OMP_NUM_THREADS",
-                       "env.MKL_NUM_THREADS"});
+    const EnvDifference* threads = find_env(env, {"intra_op_threads", "step.intra_op_threads",
+                                                  "env.OMP_NUM_THREADS", "env.MKL_NUM_THREADS"});
     if (fd->nested && threads && !ver) {
       // Same ops at every level both runs share; only kernels' internal ops differ, as a
       // parallel reduction's per-thread buffers do with another thread count.
       fd->cause = describe(*threads);
-      fd->remedy = "run every time with the same intra-op thread count "
-                   "(torch.set_num_threads / OMP_NUM_THREADS): parallel kernels split their "
-                   "work, and allocate and combine partial results, by thread count";
+      fd->remedy =
+          "run every time with the same intra-op thread count "
+          "(torch.set_num_threads / OMP_NUM_THREADS): parallel kernels split their "
+          "work, and allocate and combine partial results, by thread count";
       return;
     }
     fd->cause = ver ? describe(*ver)
                     : "the runs executed different ops, shapes or arguments (control flow or "
                       "configuration differs)";
-    fd->remedy = "make control flow independent of unseeded state; compare runs of the same "
-                 "program, configuration and PyTorch build";
+    fd->remedy =
+        "make control flow independent of unseeded state; compare runs of the same "
+        "program, configuration and PyTorch build";
   } else {
-    fd->cause = "an input produced outside the aligned ops differs (an earlier divergence in "
-                "another stream, or an unrecorded write)";
+    fd->cause =
+        "an input produced outside the aligned ops differs (an earlier divergence in "
+        "another stream, or an unrecorded write)";
     fd->remedy = "look at the other streams' divergences and at in-place writes by unrecorded ops";
   }
   if (fd->catalog && fd->remedy.empty()) fd->remedy = fd->catalog->remedy;

@@ -2,9 +2,9 @@
 // provenance; the tensors side by side; the statistics deltas; and the likely cause.
 #pragma once
 
+#include <algorithm>
 #include <cstring>
 #include <string>
-#include <algorithm>
 #include <vector>
 
 #include "catalog/catalog.h"
@@ -56,8 +56,8 @@ void classify_divergence(const BufferedOp& a, const OpSource& sa, const Buffered
                          const SeenOutputs* seen = nullptr);
 
 // The statistics deltas of the differing outputs; true when all are within the gate's tolerance.
-bool output_deltas(const trace::OpRecord& a, const trace::TraceReader& ra,
-                   const trace::OpRecord& b, const trace::TraceReader& rb, const GateConfig& gate,
+bool output_deltas(const trace::OpRecord& a, const trace::TraceReader& ra, const trace::OpRecord& b,
+                   const trace::TraceReader& rb, const GateConfig& gate,
                    std::vector<StatsDelta>* out);
 
 // The first catalog entry for this op whose conditions are not known to be unmet. Entries in

@@ -4,11 +4,10 @@
 
 #include <fmt/format.h>
 
-#include <csignal>
-
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <csignal>
 #include <deque>
 #include <mutex>
 #include <thread>
@@ -97,8 +96,13 @@ class StreamComparator {
                    const std::vector<EnvDifference>& env, const ProgressFn& progress,
                    StreamResult* out, const StreamLimits& limits,
                    const std::map<std::string, std::string>* fingerprint_a)
-      : name_(name), options_(options), env_(env), progress_(progress), out_(out),
-        limits_(limits), fingerprint_a_(fingerprint_a) {}
+      : name_(name),
+        options_(options),
+        env_(env),
+        progress_(progress),
+        out_(out),
+        limits_(limits),
+        fingerprint_a_(fingerprint_a) {}
 
   Status run(const std::string& path_a, const std::string& path_b) {
     trace::TraceReader ra, rb;
@@ -183,7 +187,8 @@ class StreamComparator {
     f.name = s.name_of(op.rec);
     f.op = &op.rec;
     f.reader = &s.reader();
-    if (const trace::StepInfo* st = s.step_info(op.rec.step)) f.intra_op_threads = st->intra_op_threads;
+    if (const trace::StepInfo* st = s.step_info(op.rec.step))
+      f.intra_op_threads = st->intra_op_threads;
     f.fingerprint = fingerprint_a_;
     return f;
   }
@@ -201,7 +206,7 @@ class StreamComparator {
   // differs, or until every differing version is overwritten unread (differing_versions.h).
   struct Candidate {
     FirstDivergence fd;
-    int64_t need_depth = -1;  // the enclosing op still to come; -1: its chain is complete
+    int64_t need_depth = -1;            // the enclosing op still to come; -1: its chain is complete
     std::vector<std::string> rejected;  // catalog entries an inner op of the chain did not meet
     DifferingVersions a, b;
     bool confirmed = false;
@@ -238,8 +243,8 @@ class StreamComparator {
     for (Candidate& c : open_) {
       if (!reads_differing_bytes(c, a.rec, ra, b.rec, rb)) continue;
       if (!c.confirmed)
-        c.fd.confirmed_by = fmt::format("read by {} (op #{}, step {})", a_->name_of(a.rec),
-                                        a.index, a.rec.step);
+        c.fd.confirmed_by = fmt::format("read by {} (op #{}, step {})", a_->name_of(a.rec), a.index,
+                                        a.rec.step);
       c.confirmed = true;
       if (!read_from) read_from = &c;
     }
@@ -268,7 +273,8 @@ class StreamComparator {
         open_candidate(a, b, std::move(*op));
       }
     }
-    if (a.collective && a.received) collectives_open_.push_back({a.index, a.coll.group, a.coll.seq});
+    if (a.collective && a.received)
+      collectives_open_.push_back({a.index, a.coll.group, a.coll.seq});
     // A top-level op encloses nothing further: chains end there (filters may hide some ops).
     if (a.rec.depth == 0)
       for (Candidate& c : open_) c.need_depth = -1;
@@ -286,8 +292,10 @@ class StreamComparator {
                                     const trace::TraceReader& rb) {
     const size_t n = std::max(a.input_tensors.size(), b.input_tensors.size());
     for (size_t i = 0; i < n; ++i) {
-      const trace::TensorDesc* ta = i < a.input_tensors.size() ? ra.tensor(a.input_tensors[i]) : nullptr;
-      const trace::TensorDesc* tb = i < b.input_tensors.size() ? rb.tensor(b.input_tensors[i]) : nullptr;
+      const trace::TensorDesc* ta = i < a.input_tensors.size() ? ra.tensor(a.input_tensors[i])
+                                                               : nullptr;
+      const trace::TensorDesc* tb = i < b.input_tensors.size() ? rb.tensor(b.input_tensors[i])
+                                                               : nullptr;
       // Unlinked, but the differing bytes themselves in both runs: read.
       if (ta && tb && !a.input_written(i) && !ta->not_read() && c.a.same_bytes_as_one(*ta, ra) &&
           c.b.same_bytes_as_one(*tb, rb))
@@ -431,7 +439,8 @@ class StreamComparator {
     for (const auto& [op, keys] : {std::pair{&a, &seen_.a}, std::pair{&b, &seen_.b}}) {
       if (keys->size() >= SeenOutputs::kMax || !op->outputs.present) continue;
       for (size_t i = 0; i < op->outputs.count; ++i)
-        if (op->outputs.compared >> i & 1) keys->push_back(SeenOutputs::key(op->outputs.digests[i]));
+        if (op->outputs.compared >> i & 1)
+          keys->push_back(SeenOutputs::key(op->outputs.digests[i]));
     }
   }
 
@@ -593,8 +602,10 @@ class StreamComparator {
       outermost = fmt::format(" (outermost: {})", fmt::join(shape.outermost, ", "));
     if (!at) {
       out_->summary.alignment_lost = true;
-      d.detail = fmt::format("op sequences differ and do not realign within {} ops "
-                             "(skipped {} of run A, {} of run B)", kAlignWindow, i, j);
+      d.detail = fmt::format(
+          "op sequences differ and do not realign within {} ops "
+          "(skipped {} of run A, {} of run B)",
+          kAlignWindow, i, j);
     } else if (i == 0) {
       d.detail = fmt::format("run B has {} extra op(s) here, starting with {}{}", j, d.op_b,
                              outermost);
@@ -609,8 +620,7 @@ class StreamComparator {
       d.detail = fmt::format("{} op(s) of run A ({}...) replaced by {} of run B ({}...){}", i,
                              d.op_a, j, d.op_b, outermost);
     }
-    if (shape.nested)
-      d.detail += "; all inside ops both runs ran (their internal ops differ)";
+    if (shape.nested) d.detail += "; all inside ops both runs ran (their internal ops differ)";
     add_structural(std::move(d), shape);
     a_->pop(i);
     b_->pop(j);
@@ -643,13 +653,15 @@ class StreamComparator {
     const trace::EndInfo& end = r.end_info();
     t.message = res == ReadResult::kTruncated ? r.error()
                 : r.saw_end() && end.signal != 0
-                    ? fmt::format("{}: offset {}: the process was {} {} here{}", r.path(),
-                                  t.offset,
-                                  end.signal == SIGTERM || end.signal == SIGINT ? "stopped by" : "killed by",
+                    ? fmt::format("{}: offset {}: the process was {} {} here{}", r.path(), t.offset,
+                                  end.signal == SIGTERM || end.signal == SIGINT ? "stopped by"
+                                                                                : "killed by",
                                   trace::signal_text(end.signal),
                                   end.open_op.empty() ? "" : " inside " + end.open_op)
-                    : fmt::format("{}: offset {}: no END record: the process did not exit "
-                                  "cleanly", r.path(), t.offset);
+                    : fmt::format(
+                          "{}: offset {}: no END record: the process did not exit "
+                          "cleanly",
+                          r.path(), t.offset);
     t.ops_compared = out_->summary.compared;
     out_->truncated.push_back(std::move(t));
     out_->summary.truncated = true;
@@ -734,8 +746,7 @@ class StreamComparator {
                                        fmt::format("{:#x}", sa[i].determinism_bits),
                                        fmt::format("{:#x}", sb[i].determinism_bits)});
       if (!out_->step_settings.empty()) {
-        for (EnvDifference& d : out_->step_settings)
-          d.key += fmt::format(" (step {})", sa[i].step);
+        for (EnvDifference& d : out_->step_settings) d.key += fmt::format(" (step {})", sa[i].step);
         return;
       }
     }
@@ -772,10 +783,9 @@ class StreamComparator {
 
 }  // namespace
 
-Status compare_stream(const std::string& name, const std::string& path_a,
-                      const std::string& path_b, const DiffOptions& options,
-                      const std::vector<EnvDifference>& env, const ProgressFn& progress,
-                      StreamResult* out, const StreamLimits& limits,
+Status compare_stream(const std::string& name, const std::string& path_a, const std::string& path_b,
+                      const DiffOptions& options, const std::vector<EnvDifference>& env,
+                      const ProgressFn& progress, StreamResult* out, const StreamLimits& limits,
                       const std::map<std::string, std::string>* fingerprint_a) {
   out->summary.name = name;
   out->summary.in_a = out->summary.in_b = true;

@@ -34,7 +34,7 @@ struct StreamResult {
   std::vector<EnvDifference> step_settings;  // STEP records whose threads or flags differ
   uint64_t records_a = 0, records_b = 0, bytes = 0;
   uint64_t max_step_a = 0, max_step_b = 0;  // the largest step of each run's ops
-  bool cut_a = false, cut_b = false;  // no END record: that run's process did not end cleanly
+  bool cut_a = false, cut_b = false;        // no END record: that run's process did not end cleanly
   // How each run's stream ended (its END record: a signal's, for a crash) and its last op.
   struct Tail {
     bool ended = false;
@@ -61,14 +61,13 @@ using ProgressFn = std::function<void(const std::string&, uint64_t, uint64_t)>;
 // Compares two trace files of one stream. A corrupt file is an error naming file and offset
 // (exit 3); a cut-short one is a Truncation in the result. fingerprint_a: the flattened
 // environment fingerprint of the stream's process in run A, for catalog conditions; may be null.
-Status compare_stream(const std::string& name, const std::string& path_a,
-                      const std::string& path_b, const DiffOptions& options,
-                      const std::vector<EnvDifference>& env, const ProgressFn& progress,
-                      StreamResult* out, const StreamLimits& limits = {},
+Status compare_stream(const std::string& name, const std::string& path_a, const std::string& path_b,
+                      const DiffOptions& options, const std::vector<EnvDifference>& env,
+                      const ProgressFn& progress, StreamResult* out,
+                      const StreamLimits& limits = {},
                       const std::map<std::string, std::string>* fingerprint_a = nullptr);
 
 // Reads a stream present in one run only: counts its ops, checks it is readable.
-Status count_stream(const std::string& name, const std::string& path, bool in_a,
-                    StreamResult* out);
+Status count_stream(const std::string& name, const std::string& path, bool in_a, StreamResult* out);
 
 }  // namespace detaudit

@@ -32,17 +32,17 @@ Status list_streams(const std::string& run_dir, std::map<std::string, std::strin
   if (!fs::is_directory(run_dir, ec))
     return Status::error(fmt::format("{}: not a directory", run_dir), ExitCode::kBadInput);
   if (!fs::is_directory(dir, ec))
-    return Status::error(fmt::format("{}: not a run directory (no {}/)", run_dir,
-                                     layout::kStreamsDir),
-                         ExitCode::kBadInput);
+    return Status::error(
+        fmt::format("{}: not a run directory (no {}/)", run_dir, layout::kStreamsDir),
+        ExitCode::kBadInput);
   std::string ext = layout::kTraceExt;
   for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
     std::string name = e.path().filename().string();
     if (name.size() > ext.size() && name.compare(name.size() - ext.size(), ext.size(), ext) == 0)
       (*out)[name.substr(0, name.size() - ext.size())] = e.path().string();
   }
-  if (ec) return Status::error(fmt::format("{}: {}", dir.string(), ec.message()),
-                               ExitCode::kBadInput);
+  if (ec)
+    return Status::error(fmt::format("{}: {}", dir.string(), ec.message()), ExitCode::kBadInput);
   if (out->empty()) {
     // Nothing to compare is not "identical": the interposer recorded nothing in this run.
     std::string why;
@@ -58,8 +58,8 @@ Status list_streams(const std::string& run_dir, std::map<std::string, std::strin
       why = fmt::format(" ({}: {})", name, line);
       break;
     }
-    return Status::error(fmt::format("{}: no trace stream in {}/ (nothing was recorded){}",
-                                     run_dir, layout::kStreamsDir, why),
+    return Status::error(fmt::format("{}: no trace stream in {}/ (nothing was recorded){}", run_dir,
+                                     layout::kStreamsDir, why),
                          ExitCode::kBadInput);
   }
   return Status();
@@ -67,7 +67,7 @@ Status list_streams(const std::string& run_dir, std::map<std::string, std::strin
 
 // What the diff needs from a stream's header before comparing it.
 struct StreamHead {
-  std::string process;         // "r0.main.0"
+  std::string process;  // "r0.main.0"
   bool dataloader_worker = false;
 };
 
@@ -148,9 +148,8 @@ uint64_t elements_spanned(const TensorSide& t) {
 // external input there, written by such a process, is shared-memory too.
 void find_shared_writer(const std::map<std::string, std::string>& streams_a,
                         const std::map<std::string, StreamHead>& heads, FirstDivergence* first) {
-  const bool external_there = first->divergence_class == kClassExternal &&
-                              !first->data_order && first->batch_read_by.empty() &&
-                              reads_shared_memory(*first);
+  const bool external_there = first->divergence_class == kClassExternal && !first->data_order &&
+                              first->batch_read_by.empty() && reads_shared_memory(*first);
   if (first->divergence_class != kClassSharedMemory && !external_there) return;
   // The differing input, else (identical when the op began) the first one in shared memory.
   const TensorPair* in = nullptr;
@@ -178,9 +177,10 @@ void find_shared_writer(const std::map<std::string, std::string>& streams_a,
                                            r.op().step);
         if (external_there) {
           first->divergence_class = kClassSharedMemory;
-          first->detail = fmt::format("input {} is in shared memory, written outside this "
-                                      "process: another recorded process writes it",
-                                      in->index);
+          first->detail = fmt::format(
+              "input {} is in shared memory, written outside this "
+              "process: another recorded process writes it",
+              in->index);
         }
         return;
       }
@@ -264,7 +264,8 @@ void pair_clashing_streams(const std::map<std::string, std::string>& sa,
     std::map<std::string, std::string> renamed;
     for (const auto& [a, b] : partner) renamed[a] = sb->at(b);
     for (size_t i = 0; i < names_b.size(); ++i)
-      if (!used[i]) renamed[renamed.count(names_b[i]) ? names_b[i] + "#b" : names_b[i]] = sb->at(names_b[i]);
+      if (!used[i])
+        renamed[renamed.count(names_b[i]) ? names_b[i] + "#b" : names_b[i]] = sb->at(names_b[i]);
     for (const std::string& b : names_b) sb->erase(b);
     for (auto& [n, path] : renamed) (*sb)[n] = path;
   }
@@ -273,14 +274,15 @@ void pair_clashing_streams(const std::map<std::string, std::string>& sa,
 // Takes the streams of library thread pools out of `sa` and `sb`, grouped by process.
 std::map<std::pair<std::string, std::string>, PoolComparison> take_pools(
     std::map<std::string, std::string>* sa, std::map<std::string, std::string>* sb,
-    std::map<std::pair<std::string, std::string>, std::pair<std::vector<std::string>,
-                                                            std::vector<std::string>>>* paths) {
+    std::map<std::pair<std::string, std::string>,
+             std::pair<std::vector<std::string>, std::vector<std::string>>>* paths) {
   std::map<std::pair<std::string, std::string>, PoolComparison> pools;
   for (auto* streams : {sa, sb}) {
     for (auto it = streams->begin(); it != streams->end();) {
       const size_t t = it->first.find(".t-");
-      const LibraryPool* pool =
-          t == std::string::npos ? nullptr : library_pool(base(it->first.substr(t + 3)));
+      const LibraryPool* pool = t == std::string::npos
+                                    ? nullptr
+                                    : library_pool(base(it->first.substr(t + 3)));
       if (!pool) {
         ++it;
         continue;
@@ -342,11 +344,12 @@ std::string why_no_first(const std::vector<const FirstDivergence*>& candidates, 
                          const std::vector<PoolComparison>& pools) {
   for (const PoolComparison& c : pools)
     if (candidates.empty() && (c.unmatched_a || c.unmatched_b))
-      return fmt::format("only ops of {}'s {} threads differ ({} of run A, {} of run B unmatched; "
-                         "the first: {} in step {}), and those are compared as a set, with no "
-                         "order to name a first by",
-                         c.process, c.pool->thread, c.unmatched_a, c.unmatched_b,
-                         c.first_unmatched_op, c.first_unmatched_step);
+      return fmt::format(
+          "only ops of {}'s {} threads differ ({} of run A, {} of run B unmatched; "
+          "the first: {} in step {}), and those are compared as a set, with no "
+          "order to name a first by",
+          c.process, c.pool->thread, c.unmatched_a, c.unmatched_b, c.first_unmatched_op,
+          c.first_unmatched_step);
   if (candidates.empty())
     return fmt::format("{} divergent ops were counted, but no stream held a first divergence", ops);
   std::vector<std::string> each;
@@ -354,8 +357,10 @@ std::string why_no_first(const std::vector<const FirstDivergence*>& candidates, 
     each.push_back(fmt::format("rank {} step {} {} ({}{}{})", c->rank, c->step, c->op,
                                c->divergence_class, c->received_through.empty() ? "" : " at ",
                                c->received_through));
-  return fmt::format("every candidate follows another through a collective, so none came first: "
-                     "{}", fmt::join(each, "; "));
+  return fmt::format(
+      "every candidate follows another through a collective, so none came first: "
+      "{}",
+      fmt::join(each, "; "));
 }
 
 bool has_base_key(const std::vector<EnvDifference>& env, const EnvDifference& d) {
@@ -378,7 +383,8 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
   if (Status s = list_streams(run_a, &sa); !s.ok()) return s;
   if (Status s = list_streams(run_b, &sb); !s.ok()) return s;
   std::map<std::pair<std::string, std::string>,
-           std::pair<std::vector<std::string>, std::vector<std::string>>> pool_paths;
+           std::pair<std::vector<std::string>, std::vector<std::string>>>
+      pool_paths;
   auto pools = take_pools(&sa, &sb, &pool_paths);
   pair_clashing_streams(sa, &sb);
   std::map<std::string, std::map<std::string, std::string>> ea, eb;
@@ -422,8 +428,8 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
                      ? compare_stream(name, ia->second, ib->second, options, r.environment,
                                       progress, &res, limits,
                                       fingerprint != ea.end() ? &fingerprint->second : nullptr)
-                     : count_stream(name, ia != sa.end() ? ia->second : ib->second,
-                                    ia != sa.end(), &res);
+                     : count_stream(name, ia != sa.end() ? ia->second : ib->second, ia != sa.end(),
+                                    &res);
       if (!s.ok()) return s;
       // A worker stream in one run only whose first batch is for a step its consumer never
       // ran: prefetched as timing allowed, not a difference of the program.
@@ -511,18 +517,22 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
     r.unread_differences += res.unread;
     if (!r.first_unread && res.first_unread) r.first_unread = std::move(res.first_unread);
     for (const Truncation& t : res.truncated)
-      r.not_compared.push_back(fmt::format("run {} stream {} was cut short after {} compared ops "
-                                           "({})", t.run == "a" ? "A" : "B", t.stream,
-                                           t.ops_compared, t.message));
+      r.not_compared.push_back(
+          fmt::format("run {} stream {} was cut short after {} compared ops "
+                      "({})",
+                      t.run == "a" ? "A" : "B", t.stream, t.ops_compared, t.message));
     if (res.truncated.empty() && (res.cut_a || res.cut_b))
-      r.not_compared.push_back(fmt::format("stream {} has no END record in run {}: the process "
-                                           "did not end cleanly, so its last ops may be missing",
-                                           res.summary.name,
-                                           res.cut_a && res.cut_b ? "A nor B" : res.cut_a ? "A" : "B"));
+      r.not_compared.push_back(
+          fmt::format("stream {} has no END record in run {}: the process "
+                      "did not end cleanly, so its last ops may be missing",
+                      res.summary.name,
+                      res.cut_a && res.cut_b ? "A nor B"
+                      : res.cut_a            ? "A"
+                                             : "B"));
     if ((!res.summary.in_a || !res.summary.in_b) && !res.summary.consumer_last_step)
-      r.not_compared.push_back(fmt::format("stream {} is only in run {} ({} ops not compared)",
-                                           res.summary.name, res.summary.in_a ? "A" : "B",
-                                           res.summary.in_a ? res.summary.ops_a : res.summary.ops_b));
+      r.not_compared.push_back(fmt::format(
+          "stream {} is only in run {} ({} ops not compared)", res.summary.name,
+          res.summary.in_a ? "A" : "B", res.summary.in_a ? res.summary.ops_a : res.summary.ops_b));
     for (Truncation& t : res.truncated) r.truncated.push_back(std::move(t));
     r.beyond_tolerance = r.beyond_tolerance || res.beyond_tolerance;
     r.ops_compared += res.summary.compared;
@@ -540,10 +550,13 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
       r.not_compared.push_back(fmt::format(
           "a {} thread of {} has no END record in run {}: the process did not end cleanly, so its "
           "last ops may be missing{}",
-          c.pool->thread, c.process, c.truncated_a && c.truncated_b ? "A nor B" : c.truncated_a ? "A" : "B",
-          c.uncompared_a + c.uncompared_b
-              ? fmt::format(" ({} of the other run's ops not compared)", c.uncompared_a + c.uncompared_b)
-              : ""));
+          c.pool->thread, c.process,
+          c.truncated_a && c.truncated_b ? "A nor B"
+          : c.truncated_a                ? "A"
+                                         : "B",
+          c.uncompared_a + c.uncompared_b ? fmt::format(" ({} of the other run's ops not compared)",
+                                                        c.uncompared_a + c.uncompared_b)
+                                          : ""));
     r.library_pools.push_back(std::move(c));
   }
   note_pools(&r);
@@ -561,8 +574,8 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
     r.replicas.push_back(std::move(c));
   }
   r.verdict = r.divergent_ops > 0 || r.structural_count > 0 || replicas_disagree ? "divergent"
-              : r.incomplete && !options.gate.allow_truncated ? "incomplete"
-                                                                : "identical";
+              : r.incomplete && !options.gate.allow_truncated                    ? "incomplete"
+                                                                                 : "identical";
   // A divergence the report cannot place is no verdict a user can act on: the tool failed.
   if (r.verdict == "divergent" && !r.first && !replicas_disagree) {
     r.verdict = "unexplained";

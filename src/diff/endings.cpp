@@ -1,12 +1,12 @@
 #include "diff/endings.h"
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "run_layout.h"
 #include "trace/process_status.h"
@@ -41,14 +41,14 @@ std::string describe_ending(const ProcessEndingReport& p) {
   } else {
     out += p.ended;
     out += p.thread.empty() ? " on a thread that recorded nothing" : " on thread " + p.thread;
-    out += p.inside_op.empty()
-               ? " after its last recorded op"
-               : fmt::format(" inside {} (step {}), which never finished", p.inside_op,
-                             p.inside_step);
+    out += p.inside_op.empty() ? " after its last recorded op"
+                               : fmt::format(" inside {} (step {}), which never finished",
+                                             p.inside_op, p.inside_step);
   }
   if (p.any_op)
-    out += fmt::format(" ({}: step {}, {}, op #{} of {})", p.recorded_ending ? "last op" : "its last recorded op",
-                       p.last_step, p.last_op, p.last_index, p.last_stream);
+    out += fmt::format(" ({}: step {}, {}, op #{} of {})",
+                       p.recorded_ending ? "last op" : "its last recorded op", p.last_step,
+                       p.last_op, p.last_index, p.last_stream);
   if (p.exiting) out += ", while exiting";
   out += p.streams_whole ? "; its streams are whole" : "; its streams are cut short";
   return out;

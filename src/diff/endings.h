@@ -19,7 +19,7 @@ struct StreamTail {
   std::string stream;   // "r1.main.t-main"
   std::string process;  // "r1.main"
   int64_t rank = 0;
-  bool ended = false;   // an END record, a crash's included
+  bool ended = false;  // an END record, a crash's included
   bool any_op = false;
   std::string last_op;
   uint64_t last_step = 0, last_index = 0, last_order = 0;

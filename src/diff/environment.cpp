@@ -24,9 +24,10 @@ void flatten_json(const nlohmann::json& j, const std::string& prefix,
 
 bool volatile_env_key(const std::string& key) {
   std::string last = key.substr(key.rfind('.') + 1);
-  static const char* kVolatile[] = {"pid", "ppid", "time", "unix_ns", "start_time", "end_time",
-                                    "duration", "duration_s", "elapsed", "wall_s",
-                                    "DETAUDIT_RUN_DIR", "DETAUDIT_CONFIG", "run_dir"};
+  static const char* kVolatile[] = {
+      "pid",      "ppid",       "time",    "unix_ns", "start_time",       "end_time",
+      "duration", "duration_s", "elapsed", "wall_s",  "DETAUDIT_RUN_DIR", "DETAUDIT_CONFIG",
+      "run_dir"};
   for (const char* v : kVolatile)
     if (last == v) return true;
   return last.find("time") != std::string::npos && last.find("threads") == std::string::npos;
@@ -46,7 +47,8 @@ Status load_environment(const std::string& run_dir,
     nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
     if (j.is_discarded() || !j.is_object())
       return Status::error(fmt::format("{}: offset 0: not a JSON object (corrupt environment "
-                                       "fingerprint)", e.path().string()),
+                                       "fingerprint)",
+                                       e.path().string()),
                            ExitCode::kBadInput);
     auto& flat = (*out)[name.substr(0, name.size() - ext.size())];
     flatten_json(j, "", &flat);
@@ -57,8 +59,8 @@ Status load_environment(const std::string& run_dir,
     nlohmann::json j = nlohmann::json::parse(rin, nullptr, false);
     if (j.is_object())
       for (const char* k : {"exit_code", "signal"})
-        if (j.contains(k)) (*out)["run"][k] = j.at(k).is_string() ? j.at(k).get<std::string>()
-                                                                   : j.at(k).dump();
+        if (j.contains(k))
+          (*out)["run"][k] = j.at(k).is_string() ? j.at(k).get<std::string>() : j.at(k).dump();
   }
   return Status();
 }

@@ -22,7 +22,9 @@ struct Fingerprint {
     for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
   }
   template <typename T>
-  void add(const T& v) { add(&v, sizeof v); }
+  void add(const T& v) {
+    add(&v, sizeof v);
+  }
   void add(std::string_view s) {
     add(s.size());
     add(s.data(), s.size());

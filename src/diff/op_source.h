@@ -31,7 +31,8 @@ struct OutputDigests {
         digest_len != o.digest_len || results != o.results)
       return false;
     for (size_t i = 0; i < count; ++i)
-      if ((compared >> i & 1) && std::memcmp(digests[i].data(), o.digests[i].data(), digest_len) != 0)
+      if ((compared >> i & 1) &&
+          std::memcmp(digests[i].data(), o.digests[i].data(), digest_len) != 0)
         return false;
     return true;
   }
@@ -121,7 +122,8 @@ class OpSource {
   bool stopped_at_limit_ = false;
   std::vector<uint64_t> name_hash_;
   std::vector<int8_t> name_is_collective_;  // by string id: -1 unknown
-  size_t awaiting_ = 0;  // buffered collectives whose COLLECTIVE record is not read yet  // by string id
+  size_t awaiting_ =
+      0;  // buffered collectives whose COLLECTIVE record is not read yet  // by string id
   std::vector<int64_t> first_tensor_;  // tensors_seen() when each buffered op was read
   uint32_t last_region_ = BufferedOp::kNoRegion;
   uint64_t last_region_step_ = 0;

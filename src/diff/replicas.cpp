@@ -129,14 +129,13 @@ std::string parted_at(const RankStream& a, size_t end_a, const RankStream& b, si
     }
   const OpSeen& op = s.ops[at];
   const RankStream& other = extra_in_b ? a : b;
-  return fmt::format("{} op #{} {}, step {}, {} phase, which rank {} did not run", s.name,
-                     at, names[op.name], op.step, trace::phase_name(op.phase),
-                     other.rank);
+  return fmt::format("{} op #{} {}, step {}, {} phase, which rank {} did not run", s.name, at,
+                     names[op.name], op.step, trace::phase_name(op.phase), other.rank);
 }
 
 // Rank `s` parts from its replica `ref` at the k-th parameter write of `step`.
-ReplicaDivergence divergence_at(uint64_t step, size_t k, const RankStream& ref,
-                                const RankStream& s, const std::vector<std::string>& names) {
+ReplicaDivergence divergence_at(uint64_t step, size_t k, const RankStream& ref, const RankStream& s,
+                                const std::vector<std::string>& names) {
   const std::vector<Write>& wr = ref.writes.at(step);
   const std::vector<Write>& ws = s.writes.at(step);
   const bool missing = k >= ws.size();
@@ -152,12 +151,11 @@ ReplicaDivergence divergence_at(uint64_t step, size_t k, const RankStream& ref,
   d.sizes = wr[k].sizes;
   if (!missing) {
     d.digest = ws[k].out.hex();
-    d.input_differs = ws[k].param_in != wr[k].param_in  ? "parameter"
+    d.input_differs = ws[k].param_in != wr[k].param_in ? "parameter"
                       : ws[k].grad_in != wr[k].grad_in ? "gradient"
                                                        : "";
   }
-  d.parted_at =
-      parted_at(ref, wr[k].index + 1, s, missing ? SIZE_MAX : ws[k].index + 1, names);
+  d.parted_at = parted_at(ref, wr[k].index + 1, s, missing ? SIZE_MAX : ws[k].index + 1, names);
   const std::string what =
       d.input_differs == "parameter"
           ? "it read a different parameter: one rank changed it after the last update"
@@ -243,14 +241,15 @@ Status check_replicas(const std::string& run_dir, ReplicaCheck* out) {
                               [](const std::vector<size_t>& g) { return g.size() < 2; }),
                groups.end());
   if (groups.empty()) {
-    out->not_checked =
-        ranks.size() == 2
-            ? fmt::format("ranks {} and {} update different parameters in step {}: not "
-                          "data-parallel replicas",
-                          ranks[0].rank, ranks[1].rank, steps[0])
-            : fmt::format("no two of ranks {} update the same parameters in step {}: not "
-                          "data-parallel replicas",
-                          fmt::join(out->ranks, ", "), steps[0]);
+    out->not_checked = ranks.size() == 2
+                           ? fmt::format(
+                                 "ranks {} and {} update different parameters in step {}: not "
+                                 "data-parallel replicas",
+                                 ranks[0].rank, ranks[1].rank, steps[0])
+                           : fmt::format(
+                                 "no two of ranks {} update the same parameters in step {}: not "
+                                 "data-parallel replicas",
+                                 fmt::join(out->ranks, ", "), steps[0]);
     return Status();
   }
   out->replicas = true;
@@ -298,49 +297,51 @@ nlohmann::json replica_check_to_json(const ReplicaCheck& c) {
                       {"divergence", nullptr}};
   if (c.divergence) {
     const ReplicaDivergence& d = *c.divergence;
-    j["divergence"] = {{"class", "replica-divergence"},
-                       {"step", d.step},
-                       {"position", d.position},
-                       {"op", d.op},
-                       {"rank", d.rank},
-                       {"reference_rank", d.reference_rank},
-                       {"stream", d.stream},
-                       {"reference_stream", d.reference_stream},
-                       {"digest", d.digest},
-                       {"reference_digest", d.reference_digest},
-                       {"sizes", d.sizes},
-                       {"input_differs", d.input_differs.empty() ? nlohmann::json(nullptr)
-                                                                 : nlohmann::json(d.input_differs)},
-                       {"parted_at", d.parted_at.empty() ? nlohmann::json(nullptr)
-                                                         : nlohmann::json(d.parted_at)},
-                       {"detail", d.detail}};
+    j["divergence"] = {
+        {"class", "replica-divergence"},
+        {"step", d.step},
+        {"position", d.position},
+        {"op", d.op},
+        {"rank", d.rank},
+        {"reference_rank", d.reference_rank},
+        {"stream", d.stream},
+        {"reference_stream", d.reference_stream},
+        {"digest", d.digest},
+        {"reference_digest", d.reference_digest},
+        {"sizes", d.sizes},
+        {"input_differs",
+         d.input_differs.empty() ? nlohmann::json(nullptr) : nlohmann::json(d.input_differs)},
+        {"parted_at", d.parted_at.empty() ? nlohmann::json(nullptr) : nlohmann::json(d.parted_at)},
+        {"detail", d.detail}};
   }
   return j;
 }
 
 std::string render_replica_check(const ReplicaCheck& c) {
   if (c.ranks.size() < 2) return "";
-  if (!c.replicas)
-    return fmt::format("Replicas ({}): not checked: {}\n", c.run_dir, c.not_checked);
+  if (!c.replicas) return fmt::format("Replicas ({}): not checked: {}\n", c.run_dir, c.not_checked);
   if (!c.divergence) {
     if (c.groups.size() == 1 && c.groups[0] == c.ranks)
-      return fmt::format("Replicas ({}): ranks {} hold the same {} parameters after each of {} "
-                         "steps\n",
-                         c.run_dir, fmt::join(c.ranks, ", "), c.parameters, c.steps_checked);
+      return fmt::format(
+          "Replicas ({}): ranks {} hold the same {} parameters after each of {} "
+          "steps\n",
+          c.run_dir, fmt::join(c.ranks, ", "), c.parameters, c.steps_checked);
     std::vector<std::string> groups;
     for (const std::vector<int64_t>& g : c.groups)
       groups.push_back(fmt::format("{{{}}}", fmt::join(g, ", ")));
-    return fmt::format("Replicas ({}): each of the replica groups {} holds the same parameters "
-                       "after each of {} steps (shards of a parameter are not compared)\n",
-                       c.run_dir, fmt::join(groups, " "), c.steps_checked);
+    return fmt::format(
+        "Replicas ({}): each of the replica groups {} holds the same parameters "
+        "after each of {} steps (shards of a parameter are not compared)\n",
+        c.run_dir, fmt::join(groups, " "), c.steps_checked);
   }
   const ReplicaDivergence& d = *c.divergence;
   std::string out = fmt::format("Replicas ({}): DISAGREE (replica-divergence) at step {}\n",
                                 c.run_dir, d.step);
   out += fmt::format("  {}\n", d.detail);
   if (!d.parted_at.empty()) out += fmt::format("  the ranks' streams part at {}\n", d.parted_at);
-  out += "  remedy: change parameters on every rank alike (or through a collective); with DDP, "
-         "let it all-reduce every gradient (no no_sync on one rank only)\n";
+  out +=
+      "  remedy: change parameters on every rank alike (or through a collective); with DDP, "
+      "let it all-reduce every gradient (no no_sync on one rank only)\n";
   return out;
 }
 

@@ -11,11 +11,10 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "util/status.h"
 
@@ -23,8 +22,8 @@ namespace detaudit {
 
 struct ReplicaDivergence {
   uint64_t step = 0;
-  uint64_t position = 0;     // k-th parameter write of the step
-  std::string op;            // the optimizer's op ("aten::add_")
+  uint64_t position = 0;       // k-th parameter write of the step
+  std::string op;              // the optimizer's op ("aten::add_")
   int64_t rank = 0;            // the rank that disagrees with its group's lowest rank
   int64_t reference_rank = 0;  // that lowest rank
   std::string stream, reference_stream;
@@ -45,9 +44,9 @@ struct ReplicaCheck {
   bool replicas = false;       // some of them agreed at their first recorded step
   // Ranks that agreed, a group per shard (one for DDP), each group's lowest rank first.
   std::vector<std::vector<int64_t>> groups;
-  std::string not_checked;     // why not, when !replicas and there are 2+ ranks
+  std::string not_checked;  // why not, when !replicas and there are 2+ ranks
   uint64_t steps_checked = 0;
-  uint64_t parameters = 0;     // writes per step, in the first group
+  uint64_t parameters = 0;  // writes per step, in the first group
   std::optional<ReplicaDivergence> divergence;
 };
 

@@ -24,7 +24,8 @@ struct TensorSide {
   bool uninitialized = false;
   bool has_stats = false;
   trace::TensorStats stats;
-  std::string origin;  // where its contents came from: "external", "uninitialized (aten::empty)", ...
+  std::string
+      origin;  // where its contents came from: "external", "uninitialized (aten::empty)", ...
   bool in_shared_memory = false;  // share_memory_(), a DataLoader batch
 };
 
@@ -42,7 +43,7 @@ struct StatsDelta {
   bool has_stats = false;
   double min = 0, max = 0, mean = 0, l2 = 0;
   int64_t nan = 0, inf = 0;
-  double max_abs = 0;     // largest |delta| over min/max/mean/l2
+  double max_abs = 0;  // largest |delta| over min/max/mean/l2
   bool within_tolerance = false;
 };
 
@@ -58,7 +59,7 @@ struct StructuralDifference {
   std::string phase;
   uint64_t index_a = 0, index_b = 0;  // op positions in the stream
   uint64_t order_a = 0, order_b = 0;
-  std::string op_a, op_b;             // "" when that side has none there
+  std::string op_a, op_b;                 // "" when that side has none there
   uint64_t skipped_a = 0, skipped_b = 0;  // ops of each side with no counterpart
   std::string detail;
 };
@@ -78,8 +79,9 @@ struct RemedyVerification {
     std::string first;    // its first divergence, "" if none
   };
   bool verified = false;  // the last round's runs are identical
-  std::string outcome;    // one line: "verified: identical with --deterministic on (181 ops compared)"
-  std::string flags;      // what made them identical, when verified
+  std::string
+      outcome;        // one line: "verified: identical with --deterministic on (181 ops compared)"
+  std::string flags;  // what made them identical, when verified
   std::vector<Round> rounds;
 };
 
@@ -94,20 +96,20 @@ struct FirstDivergence {
   uint64_t index = 0;              // position of the op in run A's stream (0-based)
   uint64_t order_a = 0, order_b = 0;
   uint64_t offset_a = 0, offset_b = 0;
-  std::string divergence_class;    // nondeterministic-op | rng-state | external-input |
-                                   // uninitialized-memory | structural | input-differs
-  std::string detail;              // one line of evidence
+  std::string divergence_class;  // nondeterministic-op | rng-state | external-input |
+                                 // uninitialized-memory | structural | input-differs
+  std::string detail;            // one line of evidence
   // Why it counts: what read the differing bytes first ("read by aten::mul (op #15, step 0)"),
   // or why the diff could not rule a read out ("not overwritten before the stream ended").
   std::string confirmed_by;
-  bool nested = false;             // structural: every differing op is inside ops both runs ran
+  bool nested = false;  // structural: every differing op is inside ops both runs ran
   bool args_differ = false;
   bool is_random = false;
   uint64_t rng_a = 0, rng_b = 0;
   std::vector<TensorPair> inputs, outputs;
   std::vector<StatsDelta> magnitude;
   std::optional<CatalogRef> catalog;
-  std::string cause;   // the likely cause, when one is named
+  std::string cause;  // the likely cause, when one is named
   std::string remedy;
   // The torch.compile region that ran last in this step before the op, if any: where a
   // difference in a "compiled" input arose.
@@ -174,7 +176,7 @@ struct UnreadDifference {
   std::string stream;
   uint64_t step = 0;
   std::string op;
-  uint64_t index = 0;  // in run A's stream
+  uint64_t index = 0;          // in run A's stream
   std::string overwritten_by;  // "aten::zero_ (op #14)"
 };
 
@@ -201,9 +203,9 @@ struct ProcessEndingReport {
   // "killed by SIGABRT", "interrupted by SIGTERM", "exited", or "no end recorded" (killed with
   // no chance to say so: SIGKILL, the OOM killer, a lost node)
   std::string ended;
-  std::string detail;       // one line: how, on which thread, inside which op, while exiting
-  std::string thread;       // the thread the signal stopped, "" if it recorded nothing
-  std::string inside_op;    // the op that thread was inside; "" when after its last recorded op
+  std::string detail;     // one line: how, on which thread, inside which op, while exiting
+  std::string thread;     // the thread the signal stopped, "" if it recorded nothing
+  std::string inside_op;  // the op that thread was inside; "" when after its last recorded op
   uint64_t inside_step = 0;
   bool recorded_ending = false;  // its .status says how it ended
   bool exiting = false;          // it was already exiting (after the program's last line)
@@ -231,17 +233,17 @@ struct DiffReport {
   // Why a divergence could not be traced to a first divergent op (verdict "unexplained").
   std::string unexplained;
   GateConfig gate;
-  bool beyond_tolerance = false;      // some divergence exceeds the gate's rtol/atol
+  bool beyond_tolerance = false;  // some divergence exceeds the gate's rtol/atol
   std::vector<EnvDifference> environment;
   std::optional<FirstDivergence> first;
   std::vector<StructuralDifference> structural;  // the first few, in stream order
   uint64_t structural_count = 0;
   uint64_t divergent_ops = 0;
   std::map<uint64_t, uint64_t> divergent_ops_per_step;
-  std::map<uint64_t, StepPoint> curve;                           // by step
-  std::map<int64_t, std::map<uint64_t, LossPoint>> loss;         // rank -> step
+  std::map<uint64_t, StepPoint> curve;                                // by step
+  std::map<int64_t, std::map<uint64_t, LossPoint>> loss;              // rank -> step
   std::map<int64_t, std::map<uint64_t, uint64_t>> divergent_by_rank;  // rank -> step -> ops
-  std::map<std::string, std::vector<uint64_t>> divergent_orders;  // stream -> run A's orders
+  std::map<std::string, std::vector<uint64_t>> divergent_orders;      // stream -> run A's orders
   std::vector<ParameterDivergence> parameters;  // first divergent step per parameter
   uint64_t parameters_tracked = 0;
   uint64_t unread_differences = 0;

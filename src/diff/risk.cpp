@@ -45,8 +45,9 @@ void environment_risks(const std::string& process, const std::map<std::string, s
   if (const std::string* v = get("env.CUBLAS_WORKSPACE_CONFIG"); cuda && (!v || *v == "null"))
     add("cublas-workspace", "env.CUBLAS_WORKSPACE_CONFIG", v ? *v : "(unset)",
         "older PyTorch shares cuBLAS workspaces across streams");
-  if (const std::string* v = get("env.PYTHONHASHSEED"); v && *v == "null" &&
-      get("command_line") && get("command_line")->find("python") != std::string::npos)
+  if (const std::string* v = get("env.PYTHONHASHSEED");
+      v && *v == "null" && get("command_line") &&
+      get("command_line")->find("python") != std::string::npos)
     add("pythonhashseed", "env.PYTHONHASHSEED", "(unset)",
         "string hashes are salted per process: set/dict order of strings can differ");
 }
@@ -59,9 +60,9 @@ Status risk_report(const std::string& run_dir, const Catalog& catalog, RiskRepor
   fs::path dir = fs::path(run_dir) / layout::kStreamsDir;
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
-    return Status::error(fmt::format("{}: not a run directory (no {}/)", run_dir,
-                                     layout::kStreamsDir),
-                         ExitCode::kBadInput);
+    return Status::error(
+        fmt::format("{}: not a run directory (no {}/)", run_dir, layout::kStreamsDir),
+        ExitCode::kBadInput);
   std::vector<std::string> files;
   for (const fs::directory_entry& e : fs::directory_iterator(dir, ec))
     if (e.path().extension() == layout::kTraceExt) files.push_back(e.path().string());
@@ -73,8 +74,8 @@ Status risk_report(const std::string& run_dir, const Catalog& catalog, RiskRepor
   for (const std::string& path : files) {
     trace::TraceReader reader;
     if (Status s = reader.open(path); !s.ok()) return s;
-    auto fingerprint =
-        env.find(layout::process_name(reader.header().rank, reader.header().process_role));
+    auto fingerprint = env.find(
+        layout::process_name(reader.header().rank, reader.header().process_role));
     std::string stream = fs::path(path).stem().string();
     // Entries per string id, looked up once per name.
     std::vector<std::vector<const CatalogEntry*>> by_name;
@@ -117,11 +118,13 @@ Status risk_report(const std::string& run_dir, const Catalog& catalog, RiskRepor
     }
     if (res == trace::ReadResult::kCorrupt)
       return Status::error(reader.error(), ExitCode::kBadInput);
-    if (res == trace::ReadResult::kTruncated) r.truncated.push_back(reader.error());
+    if (res == trace::ReadResult::kTruncated)
+      r.truncated.push_back(reader.error());
     else if (!reader.saw_end())
-      r.truncated.push_back(fmt::format("{}: offset {}: no END record: the process did not exit "
-                                        "cleanly, so its last ops may be missing",
-                                        path, reader.bytes_read()));
+      r.truncated.push_back(
+          fmt::format("{}: offset {}: no END record: the process did not exit "
+                      "cleanly, so its last ops may be missing",
+                      path, reader.bytes_read()));
   }
   for (auto& [_, h] : hits) r.hits.push_back(std::move(h));
   std::stable_sort(r.hits.begin(), r.hits.end(),
@@ -159,16 +162,28 @@ std::string render_risk_report(const RiskReport& r, bool color) {
 nlohmann::json risk_report_to_json(const RiskReport& r) {
   nlohmann::json hits = nlohmann::json::array(), env = nlohmann::json::array();
   for (const RiskHit& h : r.hits)
-    hits.push_back({{"entry", h.entry_id}, {"op", h.op}, {"stream", h.stream},
-                    {"count", h.count}, {"first_step", h.first_step},
+    hits.push_back({{"entry", h.entry_id},
+                    {"op", h.op},
+                    {"stream", h.stream},
+                    {"count", h.count},
+                    {"first_step", h.first_step},
                     {"conditions_met", h.conditions_met},
-                    {"conditions_unknown", h.conditions_unknown}, {"remedy", h.remedy},
+                    {"conditions_unknown", h.conditions_unknown},
+                    {"remedy", h.remedy},
                     {"uncertain", h.uncertain}});
   for (const EnvironmentRisk& e : r.environment)
-    env.push_back({{"entry", e.entry_id}, {"process", e.process}, {"key", e.key},
-                   {"value", e.value}, {"why", e.why}, {"remedy", e.remedy}});
-  return {{"schema", "detaudit.risk/1"}, {"run", r.run_dir}, {"ops_scanned", r.ops_scanned},
-          {"ops", hits}, {"environment", env}, {"truncated", r.truncated},
+    env.push_back({{"entry", e.entry_id},
+                   {"process", e.process},
+                   {"key", e.key},
+                   {"value", e.value},
+                   {"why", e.why},
+                   {"remedy", e.remedy}});
+  return {{"schema", "detaudit.risk/1"},
+          {"run", r.run_dir},
+          {"ops_scanned", r.ops_scanned},
+          {"ops", hits},
+          {"environment", env},
+          {"truncated", r.truncated},
           {"replicas", replica_check_to_json(r.replicas)}};
 }
 

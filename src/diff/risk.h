@@ -7,10 +7,9 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "catalog/catalog.h"
 #include "diff/replicas.h"
@@ -21,8 +20,8 @@ namespace detaudit {
 struct RiskHit {
   std::string entry_id;
   std::string op;
-  std::string stream;            // where it ran first
-  uint64_t count = 0;            // times it ran with no condition known to be unmet
+  std::string stream;  // where it ran first
+  uint64_t count = 0;  // times it ran with no condition known to be unmet
   uint64_t first_step = 0;
   std::vector<std::string> conditions_met, conditions_unknown;  // at its first run
   std::string remedy;
@@ -39,10 +38,10 @@ struct EnvironmentRisk {
 struct RiskReport {
   std::string run_dir;
   uint64_t ops_scanned = 0;
-  std::vector<RiskHit> hits;                  // by count, highest first
+  std::vector<RiskHit> hits;  // by count, highest first
   std::vector<EnvironmentRisk> environment;
-  std::vector<std::string> truncated;         // "file: offset N: why" of cut-short streams
-  ReplicaCheck replicas;                      // data-parallel ranks agree after each step?
+  std::vector<std::string> truncated;  // "file: offset N: why" of cut-short streams
+  ReplicaCheck replicas;               // data-parallel ranks agree after each step?
 };
 
 // Scans every stream of a run directory once, in bounded memory. Corrupt input is an error

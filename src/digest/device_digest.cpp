@@ -43,7 +43,8 @@ void DeviceDigester::add_words(const uint8_t* p, size_t words) {
     std::memcpy(row, p + 8 * i, sizeof row);  // little-endian hosts only (the build targets)
     for (uint32_t l = 0; l < kLanes; ++l) acc_[l] = xxh64_round(acc_[l], row[l]);
     if (with_stats_)
-      for (uint32_t l = 0; l < kLanes; ++l) lanes::add_word(&lane_stats_[l], row[l], type_, per_word);
+      for (uint32_t l = 0; l < kLanes; ++l)
+        lanes::add_word(&lane_stats_[l], row[l], type_, per_word);
     words_in_leaf_ += kLanes;
     if (words_in_leaf_ == kLeafWords) close_leaf();
   }
@@ -99,7 +100,13 @@ void DeviceDigester::close_leaf() {
 LaneResult DeviceDigester::finish() {
   if (tail_used_ > 0) {
     std::memset(tail_ + tail_used_, 0, 8 - tail_used_);
-    add_word([&] { uint64_t w; std::memcpy(&w, tail_, 8); return w; }(), tail_used_ / type_.size);
+    add_word(
+        [&] {
+          uint64_t w;
+          std::memcpy(&w, tail_, 8);
+          return w;
+        }(),
+        tail_used_ / type_.size);
     tail_used_ = 0;
   }
   if (words_in_leaf_ > 0) close_leaf();
@@ -126,8 +133,8 @@ void lane_result_to_desc(const LaneResult& r, uint8_t dtype, bool with_stats,
   const ElementType type = element_type(dtype);
   const bool integral = !is_floating(type.kind);
   const LaneStats& s = r.stats;
-  const trace::TensorStats stats =
-      summarize_stats(s.min, s.max, s.sum, s.sumsq, s.count, s.nan, s.inf, integral);
+  const trace::TensorStats stats = summarize_stats(s.min, s.max, s.sum, s.sumsq, s.count, s.nan,
+                                                   s.inf, integral);
   store_stats(with_stats && type.kind != ElementKind::kNone ? &stats : nullptr, integral, out);
 }
 

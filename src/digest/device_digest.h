@@ -29,9 +29,9 @@ class DeviceDigester {
   uint64_t bytes_ = 0;
   uint8_t tail_[8] = {};  // a word's first bytes, until the rest comes
   uint32_t tail_used_ = 0;
-  uint64_t leaf_ = 0;             // the open leaf's index
+  uint64_t leaf_ = 0;  // the open leaf's index
   uint32_t words_in_leaf_ = 0;
-  uint64_t leaf_sum_ = 0;         // of the closed leaves' hashes
+  uint64_t leaf_sum_ = 0;  // of the closed leaves' hashes
   uint64_t acc_[lanes::kLanes];
   lanes::LaneStats lane_stats_[lanes::kLanes];
   // Closed leaves' statistics, merged as a binary counter: (stats, level), levels decreasing.

@@ -16,10 +16,11 @@ using trace::DigestAlgo;
 const Xxh3Wide* xxh3_wide() {
 #if defined(__x86_64__)
   // The CPU first: each build is compiled for its ISA throughout.
-  static const Xxh3Wide* const widest =
-      __builtin_cpu_supports("avx512f") && xxh3_avx512() ? xxh3_avx512()
-      : __builtin_cpu_supports("avx2") && xxh3_avx2()    ? xxh3_avx2()
-                                                          : nullptr;
+  static const Xxh3Wide* const widest = __builtin_cpu_supports("avx512f") && xxh3_avx512()
+                                            ? xxh3_avx512()
+                                        : __builtin_cpu_supports("avx2") && xxh3_avx2()
+                                            ? xxh3_avx2()
+                                            : nullptr;
   return widest;
 #else
   return nullptr;

@@ -130,8 +130,8 @@ DETAUDIT_AVX512 void load_transposed(const uint8_t* const* lanes, size_t offset,
   for (int w = 0; w < 16; ++w) m[w] = r[w];  // word w of lanes 0..15, in lane order
 }
 
-DETAUDIT_AVX512 void update_avx512(uint32_t (*state)[Md5Lanes::kLanes],
-                                   const uint8_t* const* lanes, size_t nbytes) {
+DETAUDIT_AVX512 void update_avx512(uint32_t (*state)[Md5Lanes::kLanes], const uint8_t* const* lanes,
+                                   size_t nbytes) {
   __m512i m[16];
   for (size_t off = 0; off < nbytes; off += Md5Lanes::kBlockBytes) {
     load_transposed(lanes, off, m);
@@ -191,7 +191,8 @@ DETAUDIT_AVX2 DETAUDIT_INLINE void all_rounds8(Group* g, const __m256i (*m)[16],
                                                std::integer_sequence<int, I...>) {
   if constexpr (G == 2)
     ((round8<I>(g[0].a, g[0].b, g[0].c, g[0].d, m[0]),
-      round8<I>(g[1].a, g[1].b, g[1].c, g[1].d, m[1])), ...);
+      round8<I>(g[1].a, g[1].b, g[1].c, g[1].d, m[1])),
+     ...);
   else
     (round8<I>(g[0].a, g[0].b, g[0].c, g[0].d, m[0]), ...);
 }

@@ -23,18 +23,54 @@ StatsAccumulator::StatsAccumulator(uint8_t dtype)
       imin_(std::numeric_limits<int64_t>::max()),
       imax_(std::numeric_limits<int64_t>::min()) {
   switch (dtype) {
-    case 0: kind_ = Kind::kUnsigned; elem_size_ = 1; break;   // uint8
-    case 11: kind_ = Kind::kUnsigned; elem_size_ = 1; break;  // bool
-    case 1: kind_ = Kind::kSigned; elem_size_ = 1; break;
-    case 2: kind_ = Kind::kSigned; elem_size_ = 2; break;
-    case 3: kind_ = Kind::kSigned; elem_size_ = 4; break;
-    case 4: kind_ = Kind::kSigned; elem_size_ = 8; break;
-    case 5: kind_ = Kind::kHalf; elem_size_ = 2; break;
-    case 6: kind_ = Kind::kFloat; elem_size_ = 4; break;
-    case 7: kind_ = Kind::kDouble; elem_size_ = 8; break;
-    case 9: kind_ = Kind::kFloat; elem_size_ = 4; break;   // complex64: over components
-    case 10: kind_ = Kind::kDouble; elem_size_ = 8; break; // complex128
-    case 15: kind_ = Kind::kBFloat16; elem_size_ = 2; break;
+    case 0:
+      kind_ = Kind::kUnsigned;
+      elem_size_ = 1;
+      break;  // uint8
+    case 11:
+      kind_ = Kind::kUnsigned;
+      elem_size_ = 1;
+      break;  // bool
+    case 1:
+      kind_ = Kind::kSigned;
+      elem_size_ = 1;
+      break;
+    case 2:
+      kind_ = Kind::kSigned;
+      elem_size_ = 2;
+      break;
+    case 3:
+      kind_ = Kind::kSigned;
+      elem_size_ = 4;
+      break;
+    case 4:
+      kind_ = Kind::kSigned;
+      elem_size_ = 8;
+      break;
+    case 5:
+      kind_ = Kind::kHalf;
+      elem_size_ = 2;
+      break;
+    case 6:
+      kind_ = Kind::kFloat;
+      elem_size_ = 4;
+      break;
+    case 7:
+      kind_ = Kind::kDouble;
+      elem_size_ = 8;
+      break;
+    case 9:
+      kind_ = Kind::kFloat;
+      elem_size_ = 4;
+      break;  // complex64: over components
+    case 10:
+      kind_ = Kind::kDouble;
+      elem_size_ = 8;
+      break;  // complex128
+    case 15:
+      kind_ = Kind::kBFloat16;
+      elem_size_ = 2;
+      break;
     default: kind_ = Kind::kNone; break;
   }
 }
@@ -165,8 +201,7 @@ __attribute__((target("avx2,fma"))) void f32_lanes_careful_avx2(const float* x, 
 // sum would hide another Inf. min and max may have seen part of the chunk that stopped them: no
 // matter, the careful path sees the same values. min and max take two rows at a time, which
 // finite values allow.
-__attribute__((target("avx2,fma"))) size_t f32_lanes_avx2(const float* x, size_t n,
-                                                           FloatBlock* b) {
+__attribute__((target("avx2,fma"))) size_t f32_lanes_avx2(const float* x, size_t n, FloatBlock* b) {
   double* s = b->lanes.s;
   double* q = b->lanes.q;
   __m256d s0 = _mm256_loadu_pd(s), s1 = _mm256_loadu_pd(s + 4), s2 = _mm256_loadu_pd(s + 8),
@@ -234,20 +269,20 @@ __attribute__((target("avx2,fma"))) size_t f32_lanes_avx2(const float* x, size_t
 #endif
 #pragma GCC diagnostic ignored "-Wuninitialized"
 __attribute__((target("avx512f,avx512dq"))) size_t f32_lanes_avx512(const float* x, size_t n,
-                                                                     FloatBlock* b) {
+                                                                    FloatBlock* b) {
   double* s = b->lanes.s;
   double* q = b->lanes.q;
   __m512d s0 = _mm512_loadu_pd(s), s1 = _mm512_loadu_pd(s + 8);  // lanes 0-7, 8-15
   __m512d q0 = _mm512_loadu_pd(q), q1 = _mm512_loadu_pd(q + 8);
   __m512 mn = _mm512_set1_ps(b->mn), mx = _mm512_set1_ps(b->mx);
-#define DETAUDIT_ROW(v)                                                     \
-  do {                                                                      \
-    const __m512d d0 = _mm512_cvtps_pd(_mm512_castps512_ps256(v));          \
-    const __m512d d1 = _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1));       \
-    s0 = _mm512_add_pd(s0, d0);                                             \
-    s1 = _mm512_add_pd(s1, d1);                                             \
-    q0 = _mm512_fmadd_pd(d0, d0, q0);                                       \
-    q1 = _mm512_fmadd_pd(d1, d1, q1);                                       \
+#define DETAUDIT_ROW(v)                                               \
+  do {                                                                \
+    const __m512d d0 = _mm512_cvtps_pd(_mm512_castps512_ps256(v));    \
+    const __m512d d1 = _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)); \
+    s0 = _mm512_add_pd(s0, d0);                                       \
+    s1 = _mm512_add_pd(s1, d1);                                       \
+    q0 = _mm512_fmadd_pd(d0, d0, q0);                                 \
+    q1 = _mm512_fmadd_pd(d1, d1, q1);                                 \
   } while (0)
   size_t done = 0;
   while (done < n) {
@@ -384,21 +419,19 @@ DETAUDIT_NO_CONTRACT void f64_lanes(const uint8_t* p, size_t n, DoubleBlock* b) 
 bool stats_path_available(StatsPath p) {
   switch (p) {
     case StatsPath::kAuto:
-    case StatsPath::kPortable:
-      return true;
+    case StatsPath::kPortable: return true;
 #if defined(__x86_64__)
     case StatsPath::kAvx2: {
       static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
       return yes;
     }
     case StatsPath::kAvx512: {
-      static const bool yes =
-          __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+      static const bool yes = __builtin_cpu_supports("avx512f") &&
+                              __builtin_cpu_supports("avx512dq");
       return yes;
     }
 #endif
-    default:
-      return false;
+    default: return false;
   }
 }
 
@@ -460,9 +493,13 @@ void StatsAccumulator::update_block(const uint8_t* p, size_t n) {
         } else if (elem_size_ == 1) {
           v = int8_t(*q);
         } else if (elem_size_ == 2) {
-          int16_t x; std::memcpy(&x, q, 2); v = x;
+          int16_t x;
+          std::memcpy(&x, q, 2);
+          v = x;
         } else if (elem_size_ == 4) {
-          int32_t x; std::memcpy(&x, q, 4); v = x;
+          int32_t x;
+          std::memcpy(&x, q, 4);
+          v = x;
         } else {
           std::memcpy(&v, q, 8);
         }
@@ -472,13 +509,12 @@ void StatsAccumulator::update_block(const uint8_t* p, size_t n) {
       }
       count_ += n;
       break;
-    case Kind::kNone:
-      break;
+    case Kind::kNone: break;
   }
 }
 
-trace::TensorStats summarize_stats(double min, double max, double sum, double sumsq,
-                                   uint64_t count, uint64_t nan, uint64_t inf, bool integral) {
+trace::TensorStats summarize_stats(double min, double max, double sum, double sumsq, uint64_t count,
+                                   uint64_t nan, uint64_t inf, bool integral) {
   trace::TensorStats s;
   s.nan = nan;
   s.inf = inf;
@@ -491,7 +527,8 @@ trace::TensorStats summarize_stats(double min, double max, double sum, double su
 }
 
 void store_stats(const trace::TensorStats* stats, bool integral, trace::TensorDesc* out) {
-  out->bits &= uint8_t(~(trace::kTensorHasStats | trace::kTensorIntStats | trace::kTensorHasNanInf));
+  out->bits &= uint8_t(
+      ~(trace::kTensorHasStats | trace::kTensorIntStats | trace::kTensorHasNanInf));
   if (!stats) return;
   out->stats = *stats;
   out->bits |= trace::kTensorHasStats;
@@ -500,8 +537,9 @@ void store_stats(const trace::TensorStats* stats, bool integral, trace::TensorDe
 }
 
 trace::TensorStats StatsAccumulator::finish() const {
-  return integral() ? summarize_stats(double(imin_), double(imax_), sum_, 0, count_, nan_, inf_, true)
-                    : summarize_stats(min_, max_, sum_, sumsq_, count_, nan_, inf_, false);
+  return integral()
+             ? summarize_stats(double(imin_), double(imax_), sum_, 0, count_, nan_, inf_, true)
+             : summarize_stats(min_, max_, sum_, sumsq_, count_, nan_, inf_, false);
 }
 
 void StatsAccumulator::merge(const StatsAccumulator& next) {

@@ -42,8 +42,8 @@ class StatsAccumulator {
 
 // The stored statistics from running sums: mean and L2 from the sums, no L2 for integers, and a
 // zero min or max as +0.0 (which zero a min or max keeps depends on the operand order).
-trace::TensorStats summarize_stats(double min, double max, double sum, double sumsq,
-                                   uint64_t count, uint64_t nan, uint64_t inf, bool integral);
+trace::TensorStats summarize_stats(double min, double max, double sum, double sumsq, uint64_t count,
+                                   uint64_t nan, uint64_t inf, bool integral);
 // Sets out's statistics and their bits; with no statistics (null), clears the bits.
 void store_stats(const trace::TensorStats* stats, bool integral, trace::TensorDesc* out);
 

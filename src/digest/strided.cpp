@@ -14,7 +14,8 @@ namespace {
 // Copies n elements `stride` elements apart into out, with loads of the element's own width.
 template <typename T>
 void gather(const char* src, int64_t stride, size_t n, char* out) {
-  for (size_t i = 0; i < n; ++i) std::memcpy(out + i * sizeof(T), src + int64_t(i) * stride * int64_t(sizeof(T)), sizeof(T));
+  for (size_t i = 0; i < n; ++i)
+    std::memcpy(out + i * sizeof(T), src + int64_t(i) * stride * int64_t(sizeof(T)), sizeof(T));
 }
 
 void gather_elements(const char* src, int64_t stride, size_t n, size_t esize, char* out) {
@@ -103,8 +104,8 @@ bool has_avx2() {
 // dimensions in turn.
 bool gather_transposed_planes(const char* base, const int64_t* sizes, const int64_t* strides,
                               size_t ndim, char* out) {
-  if (ndim < 2 || ndim > trace::Dims::kInline || strides[ndim - 2] != 1 ||
-      strides[ndim - 1] <= 0 || sizes[ndim - 2] < 8 || sizes[ndim - 1] < 8 || !has_avx2())
+  if (ndim < 2 || ndim > trace::Dims::kInline || strides[ndim - 2] != 1 || strides[ndim - 1] <= 0 ||
+      sizes[ndim - 2] < 8 || sizes[ndim - 1] < 8 || !has_avx2())
     return false;
   const int64_t rows = sizes[ndim - 2], cols = sizes[ndim - 1], plane = rows * cols;
   int64_t index[trace::Dims::kInline] = {};
@@ -198,7 +199,8 @@ bool gather_view(const void* data, size_t esize, const int64_t* view_sizes,
   trace::Dims sizes, strides;
   if (!normalize_view(view_sizes, view_strides, dims, &sizes, &strides)) return true;
   return view_bytes(esize, sizes) <= capacity &&
-         gather_whole(static_cast<const char*>(data), esize, sizes, strides, static_cast<char*>(out));
+         gather_whole(static_cast<const char*>(data), esize, sizes, strides,
+                      static_cast<char*>(out));
 }
 
 // Feeds the elements of a non-contiguous tensor in logical order, gathered into a staging buffer
@@ -223,7 +225,7 @@ void feed_strided(const void* data, size_t esize, const int64_t* view_sizes,
   index.resize(size_t(outer_dims));
   std::fill(index.begin(), index.end(), 0);
   const size_t capacity = staging.size() / esize;  // elements
-  size_t used = 0;  // elements
+  size_t used = 0;                                 // elements
   auto flush = [&] {
     digester->update(staging.data(), used * esize);
     used = 0;

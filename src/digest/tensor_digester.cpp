@@ -58,7 +58,8 @@ double lane_pass_cost(size_t used) {
       for (int rep = 0; rep < 3; ++rep) {
         const auto t0 = std::chrono::steady_clock::now();
         fn();
-        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        best = std::min(
+            best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       }
       return std::max(best, 1e-9);
     };
@@ -175,7 +176,8 @@ void TensorDigester::update_all(const void* data, size_t nbytes, const ParallelF
   if (lanes) {
     threads = std::max<size_t>(threads, 1);
     const double one_by_one = double((leaves + threads - 1) / threads);
-    const double in_lanes = double((passes + threads - 1) / threads) * lane_pass_cost(full / passes);
+    const double in_lanes = double((passes + threads - 1) / threads) *
+                            lane_pass_cost(full / passes);
     lanes = in_lanes < one_by_one;
     if (!lanes) passes = 0;
   }
@@ -205,7 +207,8 @@ void TensorDigester::digest_leaves_md5(const uint8_t* p, size_t from, size_t to)
   // Block by block, so the statistics read what the hash just brought into cache.
   for (size_t off = 0; off < kLeafBytes; off += kStatsBlock) {
     md5.update(lane, kStatsBlock);
-    for (size_t l = 0; with_stats_ && l < n; ++l) closed_[from + l].stats.update(lane[l], kStatsBlock);
+    for (size_t l = 0; with_stats_ && l < n; ++l)
+      closed_[from + l].stats.update(lane[l], kStatsBlock);
     for (const uint8_t*& q : lane) q += kStatsBlock;
   }
   uint8_t digests[Md5Lanes::kLanes][16];

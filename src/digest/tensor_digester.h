@@ -66,8 +66,8 @@ class TensorDigester {
   // A partial statistics block; inline, so digesting a small tensor allocates nothing.
   std::array<uint8_t, kStatsBlockBytes> carry_;
   size_t carry_used_ = 0;
-  std::vector<Leaf> closed_;    // leaves before the open one
-  bool whole_ = false;          // update_all() digested a one-leaf tensor into whole_digest_
+  std::vector<Leaf> closed_;  // leaves before the open one
+  bool whole_ = false;        // update_all() digested a one-leaf tensor into whole_digest_
   trace::DigestBytes whole_digest_{};
   std::optional<DeviceDigester> device_;  // the device digest instead of all the above
 };

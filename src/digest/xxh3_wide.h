@@ -12,12 +12,12 @@ struct Xxh3WideState;
 
 // One vector build's functions.
 struct Xxh3Wide {
-  const char* isa;  // "avx512", "avx2"
+  const char* isa;             // "avx512", "avx2"
   Xxh3WideState* (*create)();  // ready for update()
   void (*destroy)(Xxh3WideState* s);
   void (*reset)(Xxh3WideState* s);
   void (*update)(Xxh3WideState* s, const void* data, size_t n);
-  void (*digest)(const Xxh3WideState* s, uint8_t out[16]);  // canonical (big-endian) bytes
+  void (*digest)(const Xxh3WideState* s, uint8_t out[16]);       // canonical (big-endian) bytes
   void (*oneshot)(const void* data, size_t n, uint8_t out[16]);  // the same, in one call
 };
 

@@ -29,7 +29,9 @@ void destroy(Xxh3WideState* s) {
 
 void reset(Xxh3WideState* s) { XXH3_128bits_reset(s->state); }
 
-void update(Xxh3WideState* s, const void* data, size_t n) { XXH3_128bits_update(s->state, data, n); }
+void update(Xxh3WideState* s, const void* data, size_t n) {
+  XXH3_128bits_update(s->state, data, n);
+}
 
 void digest(const Xxh3WideState* s, uint8_t out[16]) {
   XXH128_canonical_t c;

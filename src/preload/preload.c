@@ -73,6 +73,7 @@ __attribute__((constructor)) static void load_interposer(void) {
   const char* interposer = getenv("DETAUDIT_INTERPOSER");
   if (!run_dir || !*run_dir || !interposer || !*interposer || !can_run_torch()) return;
   if (!dlopen(interposer, RTLD_NOW | RTLD_GLOBAL))
-    fprintf(stderr, "detaudit: error: cannot load the interposer: %s; this process is not recorded\n",
+    fprintf(stderr,
+            "detaudit: error: cannot load the interposer: %s; this process is not recorded\n",
             dlerror());
 }

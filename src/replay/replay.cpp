@@ -36,7 +36,6 @@ void read_fingerprint(const std::string& run_dir, ReplayTarget* t) {
   }
 }
 
-
 std::string series_result(const ReplaySeries& s) {
   if (!s.error.empty()) return "the op refused: " + s.error;
   return fmt::format("{} distinct output{}{}", s.distinct, s.distinct == 1 ? "" : "s",
@@ -52,7 +51,8 @@ std::string plural(int n, const char* one, const char* many) {
 Status parse_op_ref(const std::string& text, std::string* stream, uint64_t* index) {
   const size_t colon = text.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == text.size())
-    return Status::error(fmt::format("--op: expected STREAM:N (r0.main.t-main:51), got '{}'", text));
+    return Status::error(
+        fmt::format("--op: expected STREAM:N (r0.main.t-main:51), got '{}'", text));
   *stream = text.substr(0, colon);
   try {
     size_t used = 0;
@@ -70,10 +70,11 @@ Status find_replay_target(const std::string& run_dir, const std::string& stream,
   const fs::path path = fs::path(run_dir) / layout::kStreamsDir / (stream + layout::kTraceExt);
   std::error_code ec;
   if (!fs::exists(path, ec))
-    return Status::error(fmt::format("{}: no stream {} (the streams are the files in {}/)",
-                                     run_dir, stream, (fs::path(run_dir) / layout::kStreamsDir).string()));
+    return Status::error(fmt::format("{}: no stream {} (the streams are the files in {}/)", run_dir,
+                                     stream, (fs::path(run_dir) / layout::kStreamsDir).string()));
   trace::TraceReader r;
-  if (Status s = r.open(path.string()); !s.ok()) return Status::error(s.message(), ExitCode::kBadInput);
+  if (Status s = r.open(path.string()); !s.ok())
+    return Status::error(s.message(), ExitCode::kBadInput);
   out->run_dir = run_dir;
   out->stream = stream;
   out->index = index;
@@ -108,7 +109,8 @@ Status find_replay_target(const std::string& run_dir, const std::string& stream,
                                      run_dir, stream, i, i ? i - 1 : 0, index));
   // Second pass: the occurrence among ops of the target's name, by start order.
   trace::TraceReader again;
-  if (Status s = again.open(path.string()); !s.ok()) return Status::error(s.message(), ExitCode::kBadInput);
+  if (Status s = again.open(path.string()); !s.ok())
+    return Status::error(s.message(), ExitCode::kBadInput);
   uint64_t before = 0;
   while (again.next() == trace::ReadResult::kRecord)
     if (again.kind() == trace::RecordKind::kOp && again.string(again.op().name) == out->op &&
@@ -120,7 +122,7 @@ Status find_replay_target(const std::string& run_dir, const std::string& stream,
 }
 
 json capture_spec_json(const ReplayTarget& t, const std::string& dir) {
-  return {{"process", t.process}, {"thread", t.thread},     {"op", t.op},
+  return {{"process", t.process},       {"thread", t.thread}, {"op", t.op},
           {"occurrence", t.occurrence}, {"inputs", t.inputs}, {"dir", dir}};
 }
 
@@ -141,12 +143,14 @@ void read_capture(const std::string& dir, ReplayReport* r) {
     if (j.contains("differing_inputs"))
       for (const json& d : j["differing_inputs"])
         r->capture_why += fmt::format("; input {} is {} (recorded {})", d["input"].get<int>(),
-                                      d["now"].get<std::string>(), d["recorded"].get<std::string>());
+                                      d["now"].get<std::string>(),
+                                      d["recorded"].get<std::string>());
     if (j.contains("compacted"))
       for (const json& a : j["compacted"])
         r->capture_why += fmt::format(
             "{}argument {} saved compact (its storage is over 1 GiB): a kernel that chooses by "
-            "layout may take another path in replay", r->capture_why.empty() ? "" : "; ", a.get<int>());
+            "layout may take another path in replay",
+            r->capture_why.empty() ? "" : "; ", a.get<int>());
   } catch (const std::exception& e) {
     r->capture_status = "error";
     r->capture_why = fmt::format("{}/capture.json: {}", dir, e.what());
@@ -178,8 +182,9 @@ Status add_series(const std::string& setting, const json& j, ReplayReport* r) {
       r->inputs_match = match;
     }
   } catch (const std::exception& e) {
-    return Status::error(fmt::format("the replayer's output is not what detaudit expects: {}", e.what()),
-                         ExitCode::kBadInput);
+    return Status::error(
+        fmt::format("the replayer's output is not what detaudit expects: {}", e.what()),
+        ExitCode::kBadInput);
   }
   r->series.push_back(std::move(s));
   return Status();
@@ -188,12 +193,9 @@ Status add_series(const std::string& setting, const json& j, ReplayReport* r) {
 void judge(ReplayReport* r) {
   if (r->capture_status != "saved") {
     r->evidence = "unverified";
-    r->evidence_line = fmt::format("unverified: the op's inputs were not captured ({}{}): {}",
-                                   r->capture_status,
-                                   r->capture_runs > 1
-                                       ? fmt::format(" in {} new runs", r->capture_runs)
-                                       : "",
-                                   r->capture_why);
+    r->evidence_line = fmt::format(
+        "unverified: the op's inputs were not captured ({}{}): {}", r->capture_status,
+        r->capture_runs > 1 ? fmt::format(" in {} new runs", r->capture_runs) : "", r->capture_why);
     return;
   }
   if (!r->inputs_match) {
@@ -206,7 +208,8 @@ void judge(ReplayReport* r) {
   for (const ReplaySeries& s : r->series) {
     if (s.setting == "under the remedy") continue;
     total += s.replays;
-    if (s.error.empty() && s.distinct > 1 && !reproduced) reproduced = &s;  // the first setting that shows it
+    if (s.error.empty() && s.distinct > 1 && !reproduced)
+      reproduced = &s;  // the first setting that shows it
   }
   if (reproduced) {
     r->evidence = "verified-nondeterministic";
@@ -228,11 +231,12 @@ void judge(ReplayReport* r) {
   }
   for (const ReplaySeries& s : r->series) {
     if (s.setting != "under the remedy") continue;
-    const std::string setting = fmt::format("use_deterministic_algorithms({}), {}",
-                                            s.deterministic ? "True" : "False",
-                                            plural(s.threads, "intra-op thread", "intra-op threads"));
+    const std::string setting = fmt::format(
+        "use_deterministic_algorithms({}), {}", s.deterministic ? "True" : "False",
+        plural(s.threads, "intra-op thread", "intra-op threads"));
     if (!s.error.empty())
-      r->remedy_line = fmt::format("remedy not verified: under {} the op refused: {}", setting, s.error);
+      r->remedy_line = fmt::format("remedy not verified: under {} the op refused: {}", setting,
+                                   s.error);
     else if (s.distinct == 1)
       r->remedy_line = fmt::format("remedy verified in isolation: {} of {} identical ({})",
                                    s.replays, s.replays, setting);
@@ -257,19 +261,21 @@ json report_to_json(const ReplayReport& r) {
                       {"matching_recorded", s.matching_recorded},
                       {"error", s.error.empty() ? json(nullptr) : json(s.error)}});
   return {{"schema", "detaudit.replay/1"},
-          {"op", {{"run", t.run_dir},
-                  {"stream", t.stream},
-                  {"index", t.index},
-                  {"name", t.op},
-                  {"occurrence", t.occurrence},
-                  {"step", t.step},
-                  {"phase", t.phase}}},
-          {"capture", {{"status", r.capture_status},
-                       {"why", r.capture_why.empty() ? json(nullptr) : json(r.capture_why)},
-                       {"inputs_file", r.inputs_file.empty() ? json(nullptr) : json(r.inputs_file)},
-                       {"inputs_match", r.inputs_match},
-                       {"runs", r.capture_runs},
-                       {"digest", t.digest}}},
+          {"op",
+           {{"run", t.run_dir},
+            {"stream", t.stream},
+            {"index", t.index},
+            {"name", t.op},
+            {"occurrence", t.occurrence},
+            {"step", t.step},
+            {"phase", t.phase}}},
+          {"capture",
+           {{"status", r.capture_status},
+            {"why", r.capture_why.empty() ? json(nullptr) : json(r.capture_why)},
+            {"inputs_file", r.inputs_file.empty() ? json(nullptr) : json(r.inputs_file)},
+            {"inputs_match", r.inputs_match},
+            {"runs", r.capture_runs},
+            {"digest", t.digest}}},
           {"series", series},
           {"evidence", r.evidence},
           {"evidence_line", r.evidence_line},
@@ -281,13 +287,12 @@ std::string render_text(const ReplayReport& r) {
   std::string out = fmt::format("REPLAY {} #{} {} (step {}, {} phase) of {}\n", t.stream, t.index,
                                 t.op, t.step, t.phase, t.run_dir);
   if (r.capture_status == "saved")
-    out += fmt::format("  inputs captured from a new run{}: {}{}\n",
-                       r.capture_runs > 1
-                           ? fmt::format(" (run {}: {} took another path)", r.capture_runs,
+    out += fmt::format(
+        "  inputs captured from a new run{}: {}{}\n",
+        r.capture_runs > 1 ? fmt::format(" (run {}: {} took another path)", r.capture_runs,
                                          r.capture_runs == 2 ? "the first" : "the ones before")
                            : "",
-                       r.inputs_file,
-                       r.inputs_match ? ", digests as recorded" : ", digests NOT as recorded");
+        r.inputs_file, r.inputs_match ? ", digests as recorded" : ", digests NOT as recorded");
   if (r.capture_status == "saved" && !r.capture_why.empty())
     out += fmt::format("  note: {}\n", r.capture_why);
   for (const ReplaySeries& s : r.series) {
@@ -307,8 +312,9 @@ std::string render_text(const ReplayReport& r) {
 
 std::string render_markdown(const ReplayReport& r) {
   const ReplayTarget& t = r.target;
-  std::string out = fmt::format("## detaudit replay: {}\n\n`{}` #{} `{}` (step {}, {} phase) of `{}`\n\n",
-                                r.evidence, t.stream, t.index, t.op, t.step, t.phase, t.run_dir);
+  std::string out = fmt::format(
+      "## detaudit replay: {}\n\n`{}` #{} `{}` (step {}, {} phase) of `{}`\n\n", r.evidence,
+      t.stream, t.index, t.op, t.step, t.phase, t.run_dir);
   if (!r.series.empty()) {
     out += "| setting | replays | threads | deterministic | result |\n|---|---:|---:|---|---|\n";
     for (const ReplaySeries& s : r.series) {
@@ -330,16 +336,18 @@ std::string render_junit(const ReplayReport& r) {
   std::string cases = fmt::format(
       "  <testcase classname=\"detaudit.replay\" name=\"evidence\">{}<system-out>{}</system-out>"
       "</testcase>\n",
-      nondeterministic ? fmt::format("<failure message=\"{}\"/>", escape_markup(r.evidence_line)) : "",
+      nondeterministic ? fmt::format("<failure message=\"{}\"/>", escape_markup(r.evidence_line))
+                       : "",
       escape_markup(render_text(r)));
   int failures = nondeterministic ? 1 : 0, tests = 1;
   if (!r.remedy_line.empty()) {
     ++tests;
     const bool verified = r.remedy_line.rfind("remedy verified", 0) == 0;
     if (!verified) ++failures;
-    cases += fmt::format("  <testcase classname=\"detaudit.replay\" name=\"remedy\">{}</testcase>\n",
-                         verified ? "<system-out>" + escape_markup(r.remedy_line) + "</system-out>"
-                                  : fmt::format("<failure message=\"{}\"/>", escape_markup(r.remedy_line)));
+    cases += fmt::format(
+        "  <testcase classname=\"detaudit.replay\" name=\"remedy\">{}</testcase>\n",
+        verified ? "<system-out>" + escape_markup(r.remedy_line) + "</system-out>"
+                 : fmt::format("<failure message=\"{}\"/>", escape_markup(r.remedy_line)));
   }
   return fmt::format(
       "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"detaudit\" tests=\"{0}\" "
@@ -361,7 +369,8 @@ std::string render_html(const ReplayReport& r) {
       "<style>body{{font:14px system-ui,sans-serif;margin:2em}}table{{border-collapse:collapse}}"
       "td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left}}.e{{font-weight:bold}}</style>"
       "</head><body><h1>detaudit replay: {0}</h1><p><code>{1}</code> #{2} <code>{3}</code> (step "
-      "{4}, {5} phase) of <code>{6}</code></p><p>capture: {7} (new runs: {12}){8}</p><table><tr><th>setting</th>"
+      "{4}, {5} phase) of <code>{6}</code></p><p>capture: {7} (new runs: "
+      "{12}){8}</p><table><tr><th>setting</th>"
       "<th>replays</th><th>threads</th><th>deterministic</th><th>result</th></tr>{9}</table>"
       "<p class=\"e\">{10}</p><p>{11}</p></body></html>\n",
       escape_markup(r.evidence), escape_markup(t.stream), t.index, escape_markup(t.op), t.step,

@@ -9,10 +9,9 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "util/status.h"
 
@@ -21,7 +20,7 @@ namespace detaudit::replay {
 // One recorded op, as a capture finds it again.
 struct ReplayTarget {
   std::string run_dir, stream, process, thread;
-  uint64_t index = 0;       // among the stream's records, as the reports number ops
+  uint64_t index = 0;  // among the stream's records, as the reports number ops
   std::string op;
   uint64_t occurrence = 0;  // among the thread's ops of that name, in start order
   uint64_t step = 0;
@@ -58,14 +57,14 @@ struct ReplayReport {
   ReplayTarget target;
   std::string capture_status;  // saved | other-path | not-reached | unsupported | error
   std::string capture_why;
-  int capture_runs = 0;        // new runs of the command it took (retried while on another path)
+  int capture_runs = 0;  // new runs of the command it took (retried while on another path)
   std::string inputs_file;
-  bool inputs_match = false;   // the saved inputs hash to the record's digests
+  bool inputs_match = false;  // the saved inputs hash to the record's digests
   std::vector<ReplaySeries> series;
   // verified-nondeterministic | not-reproduced | unverified
   std::string evidence;
-  std::string evidence_line;   // "reproduced: 7 distinct outputs in 20 replays (max |diff| 2.3e-10)"
-  std::string remedy_line;     // "remedy verified in isolation: 20 of 20 identical (...)"
+  std::string evidence_line;  // "reproduced: 7 distinct outputs in 20 replays (max |diff| 2.3e-10)"
+  std::string remedy_line;    // "remedy verified in isolation: 20 of 20 identical (...)"
 };
 
 // The capture's outcome, from <dir>/capture.json (absent: the op was not reached).

@@ -116,37 +116,44 @@ std::string growth_plot(const DiffReport& r) {
                    f.y(1) + 4, max_count);
   s += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">0</text>", f.left - 6,
                    f.y(0) + 4);
-  s += fmt::format("<text x=\"{}\" y=\"{:.1f}\" transform=\"rotate(-90 {} {:.1f})\" "
-                   "text-anchor=\"middle\">divergent ops</text>",
-                   14, (f.y(0) + f.y(1)) / 2, 14, (f.y(0) + f.y(1)) / 2);
-  s += fmt::format("<text x=\"{}\" y=\"{:.1f}\">1e{}</text><text x=\"{}\" y=\"{:.1f}\">"
-                   "1e{}</text>",
-                   f.width - f.right + 6, f.y(1) + 4, int(hi), f.width - f.right + 6, f.y(0) + 4, int(lo));
+  s += fmt::format(
+      "<text x=\"{}\" y=\"{:.1f}\" transform=\"rotate(-90 {} {:.1f})\" "
+      "text-anchor=\"middle\">divergent ops</text>",
+      14, (f.y(0) + f.y(1)) / 2, 14, (f.y(0) + f.y(1)) / 2);
+  s += fmt::format(
+      "<text x=\"{}\" y=\"{:.1f}\">1e{}</text><text x=\"{}\" y=\"{:.1f}\">"
+      "1e{}</text>",
+      f.width - f.right + 6, f.y(1) + 4, int(hi), f.width - f.right + 6, f.y(0) + 4, int(lo));
   const double bar = std::max(2.0, f.slot() * 0.6);
   for (size_t i = 0; i < steps.size(); ++i) {
     const double top = f.y(max_count > 0 ? counts[i] / max_count : 0);
-    s += fmt::format("<rect class=\"bar\" x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" "
-                     "height=\"{:.1f}\" fill=\"{}\"><title>step {}: {} divergent ops</title></rect>",
-                     f.x(i) - bar / 2, top, bar, f.y(0) - top, kBarColour, steps[i], counts[i]);
+    s += fmt::format(
+        "<rect class=\"bar\" x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" "
+        "height=\"{:.1f}\" fill=\"{}\"><title>step {}: {} divergent ops</title></rect>",
+        f.x(i) - bar / 2, top, bar, f.y(0) - top, kBarColour, steps[i], counts[i]);
   }
   std::string points;
   for (size_t i = 0; i < steps.size(); ++i) {
     if (!(rel[i] > 0)) continue;
     const double frac = (std::log10(rel[i]) - lo) / (hi - lo);
     points += fmt::format("{:.1f},{:.1f} ", f.x(i), f.y(frac));
-    s += fmt::format("<circle class=\"rel\" cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"4\" fill=\"{}\">"
-                     "<title>step {}: largest relative difference {}</title></circle>",
-                     f.x(i), f.y(frac), kLineColour, steps[i], html_number(rel[i]));
+    s += fmt::format(
+        "<circle class=\"rel\" cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"4\" fill=\"{}\">"
+        "<title>step {}: largest relative difference {}</title></circle>",
+        f.x(i), f.y(frac), kLineColour, steps[i], html_number(rel[i]));
   }
   if (!points.empty())
-    s += fmt::format("<polyline class=\"rel\" points=\"{}\" fill=\"none\" stroke=\"{}\" "
-                     "stroke-width=\"3\"/>", points, kLineColour);
+    s += fmt::format(
+        "<polyline class=\"rel\" points=\"{}\" fill=\"none\" stroke=\"{}\" "
+        "stroke-width=\"3\"/>",
+        points, kLineColour);
   s += "</svg>";
-  s += fmt::format("<p class=\"muted\"><span style=\"color:{}\">&#9632;</span> divergent ops "
-                   "(left) &nbsp; <span style=\"color:{}\">&#9679;</span> largest relative "
-                   "difference of a divergent output, from its statistics (right, log scale; a "
-                   "step without a point differs below float32 statistics)</p>",
-                   kBarColour, kLineColour);
+  s += fmt::format(
+      "<p class=\"muted\"><span style=\"color:{}\">&#9632;</span> divergent ops "
+      "(left) &nbsp; <span style=\"color:{}\">&#9679;</span> largest relative "
+      "difference of a divergent output, from its statistics (right, log scale; a "
+      "step without a point differs below float32 statistics)</p>",
+      kBarColour, kLineColour);
   return s;
 }
 
@@ -180,16 +187,19 @@ std::string loss_plot(const DiffReport& r) {
   std::tie(dlo, dhi) = log_range(d);
   std::string s = fmt::format(
       "<svg id=\"loss-plot\" viewBox=\"0 0 {} {}\" width=\"100%\" role=\"img\" "
-      "aria-label=\"loss of run A and run B per step\">", f.width, f.height);
+      "aria-label=\"loss of run A and run B per step\">",
+      f.width, f.height);
   s += axes(f, steps);
   s += fmt::format("<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"#999\"/>",
                    f.width - f.right, f.y(0), f.y(1));
-  s += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text><text x=\"{}\" "
-                   "y=\"{:.1f}\" text-anchor=\"end\">{}</text>",
-                   f.left - 6, f.y(1) + 4, html_number(hi), f.left - 6, f.y(0) + 4, html_number(lo));
-  s += fmt::format("<text x=\"{}\" y=\"{:.1f}\">1e{}</text><text x=\"{}\" y=\"{:.1f}\">"
-                   "1e{}</text>",
-                   f.width - f.right + 6, f.y(1) + 4, int(dhi), f.width - f.right + 6, f.y(0) + 4, int(dlo));
+  s += fmt::format(
+      "<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text><text x=\"{}\" "
+      "y=\"{:.1f}\" text-anchor=\"end\">{}</text>",
+      f.left - 6, f.y(1) + 4, html_number(hi), f.left - 6, f.y(0) + 4, html_number(lo));
+  s += fmt::format(
+      "<text x=\"{}\" y=\"{:.1f}\">1e{}</text><text x=\"{}\" y=\"{:.1f}\">"
+      "1e{}</text>",
+      f.width - f.right + 6, f.y(1) + 4, int(dhi), f.width - f.right + 6, f.y(0) + 4, int(dlo));
   auto line = [&](const std::vector<double>& v, const char* cls, const char* colour,
                   const char* dash, bool log) {
     std::string pts, dots;
@@ -197,24 +207,27 @@ std::string loss_plot(const DiffReport& r) {
       if (log && !(v[i] > 0)) continue;
       const double y = f.y(log ? (std::log10(v[i]) - dlo) / (dhi - dlo) : frac(v[i]));
       pts += fmt::format("{:.1f},{:.1f} ", f.x(i), y);
-      dots += fmt::format("<circle class=\"{}\" cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.5\" "
-                          "fill=\"{}\"><title>step {}: {}</title></circle>",
-                          cls, f.x(i), y, colour, steps[i], html_number(v[i]));
+      dots += fmt::format(
+          "<circle class=\"{}\" cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.5\" "
+          "fill=\"{}\"><title>step {}: {}</title></circle>",
+          cls, f.x(i), y, colour, steps[i], html_number(v[i]));
     }
     if (pts.empty()) return std::string();
-    return fmt::format("<polyline class=\"{}\" points=\"{}\" fill=\"none\" stroke=\"{}\" "
-                       "stroke-width=\"3\" stroke-dasharray=\"{}\"/>{}",
-                       cls, pts, colour, dash, dots);
+    return fmt::format(
+        "<polyline class=\"{}\" points=\"{}\" fill=\"none\" stroke=\"{}\" "
+        "stroke-width=\"3\" stroke-dasharray=\"{}\"/>{}",
+        cls, pts, colour, dash, dots);
   };
   s += line(d, "loss-diff", kLossDiff, "2 3", true);
   s += line(a, "loss-a", kLineColour, "none", false);
   s += line(b, "loss-b", kLossB, "8 5", false);
   s += "</svg>";
-  s += fmt::format("<p class=\"muted\">Rank {}: <span style=\"color:{}\">&#9644;</span> loss, run A "
-                   "&nbsp; <span style=\"color:{}\">&#9644;</span> loss, run B (left) &nbsp; "
-                   "<span style=\"color:{}\">&#9679;</span> |B - A| (right, log scale; "
-                   "no point where they are equal)</p>",
-                   rank->first, kLineColour, kLossB, kLossDiff);
+  s += fmt::format(
+      "<p class=\"muted\">Rank {}: <span style=\"color:{}\">&#9644;</span> loss, run A "
+      "&nbsp; <span style=\"color:{}\">&#9644;</span> loss, run B (left) &nbsp; "
+      "<span style=\"color:{}\">&#9679;</span> |B - A| (right, log scale; "
+      "no point where they are equal)</p>",
+      rank->first, kLineColour, kLossB, kLossDiff);
   return s;
 }
 
@@ -233,7 +246,8 @@ std::string rank_lanes(const DiffReport& r) {
   const double cell = 900.0 / double(steps.size()), lane = 26;
   std::string s = fmt::format(
       "<section><h2>Ranks</h2><svg id=\"rank-lanes\" viewBox=\"0 0 1000 {:.0f}\" "
-      "width=\"100%\">", lane * double(ranks.size()) + 20);
+      "width=\"100%\">",
+      lane * double(ranks.size()) + 20);
   size_t row = 0;
   for (const auto& [rank, _] : ranks) {
     const double y = 10 + lane * double(row++);
@@ -245,11 +259,12 @@ std::string rank_lanes(const DiffReport& r) {
         if (auto jt = it->second.find(steps[i]); jt != it->second.end()) n = jt->second;
       const double alpha = n == 0 ? 0.06 : 0.25 + 0.75 * double(n) / double(most);
       const bool first = r.first && r.first->rank == rank && r.first->step == steps[i];
-      s += fmt::format("<rect class=\"lane\" x=\"{:.1f}\" y=\"{:.0f}\" width=\"{:.1f}\" "
-                       "height=\"{:.0f}\" fill=\"{}\" fill-opacity=\"{:.2f}\" stroke=\"{}\" "
-                       "stroke-width=\"{}\"><title>rank {} step {}: {} divergent ops</title></rect>",
-                       80 + cell * double(i), y, cell - 2, lane - 4, kBarColour, alpha,
-                       first ? "#000" : "none", first ? 3 : 0, rank, steps[i], n);
+      s += fmt::format(
+          "<rect class=\"lane\" x=\"{:.1f}\" y=\"{:.0f}\" width=\"{:.1f}\" "
+          "height=\"{:.0f}\" fill=\"{}\" fill-opacity=\"{:.2f}\" stroke=\"{}\" "
+          "stroke-width=\"{}\"><title>rank {} step {}: {} divergent ops</title></rect>",
+          80 + cell * double(i), y, cell - 2, lane - 4, kBarColour, alpha, first ? "#000" : "none",
+          first ? 3 : 0, rank, steps[i], n);
     }
   }
   s += "</svg><p class=\"muted\">Darker: more divergent ops. Outlined: the first divergence."
@@ -264,17 +279,19 @@ std::string side_cell(const TensorSide& t) {
   if (t.uninitialized) s += " <span class=\"muted\">uninitialized</span>";
   if (t.has_stats)
     s += fmt::format("<br><span class=\"muted\">min {} max {} mean {} l2 {}</span>",
-                     html_number(t.stats.min), html_number(t.stats.max), html_number(t.stats.mean), html_number(t.stats.l2));
+                     html_number(t.stats.min), html_number(t.stats.max), html_number(t.stats.mean),
+                     html_number(t.stats.l2));
   return s + "</td>";
 }
 
 std::string tensor_rows(const char* role, const std::vector<TensorPair>& pairs) {
   std::string s;
   for (const TensorPair& p : pairs)
-    s += fmt::format("<tr><td>{} {}{}</td><td class=\"{}\">{}</td>{}{}</tr>", role, p.index,
-                     p.a.origin.empty() ? "" : " <span class=\"muted\">(" + esc(p.a.origin) + ")</span>",
-                     p.differs ? "differs" : "same", p.differs ? "differs" : "same",
-                     side_cell(p.a), side_cell(p.b));
+    s += fmt::format(
+        "<tr><td>{} {}{}</td><td class=\"{}\">{}</td>{}{}</tr>", role, p.index,
+        p.a.origin.empty() ? "" : " <span class=\"muted\">(" + esc(p.a.origin) + ")</span>",
+        p.differs ? "differs" : "same", p.differs ? "differs" : "same", side_cell(p.a),
+        side_cell(p.b));
   return s;
 }
 
@@ -283,20 +300,23 @@ std::string first_divergence_card(const FirstDivergence& f) {
   auto row = [&](const char* k, const std::string& v) {
     s += fmt::format("<tr><th>{}</th><td>{}</td></tr>", k, v);
   };
-  row("where", fmt::format("rank {} ({}), step {}, {} phase{}", f.rank, esc(f.process), f.step,
-                           esc(f.phase),
-                           f.scope_path.empty() ? "" : ", in <code>" + esc(f.scope_path) + "</code>"));
+  row("where",
+      fmt::format("rank {} ({}), step {}, {} phase{}", f.rank, esc(f.process), f.step, esc(f.phase),
+                  f.scope_path.empty() ? "" : ", in <code>" + esc(f.scope_path) + "</code>"));
   row("op", fmt::format("<code>{}</code>", esc(fmt::format("{}", fmt::join(f.chain, " > ")))));
   row("position", fmt::format("op #{} of stream <code>{}</code> (order {} / {})", f.index,
                               esc(f.stream), f.order_a, f.order_b));
-  row("class", fmt::format("<span class=\"class\">{}</span> {}", esc(f.divergence_class),
-                           esc(f.detail)));
+  row("class",
+      fmt::format("<span class=\"class\">{}</span> {}", esc(f.divergence_class), esc(f.detail)));
   if (!f.confirmed_by.empty()) row("counts", esc(f.confirmed_by));
-  if (!f.batch_read_by.empty()) row("batch", "made in this DataLoader worker, read by " + esc(f.batch_read_by));
+  if (!f.batch_read_by.empty())
+    row("batch", "made in this DataLoader worker, read by " + esc(f.batch_read_by));
   if (!f.received_through.empty()) row("received", "through " + esc(f.received_through));
   for (const std::string& p : f.propagated_through) row("spread", "propagated through " + esc(p));
-  if (!f.compiled_region.empty()) row("region", esc(f.compiled_region) + " (torch.compile, opaque)");
-  if (f.is_random) row("rng", fmt::format("<code>{:016x}</code> vs <code>{:016x}</code>", f.rng_a, f.rng_b));
+  if (!f.compiled_region.empty())
+    row("region", esc(f.compiled_region) + " (torch.compile, opaque)");
+  if (f.is_random)
+    row("rng", fmt::format("<code>{:016x}</code> vs <code>{:016x}</code>", f.rng_a, f.rng_b));
   if (!f.cause.empty()) row("cause", esc(f.cause));
   row("remedy", esc(f.remedy));
   if (f.catalog) {
@@ -320,11 +340,16 @@ std::string first_divergence_card(const FirstDivergence& f) {
     s += "<h2>Magnitude (B - A)</h2><table><tr><th>tensor</th><th>min</th><th>max</th>"
          "<th>mean</th><th>l2</th><th>within tolerance</th></tr>";
     for (const StatsDelta& d : f.magnitude)
-      s += d.has_stats ? fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
-                                     "<td>{}</td></tr>", esc(d.tensor), html_number(d.min), html_number(d.max),
-                                     html_number(d.mean), html_number(d.l2), d.within_tolerance ? "yes" : "no")
-                       : fmt::format("<tr><td>{}</td><td colspan=\"5\" class=\"muted\">no "
-                                     "statistics recorded</td></tr>", esc(d.tensor));
+      s += d.has_stats
+               ? fmt::format(
+                     "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+                     "<td>{}</td></tr>",
+                     esc(d.tensor), html_number(d.min), html_number(d.max), html_number(d.mean),
+                     html_number(d.l2), d.within_tolerance ? "yes" : "no")
+               : fmt::format(
+                     "<tr><td>{}</td><td colspan=\"5\" class=\"muted\">no "
+                     "statistics recorded</td></tr>",
+                     esc(d.tensor));
     s += "</table>";
   }
   return s + "</section>";
@@ -348,8 +373,10 @@ std::string render_html(const DiffReport& r) {
     b += "<section id=\"remedy\"><h2>Remedy verification</h2><p><strong>" + esc(v->outcome) +
          "</strong></p><ul>";
     for (const RemedyVerification::Round& k : v->rounds)
-      b += "<li>" + esc(fmt::format("round {}: {}: {}{} ({})", k.round, k.flags, k.verdict,
-                                    k.first.empty() ? "" : ", first at " + k.first, k.runs)) + "</li>";
+      b += "<li>" +
+           esc(fmt::format("round {}: {}: {}{} ({})", k.round, k.flags, k.verdict,
+                           k.first.empty() ? "" : ", first at " + k.first, k.runs)) +
+           "</li>";
     b += "</ul></section>";
   }
   for (const auto& [head, lines] : ending_lines(r)) {
@@ -363,11 +390,12 @@ std::string render_html(const DiffReport& r) {
     b += "</ul></section>";
   }
   if (const auto& u = r.first_unread)
-    b += fmt::format("<section><h2>Unread differences</h2><p>{} difference(s) overwritten before "
-                     "any op read them: not divergences. The first: <code>{}</code> (op #{}, "
-                     "step {}) of <code>{}</code>, overwritten by <code>{}</code>.</p></section>",
-                     r.unread_differences, esc(u->op), u->index, u->step, esc(u->stream),
-                     esc(u->overwritten_by));
+    b += fmt::format(
+        "<section><h2>Unread differences</h2><p>{} difference(s) overwritten before "
+        "any op read them: not divergences. The first: <code>{}</code> (op #{}, "
+        "step {}) of <code>{}</code>, overwritten by <code>{}</code>.</p></section>",
+        r.unread_differences, esc(u->op), u->index, u->step, esc(u->stream),
+        esc(u->overwritten_by));
   if (r.first) b += first_divergence_card(*r.first);
   b += "<section><h2>How the difference grows</h2>" + growth_plot(r) + "</section>";
   b += "<section><h2>Loss</h2>" + loss_plot(r) + "</section>";
@@ -387,8 +415,10 @@ std::string render_html(const DiffReport& r) {
   }
   b += "</section>";
   if (!r.structural.empty()) {
-    b += fmt::format("<section><h2>Structural differences ({})</h2><table><tr><th>stream</th>"
-                     "<th>step</th><th>ops</th><th>detail</th></tr>", r.structural_count);
+    b += fmt::format(
+        "<section><h2>Structural differences ({})</h2><table><tr><th>stream</th>"
+        "<th>step</th><th>ops</th><th>detail</th></tr>",
+        r.structural_count);
     for (const StructuralDifference& d : r.structural)
       b += fmt::format("<tr><td><code>{}</code></td><td>{}</td><td>#{} / #{}</td><td>{}</td></tr>",
                        esc(d.stream), d.step, d.index_a, d.index_b, esc(d.detail));
@@ -403,13 +433,16 @@ std::string render_html(const DiffReport& r) {
     if (!s.in_a || !s.in_b) notes += s.in_a ? "only in A " : "only in B ";
     if (s.consumer_last_step) notes += fmt::format("worker, up to step {} ", *s.consumer_last_step);
     if (!s.compiled_regions.empty()) notes += "torch.compile regions (opaque) ";
-    b += fmt::format("<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
-                     "<td>{}</td><td>{}</td><td>{}</td></tr>", esc(s.name), s.ops_a, s.ops_b,
-                     s.compared, s.divergent, s.structural, esc(s.digest), esc(notes));
+    b += fmt::format(
+        "<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+        "<td>{}</td><td>{}</td><td>{}</td></tr>",
+        esc(s.name), s.ops_a, s.ops_b, s.compared, s.divergent, s.structural, esc(s.digest),
+        esc(notes));
   }
-  b += fmt::format("</table><p class=\"muted\">{} ops compared in {:.2f} s; {} divergent.</p>"
-                   "</section></main>",
-                   r.ops_compared, r.seconds, r.divergent_ops);
+  b += fmt::format(
+      "</table><p class=\"muted\">{} ops compared in {:.2f} s; {} divergent.</p>"
+      "</section></main>",
+      r.ops_compared, r.seconds, r.divergent_ops);
   return page(fmt::format("detaudit: {}", r.verdict), b);
 }
 
@@ -422,32 +455,34 @@ std::string render_risk_html(const RiskReport& r) {
     uint64_t most = 1;
     for (const RiskHit& h : r.hits) most = std::max(most, h.count);
     const double row = 28;
-    b += fmt::format("<section><h2>Catalog ops that ran</h2><svg id=\"risk-plot\" viewBox=\"0 0 "
-                     "1000 {:.0f}\" width=\"100%\">", row * double(r.hits.size()) + 10);
+    b += fmt::format(
+        "<section><h2>Catalog ops that ran</h2><svg id=\"risk-plot\" viewBox=\"0 0 "
+        "1000 {:.0f}\" width=\"100%\">",
+        row * double(r.hits.size()) + 10);
     for (size_t i = 0; i < r.hits.size(); ++i) {
       const RiskHit& h = r.hits[i];
       const double y = 5 + row * double(i);
       const double w = 560.0 * double(h.count) / double(most);
-      b += fmt::format("<text x=\"4\" y=\"{:.0f}\">{}</text><rect class=\"bar\" x=\"300\" "
-                       "y=\"{:.0f}\" width=\"{:.1f}\" height=\"{:.0f}\" fill=\"{}\"/>"
-                       "<text x=\"{:.1f}\" y=\"{:.0f}\">x{}</text>",
-                       y + 17, esc(h.op), y + 3, std::max(2.0, w), row - 8, kBarColour,
-                       306 + w, y + 17, h.count);
+      b += fmt::format(
+          "<text x=\"4\" y=\"{:.0f}\">{}</text><rect class=\"bar\" x=\"300\" "
+          "y=\"{:.0f}\" width=\"{:.1f}\" height=\"{:.0f}\" fill=\"{}\"/>"
+          "<text x=\"{:.1f}\" y=\"{:.0f}\">x{}</text>",
+          y + 17, esc(h.op), y + 3, std::max(2.0, w), row - 8, kBarColour, 306 + w, y + 17,
+          h.count);
     }
     b += "</svg><table><tr><th>op</th><th>entry</th><th>times</th><th>first</th>"
          "<th>conditions met</th><th>remedy</th></tr>";
     for (const RiskHit& h : r.hits)
-      b += fmt::format("<tr><td><code>{}</code></td><td>{}{}</td><td>{}</td><td>{} step {}</td>"
-                       "<td>{}{}</td><td>{}</td></tr>",
-                       esc(h.op), esc(h.entry_id), h.uncertain ? " (uncertain)" : "", h.count,
-                       esc(h.stream), h.first_step,
-                       esc(fmt::format("{}", fmt::join(h.conditions_met, "; "))),
-                       h.conditions_unknown.empty()
-                           ? ""
-                           : "<br><span class=\"muted\">not checkable: " +
-                                 esc(fmt::format("{}", fmt::join(h.conditions_unknown, "; "))) +
-                                 "</span>",
-                       esc(h.remedy));
+      b += fmt::format(
+          "<tr><td><code>{}</code></td><td>{}{}</td><td>{}</td><td>{} step {}</td>"
+          "<td>{}{}</td><td>{}</td></tr>",
+          esc(h.op), esc(h.entry_id), h.uncertain ? " (uncertain)" : "", h.count, esc(h.stream),
+          h.first_step, esc(fmt::format("{}", fmt::join(h.conditions_met, "; "))),
+          h.conditions_unknown.empty()
+              ? ""
+              : "<br><span class=\"muted\">not checkable: " +
+                    esc(fmt::format("{}", fmt::join(h.conditions_unknown, "; "))) + "</span>",
+          esc(h.remedy));
     b += "</table></section>";
   }
   if (!r.environment.empty()) {

@@ -20,15 +20,18 @@ json json_number(double v) {
 }
 
 json stats_json(const trace::TensorStats& s) {
-  return json{{"min", json_number(s.min)}, {"max", json_number(s.max)}, {"mean", json_number(s.mean)},
-              {"l2", json_number(s.l2)},   {"nan", s.nan},      {"inf", s.inf}};
+  return json{{"min", json_number(s.min)},
+              {"max", json_number(s.max)},
+              {"mean", json_number(s.mean)},
+              {"l2", json_number(s.l2)},
+              {"nan", s.nan},
+              {"inf", s.inf}};
 }
 
 json side_json(const TensorSide& s) {
   if (!s.present) return nullptr;
-  json j{{"digest", s.digest},         {"shape", s.sizes},
-         {"dtype", s.dtype},           {"device", s.device},
-         {"provenance", s.provenance}, {"uninitialized", s.uninitialized},
+  json j{{"digest", s.digest}, {"shape", s.sizes},           {"dtype", s.dtype},
+         {"device", s.device}, {"provenance", s.provenance}, {"uninitialized", s.uninitialized},
          {"origin", s.origin}};
   j["stats"] = s.has_stats ? stats_json(s.stats) : json(nullptr);
   return j;
@@ -37,8 +40,8 @@ json side_json(const TensorSide& s) {
 json pairs_json(const std::vector<TensorPair>& ps) {
   json a = json::array();
   for (const TensorPair& p : ps)
-    a.push_back({{"index", p.index}, {"differs", p.differs}, {"a", side_json(p.a)},
-                 {"b", side_json(p.b)}});
+    a.push_back(
+        {{"index", p.index}, {"differs", p.differs}, {"a", side_json(p.a)}, {"b", side_json(p.b)}});
   return a;
 }
 
@@ -64,15 +67,18 @@ std::string digests_used(const DiffReport& r) {
 std::vector<std::pair<std::string, std::vector<std::string>>> ending_lines(const DiffReport& r) {
   std::vector<std::pair<std::string, std::vector<std::string>>> out;
   const std::string recorded =
-      r.verdict == "identical"   ? fmt::format("what both runs recorded is identical ({} ops)", r.ops_compared)
-      : r.verdict == "incomplete" ? "what both runs recorded agrees, but part of it was not compared"
-      : r.verdict == "divergent"  ? "what both runs recorded diverges: see below"
-                                  : "what both runs recorded could not be judged";
+      r.verdict == "identical"
+          ? fmt::format("what both runs recorded is identical ({} ops)", r.ops_compared)
+      : r.verdict == "incomplete"
+          ? "what both runs recorded agrees, but part of it was not compared"
+      : r.verdict == "divergent" ? "what both runs recorded diverges: see below"
+                                 : "what both runs recorded could not be judged";
   for (const RunEnding& e : r.endings) {
     std::string head = e.failed ? fmt::format("run {}'s program failed ({})", e.run,
                                               e.program.empty() ? "see run.json" : e.program)
-                                : fmt::format("run {}'s program ended ({}), but not every process exited",
-                                              e.run, e.program.empty() ? "no run.json" : e.program);
+                                : fmt::format(
+                                      "run {}'s program ended ({}), but not every process exited",
+                                      e.run, e.program.empty() ? "no run.json" : e.program);
     std::vector<std::string> lines;
     for (const ProcessEndingReport& p : e.processes) lines.push_back(p.detail);
     out.emplace_back(head + "; " + recorded, std::move(lines));
@@ -82,25 +88,29 @@ std::vector<std::pair<std::string, std::vector<std::string>>> ending_lines(const
 
 std::string one_line_verdict(const DiffReport& r) {
   if (r.verdict == "incomplete")
-    return fmt::format("incomplete: {} ops compared, bit for bit, but {} part(s) of the runs were "
-                       "not compared (exit 5; --allow-truncated passes on what both runs have)",
-                       r.ops_compared, r.not_compared.size());
+    return fmt::format(
+        "incomplete: {} ops compared, bit for bit, but {} part(s) of the runs were "
+        "not compared (exit 5; --allow-truncated passes on what both runs have)",
+        r.ops_compared, r.not_compared.size());
   if (r.verdict == "identical" && r.incomplete)
-    return fmt::format("identical up to the cut: {} ops compared, bit for bit, until a trace "
-                       "ended early (ops after the cut were not compared)", r.ops_compared);
+    return fmt::format(
+        "identical up to the cut: {} ops compared, bit for bit, until a trace "
+        "ended early (ops after the cut were not compared)",
+        r.ops_compared);
   if (r.verdict == "identical")
     return fmt::format("identical: {} ops compared, bit for bit", r.ops_compared);
   if (r.verdict == "unexplained")
-    return fmt::format("unexplained: {} divergent ops, but detaudit could not name the first: {}. "
-                       "This is a detaudit bug (exit 6); please report it with both runs",
-                       r.divergent_ops, r.unexplained);
+    return fmt::format(
+        "unexplained: {} divergent ops, but detaudit could not name the first: {}. "
+        "This is a detaudit bug (exit 6); please report it with both runs",
+        r.divergent_ops, r.unexplained);
   if (!r.first) {
     for (const ReplicaCheck& c : r.replicas)
       if (c.divergence)
-        return fmt::format("divergent: replicas of {} disagree from step {}: rank {}'s parameter "
-                           "#{} (replica-divergence)",
-                           c.run_dir, c.divergence->step, c.divergence->rank,
-                           c.divergence->position);
+        return fmt::format(
+            "divergent: replicas of {} disagree from step {}: rank {}'s parameter "
+            "#{} (replica-divergence)",
+            c.run_dir, c.divergence->step, c.divergence->rank, c.divergence->position);
     return "divergent";
   }
   const FirstDivergence& f = *r.first;
@@ -133,7 +143,9 @@ json report_to_json(const DiffReport& r) {
                 {"last_op", nullptr}};
       if (!p.inside_op.empty()) q["inside_step"] = p.inside_step;
       if (p.any_op)
-        q["last_op"] = {{"stream", p.last_stream}, {"op", p.last_op}, {"step", p.last_step},
+        q["last_op"] = {{"stream", p.last_stream},
+                        {"op", p.last_op},
+                        {"step", p.last_step},
                         {"index", p.last_index}};
       processes.push_back(std::move(q));
     }
@@ -146,20 +158,28 @@ json report_to_json(const DiffReport& r) {
   if (const auto& v = r.remedy_verification) {
     json rounds = json::array();
     for (const RemedyVerification::Round& k : v->rounds)
-      rounds.push_back({{"round", k.round}, {"flags", k.flags}, {"runs", k.runs},
+      rounds.push_back({{"round", k.round},
+                        {"flags", k.flags},
+                        {"runs", k.runs},
                         {"verdict", k.verdict},
                         {"first_divergence", k.first.empty() ? json(nullptr) : json(k.first)}});
-    j["remedy_verification"] = {{"verified", v->verified}, {"outcome", v->outcome},
+    j["remedy_verification"] = {{"verified", v->verified},
+                                {"outcome", v->outcome},
                                 {"flags", v->flags.empty() ? json(nullptr) : json(v->flags)},
                                 {"rounds", rounds}};
   }
   j["library_threads"] = json::array();
   for (const PoolComparison& c : r.library_pools) {
-    json p = {{"process", c.process},      {"threads", c.pool->thread},
-              {"streams_a", c.streams_a},  {"streams_b", c.streams_b},
-              {"ops_a", c.ops_a},          {"ops_b", c.ops_b},
-              {"matched", c.matched},      {"unmatched_a", c.unmatched_a},
-              {"unmatched_b", c.unmatched_b}, {"why", c.pool->why}};
+    json p = {{"process", c.process},
+              {"threads", c.pool->thread},
+              {"streams_a", c.streams_a},
+              {"streams_b", c.streams_b},
+              {"ops_a", c.ops_a},
+              {"ops_b", c.ops_b},
+              {"matched", c.matched},
+              {"unmatched_a", c.unmatched_a},
+              {"unmatched_b", c.unmatched_b},
+              {"why", c.pool->why}};
     if (c.unmatched_a || c.unmatched_b)
       p["first_unmatched"] = {{"step", c.first_unmatched_step}, {"op", c.first_unmatched_op}};
     j["library_threads"].push_back(std::move(p));
@@ -179,43 +199,49 @@ json report_to_json(const DiffReport& r) {
 
   if (r.first) {
     const FirstDivergence& f = *r.first;
-    json fd{{"stream", f.stream},
-            {"process", f.process},
-            {"rank", f.rank},
-            {"step", f.step},
-            {"phase", f.phase},
-            {"op", f.op},
-            {"chain", f.chain},
-            {"scope_path", f.scope_path},
-            {"batch_read_by", f.batch_read_by.empty() ? json(nullptr) : json(f.batch_read_by)},
-            {"received_through", f.received_through.empty() ? json(nullptr) : json(f.received_through)},
-            {"propagated_through", f.propagated_through},
-            {"scalar_argument", f.scalar_argument.empty() ? json(nullptr) : json(f.scalar_argument)},
-            {"data_order", f.data_order},
-            {"data_order_through_view", f.data_order_through_view},
-            {"hash_seed_unset", f.hash_seed_unset},
-            {"shared_writer", f.shared_writer.empty() ? json(nullptr) : json(f.shared_writer)},
-            {"index", f.index},
-            {"order", {{"a", f.order_a}, {"b", f.order_b}}},
-            {"offset", {{"a", f.offset_a}, {"b", f.offset_b}}},
-            {"class", f.divergence_class},
-            {"detail", f.detail},
-            {"confirmed_by", f.confirmed_by.empty() ? json(nullptr) : json(f.confirmed_by)},
-            {"args_differ", f.args_differ},
-            {"random", f.is_random},
-            {"cause", f.cause.empty() ? json(nullptr) : json(f.cause)},
-            {"remedy", f.remedy},
-            {"compiled_region", f.compiled_region.empty() ? json(nullptr) : json(f.compiled_region)},
-            {"inputs", pairs_json(f.inputs)},
-            {"outputs", pairs_json(f.outputs)}};
-    if (f.is_random) fd["rng"] = {{"a", fmt::format("{:016x}", f.rng_a)},
-                                  {"b", fmt::format("{:016x}", f.rng_b)}};
+    json fd{
+        {"stream", f.stream},
+        {"process", f.process},
+        {"rank", f.rank},
+        {"step", f.step},
+        {"phase", f.phase},
+        {"op", f.op},
+        {"chain", f.chain},
+        {"scope_path", f.scope_path},
+        {"batch_read_by", f.batch_read_by.empty() ? json(nullptr) : json(f.batch_read_by)},
+        {"received_through", f.received_through.empty() ? json(nullptr) : json(f.received_through)},
+        {"propagated_through", f.propagated_through},
+        {"scalar_argument", f.scalar_argument.empty() ? json(nullptr) : json(f.scalar_argument)},
+        {"data_order", f.data_order},
+        {"data_order_through_view", f.data_order_through_view},
+        {"hash_seed_unset", f.hash_seed_unset},
+        {"shared_writer", f.shared_writer.empty() ? json(nullptr) : json(f.shared_writer)},
+        {"index", f.index},
+        {"order", {{"a", f.order_a}, {"b", f.order_b}}},
+        {"offset", {{"a", f.offset_a}, {"b", f.offset_b}}},
+        {"class", f.divergence_class},
+        {"detail", f.detail},
+        {"confirmed_by", f.confirmed_by.empty() ? json(nullptr) : json(f.confirmed_by)},
+        {"args_differ", f.args_differ},
+        {"random", f.is_random},
+        {"cause", f.cause.empty() ? json(nullptr) : json(f.cause)},
+        {"remedy", f.remedy},
+        {"compiled_region", f.compiled_region.empty() ? json(nullptr) : json(f.compiled_region)},
+        {"inputs", pairs_json(f.inputs)},
+        {"outputs", pairs_json(f.outputs)}};
+    if (f.is_random)
+      fd["rng"] = {{"a", fmt::format("{:016x}", f.rng_a)}, {"b", fmt::format("{:016x}", f.rng_b)}};
     json mag = json::array();
     for (const StatsDelta& d : f.magnitude)
       mag.push_back({{"tensor", d.tensor},
                      {"has_stats", d.has_stats},
-                     {"delta", {{"min", json_number(d.min)}, {"max", json_number(d.max)}, {"mean", json_number(d.mean)},
-                                {"l2", json_number(d.l2)}, {"nan", d.nan}, {"inf", d.inf}}},
+                     {"delta",
+                      {{"min", json_number(d.min)},
+                       {"max", json_number(d.max)},
+                       {"mean", json_number(d.mean)},
+                       {"l2", json_number(d.l2)},
+                       {"nan", d.nan},
+                       {"inf", d.inf}}},
                      {"max_abs", json_number(d.max_abs)},
                      {"within_tolerance", d.within_tolerance}});
     fd["magnitude"] = mag;
@@ -240,7 +266,9 @@ json report_to_json(const DiffReport& r) {
 
   json st = json::array();
   for (const StructuralDifference& d : r.structural)
-    st.push_back({{"stream", d.stream}, {"step", d.step}, {"phase", d.phase},
+    st.push_back({{"stream", d.stream},
+                  {"step", d.step},
+                  {"phase", d.phase},
                   {"index", {{"a", d.index_a}, {"b", d.index_b}}},
                   {"op", {{"a", d.op_a}, {"b", d.op_b}}},
                   {"skipped", {{"a", d.skipped_a}, {"b", d.skipped_b}}},
@@ -250,8 +278,10 @@ json report_to_json(const DiffReport& r) {
   json per_step = json::array();
   for (const auto& [step, n] : r.divergent_ops_per_step) {
     auto c = r.curve.find(step);
-    per_step.push_back({{"step", step}, {"divergent_ops", n},
-                        {"max_relative_difference", c != r.curve.end() ? c->second.max_relative : 0.0}});
+    per_step.push_back(
+        {{"step", step},
+         {"divergent_ops", n},
+         {"max_relative_difference", c != r.curve.end() ? c->second.max_relative : 0.0}});
   }
   json loss = json::array();
   for (const auto& [rank, steps] : r.loss)
@@ -259,7 +289,9 @@ json report_to_json(const DiffReport& r) {
       loss.push_back({{"rank", rank}, {"step", step}, {"a", p.a}, {"b", p.b}});
   json params = json::array();
   for (const ParameterDivergence& p : r.parameters)
-    params.push_back({{"stream", p.stream}, {"position", p.position}, {"op", p.op},
+    params.push_back({{"stream", p.stream},
+                      {"position", p.position},
+                      {"op", p.op},
                       {"first_step", p.first_step}});
   j["spread"] = {{"divergent_ops", r.divergent_ops},
                  {"per_step", per_step},
@@ -272,30 +304,46 @@ json report_to_json(const DiffReport& r) {
   } else {
     json t = json::array();
     for (const Truncation& x : r.truncated)
-      t.push_back({{"run", x.run}, {"stream", x.stream}, {"file", x.file}, {"offset", x.offset},
-                   {"ops_compared", x.ops_compared}, {"message", x.message}});
-    j["truncated"] = {{"streams", t},
-                      {"note", "the comparison stopped at the cut; ops after it were not compared"}};
+      t.push_back({{"run", x.run},
+                   {"stream", x.stream},
+                   {"file", x.file},
+                   {"offset", x.offset},
+                   {"ops_compared", x.ops_compared},
+                   {"message", x.message}});
+    j["truncated"] = {
+        {"streams", t},
+        {"note", "the comparison stopped at the cut; ops after it were not compared"}};
   }
   json unread = {{"count", r.unread_differences}, {"first", nullptr}};
   if (r.first_unread)
-    unread["first"] = {{"stream", r.first_unread->stream}, {"step", r.first_unread->step},
-                       {"op", r.first_unread->op}, {"index", r.first_unread->index},
+    unread["first"] = {{"stream", r.first_unread->stream},
+                       {"step", r.first_unread->step},
+                       {"op", r.first_unread->op},
+                       {"index", r.first_unread->index},
                        {"overwritten_by", r.first_unread->overwritten_by}};
   j["unread_differences"] = unread;
   json streams = json::array();
   for (const StreamSummary& s : r.streams)
-    streams.push_back({{"name", s.name}, {"digest", s.digest}, {"in_a", s.in_a}, {"in_b", s.in_b},
-                       {"ops_a", s.ops_a}, {"ops_b", s.ops_b}, {"compared", s.compared},
-                       {"divergent", s.divergent}, {"structural", s.structural},
+    streams.push_back({{"name", s.name},
+                       {"digest", s.digest},
+                       {"in_a", s.in_a},
+                       {"in_b", s.in_b},
+                       {"ops_a", s.ops_a},
+                       {"ops_b", s.ops_b},
+                       {"compared", s.compared},
+                       {"divergent", s.divergent},
+                       {"structural", s.structural},
                        {"unread", s.unread},
-                       {"truncated", s.truncated}, {"alignment_lost", s.alignment_lost},
+                       {"truncated", s.truncated},
+                       {"alignment_lost", s.alignment_lost},
                        {"compiled_regions", s.compiled_regions},
-                       {"consumer_last_step", s.consumer_last_step ? json(*s.consumer_last_step)
-                                                                    : json(nullptr)}});
+                       {"consumer_last_step",
+                        s.consumer_last_step ? json(*s.consumer_last_step) : json(nullptr)}});
   j["streams"] = streams;
-  j["totals"] = {{"ops_compared", r.ops_compared}, {"records_a", r.records_a},
-                 {"records_b", r.records_b}, {"bytes_read", r.bytes_read},
+  j["totals"] = {{"ops_compared", r.ops_compared},
+                 {"records_a", r.records_a},
+                 {"records_b", r.records_b},
+                 {"bytes_read", r.bytes_read},
                  {"seconds", r.seconds}};
   return j;
 }

@@ -32,8 +32,10 @@ std::string render_junit(const DiffReport& r) {
       for (const std::string& l : lines) endings += "  " + l + "\n";
     }
     if (!endings.empty()) body += "<system-out>" + xml_escape(endings) + "</system-out>";
-    cases += fmt::format("  <testcase classname=\"detaudit\" name=\"verdict\" time=\"{:.3f}\">{}"
-                         "</testcase>\n", r.seconds, body);
+    cases += fmt::format(
+        "  <testcase classname=\"detaudit\" name=\"verdict\" time=\"{:.3f}\">{}"
+        "</testcase>\n",
+        r.seconds, body);
   }
   for (const StreamSummary& s : r.streams) {
     std::string body;
@@ -55,8 +57,10 @@ std::string render_junit(const DiffReport& r) {
                          c.unmatched_a, c.unmatched_b);
     }
     body += "<system-out>" + xml_escape(c.pool->why) + ": compared as one set</system-out>";
-    cases += fmt::format("  <testcase classname=\"detaudit.library_threads\" name=\"{} {}\">{}"
-                         "</testcase>\n", xml_escape(c.process), c.pool->thread, body);
+    cases += fmt::format(
+        "  <testcase classname=\"detaudit.library_threads\" name=\"{} {}\">{}"
+        "</testcase>\n",
+        xml_escape(c.process), c.pool->thread, body);
   }
   size_t extra = 0;
   if (const auto& v = r.remedy_verification) {

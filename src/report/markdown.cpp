@@ -39,16 +39,20 @@ std::string render_markdown(const DiffReport& r) {
   if (const auto& v = r.remedy_verification) {
     out += "> **remedy " + md_escape(v->outcome) + "**\n\n";
     for (const RemedyVerification::Round& k : v->rounds)
-      out += "> - " + md_escape(fmt::format("round {}: `{}`: {}{}", k.round, k.flags, k.verdict,
-                                            k.first.empty() ? "" : ", first at " + k.first)) + "\n";
+      out += "> - " +
+             md_escape(fmt::format("round {}: `{}`: {}{}", k.round, k.flags, k.verdict,
+                                   k.first.empty() ? "" : ", first at " + k.first)) +
+             "\n";
     if (!v->rounds.empty()) out += "\n";
   }
   if (const auto& u = r.first_unread)
-    out += "> " + md_escape(fmt::format("unread: {} difference(s) overwritten before any op read "
+    out += "> " +
+           md_escape(fmt::format("unread: {} difference(s) overwritten before any op read "
                                  "them, not divergences; the first: {} (op #{}, step {}) of {}, "
                                  "overwritten by {}",
                                  r.unread_differences, u->op, u->index, u->step, u->stream,
-                                 u->overwritten_by)) + "\n\n";
+                                 u->overwritten_by)) +
+           "\n\n";
   if (r.first) {
     const FirstDivergence& f = *r.first;
     out += "### First divergence\n\n| field | value |\n|---|---|\n";
@@ -61,10 +65,9 @@ std::string render_markdown(const DiffReport& r) {
       out += fmt::format("| received through | {} |\n", md_escape(f.received_through));
     for (const std::string& p : f.propagated_through)
       out += fmt::format("| propagated through | {} |\n", md_escape(p));
-    out += fmt::format("| position | op #{} of `{}` |\n| class | {} |\n| detail | {} |\n",
-                       f.index, f.stream, f.divergence_class, md_escape(f.detail));
-    if (!f.confirmed_by.empty())
-      out += fmt::format("| counts | {} |\n", md_escape(f.confirmed_by));
+    out += fmt::format("| position | op #{} of `{}` |\n| class | {} |\n| detail | {} |\n", f.index,
+                       f.stream, f.divergence_class, md_escape(f.detail));
+    if (!f.confirmed_by.empty()) out += fmt::format("| counts | {} |\n", md_escape(f.confirmed_by));
     out += fmt::format("| catalog | {} |\n| cause | {} |\n| remedy | {} |\n\n",
                        f.catalog ? md_escape(f.catalog->id) : "-", md_escape(f.cause),
                        md_escape(f.remedy));
@@ -80,8 +83,8 @@ std::string render_markdown(const DiffReport& r) {
   if (!r.environment.empty()) {
     out += "### Environment differences\n\n| process | key | run A | run B |\n|---|---|---|---|\n";
     for (const EnvDifference& d : r.environment)
-      out += fmt::format("| {} | `{}` | {} | {} |\n", d.process, md_escape(d.key),
-                         md_escape(d.a), md_escape(d.b));
+      out += fmt::format("| {} | `{}` | {} | {} |\n", d.process, md_escape(d.key), md_escape(d.a),
+                         md_escape(d.b));
     out += "\n";
   }
   if (r.structural_count) {

@@ -13,8 +13,10 @@ std::string escape_markup(std::string_view s) {
       case '"': out += "&quot;"; break;
       case '\'': out += "&apos;"; break;
       default:
-        if (static_cast<unsigned char>(c) < 0x20 && c != '\n' && c != '\t') out += ' ';
-        else out += c;
+        if (static_cast<unsigned char>(c) < 0x20 && c != '\n' && c != '\t')
+          out += ' ';
+        else
+          out += c;
     }
   }
   return out;

@@ -7,12 +7,9 @@ namespace detaudit {
 
 Status parse_report_format(const std::string& name, ReportFormat* out) {
   static const std::pair<const char*, ReportFormat> kFormats[] = {
-      {"text", ReportFormat::kText},
-      {"json", ReportFormat::kJson},
-      {"junit", ReportFormat::kJunit},
-      {"markdown", ReportFormat::kMarkdown},
-      {"md", ReportFormat::kMarkdown},
-      {"html", ReportFormat::kHtml}};
+      {"text", ReportFormat::kText},   {"json", ReportFormat::kJson},
+      {"junit", ReportFormat::kJunit}, {"markdown", ReportFormat::kMarkdown},
+      {"md", ReportFormat::kMarkdown}, {"html", ReportFormat::kHtml}};
   for (const auto& [n, f] : kFormats)
     if (name == n) {
       *out = f;
@@ -29,7 +26,8 @@ std::string render_report(const DiffReport& report, ReportFormat format, bool co
     case ReportFormat::kText: return render_text(report, color);
     // Op names need not be UTF-8 (a C++ program names its own scopes): replaced, never thrown on.
     case ReportFormat::kJson:
-      return report_to_json(report).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+      return report_to_json(report).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) +
+             "\n";
     case ReportFormat::kJunit: return render_junit(report);
     case ReportFormat::kMarkdown: return render_markdown(report);
     case ReportFormat::kHtml: return render_html(report);

@@ -1,12 +1,11 @@
 // A diff's report in each format: render_report picks the renderer, one file per format.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "diff/report_model.h"
 #include "util/status.h"

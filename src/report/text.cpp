@@ -47,18 +47,22 @@ std::string render_text(const DiffReport& r, bool color) {
   Style st{color};
   std::string out;
   bool same = r.verdict == "identical";
-  const char* word = same                        ? "IDENTICAL"
+  const char* word = same                         ? "IDENTICAL"
                      : r.verdict == "incomplete"  ? "INCOMPLETE"
                      : r.verdict == "unexplained" ? "UNEXPLAINED"
                                                   : "DIVERGENT";
-  out += fmt::format("{} {}\n", st(same ? "1;32" : r.verdict == "incomplete" ? "1;33" : "1;31", word),
+  out += fmt::format("{} {}\n",
+                     st(same                        ? "1;32"
+                        : r.verdict == "incomplete" ? "1;33"
+                                                    : "1;31",
+                        word),
                      one_line_verdict(r));
   for (const std::string& n : r.not_compared) out += st("33", "  not compared: " + n) + "\n";
   if (const auto& u = r.first_unread)
-    out += fmt::format("  unread: {} difference(s) overwritten before any op read them, not "
-                       "divergences; the first: {} (op #{}, step {}) of {}, overwritten by {}\n",
-                       r.unread_differences, u->op, u->index, u->step, u->stream,
-                       u->overwritten_by);
+    out += fmt::format(
+        "  unread: {} difference(s) overwritten before any op read them, not "
+        "divergences; the first: {} (op #{}, step {}) of {}, overwritten by {}\n",
+        r.unread_differences, u->op, u->index, u->step, u->stream, u->overwritten_by);
   out += fmt::format("  A: {}\n  B: {}\n", r.run_a, r.run_b);
   for (const auto& [head, lines] : ending_lines(r)) {
     out += st("33", "  ended: " + head) + "\n";
@@ -83,13 +87,15 @@ std::string render_text(const DiffReport& r, bool color) {
       if (std::find(regions.begin(), regions.end(), name) == regions.end()) regions.push_back(name);
   for (const StreamSummary& s : r.streams)
     if (s.consumer_last_step)
-      out += fmt::format("  worker: {} compared up to step {}, the last its consumer ran (later "
-                         "batches were prefetched as timing allowed)\n",
-                         s.name, *s.consumer_last_step);
+      out += fmt::format(
+          "  worker: {} compared up to step {}, the last its consumer ran (later "
+          "batches were prefetched as timing allowed)\n",
+          s.name, *s.consumer_last_step);
   if (!regions.empty())
-    out += fmt::format("  opaque: torch.compile regions ran ({}); the kernels inside them are not "
-                       "recorded, so a divergence inside one shows only at its outputs\n",
-                       fmt::join(regions, ", "));
+    out += fmt::format(
+        "  opaque: torch.compile regions ran ({}); the kernels inside them are not "
+        "recorded, so a divergence inside one shows only at its outputs\n",
+        fmt::join(regions, ", "));
 
   if (!r.environment.empty()) {
     out += st("1", "\nEnvironment differences\n");
@@ -137,9 +143,9 @@ std::string render_text(const DiffReport& r, bool color) {
       out += "\n";
     }
     if (f.catalog) {
-      out += fmt::format("  catalog: {} ({}){}\n", f.catalog->id, f.catalog->condition,
-                         f.catalog->uncertain ? " [uncertain: " + f.catalog->uncertainty + "]"
-                                              : "");
+      out += fmt::format(
+          "  catalog: {} ({}){}\n", f.catalog->id, f.catalog->condition,
+          f.catalog->uncertain ? " [uncertain: " + f.catalog->uncertainty + "]" : "");
       if (!f.catalog->conditions_met.empty())
         out += fmt::format("    conditions met: {}\n", fmt::join(f.catalog->conditions_met, "; "));
     }

@@ -4,8 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -125,8 +125,8 @@ std::string probe_key(const std::string& python, const Config& c,
   std::getline(lines, dir);
   std::error_code ec;
   if (dir.empty() || !fs::is_regular_file(fs::path(dir) / "version.py", ec)) return "";
-  return fmt::format("{}\nLD_LIBRARY_PATH={}\ncwd={}\n{}", python, env_value(env, "LD_LIBRARY_PATH"),
-                     c.target.cwd, out);
+  return fmt::format("{}\nLD_LIBRARY_PATH={}\ncwd={}\n{}", python,
+                     env_value(env, "LD_LIBRARY_PATH"), c.target.cwd, out);
 }
 
 // The full probe's output, remembered under its key in the cache folder (a line with the key's
@@ -237,8 +237,8 @@ Status read_interposer_build(const std::string& dir, InterposerBuild* build) {
   if (build->version.empty())
     return Status::error(fmt::format("{}: no version= line; rebuild the interposer", description));
   if (!fs::exists(build->library))
-    return Status::error(fmt::format("{} has no {} beside it: its build did not finish",
-                                     description, kLibraryName));
+    return Status::error(
+        fmt::format("{} has no {} beside it: its build did not finish", description, kLibraryName));
   return Status();
 }
 
@@ -374,16 +374,18 @@ std::string build_command_for(const ProgramTorch& torch, const std::string& sour
   const fs::path package = fs::path(lib_dir).parent_path().parent_path();
   std::error_code ec;
   if (!torch.python.empty() && fs::exists(package / "__init__.py", ec))
-    return fmt::format("{} -m pip install --no-build-isolation {} (detaudit in that environment, "
-                       "built for its torch)",
-                       torch.python, source_dir);
+    return fmt::format(
+        "{} -m pip install --no-build-isolation {} (detaudit in that environment, "
+        "built for its torch)",
+        torch.python, source_dir);
   std::string name = torch.version.empty() ? "program" : torch.version;
   std::replace_if(
       name.begin(), name.end(), [](char ch) { return !std::isalnum(ch) && ch != '.'; }, '_');
   fs::path build = fs::path(lib_dir).parent_path().parent_path() / "torch" / ("extra-" + name);
-  return fmt::format("cmake -S {}/hooks -B {} -DDETAUDIT_TORCH={} -DDETAUDIT_INTERPOSER_DIR={} && "
-                     "cmake --build {}",
-                     source_dir, build.string(), which, lib_dir, build.string());
+  return fmt::format(
+      "cmake -S {}/hooks -B {} -DDETAUDIT_TORCH={} -DDETAUDIT_INTERPOSER_DIR={} && "
+      "cmake --build {}",
+      source_dir, build.string(), which, lib_dir, build.string());
 }
 
 Status choose_interposer(const Config& c, const std::string& explicit_library,
@@ -421,8 +423,7 @@ Status choose_interposer(const Config& c, const std::string& explicit_library,
                     "linked to libtorch in the command, and python3 on its PATH has no torch), "
                     "and interposers are built for torch {}: put the Python first (detaudit run "
                     "-- /path/to/python train.py) or name one with DETAUDIT_HOOKS={}",
-                    c.target.command[0], versions_of(builds),
-                    builds.front().library),
+                    c.target.command[0], versions_of(builds), builds.front().library),
         ExitCode::kUsage);
   }
   if (const InterposerBuild* b = match_interposer(builds, torch)) {

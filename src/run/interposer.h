@@ -17,11 +17,11 @@
 namespace detaudit::run {
 
 struct InterposerBuild {
-  std::string library;       // .../torch/<version>/libdetaudit_hooks.so
-  std::string version;       // torch.__version__ ("2.13.0+cpu") or libtorch's ("1.13.1")
-  bool cxx11_abi = true;     // _GLIBCXX_USE_CXX11_ABI of that torch
-  std::string libtorch_cpu;  // the real path of the libtorch_cpu it linked
-  std::string python;        // the Python it was built for; empty for "system" or a prefix
+  std::string library;         // .../torch/<version>/libdetaudit_hooks.so
+  std::string version;         // torch.__version__ ("2.13.0+cpu") or libtorch's ("1.13.1")
+  bool cxx11_abi = true;       // _GLIBCXX_USE_CXX11_ABI of that torch
+  std::string libtorch_cpu;    // the real path of the libtorch_cpu it linked
+  std::string python;          // the Python it was built for; empty for "system" or a prefix
   bool device_digest = false;  // built with the device digest's CUDA kernels
 };
 

@@ -2,15 +2,14 @@
 #include "run/launcher.h"
 
 #include <fcntl.h>
+#include <fmt/chrono.h>
+#include <fmt/format.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <fmt/chrono.h>
-#include <fmt/format.h>
 
 #include <atomic>
 #include <cerrno>
@@ -59,7 +58,8 @@ class SignalForwarder {
   }
 
  private:
-  struct sigaction old_int_ {}, old_term_ {}, old_pipe_ {};
+  struct sigaction old_int_ {
+  }, old_term_{}, old_pipe_{};
 };
 
 void write_all(int fd, const char* p, size_t n) {
@@ -96,8 +96,8 @@ Status spawn(const std::vector<std::string>& argv, const std::vector<std::string
   if (!cwd.empty()) {
     struct stat st {};
     if (stat(cwd.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-      return Status::error(fmt::format("cannot run {}: working directory {} does not exist",
-                                       argv[0], cwd));
+      return Status::error(
+          fmt::format("cannot run {}: working directory {} does not exist", argv[0], cwd));
   }
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);

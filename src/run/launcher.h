@@ -23,8 +23,8 @@ struct LaunchSpec {
 };
 
 struct LaunchResult {
-  int exit_code = -1;   // when it exited
-  int signal = 0;       // when a signal killed it
+  int exit_code = -1;  // when it exited
+  int signal = 0;      // when a signal killed it
   double duration_s = 0;
   std::string start_time;  // UTC, ISO 8601
   bool succeeded() const { return signal == 0 && exit_code == 0; }

@@ -11,7 +11,8 @@ namespace detaudit::run {
 
 bool RemedySettings::merge(const RemedySettings& o) {
   bool added = false;
-  if (o.deterministic && deterministic != o.deterministic) deterministic = o.deterministic, added = true;
+  if (o.deterministic && deterministic != o.deterministic)
+    deterministic = o.deterministic, added = true;
   if (o.threads && threads != o.threads) threads = o.threads, added = true;
   if (o.seed && !seed) seed = o.seed, added = true;
   for (const auto& [k, v] : o.env)
@@ -69,7 +70,7 @@ RemedySettings entry_settings(const CatalogEntry& e) {
     s.deterministic = "on";
   else if (on_cpu)
     s.threads = 1;  // a CPU kernel racing its own threads
-  return s;           // a device kernel with no deterministic path: no setting helps
+  return s;         // a device kernel with no deterministic path: no setting helps
 }
 
 }  // namespace
@@ -88,8 +89,10 @@ RemedySettings remedy_settings(const FirstDivergence& f, const Catalog* catalog,
     else
       s.deterministic = "on";
     if (s.empty())
-      *why_not = fmt::format("{} has no deterministic implementation and no setting removes its "
-                             "nondeterminism ({})", f.op, f.remedy.empty() ? e->remedy : f.remedy);
+      *why_not = fmt::format(
+          "{} has no deterministic implementation and no setting removes its "
+          "nondeterminism ({})",
+          f.op, f.remedy.empty() ? e->remedy : f.remedy);
   } else if (cls == "rng-state") {
     s.seed = 0;
   } else if (cls == "external-input" && f.hash_seed_unset) {

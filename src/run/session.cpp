@@ -2,16 +2,14 @@
 #include "run/session.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/file.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
-
-#include <fmt/format.h>
-
-#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -195,13 +193,17 @@ Status OutLock::acquire(const std::string& out, const std::string& what) {
   std::error_code ec;
   fs::create_directories(out, ec);
   if (ec)
-    return Status::error(fmt::format("cannot create --out {}: {}; choose a directory you can "
-                                     "write", out, ec.message()));
+    return Status::error(
+        fmt::format("cannot create --out {}: {}; choose a directory you can "
+                    "write",
+                    out, ec.message()));
   const std::string path = (fs::path(out) / ".detaudit.lock").string();
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0)
-    return Status::error(fmt::format("cannot write into --out {}: {}; choose a directory you "
-                                     "can write", out, std::strerror(errno)));
+    return Status::error(
+        fmt::format("cannot write into --out {}: {}; choose a directory you "
+                    "can write",
+                    out, std::strerror(errno)));
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     char pid[32] = {};
     (void)!::pread(fd_, pid, sizeof pid - 1, 0);
@@ -209,15 +211,18 @@ Status OutLock::acquire(const std::string& out, const std::string& what) {
     while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
     ::close(fd_);
     fd_ = -1;
-    return Status::error(fmt::format("{} is in use by another detaudit{}; wait for it to finish "
-                                     "or choose another --out",
-                                     out, holder.empty() ? "" : " (" + holder + ")"));
+    return Status::error(
+        fmt::format("{} is in use by another detaudit{}; wait for it to finish "
+                    "or choose another --out",
+                    out, holder.empty() ? "" : " (" + holder + ")"));
   }
   // What holds it, for a second one's message; also the proof that a byte can be written here.
   const std::string me = fmt::format("{} pid {}\n", what, ::getpid());
   if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) != ssize_t(me.size()))
-    return Status::error(fmt::format("cannot write into --out {}: {}; free space there or choose "
-                                     "another --out", out, std::strerror(errno)));
+    return Status::error(
+        fmt::format("cannot write into --out {}: {}; free space there or choose "
+                    "another --out",
+                    out, std::strerror(errno)));
   return Status();
 }
 
@@ -256,20 +261,20 @@ std::vector<std::string> target_environment(const Config& c, const std::string& 
   // placed by hand, with no shim above it, is preloaded itself (into every child too).
   std::string preload = hooks_library;
   std::error_code ec;
-  const fs::path shim =
-      fs::path(hooks_library).parent_path().parent_path().parent_path() / layout::kPreloadLibrary;
+  const fs::path shim = fs::path(hooks_library).parent_path().parent_path().parent_path() /
+                        layout::kPreloadLibrary;
   if (!hooks_library.empty() && fs::exists(shim, ec)) {
     preload = shim.string();
     set(layout::kEnvInterposer, hooks_library);
   }
-  if (vars.count("LD_PRELOAD") && !vars["LD_PRELOAD"].empty())
-    preload += ":" + vars["LD_PRELOAD"];
+  if (vars.count("LD_PRELOAD") && !vars["LD_PRELOAD"].empty()) preload += ":" + vars["LD_PRELOAD"];
   set("LD_PRELOAD", preload);
   // torch.compile does real work on a cache miss only: a fresh cache per run makes every run
   // compile alike, so the runs' op sequences match. A cache the user chose is kept.
   for (const auto& [var, sub] : {std::pair{"TORCHINDUCTOR_CACHE_DIR", "torchinductor"},
                                  std::pair{"TRITON_CACHE_DIR", "triton"}})
-    if (!vars.count(var)) set(var, (fs::path(run_dir_abs) / layout::kCompileCacheDir / sub).string());
+    if (!vars.count(var))
+      set(var, (fs::path(run_dir_abs) / layout::kCompileCacheDir / sub).string());
   set(layout::kEnvRunDir, run_dir_abs);
   // The target is the top of its run: no recorded parent above it (stream_identity.h).
   vars.erase(layout::kEnvParentProcess);

@@ -5,12 +5,11 @@
 //   for (int i = 0; i < c.runs; ++i) execute_run(c, options, i, &outcome);
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "config/config.h"
 #include "run/launcher.h"
@@ -22,7 +21,7 @@ namespace detaudit::run {
 struct RunFlags {
   std::optional<int> runs;
   std::optional<std::string> out;
-  std::optional<std::string> steps, ranks;  // "0-3,5,7-"
+  std::optional<std::string> steps, ranks;              // "0-3,5,7-"
   std::optional<std::string> ops, exclude_ops, phases;  // comma-separated
   std::optional<std::string> digest;
   bool no_stats = false, no_inputs = false, rehash_inputs = false, allow_truncated = false;
@@ -89,13 +88,12 @@ struct RunOptions {
   std::string hooks_library;
   std::string version;  // detaudit's
   bool force = false;
-  bool echo = true;     // the target's output also reaches our terminal
+  bool echo = true;  // the target's output also reaches our terminal
 };
 
 // Prepares run `index`, writes its config.json, runs the program and writes run.json. An error
 // means the run could not happen; a program that failed is reported in the outcome.
-Status execute_run(const Config& config, const RunOptions& options, int index,
-                   RunOutcome* outcome);
+Status execute_run(const Config& config, const RunOptions& options, int index, RunOutcome* outcome);
 
 // When the filesystem holding `dir` is (nearly) full: one line saying so, with the bytes left
 // ("the disk holding audit/run-0 is full (0 bytes free)"); "" otherwise. A trace written there

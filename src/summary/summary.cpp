@@ -22,9 +22,12 @@ using trace::Value;
 using trace::ValueType;
 
 json header_json(const trace::StreamHeader& h) {
-  return {{"version", h.version},           {"digest", std::string(trace::digest_name(h.algo))},
-          {"rank", h.rank},                 {"pid", h.pid},
-          {"process_role", h.process_role}, {"thread", h.thread},
+  return {{"version", h.version},
+          {"digest", std::string(trace::digest_name(h.algo))},
+          {"rank", h.rank},
+          {"pid", h.pid},
+          {"process_role", h.process_role},
+          {"thread", h.thread},
           {"dataloader_worker", (h.flags & trace::kStreamDataLoaderWorker) != 0},
           {"unix_ns", h.unix_ns}};
 }
@@ -36,9 +39,9 @@ json tensor_json(const TraceReader& r, const Value& v) {
   const trace::TensorDesc* t = r.tensor(v.tensor_id);
   if (!t) return j;  // left the reference window; its id still matches its first appearance
   j["dtype"] = std::string(trace::dtype_name(t->dtype));
-  j["device"] = t->device_index >= 0 ? fmt::format("{}:{}", trace::device_type_name(t->device_type),
-                                                   t->device_index)
-                                     : std::string(trace::device_type_name(t->device_type));
+  j["device"] = t->device_index >= 0
+                    ? fmt::format("{}:{}", trace::device_type_name(t->device_type), t->device_index)
+                    : std::string(trace::device_type_name(t->device_type));
   j["shape"] = t->sizes.to_vector();
   j["strides"] = t->strides.empty() ? json(nullptr) : json(t->strides.to_vector());
   j["digest"] = t->digest_hex();
@@ -117,8 +120,8 @@ json op_json(const TraceReader& r) {
             {"phase", std::string(trace::phase_name(op.phase))},
             {"scope", std::string(trace::scope_name(op.scope))},
             {"depth", op.depth},
-            {"scope_path", op.scope_path < UINT32_MAX ? json(std::string(r.string(op.scope_path)))
-                                                      : json("")},
+            {"scope_path",
+             op.scope_path < UINT32_MAX ? json(std::string(r.string(op.scope_path))) : json("")},
             {"seq_nr", op.has_seq_nr() ? json(op.seq_nr) : json(nullptr)},
             {"rng", op.has_rng() ? json(hex64(op.rng)) : json(nullptr)},
             {"random", op.is_random()},
@@ -214,8 +217,7 @@ Status summarize_run(const std::string& run_dir, const std::string& stream, RunS
           s.last_step = std::max(s.last_step, r.step().step);
           ++s.step_records;
           break;
-        default:
-          break;
+        default: break;
       }
     }
     if (res == ReadResult::kCorrupt) return corrupt(r);
@@ -287,8 +289,14 @@ Status export_run(const std::string& run_dir, const std::string& stream, std::os
     while ((res = r.next()) == ReadResult::kRecord) {
       json j;
       switch (r.kind()) {
-        case RecordKind::kStep: j = step_json(r.step()); j["record"] = "step"; break;
-        case RecordKind::kOp: j = op_json(r); j["record"] = "op"; break;
+        case RecordKind::kStep:
+          j = step_json(r.step());
+          j["record"] = "step";
+          break;
+        case RecordKind::kOp:
+          j = op_json(r);
+          j["record"] = "op";
+          break;
         case RecordKind::kCollective: {
           const trace::CollectiveRecord& c = r.collective();
           j = {{"record", "collective"},
@@ -326,7 +334,8 @@ Status export_run(const std::string& run_dir, const std::string& stream, std::os
     if (res == ReadResult::kTruncated)
       notes->push_back(fmt::format("{}: cut short (the program was killed?): {}", name, r.error()));
     else if (!r.saw_end())
-      notes->push_back(fmt::format("{}: no END record: the program ended without closing it", name));
+      notes->push_back(
+          fmt::format("{}: no END record: the program ended without closing it", name));
   }
   return Status();
 }

@@ -9,12 +9,11 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <ostream>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "trace/reader.h"
 #include "util/status.h"
@@ -32,9 +31,9 @@ struct StreamSummary {
   uint64_t first_step = 0, last_step = 0;
   bool saw_end = false;
   trace::EndInfo end;
-  bool cut_short = false;   // the writer was killed: no END record
-  std::string cut_reason;   // "<file>: offset N: ..." when the file ends inside a record
-  uint64_t bytes = 0;       // file size
+  bool cut_short = false;  // the writer was killed: no END record
+  std::string cut_reason;  // "<file>: offset N: ..." when the file ends inside a record
+  uint64_t bytes = 0;      // file size
 };
 
 struct RunSummary {

@@ -3,12 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
-#include "summary/summary.h"
 #include "run_layout.h"
+#include "summary/summary.h"
 #include "trace/reader.h"
 
 namespace detaudit::summary {
@@ -48,19 +47,32 @@ Status write_timeline(const std::string& run_dir, const TimelineMarks* marks, st
     const int tid = ++tids_per_pid[pid];
     const std::string process = layout::process_name(h.rank, h.process_role);
     if (named_pids.insert(pid).second) {
-      write_event(out, &first_event, {{"ph", "M"}, {"name", "process_name"}, {"pid", pid},
-                                      {"tid", 0}, {"args", {{"name", process}}}});
+      write_event(out, &first_event,
+                  {{"ph", "M"},
+                   {"name", "process_name"},
+                   {"pid", pid},
+                   {"tid", 0},
+                   {"args", {{"name", process}}}});
       // By rank, then by first appearance. A corrupt header can carry any rank: clamped, the
       // product cannot overflow.
       const int64_t rank = std::clamp<int64_t>(h.rank, -(int64_t(1) << 40), int64_t(1) << 40);
-      write_event(out, &first_event, {{"ph", "M"}, {"name", "process_sort_index"}, {"pid", pid},
-                                      {"tid", 0}, {"args", {{"sort_index", rank * 1000 + int64_t(named_pids.size())}}}});
+      write_event(out, &first_event,
+                  {{"ph", "M"},
+                   {"name", "process_sort_index"},
+                   {"pid", pid},
+                   {"tid", 0},
+                   {"args", {{"sort_index", rank * 1000 + int64_t(named_pids.size())}}}});
     }
-    write_event(out, &first_event, {{"ph", "M"}, {"name", "thread_name"}, {"pid", pid},
-                                    {"tid", tid}, {"args", {{"name", "t-" + h.thread}}}});
+    write_event(out, &first_event,
+                {{"ph", "M"},
+                 {"name", "thread_name"},
+                 {"pid", pid},
+                 {"tid", tid},
+                 {"args", {{"name", "t-" + h.thread}}}});
     const std::set<uint64_t>* divergent = nullptr;
     if (marks)
-      if (auto it = marks->divergent.find(name); it != marks->divergent.end()) divergent = &it->second;
+      if (auto it = marks->divergent.find(name); it != marks->divergent.end())
+        divergent = &it->second;
 
     std::vector<std::pair<uint32_t, double>> open;  // (depth, end) of ops not yet in a parent
     uint64_t last_step = UINT64_MAX;
@@ -78,8 +90,13 @@ Status write_timeline(const std::string& run_dir, const TimelineMarks* marks, st
       open.emplace_back(op.depth, end);
       if (op.step != last_step) {
         last_step = op.step;
-        write_event(out, &first_event, {{"ph", "i"}, {"s", "t"}, {"name", fmt::format("step {}", op.step)},
-                                        {"ts", start}, {"pid", pid}, {"tid", tid}});
+        write_event(out, &first_event,
+                    {{"ph", "i"},
+                     {"s", "t"},
+                     {"name", fmt::format("step {}", op.step)},
+                     {"ts", start},
+                     {"pid", pid},
+                     {"tid", tid}});
       }
       json e = {{"ph", "X"},
                 {"name", std::string(r.string(op.name))},
@@ -97,9 +114,14 @@ Status write_timeline(const std::string& run_dir, const TimelineMarks* marks, st
       }
       write_event(out, &first_event, e);
       if (marks && marks->first && marks->first->first == name && marks->first->second == op.order)
-        write_event(out, &first_event, {{"ph", "i"}, {"s", "p"}, {"name", "first divergence: " + marks->first_label},
-                                        {"ts", start}, {"pid", pid}, {"tid", tid},
-                                        {"args", {{"op", std::string(r.string(op.name))}, {"step", op.step}}}});
+        write_event(out, &first_event,
+                    {{"ph", "i"},
+                     {"s", "p"},
+                     {"name", "first divergence: " + marks->first_label},
+                     {"ts", start},
+                     {"pid", pid},
+                     {"tid", tid},
+                     {"args", {{"op", std::string(r.string(op.name))}, {"step", op.step}}}});
     }
     if (res == trace::ReadResult::kCorrupt) return Status::error(r.error(), ExitCode::kBadInput);
   }

@@ -20,7 +20,7 @@ namespace detaudit::summary {
 
 // What a diff marks on run A's timeline.
 struct TimelineMarks {
-  std::map<std::string, std::set<uint64_t>> divergent;  // stream -> program orders in run A
+  std::map<std::string, std::set<uint64_t>> divergent;    // stream -> program orders in run A
   std::optional<std::pair<std::string, uint64_t>> first;  // stream, order
   std::string first_label;                                // "nondeterministic-op at aten::..."
 };

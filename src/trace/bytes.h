@@ -26,7 +26,10 @@ class ByteWriter {
     }
     char buf[10];
     int n = 0;
-    while (v >= 0x80) { buf[n++] = char(v | 0x80); v >>= 7; }
+    while (v >= 0x80) {
+      buf[n++] = char(v | 0x80);
+      v >>= 7;
+    }
     buf[n++] = char(v);
     out_->append(buf, n);
   }
@@ -35,7 +38,10 @@ class ByteWriter {
   void u64(uint64_t v) { raw(&v, 8); }
   void f32(float v) { raw(&v, 4); }
   void f64(double v) { raw(&v, 8); }
-  void str(std::string_view s) { varint(s.size()); out_->append(s.data(), s.size()); }
+  void str(std::string_view s) {
+    varint(s.size());
+    out_->append(s.data(), s.size());
+  }
   void raw(const void* p, size_t n) { out_->append(static_cast<const char*>(p), n); }
 
  private:
@@ -49,13 +55,19 @@ class SpanWriter {
   explicit SpanWriter(char* p) : begin_(p), p_(p) {}
   void u8(uint8_t v) { *p_++ = char(v); }
   void varint(uint64_t v) {
-    while (v >= 0x80) { *p_++ = char(v | 0x80); v >>= 7; }
+    while (v >= 0x80) {
+      *p_++ = char(v | 0x80);
+      v >>= 7;
+    }
     *p_++ = char(v);
   }
   void zvarint(int64_t v) { varint(zigzag(v)); }
   void u64(uint64_t v) { raw(&v, 8); }
   void f64(double v) { raw(&v, 8); }
-  void raw(const void* p, size_t n) { std::memcpy(p_, p, n); p_ += n; }
+  void raw(const void* p, size_t n) {
+    std::memcpy(p_, p, n);
+    p_ += n;
+  }
   size_t size() const { return size_t(p_ - begin_); }
 
  private:
@@ -84,10 +96,26 @@ class ByteReader {
     return fail<uint64_t>();
   }
   int64_t zvarint() { return unzigzag(varint()); }
-  uint32_t u32() { uint32_t v = 0; raw(&v, 4); return v; }
-  uint64_t u64() { uint64_t v = 0; raw(&v, 8); return v; }
-  float f32() { float v = 0; raw(&v, 4); return v; }
-  double f64() { double v = 0; raw(&v, 8); return v; }
+  uint32_t u32() {
+    uint32_t v = 0;
+    raw(&v, 4);
+    return v;
+  }
+  uint64_t u64() {
+    uint64_t v = 0;
+    raw(&v, 8);
+    return v;
+  }
+  float f32() {
+    float v = 0;
+    raw(&v, 4);
+    return v;
+  }
+  double f64() {
+    double v = 0;
+    raw(&v, 8);
+    return v;
+  }
   std::string_view str() {
     uint64_t n = varint();
     if (n > remaining()) return fail<std::string_view>();
@@ -96,18 +124,30 @@ class ByteReader {
     return s;
   }
   void raw(void* dst, size_t n) {
-    if (n > remaining()) { failed_ = true; p_ = end_; return; }
+    if (n > remaining()) {
+      failed_ = true;
+      p_ = end_;
+      return;
+    }
     std::memcpy(dst, p_, n);
     p_ += n;
   }
   void skip(size_t n) {
-    if (n > remaining()) { failed_ = true; p_ = end_; return; }
+    if (n > remaining()) {
+      failed_ = true;
+      p_ = end_;
+      return;
+    }
     p_ += n;
   }
 
  private:
   template <typename T>
-  T fail() { failed_ = true; p_ = end_; return T{}; }
+  T fail() {
+    failed_ = true;
+    p_ = end_;
+    return T{};
+  }
   const uint8_t* p_;
   const uint8_t* end_;
   bool failed_ = false;

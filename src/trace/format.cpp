@@ -11,20 +11,21 @@ struct DtypeInfo {
 
 // Index = c10::ScalarType.
 constexpr DtypeInfo kDtypes[] = {
-    {"uint8", 1, false},       {"int8", 1, false},        {"int16", 2, false},
-    {"int32", 4, false},       {"int64", 8, false},       {"float16", 2, true},
-    {"float32", 4, true},      {"float64", 8, true},      {"complex32", 4, true},
-    {"complex64", 8, true},    {"complex128", 16, true},  {"bool", 1, false},
-    {"qint8", 1, false},       {"quint8", 1, false},      {"qint32", 4, false},
-    {"bfloat16", 2, true},     {"quint4x2", 1, false},    {"quint2x4", 1, false},
-    {"bits1x8", 1, false},     {"bits2x4", 1, false},     {"bits4x2", 1, false},
-    {"bits8", 1, false},       {"bits16", 2, false},      {"float8_e5m2", 1, true},
+    {"uint8", 1, false},        {"int8", 1, false},       {"int16", 2, false},
+    {"int32", 4, false},        {"int64", 8, false},      {"float16", 2, true},
+    {"float32", 4, true},       {"float64", 8, true},     {"complex32", 4, true},
+    {"complex64", 8, true},     {"complex128", 16, true}, {"bool", 1, false},
+    {"qint8", 1, false},        {"quint8", 1, false},     {"qint32", 4, false},
+    {"bfloat16", 2, true},      {"quint4x2", 1, false},   {"quint2x4", 1, false},
+    {"bits1x8", 1, false},      {"bits2x4", 1, false},    {"bits4x2", 1, false},
+    {"bits8", 1, false},        {"bits16", 2, false},     {"float8_e5m2", 1, true},
     {"float8_e4m3fn", 1, true},
 };
 
 constexpr std::string_view kDeviceTypes[] = {
-    "cpu", "cuda", "mkldnn", "opengl", "opencl", "ideep", "hip", "fpga", "ort", "xla",
-    "vulkan", "metal", "xpu", "mps", "meta", "hpu", "ve", "lazy", "ipu", "mtia", "privateuse1",
+    "cpu",  "cuda", "mkldnn", "opengl", "opencl", "ideep", "hip",
+    "fpga", "ort",  "xla",    "vulkan", "metal",  "xpu",   "mps",
+    "meta", "hpu",  "ve",     "lazy",   "ipu",    "mtia",  "privateuse1",
 };
 
 }  // namespace
@@ -50,7 +51,8 @@ std::string_view digest_name(DigestAlgo algo) {
 }
 
 bool parse_digest_name(std::string_view name, DigestAlgo* out) {
-  for (DigestAlgo a : {DigestAlgo::kMd5, DigestAlgo::kSha256, DigestAlgo::kXxh3, DigestAlgo::kDevice}) {
+  for (DigestAlgo a :
+       {DigestAlgo::kMd5, DigestAlgo::kSha256, DigestAlgo::kXxh3, DigestAlgo::kDevice}) {
     if (digest_name(a) == name) {
       *out = a;
       return true;

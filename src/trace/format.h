@@ -77,7 +77,13 @@ inline constexpr size_t kMaxRecordBytes = 64u << 20;  // a larger length is corr
 inline constexpr uint64_t kRefWindow = 1u << 16;
 
 enum class RecordKind : uint8_t {
-  kHeader = 1, kString = 2, kStep = 3, kOp = 4, kEnd = 5, kScope = 6, kCollective = 7
+  kHeader = 1,
+  kString = 2,
+  kStep = 3,
+  kOp = 4,
+  kEnd = 5,
+  kScope = 6,
+  kCollective = 7
 };
 
 // kDevice: the device digest (src/digest/lane_digest.h), computed on the GPU for CUDA tensors.
@@ -133,9 +139,23 @@ inline constexpr uint32_t kAllowTf32Cublas = 1u << 4;
 inline constexpr uint32_t kAllowTf32Cudnn = 1u << 5;
 
 enum class ValueType : uint8_t {
-  kNone = 0, kTensorNew = 1, kTensorRef = 2, kTensorSkipped = 3, kInt = 4, kDouble = 5,
-  kBoolFalse = 6, kBoolTrue = 7, kString = 8, kIntList = 9, kDoubleList = 10, kBoolList = 11,
-  kList = 12, kDevice = 13, kGenerator = 14, kOther = 15, kTensorWritten = 16,
+  kNone = 0,
+  kTensorNew = 1,
+  kTensorRef = 2,
+  kTensorSkipped = 3,
+  kInt = 4,
+  kDouble = 5,
+  kBoolFalse = 6,
+  kBoolTrue = 7,
+  kString = 8,
+  kIntList = 9,
+  kDoubleList = 10,
+  kBoolList = 11,
+  kList = 12,
+  kDevice = 13,
+  kGenerator = 14,
+  kOther = 15,
+  kTensorWritten = 16,
   kTensorNewShared = 17,  // a TENSOR_NEW over shared memory: a sharing byte, then the tensor
 };
 
@@ -151,7 +171,7 @@ inline bool is_tensor(ValueType t) {
 // Dtype codes are c10::ScalarType's numbering, which has been stable since 1.x.
 std::string_view dtype_name(uint8_t dtype);
 bool dtype_is_floating(uint8_t dtype);
-size_t dtype_size(uint8_t dtype);  // 0 if unknown
+size_t dtype_size(uint8_t dtype);                        // 0 if unknown
 std::string_view device_type_name(uint8_t device_type);  // c10::DeviceType numbering
 
 using DigestBytes = std::array<uint8_t, 32>;
@@ -172,7 +192,7 @@ struct TensorDesc {
   DigestBytes digest{};
   uint8_t digest_len = 0;
   TensorStats stats;
-  int64_t base_id = -1;  // for Provenance::kView
+  int64_t base_id = -1;              // for Provenance::kView
   Sharing sharing = Sharing::kNone;  // from TENSOR_NEW_SHARED
 
   Provenance provenance() const { return Provenance((bits >> kProvenanceShift) & 3); }

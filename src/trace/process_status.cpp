@@ -41,9 +41,9 @@ std::string ProcessEnding::line() const {
   if (how == How::kExit) return out;
   if (!thread.empty()) out += std::string(kSeparator) + std::string(kThread) + thread;
   out += std::string(kSeparator);
-  out += inside_op.empty() ? std::string(kAfterLast)
-                           : std::string(kInside) + inside_op + " (step " +
-                                 std::to_string(inside_step) + ")";
+  out += inside_op.empty()
+             ? std::string(kAfterLast)
+             : std::string(kInside) + inside_op + " (step " + std::to_string(inside_step) + ")";
   if (exiting) out += std::string(kSeparator) + std::string(kExiting);
   return out;
 }
@@ -67,7 +67,8 @@ bool parse_ending(std::string_view line, ProcessEnding* out) {
   while (!line.empty() || first) {
     const size_t cut = line.find(kSeparator);
     std::string_view part = line.substr(0, cut);
-    line = cut == std::string_view::npos ? std::string_view() : line.substr(cut + kSeparator.size());
+    line = cut == std::string_view::npos ? std::string_view()
+                                         : line.substr(cut + kSeparator.size());
     if (first) {
       first = false;
       if (part == "exit") {

@@ -26,9 +26,9 @@ namespace detaudit::trace {
 struct ProcessEnding {
   enum class How { kExit, kKilled, kInterrupted };
   How how = How::kExit;
-  std::string signal;      // "SIGABRT", for kKilled and kInterrupted
-  std::string thread;      // the thread the signal stopped, "" if it recorded nothing
-  std::string inside_op;   // the op it was inside, "" when after its last recorded op
+  std::string signal;     // "SIGABRT", for kKilled and kInterrupted
+  std::string thread;     // the thread the signal stopped, "" if it recorded nothing
+  std::string inside_op;  // the op it was inside, "" when after its last recorded op
   uint64_t inside_step = 0;
   bool exiting = false;
 

@@ -56,9 +56,10 @@ Status TraceReader::open(const std::string& path) {
   if (header_.version < kOldestReadableFormat || header_.version > kFormatVersion) {
     // Digests of other formats are not comparable with this one's (format 2 hashes large
     // tensors as a tree of 1 MiB leaves).
-    error_ = fmt::format("{}: trace format {}, but this detaudit reads formats {} to {}: record "
-                         "the run again with this detaudit", path_, header_.version,
-                         kOldestReadableFormat, kFormatVersion);
+    error_ = fmt::format(
+        "{}: trace format {}, but this detaudit reads formats {} to {}: record "
+        "the run again with this detaudit",
+        path_, header_.version, kOldestReadableFormat, kFormatVersion);
     return Status::error(error_, ExitCode::kBadInput);
   }
   return Status();
@@ -152,9 +153,7 @@ bool TraceReader::decode(ByteReader& r, OpRecord* op) {
       header_.unix_ns = r.varint();
       return true;
     }
-    case RecordKind::kString:
-      strings_.emplace_back(r.str());
-      return true;
+    case RecordKind::kString: strings_.emplace_back(r.str()); return true;
     case RecordKind::kStep:
       step_.step = r.varint();
       step_.order = r.varint();
@@ -164,8 +163,7 @@ bool TraceReader::decode(ByteReader& r, OpRecord* op) {
       step_.determinism_bits = uint32_t(r.varint());
       if (steps_.size() < 1000000) steps_.push_back(step_);
       return true;
-    case RecordKind::kOp:
-      return decode_op(r, op);
+    case RecordKind::kOp: return decode_op(r, op);
     case RecordKind::kScope:
       scope_path_ = uint32_t(r.varint());
       return scope_path_ < strings_.size();
@@ -247,8 +245,7 @@ bool TraceReader::decode_values(ByteReader& r, std::vector<Value>* values,
   switch (v.type) {
     case ValueType::kNone:
     case ValueType::kBoolFalse:
-    case ValueType::kBoolTrue:
-      break;
+    case ValueType::kBoolTrue: break;
     case ValueType::kTensorNew:
     case ValueType::kTensorNewShared: {
       const uint8_t sharing = v.type == ValueType::kTensorNewShared ? r.u8() : 0;
@@ -337,8 +334,7 @@ bool TraceReader::decode_values(ByteReader& r, std::vector<Value>* values,
         if (!decode_values(r, values, tensors, args_hash, depth + 1)) return false;
       return !r.failed();
     }
-    default:
-      return false;
+    default: return false;
   }
   values->push_back(v);
   *args_hash = mix(*args_hash, h);
@@ -393,8 +389,7 @@ std::string_view TraceReader::string(uint64_t id) const {
 }
 
 const TensorDesc* TraceReader::tensor(int64_t id) const {
-  if (id < 0 || id >= next_tensor_id_ || id < next_tensor_id_ - int64_t(kRefWindow))
-    return nullptr;
+  if (id < 0 || id >= next_tensor_id_ || id < next_tensor_id_ - int64_t(kRefWindow)) return nullptr;
   return &window_[size_t(id % int64_t(kRefWindow))];
 }
 

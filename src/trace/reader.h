@@ -40,7 +40,7 @@ struct OpRecord {
   uint64_t offset = 0;  // of the record in its file
   uint64_t order = 0;   // program order within the process
   uint64_t step = 0;
-  uint32_t name = 0;    // string id
+  uint32_t name = 0;                 // string id
   uint32_t scope_path = UINT32_MAX;  // string id of the user scopes around it, or UINT32_MAX
   Phase phase = Phase::kForward;
   Scope scope = Scope::kFunction;
@@ -52,7 +52,7 @@ struct OpRecord {
   std::vector<int64_t> input_tensors, output_tensors;  // ids in argument order, lists expanded
   // Bit i: input_tensors[i] is written in full and not read (TENSOR_WRITTEN); the first 64.
   uint64_t written_inputs = 0;
-  uint64_t args_hash = 0;  // of the non-tensor inputs, by content
+  uint64_t args_hash = 0;     // of the non-tensor inputs, by content
   uint64_t results_hash = 0;  // of the non-tensor outputs (item()'s scalar), by content
 
   bool has_rng() const { return bits & kOpHasRng; }
@@ -119,7 +119,7 @@ class TraceReader {
   uint64_t file_size_ = 0;
   std::vector<uint8_t> buf_;
   size_t buf_pos_ = 0, buf_len_ = 0;
-  uint64_t file_offset_ = 0;    // offset of buf_[buf_pos_]
+  uint64_t file_offset_ = 0;  // offset of buf_[buf_pos_]
   uint64_t record_offset_ = 0;
   bool eof_ = false;
 

@@ -10,8 +10,8 @@ namespace detaudit {
 enum class ExitCode : int {
   kIdentical = 0,
   kDivergent = 1,
-  kUsage = 2,        // bad flags or config
-  kBadInput = 3,     // unreadable or corrupt trace or run directory
+  kUsage = 2,         // bad flags or config
+  kBadInput = 3,      // unreadable or corrupt trace or run directory
   kTargetFailed = 4,  // the audited program failed (nonzero exit or signal) in some run
   kIncomplete = 5,    // no divergence seen, but part of a run was not compared (a cut stream)
   kUnexplained = 6,   // ops diverged but no first divergence could be named: detaudit's fault

@@ -22,8 +22,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -35,7 +35,7 @@
 
 namespace {
 
-constexpr size_t kCopyBytes = 64 * 1024;      // larger tensors: geometry only
+constexpr size_t kCopyBytes = 64 * 1024;  // larger tensors: geometry only
 constexpr size_t kHandoverBytes = 256 * 1024;
 constexpr size_t kBufferBytes = kHandoverBytes + kCopyBytes + 4096;
 constexpr size_t kHeldTensors = 64;
@@ -47,7 +47,7 @@ struct TensorHead {
   uint8_t dtype, dims;
   int64_t offset;
   int64_t sizes[6], strides[6];
-  uint32_t copied;  // bytes that follow the head
+  uint32_t copied;    // bytes that follow the head
   uint32_t referred;  // or: bytes of the next held tensor's storage span, hashed where they lie
 };
 
@@ -107,11 +107,10 @@ class Worker {
         at += sizeof head;
         h ^= XXH3_64bits(buf.data() + at, head.copied);
         at += head.copied;
-        if (head.referred)
-          h ^= XXH3_64bits(batch.held[next_held++].data_ptr(), head.referred);
+        if (head.referred) h ^= XXH3_64bits(batch.held[next_held++].data_ptr(), head.referred);
       }
       sink_.fetch_xor(h, std::memory_order_relaxed);  // kept, so the hashing is not optimized away
-      batch.held.clear();  // the tensors go here, on the worker's thread
+      batch.held.clear();                             // the tensors go here, on the worker's thread
       std::lock_guard<std::mutex> lock(mu_);
       spare_.push_back(std::move(batch));
       spare_cv_.notify_one();
@@ -148,7 +147,9 @@ enum class Bytes { kCopied, kReferred, kHashedInline };
 const Bytes bytes_policy = [] {
   const char* set = std::getenv("DETAUDIT_BENCH_CAPTURE");
   const std::string v = set ? set : "";
-  return v == "reference" ? Bytes::kReferred : v == "inline" ? Bytes::kHashedInline : Bytes::kCopied;
+  return v == "reference" ? Bytes::kReferred
+         : v == "inline"  ? Bytes::kHashedInline
+                          : Bytes::kCopied;
 }();
 __attribute__((tls_model("initial-exec"))) thread_local uint64_t inline_sink = 0;
 

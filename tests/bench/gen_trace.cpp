@@ -17,8 +17,7 @@ namespace {
 TensorDesc make_tensor(uint64_t fill, bool external) {
   TensorDesc t;
   t.dtype = 6;
-  t.bits = kTensorContiguous | kTensorHasStats |
-           uint8_t((external ? 1 : 0) << kProvenanceShift);
+  t.bits = kTensorContiguous | kTensorHasStats | uint8_t((external ? 1 : 0) << kProvenanceShift);
   t.sizes = {32, 64};
   t.digest_len = 16;
   for (int i = 0; i < 16; ++i) t.digest[i] = uint8_t(fill >> (8 * (i % 8)));
@@ -36,8 +35,8 @@ void write_run(const std::string& dir, uint64_t n_ops, bool b) {
   std::string out;
   StreamHeader h;
   enc.header(h, &out);
-  const char* names[] = {"aten::linear", "aten::addmm", "aten::relu", "AddmmBackward0",
-                         "aten::mm", "aten::add_"};
+  const char* names[] = {"aten::linear",   "aten::addmm", "aten::relu",
+                         "AddmmBackward0", "aten::mm",    "aten::add_"};
   for (const char* n : names) enc.string(n, &out);
   uint64_t order = 0, last_order = 0, ops = 0, next_tensor = 0;
   for (uint64_t step = 0; ops < n_ops; ++step) {
@@ -48,8 +47,10 @@ void write_run(const std::string& dir, uint64_t n_ops, bool b) {
     enc.step(s, &out);
     for (int k = 0; k < 100 && ops < n_ops; ++k) {
       // name, depth, phase, order offset within a group of 6 (linear > addmm first).
-      static const struct { int name, depth, phase, off; } kGroup[] = {
-          {1, 1, 0, 1}, {0, 0, 0, 0}, {2, 0, 0, 2}, {4, 1, 1, 4}, {3, 0, 1, 3}, {5, 0, 2, 5}};
+      static const struct {
+        int name, depth, phase, off;
+      } kGroup[] = {{1, 1, 0, 1}, {0, 0, 0, 0}, {2, 0, 0, 2},
+                    {4, 1, 1, 4}, {3, 0, 1, 3}, {5, 0, 2, 5}};
       for (const auto& g : kGroup) {
         uint64_t o = order + uint64_t(g.off);
         ByteWriter& w = enc.begin(RecordKind::kOp);

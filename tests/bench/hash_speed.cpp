@@ -29,10 +29,15 @@ int main() {
     return double(n) * reps / s / 1e6;
   };
   std::printf("{");
-  for (auto algo : {trace::DigestAlgo::kMd5, trace::DigestAlgo::kSha256, trace::DigestAlgo::kXxh3}) {
+  for (auto algo :
+       {trace::DigestAlgo::kMd5, trace::DigestAlgo::kSha256, trace::DigestAlgo::kXxh3}) {
     Hasher h(algo);
     uint8_t out[32];
-    double v = mbps(bytes, [&] { h.reset(); h.update(data.data(), bytes); h.finish(out); });
+    double v = mbps(bytes, [&] {
+      h.reset();
+      h.update(data.data(), bytes);
+      h.finish(out);
+    });
     std::printf("\"%s\": %.0f, ", std::string(trace::digest_name(algo)).c_str(), v);
   }
   if (Md5Lanes::available()) {  // the same 1 MiB as 16 lanes of 64 KiB: large tensors' leaves
@@ -47,13 +52,21 @@ int main() {
     });
     std::printf("\"md5_16_lanes\": %.0f, ", v);
   }
-  double stats = mbps(bytes, [&] { StatsAccumulator a(6); a.update(data.data(), bytes); (void)a.finish(); });
+  double stats = mbps(bytes, [&] {
+    StatsAccumulator a(6);
+    a.update(data.data(), bytes);
+    (void)a.finish();
+  });
   std::printf("\"stats\": %.0f, ", stats);
 
   // The device digest's CPU reference, and what its leaf size costs: a leaf's fold (31 rounds and
   // an avalanche, one after another) against its words' rounds (32 lanes side by side).
   for (bool with_stats : {false, true}) {
-    double v = mbps(bytes, [&] { DeviceDigester d(6, with_stats); d.update(data.data(), bytes); (void)d.finish(); });
+    double v = mbps(bytes, [&] {
+      DeviceDigester d(6, with_stats);
+      d.update(data.data(), bytes);
+      (void)d.finish();
+    });
     std::printf("\"%s\": %.0f, ", with_stats ? "device_with_stats" : "device", v);
   }
   {
@@ -78,10 +91,11 @@ int main() {
       }
     });
     const double row_ns = 256 / row_mbps * 1e3, fold_ns = 8 / fold_mbps * 1e3;
-    std::printf("\"device_row_ns\": %.2f, \"device_fold_ns\": %.2f, \"device_fold_share_1k\": %.3f, "
-                "\"device_fold_share_4k\": %.3f, \"device_fold_share_16k\": %.3f, \"device_sink\": %llu, ",
-                row_ns, fold_ns, fold_ns / (4 * row_ns), fold_ns / (16 * row_ns), fold_ns / (64 * row_ns),
-                (unsigned long long)(folded & 1));
+    std::printf(
+        "\"device_row_ns\": %.2f, \"device_fold_ns\": %.2f, \"device_fold_share_1k\": %.3f, "
+        "\"device_fold_share_4k\": %.3f, \"device_fold_share_16k\": %.3f, \"device_sink\": %llu, ",
+        row_ns, fold_ns, fold_ns / (4 * row_ns), fold_ns / (16 * row_ns), fold_ns / (64 * row_ns),
+        (unsigned long long)(folded & 1));
   }
 
   // 8 tensors of 16 MiB, as a CNN's activations: read from memory, not from cache.
@@ -105,8 +119,11 @@ int main() {
     });
   };
   std::vector<uint8_t> sink(cold[0].size());
-  double copy = mbps(cold_bytes, [&] { for (auto& t : cold) std::memcpy(sink.data(), t.data(), t.size()); });
-  std::printf("\"xxh3_cold\": %.0f, \"memcpy_cold\": %.0f, ", digest_all(trace::DigestAlgo::kXxh3, one), copy);
+  double copy = mbps(cold_bytes, [&] {
+    for (auto& t : cold) std::memcpy(sink.data(), t.data(), t.size());
+  });
+  std::printf("\"xxh3_cold\": %.0f, \"memcpy_cold\": %.0f, ",
+              digest_all(trace::DigestAlgo::kXxh3, one), copy);
   std::printf("\"md5_cold_1_thread\": %.0f, \"md5_cold_2_threads\": %.0f}\n",
               digest_all(trace::DigestAlgo::kMd5, one), digest_all(trace::DigestAlgo::kMd5, two));
 }

@@ -2,9 +2,8 @@
 //
 //   bench_workloads --workload cnn|embed|lstm [--steps N] [--warmup N] [--threads N]
 #include <detaudit/marker.h>
-#include <torch/torch.h>
-
 #include <sys/resource.h>
+#include <torch/torch.h>
 
 #include <chrono>
 #include <cstdio>
@@ -46,8 +45,9 @@ Step cnn() {
 
 Step embed() {
   torch::nn::Embedding emb(50000, 64);
-  torch::nn::Sequential mlp(torch::nn::Linear(64, 256), torch::nn::ReLU(), torch::nn::Linear(256, 256),
-                            torch::nn::ReLU(), torch::nn::Linear(256, 2));
+  torch::nn::Sequential mlp(torch::nn::Linear(64, 256), torch::nn::ReLU(),
+                            torch::nn::Linear(256, 256), torch::nn::ReLU(),
+                            torch::nn::Linear(256, 2));
   auto params = emb->parameters();
   for (auto& p : mlp->parameters()) params.push_back(p);
   auto opt = std::make_shared<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-3));
@@ -74,7 +74,8 @@ Step lstm() {
     DETAUDIT_STEP();
     opt->zero_grad();
     auto h = torch::zeros({4, 32}), c = torch::zeros({4, 32});
-    for (int64_t t = 0; t < xs.size(0); ++t) std::tie(h, c) = cell->forward(xs[t], std::make_tuple(h, c));
+    for (int64_t t = 0; t < xs.size(0); ++t)
+      std::tie(h, c) = cell->forward(xs[t], std::make_tuple(h, c));
     torch::mse_loss(head->forward(h), target).backward();
     DETAUDIT_OPTIMIZER();
     opt->step();
@@ -97,23 +98,33 @@ int main(int argc, char** argv) {
   int steps = 5, warmup = 2, threads = 2;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
-    if (a == "--workload") workload = argv[i + 1];
-    else if (a == "--steps") steps = std::stoi(argv[i + 1]);
-    else if (a == "--warmup") warmup = std::stoi(argv[i + 1]);
-    else if (a == "--threads") threads = std::stoi(argv[i + 1]);
+    if (a == "--workload")
+      workload = argv[i + 1];
+    else if (a == "--steps")
+      steps = std::stoi(argv[i + 1]);
+    else if (a == "--warmup")
+      warmup = std::stoi(argv[i + 1]);
+    else if (a == "--threads")
+      threads = std::stoi(argv[i + 1]);
   }
   torch::set_num_threads(threads);
   torch::manual_seed(0);
-  Step step = workload == "cnn" ? cnn() : workload == "embed" ? embed() : workload == "lstm" ? lstm() : Step();
+  Step step = workload == "cnn"     ? cnn()
+              : workload == "embed" ? embed()
+              : workload == "lstm"  ? lstm()
+                                    : Step();
   if (!step) {
-    std::fprintf(stderr, "usage: bench_workloads --workload cnn|embed|lstm [--steps N] [--warmup N] [--threads N]\n");
+    std::fprintf(stderr,
+                 "usage: bench_workloads --workload cnn|embed|lstm [--steps N] [--warmup N] "
+                 "[--threads N]\n");
     return 2;
   }
   for (int i = 0; i < warmup; ++i) step();
   const double cpu0 = cpu_ms();
   auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; ++i) step();
-  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   std::printf("{\"ms_per_step\": %.3f, \"cpu_ms_per_step\": %.3f, \"peer_bytes_per_step\": 0}\n",
               ms / steps, (cpu_ms() - cpu0) / steps);
   return 0;

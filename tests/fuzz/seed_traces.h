@@ -86,8 +86,14 @@ class Seed {
     Values& written(int64_t id) { return ref(id, ValueType::kTensorWritten); }
     Values& none() { return type(ValueType::kNone); }
     Values& boolean(bool v) { return type(v ? ValueType::kBoolTrue : ValueType::kBoolFalse); }
-    Values& integer(int64_t v) { type(ValueType::kInt).w_.zvarint(v); return *this; }
-    Values& real(double v) { type(ValueType::kDouble).w_.f64(v); return *this; }
+    Values& integer(int64_t v) {
+      type(ValueType::kInt).w_.zvarint(v);
+      return *this;
+    }
+    Values& real(double v) {
+      type(ValueType::kDouble).w_.f64(v);
+      return *this;
+    }
     Values& string(const std::string& v) { return named(ValueType::kString, v); }
     Values& skipped(const std::string& why) { return named(ValueType::kTensorSkipped, why); }
     Values& other(const std::string& type_name) { return named(ValueType::kOther, type_name); }
@@ -96,7 +102,10 @@ class Seed {
       w_.zvarint(index);
       return *this;
     }
-    Values& generator(uint64_t digest) { type(ValueType::kGenerator).w_.u64(digest); return *this; }
+    Values& generator(uint64_t digest) {
+      type(ValueType::kGenerator).w_.u64(digest);
+      return *this;
+    }
     Values& ints(std::initializer_list<int64_t> v) {
       type(ValueType::kIntList).w_.varint(v.size());
       for (int64_t x : v) w_.zvarint(x);
@@ -205,30 +214,48 @@ using V = Seed::Values;
 inline std::string training() {
   Seed s;
   s.step(0);
-  int64_t w = s.op("aten::randn", [](V& v) { v.ints({4, 4}).none().device(0, -1); },
-                   [](V& v) { v.tensor(tensor(1)); }, Phase::kForward, 0,
-                   kOpIsRandom | kOpHasRng, 99);
-  int64_t x = s.op("aten::empty", [](V& v) { v.ints({4, 4}); },
-                   [](V& v) {
-                     TensorDesc t = tensor(0);
-                     t.bits = kTensorContiguous | kTensorUninitialized;
-                     v.tensor(t);
-                   });
-  int64_t y = s.op("aten::mm",
-                   [&](V& v) { v.ref(w).tensor(tensor(2, {4, 4}, 6, Provenance::kExternal)); },
-                   [](V& v) { v.tensor(tensor(3)); }, Phase::kForward, 0, kOpHasSeqNr);
-  int64_t view = s.op("aten::view", [&](V& v) { v.ref(y).ints({16}); },
-                      [&](V& v) { v.tensor(tensor(3, {16}, 6, Provenance::kView), y); },
-                      Phase::kForward, 1);
-  s.op("aten::add_", [&](V& v) { v.ref(x).ref(view).integer(1); }, [&](V& v) { v.ref(x); });
-  s.op("MmBackward0", [&](V& v) { v.tensor(tensor(4)); }, [&](V& v) { v.tensor(tensor(5)).none(); },
-       Phase::kBackward, 0, kOpHasSeqNr);
-  s.op("aten::add_", [&](V& v) { v.ref(w).tensor(tensor(5)).real(-0.01); }, [&](V& v) { v.ref(w); },
-       Phase::kOptimizer);
+  int64_t w = s.op(
+      "aten::randn",
+      [](V& v) {
+        v.ints({4, 4}).none().device(0, -1);
+      },
+      [](V& v) { v.tensor(tensor(1)); }, Phase::kForward, 0, kOpIsRandom | kOpHasRng, 99);
+  int64_t x = s.op(
+      "aten::empty",
+      [](V& v) {
+        v.ints({4, 4});
+      },
+      [](V& v) {
+        TensorDesc t = tensor(0);
+        t.bits = kTensorContiguous | kTensorUninitialized;
+        v.tensor(t);
+      });
+  int64_t y = s.op(
+      "aten::mm",
+      [&](V& v) {
+        v.ref(w).tensor(tensor(2, {4, 4}, 6, Provenance::kExternal));
+      },
+      [](V& v) { v.tensor(tensor(3)); }, Phase::kForward, 0, kOpHasSeqNr);
+  int64_t view = s.op(
+      "aten::view", [&](V& v) { v.ref(y).ints({16}); },
+      [&](V& v) { v.tensor(tensor(3, {16}, 6, Provenance::kView), y); }, Phase::kForward, 1);
+  s.op(
+      "aten::add_", [&](V& v) { v.ref(x).ref(view).integer(1); }, [&](V& v) { v.ref(x); });
+  s.op(
+      "MmBackward0", [&](V& v) { v.tensor(tensor(4)); }, [&](V& v) { v.tensor(tensor(5)).none(); },
+      Phase::kBackward, 0, kOpHasSeqNr);
+  s.op(
+      "aten::add_", [&](V& v) { v.ref(w).tensor(tensor(5)).real(-0.01); }, [&](V& v) { v.ref(w); },
+      Phase::kOptimizer);
   s.step(1);
-  int64_t z = s.op("aten::mm", [&](V& v) { v.ref(w).tensor(tensor(7, {4, 4}, 6, Provenance::kExternal)); },
-                   [](V& v) { v.tensor(tensor(8)); }, Phase::kForward, 0, kOpHasSeqNr);
-  s.op("aten::zero_", [&](V& v) { v.written(z); }, [](V& v) { v.tensor(tensor(0)); });
+  int64_t z = s.op(
+      "aten::mm",
+      [&](V& v) {
+        v.ref(w).tensor(tensor(7, {4, 4}, 6, Provenance::kExternal));
+      },
+      [](V& v) { v.tensor(tensor(8)); }, Phase::kForward, 0, kOpHasSeqNr);
+  s.op(
+      "aten::zero_", [&](V& v) { v.written(z); }, [](V& v) { v.tensor(tensor(0)); });
   s.end();
   return s.bytes();
 }
@@ -240,8 +267,8 @@ inline std::string values() {
   s.step(3, 1, kDetAlgorithms | kDetCudnn);
   s.scope("model/encoder");
   TensorDesc strided = tensor(9, {2, 3}, 7, Provenance::kCompiled);
-  strided.bits =
-      kTensorHasStats | kTensorHasNanInf | uint8_t(strided.bits & (3u << kProvenanceShift));
+  strided.bits = kTensorHasStats | kTensorHasNanInf |
+                 uint8_t(strided.bits & (3u << kProvenanceShift));
   strided.strides = {1, 2};
   strided.stats.nan = 2;
   strided.stats.inf = 1;
@@ -254,17 +281,26 @@ inline std::string values() {
   cuda.device_index = 0;
   TensorDesc not_read = tensor(0, {3});
   not_read.bits |= kTensorNotRead;
-  s.op("aten::custom",
-       [&](V& v) {
-         v.tensor(strided).tensor(ints).ints({-1, 0, 1 << 30}).reals({0.5, -2.0, 1e300})
-             .bools({true, false}).string("mean").device(1, 0).generator(0xfeedface)
-             .other("torch.memory_format").skipped("quantized");
-         v.list(3).tensor(cuda).ref(0).list(2).none().integer(-5);
-       },
-       [&](V& v) { v.tensor(not_read).list(0); }, Phase::kOther, 2);
+  s.op(
+      "aten::custom",
+      [&](V& v) {
+        v.tensor(strided)
+            .tensor(ints)
+            .ints({-1, 0, 1 << 30})
+            .reals({0.5, -2.0, 1e300})
+            .bools({true, false})
+            .string("mean")
+            .device(1, 0)
+            .generator(0xfeedface)
+            .other("torch.memory_format")
+            .skipped("quantized");
+        v.list(3).tensor(cuda).ref(0).list(2).none().integer(-5);
+      },
+      [&](V& v) { v.tensor(not_read).list(0); }, Phase::kOther, 2);
   s.scope("");
-  s.op("aten::_foreach_add_", [](V& v) { v.list(2).ref(0).ref(1).real(1.0); }, nullptr,
-       Phase::kOptimizer, 0, kOpCompiledRegion);
+  s.op(
+      "aten::_foreach_add_", [](V& v) { v.list(2).ref(0).ref(1).real(1.0); }, nullptr,
+      Phase::kOptimizer, 0, kOpCompiledRegion);
   s.end();
   return s.bytes();
 }
@@ -273,44 +309,66 @@ inline std::string values() {
 inline std::string catalog_ops() {
   Seed s;
   s.step(0, 4);
-  s.op("aten::index_put_",
-       [](V& v) {
-         v.tensor(tensor(1, {256, 256})).list(1).tensor(tensor(2, {40000}, 4))
-             .tensor(tensor(3, {40000})).boolean(true);
-       },
-       [](V& v) { v.ref(0); });
-  s.op("aten::_index_put_impl_",
-       [](V& v) {
-         TensorDesc self = tensor(4, {8}, 7);
-         self.device_type = 1;
-         self.device_index = 0;
-         v.tensor(self).list(1).tensor(tensor(5, {2}, 4)).tensor(tensor(6, {2}, 7)).boolean(false)
-             .boolean(false);
-       },
-       [](V& v) { v.ref(3); });
-  s.op("aten::scatter_",
-       [](V& v) { v.tensor(tensor(7)).integer(0).tensor(tensor(8, {4, 4}, 4)).string("multiply"); },
-       [](V& v) { v.ref(6); });
-  s.op("aten::scatter_reduce", [](V& v) { v.ref(0).integer(0).ref(1).ref(2).string("prod"); },
-       [](V& v) { v.tensor(tensor(9)); });
-  s.op("aten::resize_", [](V& v) { v.skipped("quantized").ints({4}); }, nullptr);
-  s.op("aten::bincount", [](V& v) { v.tensor(tensor(10, {6}, 4)).none().integer(0); },
-       [](V& v) { v.tensor(tensor(11, {6}, 4)); });
-  s.op("aten::_embedding_bag_backward",
-       [](V& v) {
-         for (int i = 0; i < 4; ++i) v.tensor(tensor(uint8_t(12 + i), {4}));
-         v.integer(10).boolean(false).integer(0).boolean(false).integer(2);
-       },
-       [](V& v) { v.tensor(tensor(20, {10, 4})); }, Phase::kBackward);
-  s.op("IndexSelectBackward0", [](V& v) { v.ref(0); }, [](V& v) { v.tensor(tensor(21)); },
-       Phase::kBackward);
-  s.op("aten::empty_like", [](V& v) { v.ref(0).none(); },
-       [](V& v) {
-         TensorDesc t = tensor(0);
-         t.bits = kTensorContiguous | kTensorUninitialized;
-         v.tensor(t);
-       });
-  s.op("aten::mm", [](V& v) { v.ref(0).ref(2); }, [](V& v) { v.tensor(tensor(22)); });
+  s.op(
+      "aten::index_put_",
+      [](V& v) {
+        v.tensor(tensor(1, {256, 256}))
+            .list(1)
+            .tensor(tensor(2, {40000}, 4))
+            .tensor(tensor(3, {40000}))
+            .boolean(true);
+      },
+      [](V& v) { v.ref(0); });
+  s.op(
+      "aten::_index_put_impl_",
+      [](V& v) {
+        TensorDesc self = tensor(4, {8}, 7);
+        self.device_type = 1;
+        self.device_index = 0;
+        v.tensor(self)
+            .list(1)
+            .tensor(tensor(5, {2}, 4))
+            .tensor(tensor(6, {2}, 7))
+            .boolean(false)
+            .boolean(false);
+      },
+      [](V& v) { v.ref(3); });
+  s.op(
+      "aten::scatter_",
+      [](V& v) {
+        v.tensor(tensor(7)).integer(0).tensor(tensor(8, {4, 4}, 4)).string("multiply");
+      },
+      [](V& v) { v.ref(6); });
+  s.op(
+      "aten::scatter_reduce", [](V& v) { v.ref(0).integer(0).ref(1).ref(2).string("prod"); },
+      [](V& v) { v.tensor(tensor(9)); });
+  s.op(
+      "aten::resize_", [](V& v) { v.skipped("quantized").ints({4}); }, nullptr);
+  s.op(
+      "aten::bincount", [](V& v) { v.tensor(tensor(10, {6}, 4)).none().integer(0); },
+      [](V& v) { v.tensor(tensor(11, {6}, 4)); });
+  s.op(
+      "aten::_embedding_bag_backward",
+      [](V& v) {
+        for (int i = 0; i < 4; ++i) v.tensor(tensor(uint8_t(12 + i), {4}));
+        v.integer(10).boolean(false).integer(0).boolean(false).integer(2);
+      },
+      [](V& v) {
+        v.tensor(tensor(20, {10, 4}));
+      },
+      Phase::kBackward);
+  s.op(
+      "IndexSelectBackward0", [](V& v) { v.ref(0); }, [](V& v) { v.tensor(tensor(21)); },
+      Phase::kBackward);
+  s.op(
+      "aten::empty_like", [](V& v) { v.ref(0).none(); },
+      [](V& v) {
+        TensorDesc t = tensor(0);
+        t.bits = kTensorContiguous | kTensorUninitialized;
+        v.tensor(t);
+      });
+  s.op(
+      "aten::mm", [](V& v) { v.ref(0).ref(2); }, [](V& v) { v.tensor(tensor(22)); });
   s.end();
   return s.bytes();
 }
@@ -321,19 +379,22 @@ inline std::string collectives() {
   Seed s(DigestAlgo::kXxh3, 0, 1);
   s.step(0, 2);
   uint64_t order = s.next_order();
-  int64_t grad = s.op("c10d::allreduce_",
-                      [](V& v) {
-                        TensorDesc t = tensor(0, {64});
-                        t.bits |= kTensorNotRead;
-                        v.list(1).tensor(t).other("ProcessGroup").other("ReduceOp").integer(-1);
-                      },
-                      [](V& v) { v.list(1).ref(0).other("Work"); });
+  int64_t grad = s.op(
+      "c10d::allreduce_",
+      [](V& v) {
+        TensorDesc t = tensor(0, {64});
+        t.bits |= kTensorNotRead;
+        v.list(1).tensor(t).other("ProcessGroup").other("ReduceOp").integer(-1);
+      },
+      [](V& v) { v.list(1).ref(0).other("Work"); });
   s.collective(order, 1, kCollectiveCompleted, [&](V& v) { v.list(1).tensor(tensor(5, {64})); });
-  s.op("aten::add_", [&](V& v) { v.ref(grad).ref(grad).integer(1); }, [&](V& v) { v.ref(grad); },
-       Phase::kOptimizer);
+  s.op(
+      "aten::add_", [&](V& v) { v.ref(grad).ref(grad).integer(1); }, [&](V& v) { v.ref(grad); },
+      Phase::kOptimizer);
   order = s.next_order();
-  s.op("c10d::allreduce_", [&](V& v) { v.list(1).ref(grad).other("ProcessGroup"); },
-       [&](V& v) { v.list(1).ref(grad); });
+  s.op(
+      "c10d::allreduce_", [&](V& v) { v.list(1).ref(grad).other("ProcessGroup"); },
+      [&](V& v) { v.list(1).ref(grad); });
   s.collective(order, 2, kCollectiveNotCompleted, [&](V& v) { v.list(1).ref(grad); });
   s.end();
   return s.bytes();

@@ -41,8 +41,8 @@ std::vector<lanes::LaneResult> on_device(const std::vector<at::Tensor>& tensors)
   std::vector<device::DigestJob> jobs;
   for (const at::Tensor& t : tensors) {
     held.push_back(t.contiguous());
-    jobs.push_back({held.back().data_ptr(), uint64_t(held.back().nbytes()),
-                    uint8_t(t.scalar_type())});
+    jobs.push_back(
+        {held.back().data_ptr(), uint64_t(held.back().nbytes()), uint8_t(t.scalar_type())});
   }
   const int n = int(jobs.size());
   auto opts = at::TensorOptions().dtype(at::kByte).device(tensors[0].device());
@@ -50,7 +50,8 @@ std::vector<lanes::LaneResult> on_device(const std::vector<at::Tensor>& tensors)
   at::Tensor results = at::empty({int64_t(n * sizeof(lanes::LaneResult))}, opts);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   const int rc = device::launch_lane_digest(jobs.data(), n, scratch.data_ptr(),
-                                            static_cast<lanes::LaneResult*>(results.data_ptr()), stream);
+                                            static_cast<lanes::LaneResult*>(results.data_ptr()),
+                                            stream);
   if (rc != 0) {
     std::printf("launch failed: %s\n", cudaGetErrorString(cudaError_t(rc)));
     std::exit(1);
@@ -62,17 +63,19 @@ std::vector<lanes::LaneResult> on_device(const std::vector<at::Tensor>& tensors)
   return out;
 }
 
-void expect_same(const std::string& what, const lanes::LaneResult& got, const lanes::LaneResult& want) {
+void expect_same(const std::string& what, const lanes::LaneResult& got,
+                 const lanes::LaneResult& want) {
   if (got.root == want.root && std::memcmp(&got.stats, &want.stats, sizeof got.stats) == 0) return;
   ++failures;
-  std::printf("MISMATCH %s: root %016llx vs %016llx, sum %.17g vs %.17g, sumsq %.17g vs %.17g, "
-              "min %g vs %g, max %g vs %g, count %llu vs %llu, nan %llu vs %llu, inf %llu vs %llu\n",
-              what.c_str(), (unsigned long long)got.root, (unsigned long long)want.root,
-              got.stats.sum, want.stats.sum, got.stats.sumsq, want.stats.sumsq, got.stats.min,
-              want.stats.min, got.stats.max, want.stats.max, (unsigned long long)got.stats.count,
-              (unsigned long long)want.stats.count, (unsigned long long)got.stats.nan,
-              (unsigned long long)want.stats.nan, (unsigned long long)got.stats.inf,
-              (unsigned long long)want.stats.inf);
+  std::printf(
+      "MISMATCH %s: root %016llx vs %016llx, sum %.17g vs %.17g, sumsq %.17g vs %.17g, "
+      "min %g vs %g, max %g vs %g, count %llu vs %llu, nan %llu vs %llu, inf %llu vs %llu\n",
+      what.c_str(), (unsigned long long)got.root, (unsigned long long)want.root, got.stats.sum,
+      want.stats.sum, got.stats.sumsq, want.stats.sumsq, got.stats.min, want.stats.min,
+      got.stats.max, want.stats.max, (unsigned long long)got.stats.count,
+      (unsigned long long)want.stats.count, (unsigned long long)got.stats.nan,
+      (unsigned long long)want.stats.nan, (unsigned long long)got.stats.inf,
+      (unsigned long long)want.stats.inf);
 }
 
 // 100 batches submitted behind a long kernel: none may wait for the device.
@@ -178,11 +181,12 @@ void report_throughput() {
   for (int i = 0; i < device::kMaxBatch; ++i) tiny.push_back(at::randn({256}, cuda));
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
-  std::printf("THROUGHPUT {\"device\": \"%s\", \"digest_1gib_gbs\": %.1f, "
-              "\"digest_batch_32x64kib_gbs\": %.2f, \"digest_batch_32x1kib_gbs\": %.3f, "
-              "\"copy_1gib_read_write_gbs\": %.1f}\n",
-              prop.name, digest_gbs({big}), digest_gbs(small), digest_gbs(tiny),
-              2.0 * double(big.nbytes()) / (copy_ms * 1e-3) / 1e9);
+  std::printf(
+      "THROUGHPUT {\"device\": \"%s\", \"digest_1gib_gbs\": %.1f, "
+      "\"digest_batch_32x64kib_gbs\": %.2f, \"digest_batch_32x1kib_gbs\": %.3f, "
+      "\"copy_1gib_read_write_gbs\": %.1f}\n",
+      prop.name, digest_gbs({big}), digest_gbs(small), digest_gbs(tiny),
+      2.0 * double(big.nbytes()) / (copy_ms * 1e-3) / 1e9);
 }
 
 }  // namespace
@@ -194,9 +198,9 @@ int main() {
     return 77;
   }
   at::manual_seed(0);
-  const at::ScalarType dtypes[] = {at::kByte, at::kChar, at::kShort, at::kInt, at::kLong,
-                                   at::kHalf, at::kFloat, at::kDouble, at::kComplexFloat,
-                                   at::kComplexDouble, at::kBool, at::kBFloat16};
+  const at::ScalarType dtypes[] = {
+      at::kByte,  at::kChar,   at::kShort,        at::kInt,           at::kLong, at::kHalf,
+      at::kFloat, at::kDouble, at::kComplexFloat, at::kComplexDouble, at::kBool, at::kBFloat16};
   const std::vector<std::vector<int64_t>> shapes = {
       {0}, {1}, {3}, {7, 3}, {1000}, {1025}, {4097}, {513, 7}, {(1 << 20) + 3}, {3, 1 << 19}};
   const auto cuda = at::TensorOptions().device(at::kCUDA);
@@ -214,9 +218,10 @@ int main() {
       at::Tensor t = (dtype == at::kBool ? bytes.to(at::kBool) : bytes.view(dtype)).view(shape);
       std::vector<std::pair<std::string, at::Tensor>> cases = {{"random bytes", t}};
       if (at::isFloatingType(dtype) || at::isComplexType(dtype))
-        cases.push_back({"finite values", (at::randn(shape, cuda.dtype(at::kDouble)) *
-                                           at::exp2(at::randint(-10, 10, shape, cuda.dtype(at::kDouble))))
-                                              .to(dtype)});
+        cases.push_back(
+            {"finite values", (at::randn(shape, cuda.dtype(at::kDouble)) *
+                               at::exp2(at::randint(-10, 10, shape, cuda.dtype(at::kDouble))))
+                                  .to(dtype)});
       if (shape.size() == 2) {
         cases.push_back({"transposed", t.t()});
         cases.push_back({"sliced with an offset", t.slice(1, 1)});
@@ -233,13 +238,14 @@ int main() {
     // One launch for many tensors gives each the result it gets alone.
     const auto together = on_device(batch);
     for (size_t i = 0; i < batch.size(); ++i)
-      expect_same(std::string(c10::toString(dtype)) + " in a batch of " + std::to_string(batch.size()),
-                  together[i], reference(batch[i]));
+      expect_same(
+          std::string(c10::toString(dtype)) + " in a batch of " + std::to_string(batch.size()),
+          together[i], reference(batch[i]));
   }
   check_pipeline({at::randn({1000, 3}, cuda), at::randn({4097}, cuda).to(at::kHalf),
                   at::randint(0, 100, {70000}, cuda.dtype(at::kLong))});
-  std::printf("%d tensors checked, then 100 batches through the pipeline; %d mismatches\n",
-              checked, failures);
+  std::printf("%d tensors checked, then 100 batches through the pipeline; %d mismatches\n", checked,
+              failures);
   report_throughput();
   return failures ? 1 : 0;
 }

@@ -1,5 +1,7 @@
 // configs/catalog.json loads, every entry keeps its sources, remedy and uncertainty, lookups
 // and conditions work on recorded ops, and the single-run risk report finds what ran.
+#include "catalog/catalog.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,7 +11,6 @@
 #include <set>
 #include <vector>
 
-#include "catalog/catalog.h"
 #include "diff/risk.h"
 #include "test_files.h"
 #include "trace_builder.h"
@@ -94,11 +95,12 @@ TEST(CatalogTest, EntriesWithoutADeterministicAlternativeSayWhatToDoInstead) {
 
 TEST(CatalogTest, CoversEveryRowOfTheReferenceTable) {
   std::set<int> rows;
-  for (const CatalogEntry& e : shipped_catalog().entries()) rows.insert(e.rows.begin(), e.rows.end());
+  for (const CatalogEntry& e : shipped_catalog().entries())
+    rows.insert(e.rows.begin(), e.rows.end());
   for (int r = 1; r <= 84; ++r) EXPECT_TRUE(rows.count(r)) << "row " << r;
-  for (const char* id : {"intra-op-threads", "cublas-workspace", "cudnn-benchmark",
-                         "tf32-reduced-precision", "nccl-environment", "rng-seeding",
-                         "dataloader-workers", "pythonhashseed"})
+  for (const char* id :
+       {"intra-op-threads", "cublas-workspace", "cudnn-benchmark", "tf32-reduced-precision",
+        "nccl-environment", "rng-seeding", "dataloader-workers", "pythonhashseed"})
     EXPECT_NE(shipped_catalog().find(id), nullptr) << id;
 }
 
@@ -118,9 +120,15 @@ struct IndexPutOp {
   IndexPutOp(const std::string& name, bool accumulate, int64_t n, uint64_t threads) {
     TraceBuilder b;
     b.step(0, 1, threads);
-    b.op("aten::_index_put_impl_").in_new(tensor(0, {n})).in_list(1)
-        .in_new(tensor(1, {n}, Provenance::kOutput, 4)).in_new(tensor(2, {n}))
-        .in_bool(accumulate).in_bool(false).out_new(tensor(3, {n})).done();
+    b.op("aten::_index_put_impl_")
+        .in_new(tensor(0, {n}))
+        .in_list(1)
+        .in_new(tensor(1, {n}, Provenance::kOutput, 4))
+        .in_new(tensor(2, {n}))
+        .in_bool(accumulate)
+        .in_bool(false)
+        .out_new(tensor(3, {n}))
+        .done();
     std::string path = std::string(::testing::TempDir()) + "/catalog_" + name + ".dtr";
     RunDir::write(path, b.bytes());
     EXPECT_TRUE(reader.open(path).ok());
@@ -153,7 +161,8 @@ TEST(CatalogTest, ConditionsAreCheckedAgainstTheRecordedArguments) {
   IndexPutOp one_thread("onethread", true, 65536, 1);
   EXPECT_FALSE(evaluate(*e, one_thread.facts(1)).applies);
   // The CUDA entries do not apply to a CPU op.
-  EXPECT_FALSE(evaluate(*shipped_catalog().find("index-put-cuda-duplicates"), hit.facts(2)).applies);
+  EXPECT_FALSE(
+      evaluate(*shipped_catalog().find("index-put-cuda-duplicates"), hit.facts(2)).applies);
 }
 
 TEST(CatalogTest, SearchByNameRemedyAndId) {
@@ -170,16 +179,20 @@ TEST(CatalogTest, SearchByNameRemedyAndId) {
 TEST(CatalogTest, BadCatalogsAreRejectedWithTheField) {
   Catalog c;
   Status s = Catalog::parse(nlohmann::json::parse(R"({"entries":[{"id":"x","ops":["a"],
-      "remedy":"r","sources":["s"]}]})"), &c);
+      "remedy":"r","sources":["s"]}]})"),
+                            &c);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("uncertain"), std::string::npos);
   s = Catalog::parse(nlohmann::json::parse(R"({"entries":[{"id":"x","ops":["a"],"remedy":"r",
-      "sources":["s"],"uncertain":false,"conditions":[{"arg":1}]}]})"), &c);
+      "sources":["s"],"uncertain":false,"conditions":[{"arg":1}]}]})"),
+                     &c);
   EXPECT_FALSE(s.ok());
   for (const char* cond : {R"({"environment":"determinism.mkl_vml_warm_up"})",
                            R"({"environment":"k","equals":false,"arg":0})"}) {
     s = Catalog::parse(nlohmann::json::parse(std::string(R"({"entries":[{"id":"x","ops":["a"],
-        "remedy":"r","sources":["s"],"uncertain":false,"conditions":[)") + cond + "]}]}"), &c);
+        "remedy":"r","sources":["s"],"uncertain":false,"conditions":[)") +
+                                             cond + "]}]}"),
+                       &c);
     EXPECT_FALSE(s.ok()) << cond;
     EXPECT_NE(s.message().find("environment condition"), std::string::npos) << s.message();
   }
@@ -196,7 +209,8 @@ TEST(CatalogTest, IntegerFieldsOutOfRangeAreRejectedWithTheField) {
            {"conditions[0].arg", R"("conditions":[{"arg":4294967296,"dtype":"float32"}])"},
            {"conditions[0].min_numel", R"("conditions":[{"arg":2,"min_numel":1e300}])"},
            {"conditions[0].min_numel", R"("conditions":[{"arg":2,"min_numel":-1}])"},
-           {"conditions[0].min_intra_op_threads", R"("conditions":[{"min_intra_op_threads":2.5}])"}}) {
+           {"conditions[0].min_intra_op_threads",
+            R"("conditions":[{"min_intra_op_threads":2.5}])"}}) {
     Catalog c;
     std::string text = std::string(R"({"entries":[)") + entry + bad + "}]}";
     Status s = Catalog::parse(nlohmann::json::parse(text), &c);
@@ -213,8 +227,10 @@ struct UnaryOp {
   UnaryOp(const std::string& name, uint8_t dtype) {
     TraceBuilder b;
     b.step(0, 1, 2);
-    b.op(name).in_new(tensor(1, {97, 51}, Provenance::kOutput, dtype))
-        .out_new(tensor(2, {97, 51}, Provenance::kOutput, dtype)).done();
+    b.op(name)
+        .in_new(tensor(1, {97, 51}, Provenance::kOutput, dtype))
+        .out_new(tensor(2, {97, 51}, Provenance::kOutput, dtype))
+        .done();
     std::string path = std::string(::testing::TempDir()) + "/catalog_unary_" +
                        std::to_string(dtype) + ".dtr";
     RunDir::write(path, b.bytes());
@@ -256,8 +272,9 @@ TEST(CatalogTest, MklVmlFirstCallNeedsFloatOrDoubleOnSeveralThreads) {
   EXPECT_FALSE(evaluate(e, f64.facts("aten::tanh_", 2, &warmed)).applies);
   CatalogMatch m = evaluate(e, f64.facts("aten::tanh_", 2, &cold));
   EXPECT_TRUE(m.applies);
-  EXPECT_NE(std::find(m.met.begin(), m.met.end(), "fingerprint determinism.mkl_vml_warm_up == false"),
-            m.met.end());
+  EXPECT_NE(
+      std::find(m.met.begin(), m.met.end(), "fingerprint determinism.mkl_vml_warm_up == false"),
+      m.met.end());
   m = evaluate(e, f64.facts("aten::tanh_", 2, &older));
   EXPECT_TRUE(m.applies);
   ASSERT_EQ(m.unknown.size(), 1u);
@@ -270,10 +287,20 @@ TEST(CatalogTest, QuantizedResizeNeedsAQuantizedTensor) {
   RunDir run("qresize/run-0");
   TraceBuilder b;
   b.step(0, 1, 2);
-  b.op("aten::resize_").in_new(tensor(1, {8})).in_list(1).in_int(16).in_none()
-      .out_new(uninitialized(0, {16})).done();
-  b.op("aten::resize_").in_skipped("quantized").in_list(1).in_int(16).in_none()
-      .out_new(tensor(2, {16})).done();
+  b.op("aten::resize_")
+      .in_new(tensor(1, {8}))
+      .in_list(1)
+      .in_int(16)
+      .in_none()
+      .out_new(uninitialized(0, {16}))
+      .done();
+  b.op("aten::resize_")
+      .in_skipped("quantized")
+      .in_list(1)
+      .in_int(16)
+      .in_none()
+      .out_new(tensor(2, {16}))
+      .done();
   b.end();
   run.add_stream("r0.main.t0", b);
   RiskReport r;
@@ -284,7 +311,8 @@ TEST(CatalogTest, QuantizedResizeNeedsAQuantizedTensor) {
   ASSERT_NE(hit, nullptr);
   EXPECT_EQ(hit->count, 1u);  // the quantized one only
   bool quantized = false;
-  for (const std::string& c : hit->conditions_met) quantized |= c.find("quantized") != std::string::npos;
+  for (const std::string& c : hit->conditions_met)
+    quantized |= c.find("quantized") != std::string::npos;
   EXPECT_TRUE(quantized);
 }
 
@@ -294,9 +322,15 @@ TEST(RiskTest, ReportsCatalogOpsThatRanWithTheirConditions) {
   for (uint64_t k = 0; k < 3; ++k) {
     b.step(k, 1, 2);
     b.op("aten::relu").in_new(tensor(1)).out_new(tensor(2)).done();
-    b.op("aten::_index_put_impl_").in_new(tensor(0, {65536})).in_list(1)
-        .in_new(tensor(1, {65536}, Provenance::kOutput, 4)).in_new(tensor(2, {65536}))
-        .in_bool(k != 2).in_bool(false).out_new(tensor(3, {65536})).done();
+    b.op("aten::_index_put_impl_")
+        .in_new(tensor(0, {65536}))
+        .in_list(1)
+        .in_new(tensor(1, {65536}, Provenance::kOutput, 4))
+        .in_new(tensor(2, {65536}))
+        .in_bool(k != 2)
+        .in_bool(false)
+        .out_new(tensor(3, {65536}))
+        .done();
   }
   b.end();
   run.add_stream("r0.main.t0", b);

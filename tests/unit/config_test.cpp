@@ -1,9 +1,9 @@
 // The config: every field parses, every error names its field, and the resolved JSON round-trips.
+#include "config/config.h"
+
 #include <gtest/gtest.h>
 
 #include <fstream>
-
-#include "config/config.h"
 
 namespace detaudit {
 namespace {
@@ -49,7 +49,8 @@ TEST(ConfigTest, DefaultsWhenEmpty) {
 TEST(ConfigTest, Target) {
   Config c = parse_ok(R"({"target": {"command": ["/usr/bin/python3", "train.py", "--steps", "3"],
                                      "env": {"OMP_NUM_THREADS": "2"}, "cwd": "/tmp"}})");
-  EXPECT_EQ(c.target.command, (std::vector<std::string>{"/usr/bin/python3", "train.py", "--steps", "3"}));
+  EXPECT_EQ(c.target.command,
+            (std::vector<std::string>{"/usr/bin/python3", "train.py", "--steps", "3"}));
   EXPECT_EQ(c.target.env.at("OMP_NUM_THREADS"), "2");
   EXPECT_EQ(c.target.cwd, "/tmp");
 }
@@ -209,7 +210,8 @@ TEST(ConfigTest, Determinism) {
   parse_error(R"({"determinism": {"intra_op_threads": 0}})", "determinism.intra_op_threads");
   parse_error(R"({"determinism": {"intra_op_threads": "2"}})", "determinism.intra_op_threads");
   parse_error(R"({"determinism": {"cudnn": true}})", "determinism.cudnn");
-  EXPECT_FALSE(parse_ok(R"({"determinism": {"mkl_vml_warm_up": false}})").determinism.mkl_vml_warm_up);
+  EXPECT_FALSE(
+      parse_ok(R"({"determinism": {"mkl_vml_warm_up": false}})").determinism.mkl_vml_warm_up);
   parse_error(R"({"determinism": {"mkl_vml_warm_up": "no"}})", "determinism.mkl_vml_warm_up");
 }
 
@@ -293,8 +295,9 @@ TEST(ConfigTest, LoadConfigPrefixesTheFileName) {
   Config c;
   Status s = load_config(path, &c);
   ASSERT_FALSE(s.ok());
-  EXPECT_EQ(s.message(), path + ": field \"select.steps[1]\": expected an integer or a range "
-                                "like \"0-3\", got \"x\"");
+  EXPECT_EQ(s.message(), path +
+                             ": field \"select.steps[1]\": expected an integer or a range "
+                             "like \"0-3\", got \"x\"");
   std::ofstream(path) << "{\"runs\": ";
   s = load_config(path, &c);
   ASSERT_FALSE(s.ok());

@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <functional>
-
 #include <nlohmann/json.hpp>
 
 #include "../../hooks/ops/rng_source.h"
@@ -84,8 +83,10 @@ TensorDesc on_cuda(TensorDesc t, int index = 0) {
 TraceBuilder dropout_run(uint64_t rng, uint8_t dropped, bool random = true) {
   TraceBuilder t;
   t.step(0);
-  int64_t x = t.op("aten::linear").in_new(on_cuda(tensor(0x10, {8, 8}, Provenance::kExternal)))
-                  .in_new(on_cuda(tensor(0x11, {8, 8}))).out_new(on_cuda(tensor(0x12, {8, 8})))
+  int64_t x = t.op("aten::linear")
+                  .in_new(on_cuda(tensor(0x10, {8, 8}, Provenance::kExternal)))
+                  .in_new(on_cuda(tensor(0x11, {8, 8})))
+                  .out_new(on_cuda(tensor(0x12, {8, 8})))
                   .done();
   auto drop = t.op("aten::native_dropout");
   if (random) drop.random(rng);
@@ -149,25 +150,26 @@ nlohmann::json cuda_env(int pid) {
   j["determinism"]["allow_fp16_reduction_cublas"] = {{"reduced_precision", true},
                                                      {"split_k", true}};
   j["env"]["CUBLAS_WORKSPACE_CONFIG"] = nullptr;
-  j["cuda"] = {{"built", true},
-               {"initialized", true},
-               {"available", true},
-               {"device_count", 1},
-               {"devices", {{"0", {{"name", "NVIDIA H100 80GB HBM3"},
-                                   {"compute_capability", "9.0"},
-                                   {"sm_count", 132}}}}},
-               {"driver_version", 13000},
-               {"cudart_version", 13000},
-               {"cudnn_version", 91002},
-               {"cublas_version", 130100},
-               {"nccl_version", 22703}};
+  j["cuda"] = {
+      {"built", true},
+      {"initialized", true},
+      {"available", true},
+      {"device_count", 1},
+      {"devices",
+       {{"0",
+         {{"name", "NVIDIA H100 80GB HBM3"}, {"compute_capability", "9.0"}, {"sm_count", 132}}}}},
+      {"driver_version", 13000},
+      {"cudart_version", 13000},
+      {"cudnn_version", 91002},
+      {"cublas_version", 130100},
+      {"nccl_version", 22703}};
   return j;
 }
 
 // Runs whose only difference is a CUDA op's output (not in the catalog) and `change` applied
 // to run B's fingerprint.
-DiffReport diff_with_env(const std::string& name, const std::function<void(nlohmann::json&)>& change,
-                         bool on_gpu = true) {
+DiffReport diff_with_env(const std::string& name,
+                         const std::function<void(nlohmann::json&)>& change, bool on_gpu = true) {
   auto run = [&](uint8_t out) {
     TraceBuilder t;
     t.step(0);
@@ -192,9 +194,8 @@ DiffReport diff_with_env(const std::string& name, const std::function<void(nlohm
 }
 
 TEST(CudaStateTest, ACudnnVersionDifferenceIsNamedAsTheCause) {
-  DiffReport r = diff_with_env("cudnn_version", [](nlohmann::json& j) {
-    j["cuda"]["cudnn_version"] = 90100;
-  });
+  DiffReport r = diff_with_env("cudnn_version",
+                               [](nlohmann::json& j) { j["cuda"]["cudnn_version"] = 90100; });
   ASSERT_EQ(r.environment.size(), 1u);
   EXPECT_EQ(r.environment[0].key, "cuda.cudnn_version");
   ASSERT_TRUE(r.first);
@@ -205,19 +206,24 @@ TEST(CudaStateTest, ACudnnVersionDifferenceIsNamedAsTheCause) {
 
 TEST(CudaStateTest, EachGpuAndLibraryFieldIsNamedAsTheCause) {
   const std::vector<std::pair<std::string, std::function<void(nlohmann::json&)>>> cases = {
-      {"cuda.devices.0.name", [](nlohmann::json& j) { j["cuda"]["devices"]["0"]["name"] = "NVIDIA A100"; }},
+      {"cuda.devices.0.name",
+       [](nlohmann::json& j) { j["cuda"]["devices"]["0"]["name"] = "NVIDIA A100"; }},
       {"cuda.devices.0.compute_capability",
        [](nlohmann::json& j) { j["cuda"]["devices"]["0"]["compute_capability"] = "8.0"; }},
-      {"cuda.devices.0.sm_count", [](nlohmann::json& j) { j["cuda"]["devices"]["0"]["sm_count"] = 108; }},
+      {"cuda.devices.0.sm_count",
+       [](nlohmann::json& j) { j["cuda"]["devices"]["0"]["sm_count"] = 108; }},
       {"cuda.driver_version", [](nlohmann::json& j) { j["cuda"]["driver_version"] = 12080; }},
       {"cuda.cudart_version", [](nlohmann::json& j) { j["cuda"]["cudart_version"] = 12080; }},
       {"cuda.cublas_version", [](nlohmann::json& j) { j["cuda"]["cublas_version"] = 120800; }},
       {"cuda.nccl_version", [](nlohmann::json& j) { j["cuda"]["nccl_version"] = 22105; }},
       {"determinism.allow_tf32_cublas",
        [](nlohmann::json& j) { j["determinism"]["allow_tf32_cublas"] = true; }},
-      {"determinism.benchmark_cudnn", [](nlohmann::json& j) { j["determinism"]["benchmark_cudnn"] = true; }},
+      {"determinism.benchmark_cudnn",
+       [](nlohmann::json& j) { j["determinism"]["benchmark_cudnn"] = true; }},
       {"determinism.allow_fp16_reduction_cublas.reduced_precision",
-       [](nlohmann::json& j) { j["determinism"]["allow_fp16_reduction_cublas"]["reduced_precision"] = false; }},
+       [](nlohmann::json& j) {
+         j["determinism"]["allow_fp16_reduction_cublas"]["reduced_precision"] = false;
+       }},
       {"env.CUBLAS_WORKSPACE_CONFIG",
        [](nlohmann::json& j) { j["env"]["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"; }},
   };

@@ -100,8 +100,9 @@ std::vector<uint8_t> finite_values(size_t n, uint8_t dtype, uint32_t seed) {
       const float f = float(x) * (dtype == 5 ? 1e-4f : 1.f);
       uint32_t bits;
       std::memcpy(&bits, &f, 4);
-      const uint16_t h = dtype == 5 ? uint16_t(((bits >> 16) & 0x8000) | ((bits >> 13) & 0x3ff) | 0x1000)
-                                    : uint16_t(bits >> 16);
+      const uint16_t h = dtype == 5
+                             ? uint16_t(((bits >> 16) & 0x8000) | ((bits >> 13) & 0x3ff) | 0x1000)
+                             : uint16_t(bits >> 16);
       std::memcpy(&v[off], &h, 2);
     }
   }
@@ -145,12 +146,14 @@ TEST(DeviceDigestTest, ReferenceEqualsSpecForEveryDtypeAndSize) {
     for (size_t n : sizes) {
       if (n % esize) continue;
       const bool floating = is_floating(element_type(dtype).kind) || dtype == 9 || dtype == 10;
-      for (const auto& bytes : {random_bytes(n, uint32_t(n * 31 + dtype)),
-                                floating ? finite_values(n, dtype, uint32_t(n)) : random_bytes(n, 1)}) {
+      for (const auto& bytes :
+           {random_bytes(n, uint32_t(n * 31 + dtype)),
+            floating ? finite_values(n, dtype, uint32_t(n)) : random_bytes(n, 1)}) {
         const SpecResult want = spec_digest(bytes, dtype);
         for (size_t chunk : {size_t(1), size_t(5), size_t(4096), size_t(1) << 20}) {
           const LaneResult got = reference(bytes, dtype, chunk);
-          EXPECT_EQ(got.root, want.root) << "dtype " << int(dtype) << " n " << n << " chunk " << chunk;
+          EXPECT_EQ(got.root, want.root)
+              << "dtype " << int(dtype) << " n " << n << " chunk " << chunk;
           // Random bytes hold NaNs in float dtypes: they are counted, never summed.
           EXPECT_TRUE(same_stats(got.stats, want.stats)) << "dtype " << int(dtype) << " n " << n;
         }

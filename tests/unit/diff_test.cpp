@@ -1,17 +1,16 @@
 // The comparator on synthesized runs: each divergence class at the right op and step, the
 // alignment, the environment, truncated and corrupt input, the gate and the report formats.
+#include "diff/diff.h"
+
 #include <gtest/gtest.h>
 
 #include <csignal>
-
 #include <fstream>
 #include <functional>
-
 #include <nlohmann/json.hpp>
 
 #include "catalog/catalog.h"
 #include "diff/op_source.h"
-#include "diff/diff.h"
 #include "diff/report_model.h"
 #include "report/render.h"
 #include "test_files.h"
@@ -26,12 +25,12 @@ using namespace detaudit::testing;
 struct Scenario {
   int steps = 3;
   uint64_t threads = 2;
-  int nondet_step = -1;        // _index_put_impl_ gives a different output, same inputs
-  int rng_step = -1;           // bernoulli_ sees a different generator state
-  int external_step = -1;      // the batch entering the program differs
-  int uninit_step = -1;        // an op reads the empty buffer
-  int insert_step = -1;        // run B runs an extra aten::relu
-  int extra_steps = 0;         // run B runs more steps
+  int nondet_step = -1;    // _index_put_impl_ gives a different output, same inputs
+  int rng_step = -1;       // bernoulli_ sees a different generator state
+  int external_step = -1;  // the batch entering the program differs
+  int uninit_step = -1;    // an op reads the empty buffer
+  int insert_step = -1;    // run B runs an extra aten::relu
+  int extra_steps = 0;     // run B runs more steps
   bool accumulate = true;
   double grad_stats_delta = 0;  // run B's gradient statistics differ by this much
 };
@@ -58,13 +57,17 @@ TraceBuilder build(const Scenario& s, bool b) {
     addmm.in_new(tensor(batch, {4, 4}, Provenance::kExternal));
     int64_t x = addmm.last_id();
     addmm.in_ref(w).out_new(ty).done();
-    int64_t out = t.op("aten::linear", Phase::kForward, 0, int64_t(o)).in_ref(x).in_ref(w)
-                      .out_new(ty).done();
-    if (b && k == s.insert_step)
-      t.op("aten::relu").in_ref(out).out_new(tensor(0x77)).done();
+    int64_t out =
+        t.op("aten::linear", Phase::kForward, 0, int64_t(o)).in_ref(x).in_ref(w).out_new(ty).done();
+    if (b && k == s.insert_step) t.op("aten::relu").in_ref(out).out_new(tensor(0x77)).done();
     uint64_t rng = 100 + uint64_t(k) + (here && k == s.rng_step ? 1000 : 0);
-    t.op("aten::bernoulli_").random(rng).in_new(tensor(0x30)).in_double(0.5).in_none()
-        .out_new(tensor(uint8_t(rng))).done();
+    t.op("aten::bernoulli_")
+        .random(rng)
+        .in_new(tensor(0x30))
+        .in_double(0.5)
+        .in_none()
+        .out_new(tensor(uint8_t(rng)))
+        .done();
     // Backward: IndexBackward0 > aten::index_put_ > aten::_index_put_impl_.
     o = t.reserve_orders(3);
     bool nd = here && k == s.nondet_step;
@@ -79,16 +82,23 @@ TraceBuilder build(const Scenario& s, bool b) {
     impl.in_new(tensor(0x41, {65536}));
     int64_t vals = impl.last_id();
     int64_t g = impl.in_bool(s.accumulate).in_bool(false).out_new(grad).done();
-    t.op("aten::index_put_", Phase::kBackward, 1, int64_t(o + 1)).in_ref(self).in_list(1)
-        .in_ref(idx).in_ref(vals).in_bool(s.accumulate).out_ref(g).done();
+    t.op("aten::index_put_", Phase::kBackward, 1, int64_t(o + 1))
+        .in_ref(self)
+        .in_list(1)
+        .in_ref(idx)
+        .in_ref(vals)
+        .in_bool(s.accumulate)
+        .out_ref(g)
+        .done();
     t.op("IndexBackward0", Phase::kBackward, 0, int64_t(o), Scope::kBackwardFunction)
-        .in_ref(vals).out_ref(g).done();
+        .in_ref(vals)
+        .out_ref(g)
+        .done();
     // Optimizer: one in-place update per parameter.
     if (nd || (here && k == s.rng_step)) params_diverged = true;
     TensorDesc p = tensor(uint8_t(0x60 + k + (params_diverged ? 0x20 : 0)));
     if (here && s.grad_stats_delta != 0) p.digest[1] ^= 1;  // a last-bit change
-    w = t.op("aten::add_", Phase::kOptimizer).in_ref(w).in_ref(g).in_double(-0.1)
-            .out_new(p).done();
+    w = t.op("aten::add_", Phase::kOptimizer).in_ref(w).in_ref(g).in_double(-0.1).out_new(p).done();
   }
   t.end();
   return t;
@@ -96,8 +106,7 @@ TraceBuilder build(const Scenario& s, bool b) {
 
 struct Case {
   RunDir a, b;
-  Case(const std::string& name, const Scenario& s)
-      : a(name + "/run-0"), b(name + "/run-1") {
+  Case(const std::string& name, const Scenario& s) : a(name + "/run-0"), b(name + "/run-1") {
     a.add_stream("r0.main.t0", build(s, false));
     b.add_stream("r0.main.t0", build(s, true));
   }
@@ -135,7 +144,7 @@ TEST(DiffTest, NondeterministicOpWithCatalogEntry) {
   EXPECT_EQ(f.step, 1u);
   EXPECT_EQ(f.phase, "backward");
   EXPECT_EQ(f.chain, (std::vector<std::string>{"IndexBackward0", "aten::index_put_",
-                                                "aten::_index_put_impl_"}));
+                                               "aten::_index_put_impl_"}));
   ASSERT_TRUE(f.catalog);
   EXPECT_EQ(f.catalog->id, "index-put-accumulate-cpu");
   EXPECT_FALSE(f.remedy.empty());
@@ -362,7 +371,8 @@ TEST(DiffTest, CorruptStreamIsAnErrorNamingFileAndOffset) {
 // A run recorded with another digest is not a divergence at every tensor: it is refused.
 TEST(DiffTest, StreamsRecordedWithDifferentDigestsAreNotCompared) {
   RunDir a("digests/run-0"), b("digests/run-1");
-  for (auto [dir, algo] : {std::pair{&a, trace::DigestAlgo::kMd5}, {&b, trace::DigestAlgo::kDevice}}) {
+  for (auto [dir, algo] :
+       {std::pair{&a, trace::DigestAlgo::kMd5}, {&b, trace::DigestAlgo::kDevice}}) {
     TraceBuilder t(0, "main", "main", algo);
     t.step(0);
     t.op("aten::add").in_int(1).in_int(2).done();
@@ -388,9 +398,12 @@ TEST(DiffTest, StreamsRecordedWithDifferentDigestsAreNotCompared) {
   ASSERT_TRUE(diff_runs(b.path(), c.path(), o, &r).ok());
   ASSERT_EQ(r.streams.size(), 1u);
   EXPECT_EQ(r.streams[0].digest, "device");
-  EXPECT_NE(render_report(r, ReportFormat::kText, false).find("(digest: device)"), std::string::npos);
-  EXPECT_NE(render_report(r, ReportFormat::kMarkdown, false).find("(digest: device)"), std::string::npos);
-  EXPECT_NE(render_report(r, ReportFormat::kHtml, false).find("<td>device</td>"), std::string::npos);
+  EXPECT_NE(render_report(r, ReportFormat::kText, false).find("(digest: device)"),
+            std::string::npos);
+  EXPECT_NE(render_report(r, ReportFormat::kMarkdown, false).find("(digest: device)"),
+            std::string::npos);
+  EXPECT_NE(render_report(r, ReportFormat::kHtml, false).find("<td>device</td>"),
+            std::string::npos);
 }
 
 TEST(DiffTest, MissingRunDirectoryIsBadInput) {
@@ -452,11 +465,16 @@ TEST(DiffTest, EmptyBufferFilledOutsideRecordedOpsIsExternalInput) {
 TraceBuilder compiled_step(uint8_t region_output, uint8_t state) {
   TraceBuilder t;
   t.step(0);
-  t.op("aten::clone").in_new(tensor(state, {5056}, Provenance::kExternal, 0))
-      .out_new(tensor(state, {5056}, Provenance::kOutput, 0)).done();
+  t.op("aten::clone")
+      .in_new(tensor(state, {5056}, Provenance::kExternal, 0))
+      .out_new(tensor(state, {5056}, Provenance::kOutput, 0))
+      .done();
   t.op("CompiledFunction").compiled_region().in_new(tensor(0x31)).done();
-  t.op("aten::mse_loss").in_new(tensor(region_output, {4, 4}, Provenance::kCompiled))
-      .in_new(tensor(0x32)).out_new(tensor(uint8_t(region_output + 1), {})).done();
+  t.op("aten::mse_loss")
+      .in_new(tensor(region_output, {4, 4}, Provenance::kCompiled))
+      .in_new(tensor(0x32))
+      .out_new(tensor(uint8_t(region_output + 1), {}))
+      .done();
   t.end();
   return t;
 }
@@ -521,9 +539,13 @@ TraceBuilder parallel_sum(uint64_t threads) {
   uint64_t o = t.reserve_orders(threads > 1 ? 4 : 2);
   if (threads > 1) {
     int64_t buf = t.op("aten::empty", Phase::kForward, 2, int64_t(o + 2))
-                      .out_new(uninitialized(0x02, {2, 1})).done();
-    t.op("aten::copy_", Phase::kForward, 2, int64_t(o + 3)).in_ref(buf).in_new(tensor(0, {1, 1}))
-        .out_new(tensor(0, {2, 1})).done();
+                      .out_new(uninitialized(0x02, {2, 1}))
+                      .done();
+    t.op("aten::copy_", Phase::kForward, 2, int64_t(o + 3))
+        .in_ref(buf)
+        .in_new(tensor(0, {1, 1}))
+        .out_new(tensor(0, {2, 1}))
+        .done();
   }
   TensorDesc sum = tensor(uint8_t(0x10 + threads), {});
   int64_t s = t.op("aten::sum", Phase::kForward, 1, int64_t(o + 1)).in_ref(x).out_new(sum).done();
@@ -574,12 +596,15 @@ TEST(DiffTest, StructuralDetailNamesTheOutermostExtraOps) {
     int64_t x = t.op("aten::randn").out_new(tensor(0x01)).done();
     if (b) {
       uint64_t o = t.reserve_orders(3);
-      t.op("aten::copy_", Phase::kForward, 2, int64_t(o + 2)).in_ref(x).out_new(tensor(0x40))
+      t.op("aten::copy_", Phase::kForward, 2, int64_t(o + 2))
+          .in_ref(x)
+          .out_new(tensor(0x40))
           .done();
-      t.op("aten::addmm", Phase::kForward, 1, int64_t(o + 1)).in_ref(x).out_new(tensor(0x41))
+      t.op("aten::addmm", Phase::kForward, 1, int64_t(o + 1))
+          .in_ref(x)
+          .out_new(tensor(0x41))
           .done();
-      t.op("aten::linear", Phase::kForward, 0, int64_t(o)).in_ref(x).out_new(tensor(0x41))
-          .done();
+      t.op("aten::linear", Phase::kForward, 0, int64_t(o)).in_ref(x).out_new(tensor(0x41)).done();
       t.op("aten::tanh").in_ref(x).out_new(tensor(0x42)).done();
     }
     for (int k = 0; k < 5; ++k) t.op("aten::relu").in_ref(x).out_new(tensor(0x50)).done();
@@ -596,8 +621,8 @@ TEST(DiffTest, StructuralDetailNamesTheOutermostExtraOps) {
             (std::vector<std::string>{"aten::linear", "aten::addmm", "aten::copy_"}));
   ASSERT_EQ(r.structural.size(), 1u);
   EXPECT_EQ(r.structural[0].skipped_b, 4u);
-  EXPECT_NE(r.structural[0].detail.find("outermost: aten::linear, aten::tanh"),
-            std::string::npos) << r.structural[0].detail;
+  EXPECT_NE(r.structural[0].detail.find("outermost: aten::linear, aten::tanh"), std::string::npos)
+      << r.structural[0].detail;
   EXPECT_EQ(r.divergent_ops, 0u);
 }
 
@@ -707,10 +732,10 @@ TEST(OutputDigestsTest, SameOnlyWhenEveryComparedDigestIsEqual) {
     return d;
   };
   EXPECT_TRUE(make({1, 2}, 3).same_as(make({1, 2}, 3)));
-  EXPECT_FALSE(make({1, 2}, 3).same_as(make({1, 3}, 3)));   // one digest differs
+  EXPECT_FALSE(make({1, 2}, 3).same_as(make({1, 3}, 3)));     // one digest differs
   EXPECT_FALSE(make({1, 2}, 3).same_as(make({1, 2, 3}, 7)));  // another output count
-  EXPECT_FALSE(make({1, 2}, 3).same_as(make({1, 2}, 1)));   // output 1 uninitialized in one run
-  EXPECT_TRUE(make({1, 2}, 1).same_as(make({1, 9}, 1)));    // ... in both: not compared
+  EXPECT_FALSE(make({1, 2}, 3).same_as(make({1, 2}, 1)));     // output 1 uninitialized in one run
+  EXPECT_TRUE(make({1, 2}, 1).same_as(make({1, 9}, 1)));      // ... in both: not compared
   OutputDigests absent = make({1, 2}, 3);
   absent.present = false;  // beyond the inline outputs or the window: no claim
   EXPECT_FALSE(absent.same_as(absent));
@@ -778,7 +803,6 @@ TEST(DiffTest, ClashingThreadNamesPairByWhatTheyRan) {
   ASSERT_TRUE(diff_runs(e.path(), f.path(), o, &r).ok());
   EXPECT_EQ(r.verdict, "identical");
 }
-
 
 // Found by fuzz_trace_reader's author (docs/fuzzing.md): a divergent op whose name is not UTF-8
 // made the JSON report throw, exit 3. It is replaced instead, like the timeline's names.
@@ -872,7 +896,11 @@ TEST(DiffTest, ARaceOnOneRankIsTheOriginOfWhatAnotherReceived) {
     r0.end();
     TraceBuilder r1(1);
     r1.step(0);
-    const int64_t sent1 = r1.op("aten::index_add").in_new(tensor(2, {8})).in_new(tensor(4, {8})).out_new(tensor(raced, {8})).done();
+    const int64_t sent1 = r1.op("aten::index_add")
+                              .in_new(tensor(2, {8}))
+                              .in_new(tensor(4, {8}))
+                              .out_new(tensor(raced, {8}))
+                              .done();
     r1.op("c10d::allreduce_").in_list(1).in_ref(sent1).out_new(recv).done();
     r1.collective(1, 1, {tensor(uint8_t(raced + 100), {8})});
     r1.end();
@@ -902,7 +930,11 @@ TEST(DiffTest, DifferencesNoOpCausedAreUnexplainedNotDivergent) {
       TensorDesc recv = tensor(1, {8});
       TraceBuilder b(rank);
       b.step(0);
-      const int64_t sent = b.op("aten::mul").in_new(tensor(2, {8})).in_new(tensor(2, {8})).out_new(tensor(3, {8})).done();
+      const int64_t sent = b.op("aten::mul")
+                               .in_new(tensor(2, {8}))
+                               .in_new(tensor(2, {8}))
+                               .out_new(tensor(3, {8}))
+                               .done();
       b.op("c10d::allreduce_").in_list(1).in_ref(sent).out_new(recv).done();
       b.collective(1, 1, {tensor(uint8_t(received + rank), {8})});
       b.end();
@@ -918,8 +950,10 @@ TEST(DiffTest, DifferencesNoOpCausedAreUnexplainedNotDivergent) {
   EXPECT_FALSE(r.first);
   EXPECT_EQ(r.verdict, "unexplained");
   EXPECT_EQ(gate_exit_code(r), ExitCode::kUnexplained);
-  EXPECT_NE(r.unexplained.find("rank 0 step 0 c10d::allreduce_ (remote-input at c10d::allreduce_ #1"),
-            std::string::npos) << r.unexplained;
+  EXPECT_NE(
+      r.unexplained.find("rank 0 step 0 c10d::allreduce_ (remote-input at c10d::allreduce_ #1"),
+      std::string::npos)
+      << r.unexplained;
   EXPECT_NE(r.unexplained.find("rank 1 step 0"), std::string::npos) << r.unexplained;
   for (ReportFormat f : {ReportFormat::kText, ReportFormat::kJunit, ReportFormat::kMarkdown})
     EXPECT_NE(render_report(r, f, false).find("could not name the first"), std::string::npos);
@@ -931,10 +965,16 @@ TEST(DiffTest, DifferencesNoOpCausedAreUnexplainedNotDivergent) {
 
 // One step: a racing index_add_ writes `scratch` (its digest `raced`), then `then` uses it, then
 // the step's result is computed from a fresh input.
-TraceBuilder overwrite_case(uint8_t raced, const std::function<void(TraceBuilder&, int64_t)>& then) {
+TraceBuilder overwrite_case(uint8_t raced,
+                            const std::function<void(TraceBuilder&, int64_t)>& then) {
   TraceBuilder b;
   b.step(0);
-  const int64_t scratch = b.op("aten::index_add_").in_new(tensor(1)).in_new(tensor(2, {8}, Provenance::kExternal, 4)).in_new(tensor(3)).out_new(tensor(raced)).done();
+  const int64_t scratch = b.op("aten::index_add_")
+                              .in_new(tensor(1))
+                              .in_new(tensor(2, {8}, Provenance::kExternal, 4))
+                              .in_new(tensor(3))
+                              .out_new(tensor(raced))
+                              .done();
   then(b, scratch);
   b.op("aten::mul").in_new(tensor(6)).in_new(tensor(6)).out_new(tensor(7)).done();
   b.end();
@@ -1030,8 +1070,16 @@ TEST(DiffTest, AnEnclosingOpsNewIdForTheSameBytesIsFollowed) {
     TraceBuilder b;
     b.step(0);
     const uint64_t outer = b.reserve_orders(2);
-    b.op("aten::_index_put_impl_", Phase::kForward, 1, int64_t(outer + 1)).in_new(tensor(1)).in_new(tensor(3)).out_new(tensor(raced)).done();
-    const int64_t scratch = b.op("aten::index_put_", Phase::kForward, 0, int64_t(outer)).in_new(tensor(1)).in_new(tensor(3)).out_new(tensor(raced)).done();
+    b.op("aten::_index_put_impl_", Phase::kForward, 1, int64_t(outer + 1))
+        .in_new(tensor(1))
+        .in_new(tensor(3))
+        .out_new(tensor(raced))
+        .done();
+    const int64_t scratch = b.op("aten::index_put_", Phase::kForward, 0, int64_t(outer))
+                                .in_new(tensor(1))
+                                .in_new(tensor(3))
+                                .out_new(tensor(raced))
+                                .done();
     b.op("aten::copy_").in_written(scratch).in_new(tensor(6)).out_new(tensor(6)).done();
     b.op("aten::mul").in_new(tensor(6)).in_new(tensor(6)).out_new(tensor(7)).done();
     b.end();
@@ -1049,8 +1097,12 @@ TEST(DiffTest, AnEnclosingOpsNewIdForTheSameBytesIsFollowed) {
 TEST(DiffTest, AnEarlierUnreadDifferenceYieldsToALaterReadOne) {
   auto two = [](uint8_t v) {
     return [v](TraceBuilder& b, int64_t scratch) {
-      const int64_t other =
-          b.op("aten::index_add_").in_new(tensor(10)).in_new(tensor(2, {8}, Provenance::kExternal, 4)).in_new(tensor(3)).out_new(tensor(v)).done();
+      const int64_t other = b.op("aten::index_add_")
+                                .in_new(tensor(10))
+                                .in_new(tensor(2, {8}, Provenance::kExternal, 4))
+                                .in_new(tensor(3))
+                                .out_new(tensor(v))
+                                .done();
       b.op("aten::zero_").in_written(scratch).out_new(tensor(0)).done();
       b.op("aten::sum").in_ref(other).out_new(tensor(v, {})).done();
     };
@@ -1075,8 +1127,10 @@ TEST(DiffTest, ABufferStillFillingInOneRunIsNotComparedWithItsContentsInTheOther
     recv.bits |= trace::kTensorNotRead;
     const int64_t sent = b.op("aten::clone").in_new(tensor(2, {8})).out_new(tensor(2, {8})).done();
     b.op("c10d::allreduce_").in_list(1).in_ref(sent).out_new(recv).done();
-    b.op("_c10d_functional::all_reduce").in_new(tensor(2, {8}))
-        .out_new(returned == kInFlight ? recv : tensor(returned, {8})).done();
+    b.op("_c10d_functional::all_reduce")
+        .in_new(tensor(2, {8}))
+        .out_new(returned == kInFlight ? recv : tensor(returned, {8}))
+        .done();
     b.collective(1, 1, {tensor(9, {8})});
     b.end();
     return b;
@@ -1092,7 +1146,11 @@ TEST(DiffTest, ABufferStillFillingInOneRunIsNotComparedWithItsContentsInTheOther
 TEST(DiffTest, AViewOfAnIdenticalSlotOfADifferingBufferDoesNotConfirm) {
   auto gathered = [](TraceBuilder& b, int64_t scratch) {
     TensorDesc slot = tensor(9, {2, 4}, Provenance::kView);
-    b.op("c10d::_allgather_base_").in_written(scratch).in_new(slot, scratch).out_new(tensor(0)).done();
+    b.op("c10d::_allgather_base_")
+        .in_written(scratch)
+        .in_new(slot, scratch)
+        .out_new(tensor(0))
+        .done();
   };
   DiffReport r = diff_cases("slot", overwrite_case(4, gathered), overwrite_case(5, gathered));
   EXPECT_EQ(r.verdict, "identical");
@@ -1104,11 +1162,15 @@ TEST(DiffTest, AViewOfAnIdenticalSlotOfADifferingBufferDoesNotConfirm) {
   // The same read where the slot's bytes differ confirms.
   auto differing_slot = [](uint8_t fill) {
     return [fill](TraceBuilder& b, int64_t scratch) {
-      b.op("c10d::_allgather_base_").in_written(scratch)
-          .in_new(tensor(fill, {2, 4}, Provenance::kView), scratch).out_new(tensor(0)).done();
+      b.op("c10d::_allgather_base_")
+          .in_written(scratch)
+          .in_new(tensor(fill, {2, 4}, Provenance::kView), scratch)
+          .out_new(tensor(0))
+          .done();
     };
   };
-  r = diff_cases("slot2", overwrite_case(4, differing_slot(9)), overwrite_case(5, differing_slot(10)));
+  r = diff_cases("slot2", overwrite_case(4, differing_slot(9)),
+                 overwrite_case(5, differing_slot(10)));
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->op, "aten::index_add_");
   EXPECT_EQ(r.first->confirmed_by, "read by c10d::_allgather_base_ (op #1, step 0)");
@@ -1119,7 +1181,10 @@ TEST(DiffTest, AViewOfAnIdenticalSlotOfADifferingBufferDoesNotConfirm) {
 TEST(DiffTest, AnUnlinkedTensorHoldingTheDifferingBytesInBothRunsIsARead) {
   auto cloned = [](uint8_t raced) {
     return [raced](TraceBuilder& b, int64_t scratch) {
-      b.op("aten::clone").in_new(tensor(raced, {4, 4}, Provenance::kExternal)).out_new(tensor(raced)).done();
+      b.op("aten::clone")
+          .in_new(tensor(raced, {4, 4}, Provenance::kExternal))
+          .out_new(tensor(raced))
+          .done();
       TensorDesc whole = tensor(0, {4, 4}, Provenance::kView);
       whole.bits |= trace::kTensorNotRead;
       b.op("aten::zero_").in_new(whole, scratch).out_new(tensor(0)).done();
@@ -1140,7 +1205,8 @@ TEST(DiffTest, BytesAnotherProcessWroteThroughSharedMemoryAreSharedMemory) {
     b.step(0);
     TensorDesc w = tensor(weight, {4, 4}, Provenance::kExternal);
     w.sharing = sharing;
-    const int64_t out = b.op("aten::mm").in_new(tensor(1)).in_new(w).out_new(tensor(weight + 1)).done();
+    const int64_t out =
+        b.op("aten::mm").in_new(tensor(1)).in_new(w).out_new(tensor(weight + 1)).done();
     b.op("aten::sum").in_ref(out).out_new(tensor(9, {})).done();
     b.end();
     return b;
@@ -1150,7 +1216,8 @@ TEST(DiffTest, BytesAnotherProcessWroteThroughSharedMemoryAreSharedMemory) {
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->divergence_class, "shared-memory");
   EXPECT_NE(r.first->detail.find("changed since this process last read or wrote it"),
-            std::string::npos) << r.first->detail;
+            std::string::npos)
+      << r.first->detail;
   EXPECT_NE(r.first->remedy.find("do not share parameters"), std::string::npos);
 
   // The same bytes when it began, different outputs: written while the op read them.
@@ -1171,8 +1238,11 @@ TEST(DiffTest, BytesAnotherProcessWroteThroughSharedMemoryAreSharedMemory) {
   auto plain = [](uint8_t out) {
     TraceBuilder b;
     b.step(0);
-    const int64_t made = b.op("aten::mm").in_new(tensor(1))
-        .in_new(tensor(2, {4, 4}, Provenance::kExternal)).out_new(tensor(out)).done();
+    const int64_t made = b.op("aten::mm")
+                             .in_new(tensor(1))
+                             .in_new(tensor(2, {4, 4}, Provenance::kExternal))
+                             .out_new(tensor(out))
+                             .done();
     b.op("aten::sum").in_ref(made).out_new(tensor(9, {})).done();
     b.end();
     return b;
@@ -1189,7 +1259,8 @@ TEST(DiffTest, AnOverwriteThroughAWholeViewForgetsTheDifference) {
     whole.bits |= trace::kTensorNotRead;
     b.op("aten::uniform_").in_new(whole, scratch).out_new(tensor(0x44)).done();
   };
-  DiffReport r = diff_cases("whole", overwrite_case(4, reinitialised), overwrite_case(5, reinitialised));
+  DiffReport r = diff_cases("whole", overwrite_case(4, reinitialised),
+                            overwrite_case(5, reinitialised));
   EXPECT_EQ(r.verdict, "identical");
   EXPECT_EQ(r.unread_differences, 1u);
   ASSERT_TRUE(r.first_unread);
@@ -1227,7 +1298,8 @@ TEST(DiffTest, LibraryPoolThreadsAreComparedAsOneSetPerProcess) {
   ASSERT_EQ(r.notes.size(), 1u);
   EXPECT_NE(r.notes[0].find("pt_gloo_runloop (r0.main)"), std::string::npos) << r.notes[0];
   for (ReportFormat f : {ReportFormat::kText, ReportFormat::kMarkdown, ReportFormat::kHtml})
-    EXPECT_NE(render_report(r, f, false).find("compared as one set per process"), std::string::npos);
+    EXPECT_NE(render_report(r, f, false).find("compared as one set per process"),
+              std::string::npos);
   const auto json = nlohmann::json::parse(render_report(r, ReportFormat::kJson, false));
   EXPECT_EQ(json["library_threads"][0]["matched"], 4);
   EXPECT_EQ(json["library_threads"][0]["unmatched_a"], 0);
@@ -1242,7 +1314,8 @@ TEST(DiffTest, LibraryPoolThreadsAreComparedAsOneSetPerProcess) {
   EXPECT_EQ(r.verdict, "unexplained");
   EXPECT_EQ(r.divergent_ops, 1u);
   EXPECT_NE(r.unexplained.find("only ops of r0.main's pt_gloo_runloop threads differ"),
-            std::string::npos) << r.unexplained;
+            std::string::npos)
+      << r.unexplained;
 }
 
 // A process that crashed after its last op (a thread aborting at exit) saved every stream with an
@@ -1266,8 +1339,10 @@ TEST(DiffTest, ACrashAfterTheLastOpIsComparedInFullAndNamed) {
   a.add_stream("r0.main.t-main", training(3, 0));
   b.add_stream("r0.main.t-main", training(3, SIGABRT));
   RunDir::write(b.path() + "/streams/r0.main.status",
-                "attached libtorch 2.13.0 pid 9\nended: killed by SIGABRT | after its last recorded op | while exiting\n");
-  RunDir::write(a.path() + "/streams/r0.main.status", "attached libtorch 2.13.0 pid 8\nended: exit\n");
+                "attached libtorch 2.13.0 pid 9\nended: killed by SIGABRT | after its last "
+                "recorded op | while exiting\n");
+  RunDir::write(a.path() + "/streams/r0.main.status",
+                "attached libtorch 2.13.0 pid 8\nended: exit\n");
   DiffOptions o;
   DiffReport r;
   ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
@@ -1284,9 +1359,11 @@ TEST(DiffTest, ACrashAfterTheLastOpIsComparedInFullAndNamed) {
   EXPECT_EQ(p.last_op, "aten::mul");
   EXPECT_EQ(p.last_step, 2u);
   EXPECT_EQ(p.last_index, 2u);
-  EXPECT_NE(render_report(r, ReportFormat::kText, false).find(
-                "r0.main killed by SIGABRT on a thread that recorded nothing after its last recorded op "
-                "(last op: step 2, aten::mul, op #2 of r0.main.t-main), while exiting; its streams are whole"),
+  EXPECT_NE(render_report(r, ReportFormat::kText, false)
+                .find("r0.main killed by SIGABRT on a thread that recorded nothing after its last "
+                      "recorded op "
+                      "(last op: step 2, aten::mul, op #2 of r0.main.t-main), while exiting; its "
+                      "streams are whole"),
             std::string::npos)
       << render_report(r, ReportFormat::kText, false);
   const auto json = nlohmann::json::parse(render_report(r, ReportFormat::kJson, false));

@@ -2,6 +2,8 @@
 // controls (late, out of order, a full ring, a drain while digests are pending, as at SIGTERM),
 // and the held records it completes. Records must come out whole, in program order, each tensor
 // with the digest of its bytes as they were when its op ended, and nothing lost.
+#include "device/digest_pipeline.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -14,7 +16,6 @@
 #include <random>
 #include <thread>
 
-#include "device/digest_pipeline.h"
 #include "digest/device_digest.h"
 #include "stream/pending_records.h"
 #include "trace/bytes.h"
@@ -100,7 +101,7 @@ struct Program {
   std::string stream;
   PendingRecords held;
   trace::RecordEncoder encoder;
-  std::deque<std::vector<float>> buffers;  // the "device memory", reused by later ops
+  std::deque<std::vector<float>> buffers;   // the "device memory", reused by later ops
   std::vector<trace::TensorDesc> expected;  // per op, in program order
 
   void header() {
@@ -157,7 +158,7 @@ struct Program {
   // Reads the stream back: every OP record whole, in order, with the digest of its bytes.
   void check(const std::string& what) {
     const std::string path = ::testing::TempDir() + "/pipeline_" + what + "_" +
-                              std::to_string(::getpid()) + ".dtr";
+                             std::to_string(::getpid()) + ".dtr";
     std::ofstream(path, std::ios::binary) << stream;
     trace::TraceReader r;
     ASSERT_TRUE(r.open(path).ok()) << what;
@@ -326,7 +327,8 @@ TEST(DigestPipelineTest, AFailedBatchLeavesRecordsWholeAndMarksItsTensorsNotRead
   pipeline.drain();
   EXPECT_TRUE(digest->failed());
   EXPECT_EQ(held.release(&stream), 2u);
-  const std::string path = ::testing::TempDir() + "/pipeline_failed_" + std::to_string(::getpid()) + ".dtr";
+  const std::string path = ::testing::TempDir() + "/pipeline_failed_" + std::to_string(::getpid()) +
+                           ".dtr";
   std::ofstream(path, std::ios::binary) << stream;
   trace::TraceReader r;
   ASSERT_TRUE(r.open(path).ok());

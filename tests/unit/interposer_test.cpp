@@ -1,12 +1,13 @@
 // `detaudit run` preloads the interposer built for the program's own torch: matched by the
 // libtorch file, else by version and ABI; none fitting is a one-line usage error with the build
 // command. Fake interpreters stand in for Python: the probe is a subprocess either way.
+#include "run/interposer.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 
-#include "run/interposer.h"
 #include "test_files.h"
 
 namespace detaudit::run {
@@ -22,8 +23,9 @@ void add_build(const std::string& lib_dir, const std::string& version, const std
                bool with_library = true) {
   fs::path dir = fs::path(lib_dir) / "torch" / version;
   fs::create_directories(dir);
-  std::ofstream(dir / "torch.txt") << "version=" << version << "\ncxx11_abi=1\nlibtorch_cpu="
-                                   << libtorch << "\ncuda=\npython=\n";
+  std::ofstream(dir / "torch.txt")
+      << "version=" << version << "\ncxx11_abi=1\nlibtorch_cpu=" << libtorch
+      << "\ncuda=\npython=\n";
   if (with_library) std::ofstream(dir / "libdetaudit_hooks.so") << "";
 }
 

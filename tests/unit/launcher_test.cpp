@@ -1,14 +1,14 @@
 // The launcher keeps the target's output, its exit status and its death by signal; run
 // directories, flags and the target's environment follow docs/config.md.
-#include <gtest/gtest.h>
+#include "run/launcher.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
-#include "run/launcher.h"
 #include "run/session.h"
 #include "run_layout.h"
 #include "test_files.h"
@@ -221,7 +221,9 @@ TEST(SessionTest, TargetEnvironmentPrependsPreload) {
   c.target.env["X"] = "1";
   auto env = target_environment(c, "/h/libdetaudit_hooks.so", "/runs/run-0");
   unsetenv("LD_PRELOAD");
-  auto has = [&](const std::string& kv) { return std::find(env.begin(), env.end(), kv) != env.end(); };
+  auto has = [&](const std::string& kv) {
+    return std::find(env.begin(), env.end(), kv) != env.end();
+  };
   EXPECT_TRUE(has("LD_PRELOAD=/h/libdetaudit_hooks.so:/other.so"));  // no shim above /h
   for (const std::string& kv : env) EXPECT_NE(kv.rfind(layout::kEnvInterposer, 0), 0u) << kv;
   EXPECT_TRUE(has("DETAUDIT_RUN_DIR=/runs/run-0"));
@@ -243,7 +245,9 @@ TEST(SessionTest, TargetEnvironmentPreloadsTheShimAboveTheInterposer) {
   std::ofstream(lib + "/" + layout::kPreloadLibrary) << "";
   Config c;
   auto env = target_environment(c, hooks, "/runs/run-0");
-  auto has = [&](const std::string& kv) { return std::find(env.begin(), env.end(), kv) != env.end(); };
+  auto has = [&](const std::string& kv) {
+    return std::find(env.begin(), env.end(), kv) != env.end();
+  };
   EXPECT_TRUE(has(std::string("LD_PRELOAD=") + lib + "/" + layout::kPreloadLibrary));
   EXPECT_TRUE(has(std::string(layout::kEnvInterposer) + "=" + hooks));
   // The probes' environment (no library) names neither.
@@ -255,10 +259,11 @@ TEST(SessionTest, ExecuteRunWritesRunJson) {
   std::string out = launcher_dir("execute");
   Config c;
   c.out = out;
-  c.target.command = {"/bin/sh", "-c", "mkdir -p \"$DETAUDIT_RUN_DIR/streams\"; "
-                                       "echo 'attached' > \"$DETAUDIT_RUN_DIR/streams/r0.main.status\"; "
-                                       "touch \"$DETAUDIT_RUN_DIR/streams/r0.main.t0.dtr\"; "
-                                       "test -f \"$DETAUDIT_CONFIG\" && exit 5"};
+  c.target.command = {"/bin/sh", "-c",
+                      "mkdir -p \"$DETAUDIT_RUN_DIR/streams\"; "
+                      "echo 'attached' > \"$DETAUDIT_RUN_DIR/streams/r0.main.status\"; "
+                      "touch \"$DETAUDIT_RUN_DIR/streams/r0.main.t0.dtr\"; "
+                      "test -f \"$DETAUDIT_CONFIG\" && exit 5"};
   RunOptions o;
   o.hooks_library = "/nonexistent/libdetaudit_hooks.so";  // ld.so warns and goes on
   o.version = "test";

@@ -2,6 +2,8 @@
 // torch: every message's digest is the one TensorDigester gives its bytes, whichever thread ran its
 // batch and however the op thread's calls interleave with it; run() leaves nothing pending; a stop
 // signal's bounded run never blocks. Run under TSan by tests/tsan.sh.
+#include "tensors/md5_batch_slots.h"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -13,7 +15,6 @@
 #include "digest/hashers.h"
 #include "digest/md5_batch.h"
 #include "digest/tensor_digester.h"
-#include "tensors/md5_batch_slots.h"
 
 namespace detaudit {
 namespace {
@@ -67,7 +68,8 @@ Message add(Md5BatchSlots* slots, std::mt19937* rng, size_t n) {
 // Thousands of small messages (many full batches) and a few large ones, with hand-overs at random
 // points and the op thread reading `done()` all along, as release_held does: every digest right.
 TEST(Md5BatchSlotsTest, EveryDigestIsItsBytesWhicheverThreadRanTheBatch) {
-  if (!Md5Batch::available()) GTEST_SKIP() << "no AVX-512F or AVX2 on this CPU: the batch is not used";
+  if (!Md5Batch::available())
+    GTEST_SKIP() << "no AVX-512F or AVX2 on this CPU: the batch is not used";
   std::mt19937 rng(7);
   Md5BatchSlots slots;
   std::vector<Message> messages;
@@ -92,7 +94,8 @@ TEST(Md5BatchSlotsTest, EveryDigestIsItsBytesWhicheverThreadRanTheBatch) {
 // A stop signal's handler waits a bounded time for the batch in flight: with batches of 1 MiB
 // messages still hashing, run(0) comes back at once, and a later run() completes everything.
 TEST(Md5BatchSlotsTest, ABoundedRunNeverBlocksAndAnUnboundedOneFinishes) {
-  if (!Md5Batch::available()) GTEST_SKIP() << "no AVX-512F or AVX2 on this CPU: the batch is not used";
+  if (!Md5Batch::available())
+    GTEST_SKIP() << "no AVX-512F or AVX2 on this CPU: the batch is not used";
   std::mt19937 rng(11);
   Md5BatchSlots slots;
   std::vector<Message> messages;
@@ -109,7 +112,8 @@ TEST(Md5BatchSlotsTest, ABoundedRunNeverBlocksAndAnUnboundedOneFinishes) {
 
 // A forked child's slots forget the parent's messages and work alone afterwards.
 TEST(Md5BatchSlotsTest, DiscardedSlotsStartAfresh) {
-  if (!Md5Batch::available()) GTEST_SKIP() << "no AVX-512F or AVX2 on this CPU: the batch is not used";
+  if (!Md5Batch::available())
+    GTEST_SKIP() << "no AVX-512F or AVX2 on this CPU: the batch is not used";
   std::mt19937 rng(13);
   Md5BatchSlots slots;
   std::vector<Message> before;

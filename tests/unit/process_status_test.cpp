@@ -1,10 +1,10 @@
 // A process's .status file: the ending line the interposer writes reads back field for field,
 // and an old or foreign line is not taken for one.
+#include "trace/process_status.h"
+
 #include <gtest/gtest.h>
 
 #include <fstream>
-
-#include "trace/process_status.h"
 
 namespace detaudit::trace {
 namespace {
@@ -37,7 +37,8 @@ TEST(ProcessStatusTest, EndingLinesRoundTrip) {
     EXPECT_EQ(back.exiting, e.exiting);
   }
   EXPECT_EQ(exit_line.line(), "ended: exit");
-  EXPECT_EQ(abort_line.line(), "ended: killed by SIGABRT | after its last recorded op | while exiting");
+  EXPECT_EQ(abort_line.line(),
+            "ended: killed by SIGABRT | after its last recorded op | while exiting");
   EXPECT_EQ(inside.describe(),
             "killed by SIGSEGV on thread pt_autograd_0 inside aten::index_add_ (step 12), which "
             "never finished");
@@ -53,8 +54,9 @@ TEST(ProcessStatusTest, OnlyEndingLinesAreEndings) {
 
 TEST(ProcessStatusTest, TheLastEndingOfAFileCounts) {
   const std::string path = std::string(::testing::TempDir()) + "/r1.main.status";
-  std::ofstream(path) << "attached libtorch 2.13.0 pid 7\nmd5 batches: 1 runs\n"
-                      << "ended: interrupted by SIGTERM | thread main | after its last recorded op\n";
+  std::ofstream(path)
+      << "attached libtorch 2.13.0 pid 7\nmd5 batches: 1 runs\n"
+      << "ended: interrupted by SIGTERM | thread main | after its last recorded op\n";
   ProcessStatus s;
   ASSERT_TRUE(read_process_status(path, &s));
   EXPECT_EQ(s.first_line, "attached libtorch 2.13.0 pid 7");

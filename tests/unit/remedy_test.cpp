@@ -1,11 +1,12 @@
 // A first divergence's remedy as run's own settings (src/run/remedy.h).
+#include "run/remedy.h"
+
 #include <gtest/gtest.h>
 
 #include "catalog/catalog.h"
 #include "diff/diff.h"
-#include "report/render.h"
 #include "diff/report_model.h"
-#include "run/remedy.h"
+#include "report/render.h"
 
 namespace detaudit::run {
 namespace {
@@ -30,7 +31,8 @@ TEST(RemedyTest, AKernelRaceIsDeterministicMode) {
 
 TEST(RemedyTest, CatalogEntriesNameTheirSettings) {
   Catalog catalog;
-  ASSERT_TRUE(Catalog::load(std::string(DETAUDIT_SOURCE_DIR) + "/configs/catalog.json", &catalog).ok());
+  ASSERT_TRUE(
+      Catalog::load(std::string(DETAUDIT_SOURCE_DIR) + "/configs/catalog.json", &catalog).ok());
   auto for_entry = [&](const std::string& id) {
     FirstDivergence f = divergence("nondeterministic-op");
     f.catalog = CatalogRef{};
@@ -38,7 +40,8 @@ TEST(RemedyTest, CatalogEntriesNameTheirSettings) {
     std::string why;
     return remedy_settings(f, &catalog, &why).flags();
   };
-  EXPECT_EQ(for_entry("cublas-workspace"), "--deterministic on --env CUBLAS_WORKSPACE_CONFIG=:4096:8");
+  EXPECT_EQ(for_entry("cublas-workspace"),
+            "--deterministic on --env CUBLAS_WORKSPACE_CONFIG=:4096:8");
   EXPECT_EQ(for_entry("mkl-cnr"), "--threads 1 --env MKL_CBWR=AUTO");
   EXPECT_EQ(for_entry("cudnn-rnn"), "");  // a CUDA kernel with no deterministic path
   EXPECT_EQ(for_entry("sparse-bmm-cuda"), "--deterministic on");

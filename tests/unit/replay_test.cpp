@@ -1,7 +1,7 @@
 // The replay's judgement, from series as the replayer reports them (src/replay/replay.h).
-#include <gtest/gtest.h>
-
 #include "replay/replay.h"
+
+#include <gtest/gtest.h>
 
 namespace detaudit::replay {
 namespace {
@@ -10,10 +10,14 @@ nlohmann::json series(int distinct, bool deterministic, const std::string& error
   nlohmann::json outputs = nlohmann::json::array();
   for (int i = 0; i < 4; ++i)
     outputs.push_back({i < distinct ? "o" + std::to_string(i) : std::string("o0")});
-  nlohmann::json j = {{"replays", 4},          {"threads", 2},
-                      {"deterministic", deterministic}, {"busy_thread", false},
-                      {"distinct", distinct},  {"max_abs_diff", distinct > 1 ? 1e-9 : 0.0},
-                      {"input_digests", {"aa"}}, {"outputs", outputs}};
+  nlohmann::json j = {{"replays", 4},
+                      {"threads", 2},
+                      {"deterministic", deterministic},
+                      {"busy_thread", false},
+                      {"distinct", distinct},
+                      {"max_abs_diff", distinct > 1 ? 1e-9 : 0.0},
+                      {"input_digests", {"aa"}},
+                      {"outputs", outputs}};
   if (!error.empty()) j["error"] = error;
   return j;
 }
@@ -74,7 +78,8 @@ TEST(ReplayTest, InputsOtherThanRecordedAreUnverified) {
 TEST(ReplayTest, ARemedyTheOpRefusesIsSaid) {
   ReplayReport r = saved();
   ASSERT_TRUE(add_series("as recorded", series(2, false), &r).ok());
-  ASSERT_TRUE(add_series("under the remedy", series(0, true, "no deterministic implementation"), &r).ok());
+  ASSERT_TRUE(
+      add_series("under the remedy", series(0, true, "no deterministic implementation"), &r).ok());
   judge(&r);
   EXPECT_EQ(r.remedy_line.rfind("remedy not verified", 0), 0u) << r.remedy_line;
 }
@@ -102,7 +107,8 @@ TEST(ReplayTest, OnlyAnotherPathIsWorthAnotherRun) {
   r.capture_status = "other-path";
   r.capture_runs = 3;
   judge(&r);
-  EXPECT_NE(r.evidence_line.find("(other-path in 3 new runs)"), std::string::npos) << r.evidence_line;
+  EXPECT_NE(r.evidence_line.find("(other-path in 3 new runs)"), std::string::npos)
+      << r.evidence_line;
   EXPECT_EQ(report_to_json(r)["capture"]["runs"], 3);
 }
 

@@ -262,16 +262,16 @@ TEST(StatsOrderTest, EveryPathSumsInTheDocumentedLaneOrder) {
 // the fast path after it), each dtype with float statistics.
 TEST(StatsOrderTest, EveryPathEveryDtypeEveryLengthMatchesTheReference) {
   std::mt19937 g(7);
-  for (size_t n : {0u, 1u, 15u, 16u, 17u, 33u, 1000u, 1024u, 1040u, 4096u, 4097u, 8192u, 8199u,
-                   20000u}) {
+  for (size_t n :
+       {0u, 1u, 15u, 16u, 17u, 33u, 1000u, 1024u, 1040u, 4096u, 4097u, 8192u, 8199u, 20000u}) {
     for (int special = 0; special < 5; ++special) {
       std::vector<float> v = ill_conditioned(n, uint32_t(n * 10 + special));
       if (n > 20) {
-        if (special == 1) v[n / 2] = NAN;                        // one NaN mid-tensor
-        if (special == 2) v[n - 3] = INFINITY;                   // an Inf near the end
+        if (special == 1) v[n / 2] = NAN;                         // one NaN mid-tensor
+        if (special == 2) v[n - 3] = INFINITY;                    // an Inf near the end
         if (special == 3) v[5] = INFINITY, v[n - 1] = -INFINITY;  // Inf - Inf: the mean is NaN
         if (special == 4)
-          for (size_t i = 0; i < n; i += 3) v[i] = NAN;          // mostly NaN
+          for (size_t i = 0; i < n; i += 3) v[i] = NAN;  // mostly NaN
       }
       // float32 and complex64 (its components, in order).
       const std::vector<uint8_t> f32 = bytes_of(v);
@@ -285,8 +285,8 @@ TEST(StatsOrderTest, EveryPathEveryDtypeEveryLengthMatchesTheReference) {
       const std::vector<uint8_t> f16 = bytes_of(h);
       for (StatsPath p : paths()) {
         ForcePath force(p);
-        const std::string what =
-            std::string(path_name(p)) + " n=" + std::to_string(n) + " case " + std::to_string(special);
+        const std::string what = std::string(path_name(p)) + " n=" + std::to_string(n) + " case " +
+                                 std::to_string(special);
         EXPECT_TRUE(same_stats(accumulate(6, f32), reference(6, f32))) << "float32 " << what;
         EXPECT_TRUE(same_stats(accumulate(9, f32), reference(9, f32))) << "complex64 " << what;
         EXPECT_TRUE(same_stats(accumulate(7, f64), reference(7, f64))) << "float64 " << what;
@@ -343,20 +343,29 @@ TEST(StatsOrderTest, SameBitsWhateverTheSplitThreadsAndPath) {
     for (StatsPath p : paths()) {
       ForcePath force(p);
       const std::string what = std::string(path_name(p)) + " dtype " + std::to_string(dtype);
-      EXPECT_TRUE(same_stats(digest_stats(dtype, bytes, [&](TensorDigester& t) {
-        t.update(bytes.data(), bytes.size());
-      }), want)) << what << " whole";
+      EXPECT_TRUE(
+          same_stats(digest_stats(dtype, bytes,
+                                  [&](TensorDigester& t) { t.update(bytes.data(), bytes.size()); }),
+                     want))
+          << what << " whole";
       for (size_t piece : {size_t(4099), size_t(333), kLeafBytes + 3}) {
-        EXPECT_TRUE(same_stats(digest_stats(dtype, bytes, [&](TensorDigester& t) {
-          for (size_t off = 0; off < bytes.size(); off += piece)
-            t.update(bytes.data() + off, std::min(piece, bytes.size() - off));
-        }), want)) << what << " pieces of " << piece;
+        EXPECT_TRUE(same_stats(digest_stats(dtype, bytes,
+                                            [&](TensorDigester& t) {
+                                              for (size_t off = 0; off < bytes.size(); off += piece)
+                                                t.update(bytes.data() + off,
+                                                         std::min(piece, bytes.size() - off));
+                                            }),
+                               want))
+            << what << " pieces of " << piece;
       }
       for (size_t k : {1u, 3u, 5u}) {
         const ParallelFor pool = k == 1 ? serial : threads(k);
-        EXPECT_TRUE(same_stats(digest_stats(dtype, bytes, [&](TensorDigester& t) {
-          t.update_all(bytes.data(), bytes.size(), pool);
-        }), want)) << what << " update_all on " << k << " threads";
+        EXPECT_TRUE(same_stats(digest_stats(dtype, bytes,
+                                            [&](TensorDigester& t) {
+                                              t.update_all(bytes.data(), bytes.size(), pool);
+                                            }),
+                               want))
+            << what << " update_all on " << k << " threads";
       }
     }
   }

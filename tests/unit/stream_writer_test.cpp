@@ -1,13 +1,14 @@
 // The recorder's writer, torch-free: op threads hand whole records to one background thread,
 // and a stop signal's freeze saves what each thread committed. Run under ThreadSanitizer by
 // tests/tsan.sh.
+#include "stream/stream_writer.h"
+
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
@@ -17,8 +18,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include "stream/stream_writer.h"
 
 namespace detaudit::hooks {
 namespace {
@@ -242,7 +241,9 @@ void save_something(void*) {
   for (int i = 0; i < 64; ++i) lines.push_back(std::string(4096 + i, 'x'));
   g_saves.fetch_add(1);
 }
-void on_test_signal(int) { StreamWriter::instance().run_from_signal(save_something, nullptr, 2000); }
+void on_test_signal(int) {
+  StreamWriter::instance().run_from_signal(save_something, nullptr, 2000);
+}
 
 TEST(StreamWriterTest, ASignalsSavingNeverWaitsForALockItsThreadHolds) {
   StreamWriter::instance().start();

@@ -1,11 +1,12 @@
 // show/export's reading of a run: counts, cut-short streams, JSON Lines values, corrupt files.
+#include "summary/summary.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
-#include "summary/summary.h"
 #include "summary/timeline.h"
 #include "trace/records.h"
 
@@ -38,10 +39,10 @@ std::string sample_trace(bool with_end) {
   StreamHeader h;
   h.pid = 7;
   enc.header(h, &out);
-  enc.string("aten::linear", &out);  // 0
-  enc.string("aten::t", &out);       // 1
+  enc.string("aten::linear", &out);    // 0
+  enc.string("aten::t", &out);         // 1
   enc.string("AddmmBackward0", &out);  // 2
-  enc.string("sum", &out);           // 3
+  enc.string("sum", &out);             // 3
   StepInfo s;
   enc.step(s, &out);
   auto op = [&](uint32_t name, Phase phase, uint32_t depth, bool new_in, uint8_t fill) {
@@ -146,9 +147,9 @@ TEST(SummaryTest, StreamFilter) {
 TEST(SummaryTest, StepOpsInOrderWithDepthAndDigest) {
   std::string dir = make_run("step", sample_trace(true), "");
   std::vector<OpLine> lines;
-  ASSERT_TRUE(for_each_step_op(dir + "/streams/r0.main.t0.dtr", 0,
-                               [&](const OpLine& l) { lines.push_back(l); })
-                  .ok());
+  ASSERT_TRUE(for_each_step_op(dir + "/streams/r0.main.t0.dtr", 0, [&](const OpLine& l) {
+                lines.push_back(l);
+              }).ok());
   ASSERT_EQ(lines.size(), 3u);
   EXPECT_EQ(lines[1].name, "aten::t");
   EXPECT_EQ(lines[1].depth, 1u);

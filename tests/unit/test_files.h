@@ -1,10 +1,10 @@
 // Test helpers the unit tests share: a fresh temporary directory, the shipped catalog.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <filesystem>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "catalog/catalog.h"
 
@@ -12,7 +12,8 @@ namespace detaudit::testing {
 
 // An empty directory of its own under gtest's temporary directory.
 inline std::string fresh_temp_dir(const std::string& name) {
-  const std::filesystem::path p = std::filesystem::path(::testing::TempDir()) / ("detaudit_" + name);
+  const std::filesystem::path p = std::filesystem::path(::testing::TempDir()) /
+                                  ("detaudit_" + name);
   std::filesystem::remove_all(p);
   std::filesystem::create_directories(p);
   return p.string();

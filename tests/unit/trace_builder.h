@@ -7,13 +7,13 @@
 //   run.add_stream("r0.main.t0", b);
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <string>
-
-#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "trace/records.h"
 
@@ -54,7 +54,11 @@ class TraceBuilder {
   class Op {
    public:
     Op(TraceBuilder* b, std::string name, Phase phase, Scope scope, uint32_t depth, int64_t order)
-        : b_(b), name_(std::move(name)), phase_(phase), scope_(scope), depth_(depth),
+        : b_(b),
+          name_(std::move(name)),
+          phase_(phase),
+          scope_(scope),
+          depth_(depth),
           order_(order) {}
     Op& random(uint64_t rng) {
       bits_ |= trace::kOpIsRandom | trace::kOpHasRng;
@@ -71,15 +75,21 @@ class TraceBuilder {
     Op& in_ref(int64_t id) { return tensor_ref(&in_, id); }
     // An input the op writes in full without reading (an out= buffer, zero_'s self).
     Op& in_written(int64_t id) { return tensor_ref(&in_, id, ValueType::kTensorWritten); }
-    Op& in_int(int64_t v) { return scalar(&in_, ValueType::kInt, [&](ByteWriter& w) { w.zvarint(v); }); }
-    Op& in_bool(bool v) { return scalar(&in_, v ? ValueType::kBoolTrue : ValueType::kBoolFalse, nullptr); }
+    Op& in_int(int64_t v) {
+      return scalar(&in_, ValueType::kInt, [&](ByteWriter& w) { w.zvarint(v); });
+    }
+    Op& in_bool(bool v) {
+      return scalar(&in_, v ? ValueType::kBoolTrue : ValueType::kBoolFalse, nullptr);
+    }
     Op& in_none() { return scalar(&in_, ValueType::kNone, nullptr); }
     // A tensor the recorder did not hash, with its reason ("quantized").
     Op& in_skipped(const std::string& reason) {
       uint32_t id = b_->intern(reason);
       return scalar(&in_, ValueType::kTensorSkipped, [id](ByteWriter& w) { w.varint(id); });
     }
-    Op& in_double(double v) { return scalar(&in_, ValueType::kDouble, [&](ByteWriter& w) { w.f64(v); }); }
+    Op& in_double(double v) {
+      return scalar(&in_, ValueType::kDouble, [&](ByteWriter& w) { w.f64(v); });
+    }
     Op& in_list(uint64_t n) {
       count(&in_);
       ByteWriter(&in_.bytes).u8(uint8_t(ValueType::kList));
@@ -90,7 +100,9 @@ class TraceBuilder {
     Op& out_new(const TensorDesc& t, int64_t base_id = -1) { return tensor_new(&out_, t, base_id); }
     Op& out_ref(int64_t id) { return tensor_ref(&out_, id); }
     // A scalar return (aten::item's).
-    Op& out_double(double v) { return scalar(&out_, ValueType::kDouble, [&](ByteWriter& w) { w.f64(v); }); }
+    Op& out_double(double v) {
+      return scalar(&out_, ValueType::kDouble, [&](ByteWriter& w) { w.f64(v); });
+    }
     int64_t last_id() const { return last_id_; }
     // Writes the op record; returns the id of the last tensor it created.
     int64_t done();
@@ -101,8 +113,10 @@ class TraceBuilder {
       uint64_t top = 0, list_left = 0;
     };
     void count(Values* v) {
-      if (v->list_left) --v->list_left;
-      else ++v->top;
+      if (v->list_left)
+        --v->list_left;
+      else
+        ++v->top;
     }
     template <typename F>
     Op& scalar(Values* v, ValueType type, F f) {
@@ -202,7 +216,8 @@ class TraceBuilder {
     enc_.end(e, &bytes_);
   }
   // The END a signal's save writes (hooks' ThreadRecorder::close_for_signal).
-  void end_by_signal(int sig, uint64_t bits = trace::kEndThreadKnown, const std::string& open_op = "") {
+  void end_by_signal(int sig, uint64_t bits = trace::kEndThreadKnown,
+                     const std::string& open_op = "") {
     trace::EndInfo e;
     e.ops = ops_;
     e.signal = sig;
@@ -285,8 +300,10 @@ inline nlohmann::json sample_env(int threads, int pid) {
           {"intra_op_threads", threads},
           {"inter_op_threads", 2},
           {"determinism",
-           {{"deterministic_algorithms", false}, {"warn_only", false},
-            {"benchmark_cudnn", false}, {"allow_tf32_cudnn", true}}},
+           {{"deterministic_algorithms", false},
+            {"warn_only", false},
+            {"benchmark_cudnn", false},
+            {"allow_tf32_cudnn", true}}},
           {"env", {{"OMP_NUM_THREADS", std::to_string(threads)}, {"PYTHONHASHSEED", nullptr}}},
           {"cuda", {{"available", false}}},
           {"pid", pid},

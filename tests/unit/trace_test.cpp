@@ -13,17 +13,15 @@
 #include "digest/md5_batch.h"
 #include "digest/md5_lanes.h"
 #include "digest/strided.h"
-#include "strided_reference.h"
 #include "digest/xxh3_wide.h"
+#include "strided_reference.h"
 #include "trace/reader.h"
 #include "trace/records.h"
 
 namespace detaudit::trace {
 namespace {
 
-std::string temp_path(const char* name) {
-  return std::string(::testing::TempDir()) + "/" + name;
-}
+std::string temp_path(const char* name) { return std::string(::testing::TempDir()) + "/" + name; }
 
 void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
@@ -309,9 +307,10 @@ TEST(TraceTest, NotATraceIsRejectedAtOpen) {
 }
 
 TEST(DigestTest, KnownVectors) {
-  for (auto [algo, hex] : {std::pair{DigestAlgo::kMd5, "900150983cd24fb0d6963f7d28e17f72"},
-                           std::pair{DigestAlgo::kSha256,
-                                     "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"}}) {
+  for (auto [algo, hex] :
+       {std::pair{DigestAlgo::kMd5, "900150983cd24fb0d6963f7d28e17f72"},
+        std::pair{DigestAlgo::kSha256,
+                  "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"}}) {
     Hasher h(algo);
     h.update("abc", 3);
     TensorDesc t;
@@ -365,8 +364,8 @@ TEST(StatsTest, IntegerAndBoolStats) {
 }
 
 TEST(StatsTest, HalfAndBFloat16) {
-  uint16_t half[] = {0x3c00, 0xc000};   // 1.0, -2.0
-  uint16_t bf16[] = {0x3f80, 0x4040};   // 1.0, 3.0
+  uint16_t half[] = {0x3c00, 0xc000};  // 1.0, -2.0
+  uint16_t bf16[] = {0x3f80, 0x4040};  // 1.0, 3.0
   StatsAccumulator h(5), b(15);
   h.update(half, sizeof half);
   b.update(bf16, sizeof bf16);
@@ -399,7 +398,10 @@ TEST(StatsTest, VectorPathMatchesScalarReference) {
     double mn = INFINITY, mx = -INFINITY, sum = 0;
     uint64_t nan = 0, inf = 0, count = 0;
     for (float x : v) {
-      if (x != x) { ++nan; continue; }
+      if (x != x) {
+        ++nan;
+        continue;
+      }
       inf += std::isinf(x);
       mn = std::min(mn, double(x));
       mx = std::max(mx, double(x));
@@ -457,8 +459,8 @@ TEST(DigestTreeTest, SameDigestAndStatsWhateverTheSplitAndThreads) {
   const size_t leaf_floats = kLeafBytes / 4;
   // 3.5 leaves: one vector pass of 3 MD5 leaves and a short leaf, or on 3 threads one by one;
   // 16: one full pass; 33.5: three passes of 11 leaves and a short leaf, spread over the threads.
-  for (size_t n : {size_t(0), size_t(1000), size_t(16384), size_t(16385), leaf_floats, leaf_floats + 1, leaf_floats * 7 / 2,
-                   leaf_floats * 16, leaf_floats * 67 / 2}) {
+  for (size_t n : {size_t(0), size_t(1000), size_t(16384), size_t(16385), leaf_floats,
+                   leaf_floats + 1, leaf_floats * 7 / 2, leaf_floats * 16, leaf_floats * 67 / 2}) {
     std::vector<float> v(n);
     for (size_t i = 0; i < n; ++i) v[i] = float((i * 2654435761u) % 10007) * 1e-3f - 5.f;
     if (n > 5000) v[n - 3000] = NAN;
@@ -467,10 +469,13 @@ TEST(DigestTreeTest, SameDigestAndStatsWhateverTheSplitAndThreads) {
       TensorDesc whole = digest_of(algo, v, [&](TensorDigester& d) { d.update(v.data(), n * 4); });
       TensorDesc pieces = digest_of(algo, v, [&](TensorDigester& d) {
         const auto* p = reinterpret_cast<const uint8_t*>(v.data());
-        for (size_t off = 0; off < n * 4; off += 4099) d.update(p + off, std::min<size_t>(4099, n * 4 - off));
+        for (size_t off = 0; off < n * 4; off += 4099)
+          d.update(p + off, std::min<size_t>(4099, n * 4 - off));
       });
-      TensorDesc one = digest_of(algo, v, [&](TensorDigester& d) { d.update_all(v.data(), n * 4, serial); });
-      TensorDesc three = digest_of(algo, v, [&](TensorDigester& d) { d.update_all(v.data(), n * 4, three_threads, 3); });
+      TensorDesc one = digest_of(algo, v,
+                                 [&](TensorDigester& d) { d.update_all(v.data(), n * 4, serial); });
+      TensorDesc three = digest_of(
+          algo, v, [&](TensorDigester& d) { d.update_all(v.data(), n * 4, three_threads, 3); });
       expect_same(whole, pieces, what + " pieces");
       expect_same(whole, one, what + " update_all");
       expect_same(whole, three, what + " 3 threads");
@@ -516,10 +521,11 @@ TEST(DigestTreeTest, StridedViewsDigestAsTheirLogicalBytes) {
     std::vector<uint8_t> base(size_t(big * big) * dt.size);
     for (size_t i = 0; i < base.size(); ++i) base[i] = uint8_t((i * 2654435761u) >> 13);
     for (const View& v : views) {
-      const std::vector<uint8_t> logical = logical_bytes(base, dt.size, v.sizes, v.strides, v.offset);
+      const std::vector<uint8_t> logical = logical_bytes(base, dt.size, v.sizes, v.strides,
+                                                         v.offset);
       for (DigestAlgo algo : {DigestAlgo::kMd5, DigestAlgo::kSha256, DigestAlgo::kXxh3}) {
-        const std::string what = std::string(v.what) + ", " + std::string(digest_name(algo)) + ", dtype " +
-                                 std::to_string(dt.code);
+        const std::string what = std::string(v.what) + ", " + std::string(digest_name(algo)) +
+                                 ", dtype " + std::to_string(dt.code);
         Hasher h(algo);
         TensorDigester want_d(&h, dt.code, true);
         want_d.update(logical.data(), logical.size());
@@ -589,7 +595,8 @@ TEST(DigestTest, Xxh3IsTheLibrarysWhateverTheBuild) {
     XXH128_canonicalFromHash(&want, XXH3_128bits(bytes.data(), n));
     for (size_t piece : {n + 1, size_t(7), size_t(1000)}) {
       Hasher h(DigestAlgo::kXxh3);
-      for (size_t off = 0; off < n; off += piece) h.update(bytes.data() + off, std::min(piece, n - off));
+      for (size_t off = 0; off < n; off += piece)
+        h.update(bytes.data() + off, std::min(piece, n - off));
       uint8_t got[16];
       h.finish(got);
       EXPECT_EQ(0, std::memcmp(want.digest, got, 16)) << "n=" << n << " piece=" << piece;
@@ -607,7 +614,8 @@ TEST(DigestTest, Xxh3IsTheLibrarysWhateverTheBuild) {
       build->oneshot(bytes.data(), n, got);
       EXPECT_EQ(0, std::memcmp(want.digest, got, 16)) << build->isa << " oneshot n=" << n;
       Xxh3WideState* s = build->create();
-      for (size_t off = 0; off < n; off += 1000) build->update(s, bytes.data() + off, std::min<size_t>(1000, n - off));
+      for (size_t off = 0; off < n; off += 1000)
+        build->update(s, bytes.data() + off, std::min<size_t>(1000, n - off));
       build->digest(s, got);
       build->destroy(s);
       EXPECT_EQ(0, std::memcmp(want.digest, got, 16)) << build->isa << " streamed n=" << n;
@@ -620,50 +628,54 @@ TEST(DigestTest, Xxh3IsTheLibrarysWhateverTheBuild) {
 // Each lane is the MD5 of its own message, for any whole number of blocks, with lanes that share
 // their bytes too; all 16 in use, or a few (one AVX2 register instead of two).
 TEST(Md5LanesTest, EachLaneIsTheMd5OfItsMessage) {
-  if (!Md5Lanes::available()) GTEST_SKIP() << "no AVX-512F or AVX2 on this CPU: the lanes are not used";
+  if (!Md5Lanes::available())
+    GTEST_SKIP() << "no AVX-512F or AVX2 on this CPU: the lanes are not used";
   std::vector<uint8_t> bytes(16 * 8192);
   for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = uint8_t((i * 2654435761u) >> 13);
   for (size_t used : {Md5Lanes::kLanes, size_t(6)})
-  for (size_t len : {size_t(0), size_t(64), size_t(192), size_t(8192)}) {
-    const uint8_t* lane[Md5Lanes::kLanes];
-    for (size_t l = 0; l < Md5Lanes::kLanes; ++l)
-      lane[l] = bytes.data() + (l == 5 ? 0 : l) * 8192;  // lane 5 aliases lane 0
-    Md5Lanes md5(used);
-    // Fed in two uneven calls, as the digester feeds statistics blocks.
-    const size_t first = len / 64 / 3 * 64;
-    md5.update(lane, first);
-    const uint8_t* rest[Md5Lanes::kLanes];
-    for (size_t l = 0; l < Md5Lanes::kLanes; ++l) rest[l] = lane[l] + first;
-    md5.update(rest, len - first);
-    uint8_t got[Md5Lanes::kLanes][16];
-    md5.finish(len, got);
-    for (size_t l = 0; l < used; ++l) {
-      Hasher h(DigestAlgo::kMd5);
-      h.update(lane[l], len);
-      uint8_t want[16];
-      h.finish(want);
-      EXPECT_EQ(0, std::memcmp(want, got[l], 16)) << "lane " << l << " length " << len << " of " << used;
+    for (size_t len : {size_t(0), size_t(64), size_t(192), size_t(8192)}) {
+      const uint8_t* lane[Md5Lanes::kLanes];
+      for (size_t l = 0; l < Md5Lanes::kLanes; ++l)
+        lane[l] = bytes.data() + (l == 5 ? 0 : l) * 8192;  // lane 5 aliases lane 0
+      Md5Lanes md5(used);
+      // Fed in two uneven calls, as the digester feeds statistics blocks.
+      const size_t first = len / 64 / 3 * 64;
+      md5.update(lane, first);
+      const uint8_t* rest[Md5Lanes::kLanes];
+      for (size_t l = 0; l < Md5Lanes::kLanes; ++l) rest[l] = lane[l] + first;
+      md5.update(rest, len - first);
+      uint8_t got[Md5Lanes::kLanes][16];
+      md5.finish(len, got);
+      for (size_t l = 0; l < used; ++l) {
+        Hasher h(DigestAlgo::kMd5);
+        h.update(lane[l], len);
+        uint8_t want[16];
+        h.finish(want);
+        EXPECT_EQ(0, std::memcmp(want, got[l], 16))
+            << "lane " << l << " length " << len << " of " << used;
+      }
     }
-  }
 }
-
 
 // A batch's messages of any lengths, sharing lanes, each get the digest and the statistics that
 // TensorDigester gives their bytes: one message alone, a few, more than the lanes, a full batch,
 // and lengths on each side of MD5's padding edges.
 TEST(Md5BatchTest, EachMessageHasTheDigestAndStatisticsOfItsBytes) {
-  if (!Md5Batch::available()) GTEST_SKIP() << "no AVX-512F or AVX2 on this CPU: the batch is not used";
+  if (!Md5Batch::available())
+    GTEST_SKIP() << "no AVX-512F or AVX2 on this CPU: the batch is not used";
   // Messages start at offsets up to 56 bytes in, so the longest still ends inside.
   std::vector<uint8_t> bytes(Md5Batch::kMaxMessageBytes + 64);
   for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = uint8_t((i * 2654435761u) >> 11);
   const size_t lengths[] = {1, 55, 56, 63, 64, 65, 119, 120, 128, 4096, 20000, 70000, 4, 8};
   auto serially = [](size_t n, const std::function<void(size_t, size_t)>& fn) { fn(0, n); };
   Md5Batch batch;
-  for (size_t count : {size_t(1), size_t(2), size_t(7), size_t(16), size_t(17), Md5Batch::kMaxMessages}) {
+  for (size_t count :
+       {size_t(1), size_t(2), size_t(7), size_t(16), size_t(17), Md5Batch::kMaxMessages}) {
     std::vector<TensorDesc> want(count);
     std::vector<size_t> index(count);
     for (size_t m = 0; m < count; ++m) {
-      const size_t n = m == 5 ? Md5Batch::kMaxMessageBytes : lengths[(m * 7 + count) % std::size(lengths)];
+      const size_t n = m == 5 ? Md5Batch::kMaxMessageBytes
+                              : lengths[(m * 7 + count) % std::size(lengths)];
       const uint8_t dtype = m % 3 == 0 ? 6 : m % 3 == 1 ? 3 : 7;  // float, int32, double
       const bool with_stats = m % 4 != 3;
       const uint8_t* data = bytes.data() + (m * 8) % 64;
@@ -680,10 +692,12 @@ TEST(Md5BatchTest, EachMessageHasTheDigestAndStatisticsOfItsBytes) {
     for (size_t m = 0; m < count; ++m) {
       TensorDesc got;
       batch.result(index[m]).fill(&got);
-      EXPECT_EQ(0, std::memcmp(want[m].digest.data(), got.digest.data(), 16)) << "message " << m << " of " << count;
+      EXPECT_EQ(0, std::memcmp(want[m].digest.data(), got.digest.data(), 16))
+          << "message " << m << " of " << count;
       EXPECT_EQ(want[m].digest_len, got.digest_len);
       EXPECT_EQ(want[m].bits, got.bits) << "message " << m << " of " << count;
-      EXPECT_EQ(0, std::memcmp(&want[m].stats, &got.stats, sizeof got.stats)) << "message " << m << " of " << count;
+      EXPECT_EQ(0, std::memcmp(&want[m].stats, &got.stats, sizeof got.stats))
+          << "message " << m << " of " << count;
     }
     batch.clear();
   }
@@ -691,7 +705,8 @@ TEST(Md5BatchTest, EachMessageHasTheDigestAndStatisticsOfItsBytes) {
 
 // The batch says when it is out of room, by messages and by bytes, and is whole again once cleared.
 TEST(Md5BatchTest, HasRoomForAsManyMessagesAndBytesAsItHolds) {
-  if (!Md5Batch::available()) GTEST_SKIP() << "no AVX-512F or AVX2 on this CPU: the batch is not used";
+  if (!Md5Batch::available())
+    GTEST_SKIP() << "no AVX-512F or AVX2 on this CPU: the batch is not used";
   Md5Batch batch;
   for (size_t m = 0; m < Md5Batch::kMaxMessages; ++m) {
     ASSERT_TRUE(batch.has_room(100));
@@ -706,7 +721,8 @@ TEST(Md5BatchTest, HasRoomForAsManyMessagesAndBytesAsItHolds) {
     batch.commit(0, false);
     ++whole;
   }
-  EXPECT_EQ(whole, Md5Batch::kArenaBytes / Md5Batch::kMaxMessageBytes - 1);  // padding takes a block each
+  EXPECT_EQ(whole,
+            Md5Batch::kArenaBytes / Md5Batch::kMaxMessageBytes - 1);  // padding takes a block each
   EXPECT_TRUE(batch.has_room(1000));
   batch.clear();
   EXPECT_TRUE(batch.has_room(Md5Batch::kMaxMessageBytes));
