@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -36,9 +37,28 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext*) {
 // the parent's streams from there.
 std::atomic<pid_t> g_recording_pid{0};
 
+// The thread whose fatal signal is being saved, 0 while none: a second crash, or the process
+// leaving through exit, must not end the process under that save.
+std::atomic<pid_t> g_signal_thread{0};
+std::atomic<bool> g_signal_saved{false};
+// The handler's own bound (run_from_signal's) with a margin: past it the save is given up.
+constexpr int64_t kSignalSaveBoundMs = 12000;
+
+pid_t this_thread_id() { return static_cast<pid_t>(::syscall(SYS_gettid)); }
+
+// On a thread leaving the process while another thread's signal is being saved: waits for the
+// handler to end the process with its signal (the program's own exit status), up to the bound.
+void wait_out_another_threads_signal() {
+  const pid_t saving = g_signal_thread.load();
+  if (saving == 0 || saving == this_thread_id()) return;
+  const int64_t deadline = monotonic_ms() + kSignalSaveBoundMs;
+  while (monotonic_ms() < deadline) sleep_ms(1);
+}
+
 void flush_everything() {
   static std::atomic<bool> done{false};
   if (::getpid() != g_recording_pid.load()) return;
+  wait_out_another_threads_signal();
   ProcessRecorder::instance().mark_exit_started();
   if (!ProcessRecorder::instance().active() || done.exchange(true)) return;
   ProcessRecorder::instance().finish_all();
@@ -62,12 +82,32 @@ void save_for_signal(void* arg) {
     ProcessRecorder::instance().save_on_signal(save.sig, save.stopped);
 }
 
-void on_fatal_signal(int sig) {
-  SignalSave save{sig, ThreadRecorder::current_if_any()};
-  StreamWriter::instance().run_from_signal(save_for_signal, &save, /*max_wait_ms=*/10000);
-  // Then die as we would have.
+// Dies of the signal as the process would have without us.
+void die_of(int sig) {
   sigaction(sig, &g_previous[sig], nullptr);
   raise(sig);
+}
+
+void on_fatal_signal(int sig) {
+  const pid_t self = this_thread_id();
+  pid_t first = 0;
+  if (!g_signal_thread.compare_exchange_strong(first, self)) {
+    // A fault inside this thread's own save dies at once. Another thread's crash waits for the
+    // first signal's save, which then ends the process with that signal; were the default action
+    // taken now, it would cut every stream mid-save.
+    if (first != self) {
+      const int64_t deadline = monotonic_ms() + kSignalSaveBoundMs;
+      while (!g_signal_saved.load() && monotonic_ms() < deadline) sleep_ms(1);
+      const int64_t grace = monotonic_ms() + 2000;
+      while (monotonic_ms() < grace) sleep_ms(1);
+    }
+    die_of(sig);
+    return;
+  }
+  SignalSave save{sig, ThreadRecorder::current_if_any()};
+  StreamWriter::instance().run_from_signal(save_for_signal, &save, /*max_wait_ms=*/10000);
+  g_signal_saved.store(true);
+  die_of(sig);
 }
 
 void install_signal_handlers() {
@@ -80,7 +120,9 @@ void install_signal_handlers() {
     std::memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_fatal_signal;
     sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESETHAND | SA_NODEFER;
+    // Not SA_RESETHAND: a second thread's crash would take the default action at once, under
+    // the first one's save. SA_NODEFER lets a fault in the handler reach it again, and die.
+    sa.sa_flags = SA_NODEFER;
     sigaction(sig, &sa, &g_previous[sig]);
   }
 }
@@ -89,6 +131,8 @@ void atfork_prepare() { ProcessRecorder::instance().before_fork(); }
 void atfork_parent() { ProcessRecorder::instance().after_fork_parent(); }
 void atfork_child() {
   g_recording_pid.store(::getpid());
+  g_signal_thread.store(0);
+  g_signal_saved.store(false);
   ProcessRecorder::instance().after_fork_child();
 }
 
@@ -139,6 +183,8 @@ __attribute__((constructor)) void attach() {
 // itself; loaded by the shim, the shim's _exit is the one called.)
 extern "C" [[noreturn]] void _exit(int status) {
   detaudit::hooks::flush_everything();
+  // Even once flushed: a signal that came during the flush is being saved.
+  detaudit::hooks::wait_out_another_threads_signal();
   using ExitFn = void (*)(int);
   static ExitFn real = reinterpret_cast<ExitFn>(dlsym(RTLD_NEXT, "_exit"));
   real(status);

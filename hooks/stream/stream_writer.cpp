@@ -17,6 +17,8 @@ namespace {
 
 thread_local bool t_on_writer_thread = false;
 
+}  // namespace
+
 void sleep_ms(long ms) {
   timespec ts{0, ms * 1000000L};
   nanosleep(&ts, nullptr);  // async-signal-safe, unlike std::this_thread::sleep_for
@@ -27,8 +29,6 @@ int64_t monotonic_ms() {
   clock_gettime(CLOCK_MONOTONIC, &ts);  // async-signal-safe
   return int64_t(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
 }
-
-}  // namespace
 
 bool write_fully(int fd, const char* p, size_t n) {
   while (n > 0) {

@@ -113,4 +113,8 @@ class StreamWriter {
 // Writes all of [p, p + n) to fd; false with errno set when the disk refused some of it.
 bool write_fully(int fd, const char* p, size_t n);
 
+// A clock and a sleep that a signal handler may use.
+int64_t monotonic_ms();
+void sleep_ms(long ms);
+
 }  // namespace detaudit::hooks

@@ -94,6 +94,22 @@ class AbortAtExit(TmpDirCase):
                                  exiting=False,  # Python's exit handlers run before finalizing
                                  stream_closed_by="SIGABRT")
 
+    def test_a_second_thread_crashing_during_the_save_waits_for_it(self):
+        """Two threads abort at once. The second one's default action, taken at once, cut every
+        stream under the first one's save and left no word of the ending."""
+        out = os.path.join(self.tmp, "both-abort")
+        self.check_abort_at_exit(out, [PYTHON, program("abort_at_exit.py"), "--steps", "3",
+                                       "--race", "both-abort"],
+                                 exiting=False, stream_closed_by="SIGABRT")
+
+    def test_the_main_thread_leaving_during_the_save_keeps_the_programs_exit_status(self):
+        """The main thread calls _exit(0) while another thread's abort is being saved: it waits,
+        so the process still dies of SIGABRT, as without the recorder, with whole streams."""
+        out = os.path.join(self.tmp, "main-exits")
+        self.check_abort_at_exit(out, [PYTHON, program("abort_at_exit.py"), "--steps", "3",
+                                       "--race", "main-exits"],
+                                 exiting=False, stream_closed_by="SIGABRT")
+
     def test_a_cpp_program_aborting_at_exit_is_named_while_exiting(self):
         out = os.path.join(self.tmp, "cpp")
         self.check_abort_at_exit(out, [build_binary("train_cnn"), "--steps", "3", "--abort-at-exit"],

@@ -2,28 +2,50 @@
 from an exit handler calls abort(), as a library's thread does when it meets interpreter teardown
 (gloo's, pytorch PR 179291). Every run ends the same way, so two runs diff identical.
 
-    /usr/bin/python3 tests/e2e/programs/abort_at_exit.py --steps 3
+    /usr/bin/python3 tests/e2e/programs/abort_at_exit.py --steps 3 [--race both-abort|main-exits]
+
+--race both-abort: two threads abort at once (a second crash while the first is being saved).
+--race main-exits: the main thread leaves through _exit(0) while the other thread's abort is
+being saved (the interpreter finishing its teardown beside gloo's dying thread).
 """
 import argparse
 import atexit
+import ctypes
 import os
 import threading
+import time
 
 import torch
 import torch.nn as nn
 
 
-def abort_from_a_thread():
-    t = threading.Thread(target=os.abort, name="teardown")
-    t.start()
-    t.join()
+# Through ctypes, which lets the GIL go as C code does: os.abort() holds it, and would keep the
+# other thread from racing.
+LIBC = ctypes.CDLL(None)
+
+
+def abort_from_a_thread(race):
+    if race == "both-abort":
+        gate = threading.Barrier(2)
+        threads = [threading.Thread(target=lambda: (gate.wait(), LIBC.abort()), name=f"teardown{i}")
+                   for i in range(2)]
+    else:
+        threads = [threading.Thread(target=LIBC.abort, name="teardown")]
+    for t in threads:
+        t.start()
+    if race == "main-exits":
+        time.sleep(0.002)  # inside the abort's save, which takes milliseconds
+        LIBC._exit(0)
+    for t in threads:
+        t.join()
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--race", choices=["both-abort", "main-exits"])
     args = ap.parse_args()
-    atexit.register(abort_from_a_thread)
+    atexit.register(abort_from_a_thread, args.race)
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
