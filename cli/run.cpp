@@ -424,6 +424,8 @@ void add_run_verb(CLI::App& app, VerbAction* action) {
       "--rehash-inputs", f.rehash_inputs,
       "hash every input at every top-level op (programs that write tensors through NumPy)");
   sub->add_flag("--no-inputs", f.no_inputs, "record op outputs only");
+  optional_flag(sub, args.get(), "--device-batch-mib", &f.device_batch_mib,
+                "MiB a thread's open batch of device digests may hold (0: a batch per op)");
   optional_flag(sub, args.get(), "--seed", &f.seed,
                 "seed torch's default generators before the first op");
   optional_flag(sub, args.get(), "--deterministic", &f.deterministic,

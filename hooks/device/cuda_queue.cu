@@ -19,6 +19,9 @@ std::unique_ptr<CudaQueue> CudaQueue::create(int slots, std::string* error) {
     rc = cudaEventCreateWithFlags(reinterpret_cast<cudaEvent_t*>(&q->events_[s]),
                                   cudaEventDisableTiming | cudaEventBlockingSync);
   }
+  if (rc == cudaSuccess)
+    rc = cudaEventCreateWithFlags(reinterpret_cast<cudaEvent_t*>(&q->order_event_),
+                                  cudaEventDisableTiming);
   if (rc != cudaSuccess) {
     *error = std::string("device digest buffers: ") + cudaGetErrorString(rc);
     return nullptr;
@@ -31,6 +34,7 @@ CudaQueue::~CudaQueue() {
     for (int s = 0; s < slots_; ++s)
       if (events_[s]) cudaEventDestroy(static_cast<cudaEvent_t>(events_[s]));
   delete[] events_;
+  if (order_event_) cudaEventDestroy(static_cast<cudaEvent_t>(order_event_));
   if (results_) cudaFree(results_);
   if (host_) cudaFreeHost(host_);
 }
@@ -50,6 +54,14 @@ bool CudaQueue::enqueue(const DigestJob* jobs, int n, void* stream, int slot) {
   // Recorded even when something failed, so that wait() never waits on a stale event.
   ok = cudaEventRecord(static_cast<cudaEvent_t>(events_[slot]), s) == cudaSuccess && ok;
   return ok;
+}
+
+bool CudaQueue::make_wait(void* waiting, void* stream) {
+  std::lock_guard<std::mutex> lock(order_mu_);
+  auto event = static_cast<cudaEvent_t>(order_event_);
+  // The wait takes the event as recorded now: the next record may reuse it at once.
+  return cudaEventRecord(event, static_cast<cudaStream_t>(stream)) == cudaSuccess &&
+         cudaStreamWaitEvent(static_cast<cudaStream_t>(waiting), event, 0) == cudaSuccess;
 }
 
 bool CudaQueue::wait(int slot) {

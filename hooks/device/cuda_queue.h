@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "device/digest_pipeline.h"
@@ -20,6 +21,7 @@ class CudaQueue : public DeviceQueue {
   bool enqueue(const DigestJob* jobs, int n, void* stream, int slot) override;
   bool wait(int slot) override;
   const lanes::LaneResult* results(int slot) override { return host_ + size_t(slot) * kMaxBatch; }
+  bool make_wait(void* waiting, void* stream) override;
   int device() const { return device_; }
 
  private:
@@ -29,6 +31,8 @@ class CudaQueue : public DeviceQueue {
   lanes::LaneResult* host_ = nullptr;     // pinned: the copies are asynchronous
   lanes::LaneResult* results_ = nullptr;  // device memory, a batch's room per slot
   void** events_ = nullptr;               // cudaEvent_t per slot
+  void* order_event_ = nullptr;           // make_wait's, one wait at a time
+  std::mutex order_mu_;
 };
 
 }  // namespace detaudit::device

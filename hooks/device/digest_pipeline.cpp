@@ -24,6 +24,30 @@ void DigestPipeline::submit(const std::vector<DigestJob>& jobs, void* stream, Co
     ++full_waits_;
     changed_.wait(lock, [&] { return !busy_[size_t(next_slot_)]; });
   }
+  enqueue_locked(jobs, stream, std::move(done));
+  lock.unlock();
+  changed_.notify_all();
+}
+
+bool DigestPipeline::submit_within(const std::vector<DigestJob>& jobs, void* stream,
+                                   Completion done, int ms) {
+  for (int waited = 0;; ++waited) {
+    if (mu_.try_lock()) {
+      if (!busy_[size_t(next_slot_)]) {
+        enqueue_locked(jobs, stream, std::move(done));
+        mu_.unlock();
+        changed_.notify_all();
+        return true;
+      }
+      mu_.unlock();
+    }
+    if (waited >= ms) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+void DigestPipeline::enqueue_locked(const std::vector<DigestJob>& jobs, void* stream,
+                                    Completion done) {
   const int slot = next_slot_;
   next_slot_ = (next_slot_ + 1) % queue_->slots();
   busy_[size_t(slot)] = true;
@@ -32,8 +56,6 @@ void DigestPipeline::submit(const std::vector<DigestJob>& jobs, void* stream, Co
   // slots in that order.
   const bool enqueued = queue_->enqueue(jobs.data(), int(jobs.size()), stream, slot);
   in_flight_.push_back({slot, int(jobs.size()), enqueued, std::move(done)});
-  lock.unlock();
-  changed_.notify_all();
 }
 
 void DigestPipeline::collect() {

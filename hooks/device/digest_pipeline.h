@@ -36,6 +36,13 @@ class DeviceQueue {
   virtual bool wait(int slot) = 0;
   // slot's n results, once wait() returned.
   virtual const lanes::LaneResult* results(int slot) = 0;
+  // Makes `waiting` (a cudaStream_t) wait for what `stream` holds so far: a write on another
+  // stream than a digest's must come after it. Nothing to do where there is one queue order.
+  virtual bool make_wait(void* waiting, void* stream) {
+    (void)waiting;
+    (void)stream;
+    return true;
+  }
 };
 
 class DigestPipeline {
@@ -51,6 +58,10 @@ class DigestPipeline {
 
   // From an op's thread: enqueues on `stream` now, returns without waiting unless the ring is full.
   void submit(const std::vector<DigestJob>& jobs, void* stream, Completion done);
+  // The same from a stop signal's save: never blocks on the lock (the interrupted thread may
+  // hold it) nor on a full ring for more than `ms` milliseconds. False, with nothing enqueued
+  // and `done` not called, when it gave up.
+  bool submit_within(const std::vector<DigestJob>& jobs, void* stream, Completion done, int ms);
   // Waits until every batch submitted so far has completed (at exit, at a thread's end).
   void drain();
   // The same from a stop signal's handler: never blocks on the lock (the interrupted thread may
@@ -68,6 +79,8 @@ class DigestPipeline {
     Completion done;
   };
   void collect();
+  // Takes the next slot and enqueues; mu_ held, next slot free.
+  void enqueue_locked(const std::vector<DigestJob>& jobs, void* stream, Completion done);
 
   DeviceQueue* queue_;
   mutable std::mutex mu_;

@@ -79,6 +79,7 @@ OpInfo describe_op(const char* name, const OptionalOperatorName& op_name, bool s
   if (!handle) return info;
   info.composite = handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
                    handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd);
+  info.own_kernel = !info.composite;
   // Random ops without a Generator argument (native_dropout, rand, randperm, the RNN and
   // attention kernels with dropout) carry the tag; on CUDA they draw from the device's generator.
   info.is_random = handle->hasTag(at::Tag::nondeterministic_seeded);
@@ -92,6 +93,7 @@ OpInfo describe_op(const char* name, const OptionalOperatorName& op_name, bool s
     const c10::Argument& arg = args[i];
     if (arg.alias_info() && arg.alias_info()->isWrite()) {
       info.writes = true;
+      if (i < 64) info.mutable_args |= uint64_t(1) << i;
       const bool self = arg.name() == "self";
       const bool written = arg.is_out() || (self && writes_all_of_self(name));
       if (i < 64 && written) info.written_args |= uint64_t(1) << i;

@@ -31,12 +31,17 @@ struct OpInfo {
   // ops described. A backend kernel may write its outputs directly after a nested op ran
   // (addmm copies the bias with copy_, then a GEMM adds the product in place).
   bool composite = false;
+  // Has a kernel of its own (a dispatcher op, not Composite): that kernel may write what its
+  // nested ops returned after they end (sum fills its output with a nested fill_, then adds).
+  bool own_kernel = false;
   // Arguments (by index, up to 64) the op overwrites without reading: out= tensors, and self
   // of zero_, fill_, copy_, resize_ and the random fills. Their old bytes are not hashed.
   uint64_t overwritten_args = 0;
   // Those it writes in full (all but self of resize_, resize_as_ and set_): their old bytes
   // reach no one after this op (TENSOR_WRITTEN).
   uint64_t written_args = 0;
+  // Every argument it may write (`Tensor(a!)`, `Tensor(a!)[]`), by index, up to 64.
+  uint64_t mutable_args = 0;
   CollectiveShape collective;
   // The `layout` argument of the empty family: given explicitly (not None) by the tensor
   // constructors (torch.tensor, as_tensor), which fill the buffer outside the dispatcher.

@@ -49,6 +49,7 @@ ProcessRecorder& ProcessRecorder::instance() {
 
 bool ProcessRecorder::init(const std::string& run_dir, const Config& config, std::string* error) {
   config_ = config;
+  set_device_batch_cap(uint64_t(config.device_batch_mib) << 20);
   streams_dir_ = run_dir + "/" + layout::kStreamsDir;
   ::mkdir(run_dir.c_str(), 0755);
   if (::mkdir(streams_dir_.c_str(), 0755) != 0 && errno != EEXIST) {
@@ -190,6 +191,9 @@ void ProcessRecorder::mark_step_end() {
 void ProcessRecorder::advance_step() { set_step(step_.load(std::memory_order_relaxed) + 1); }
 
 void ProcessRecorder::set_step(uint64_t step) {
+  // What a step's ops produced is digested in that step: the next may run with the op callback
+  // off, and write those bytes unseen.
+  launch_open_batches(Launch::kStep);
   step_.store(step, std::memory_order_relaxed);
   refresh_step_state(step);
 }
@@ -247,6 +251,7 @@ void ProcessRecorder::unregister_thread(ThreadRecorder* t) {
 }
 
 void ProcessRecorder::finish_all() {
+  launch_open_batches(Launch::kExit);
   {
     std::lock_guard<std::mutex> lock(threads_mu_);
     for (ThreadRecorder* t : threads_)
@@ -292,6 +297,7 @@ void ProcessRecorder::save_on_signal(int sig, ThreadRecorder* stopped) {
   const bool stop = sig == SIGTERM || sig == SIGINT;
   const bool is_exiting = exiting();
   // Digests already on a device first: the records that wait for them are then whole.
+  launch_open_batches(Launch::kSignal, /*max_wait_ms=*/1000);
   drain_device_digests_for(2000);
   std::vector<ThreadRecorder*> threads;
   std::vector<StreamBuffer*> streams;
@@ -358,6 +364,7 @@ void ProcessRecorder::after_fork_child() {
   new (&groups_mu_) std::mutex();
   groups_.clear();
   threads_.clear();
+  forget_open_batches_after_fork();
   StreamWriter::instance().reset_after_fork();
   if (is_python_ && op_callback_ != 0) {
     // Maybe a DataLoader worker: its batch 0 is consumed in the step that was about to begin.

@@ -137,6 +137,7 @@ void ThreadRecorder::finish() {
   if (!pending_collectives_.empty()) write_completed_collectives(/*at_end=*/true);
   if (!stream_open_ || !stream_.enter_write()) return;
   if (md5_batch_) md5_batch_->run();
+  device_batch_.launch(Launch::kThreadEnd);
   if (!held_.empty()) {
     drain_device_digests();
     release_held();
@@ -155,7 +156,7 @@ void ThreadRecorder::reset_after_fork() {
   stream_.bytes.clear();
   stream_.committed.store(0);
   held_ = PendingRecords();
-  device_batch_ = DeviceBatch();
+  device_batch_.forget_after_fork();
   if (md5_batch_) md5_batch_->discard();
   stream_open_ = false;
   thread_name_.clear();
@@ -313,12 +314,54 @@ void ThreadRecorder::on_start(const at::RecordFunction& fn) {
   }
   const OpInfo& info = op_info(fn);
   f.info = &info;
-  if (!info.recorded() || phases_.taking_in_batches()) return;
+  trace::Phase phase;
+  if (recording_wanted(info, &phase)) begin_op(fn, f, phase);
+  // Recorded or not, the op must not write bytes an open batch is still to digest.
+  if (device_digest_) {
+    launch_device_batches_before(fn, info);
+    f.batch_adds = device_batch_.adds();
+  }
+}
+
+bool ThreadRecorder::enclosing_kernel_may_write_batch(size_t frame) const {
+  for (size_t k = frame; k-- > 0;) {
+    const Frame& e = frames_[k];
+    if (e.mark != Mark::kOp) continue;
+    return (!e.info || e.info->own_kernel) && device_batch_.adds() > e.batch_adds;
+  }
+  return false;
+}
+
+bool ThreadRecorder::recording_wanted(const OpInfo& info, trace::Phase* phase) {
+  if (!info.recorded() || phases_.taking_in_batches()) return false;
   if (!identity_) identity_ = thread_identity();
-  if (identity_->moves_batches) return;
-  const trace::Phase phase = phases_.phase(proc.is_python());
-  if (!proc.config().select.wants_phase(phase)) return;
-  begin_op(fn, f, phase);
+  if (identity_->moves_batches) return false;
+  ProcessRecorder& proc = ProcessRecorder::instance();
+  *phase = phases_.phase(proc.is_python());
+  return proc.config().select.wants_phase(*phase);
+}
+
+void ThreadRecorder::launch_device_batches_before(const at::RecordFunction& fn,
+                                                  const OpInfo& info) {
+  if (!any_device_batch_open()) return;
+  if (info.collective.defined()) return launch_open_batches(Launch::kCollective);
+  if (info.compiled_region) return launch_open_batches(Launch::kCompiled);
+  if (!info.mutable_args) return;
+  auto inputs = fn.inputs();
+  // Without its arguments (an op whose callback had none), any batch might hold them.
+  if (inputs.empty()) return launch_open_batches(Launch::kInPlace);
+  for (size_t i = 0; i < inputs.size() && i < 64; ++i) {
+    if (!(info.mutable_args & (uint64_t(1) << i))) continue;
+    const c10::IValue& v = inputs[i];
+    if (v.isTensor()) {
+      launch_batches_holding(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList().vec()) launch_batches_holding(t);
+    } else if (v.isList()) {  // Tensor?[]
+      for (const c10::IValue& e : v.toListRef())
+        if (e.isTensor()) launch_batches_holding(e.toTensor());
+    }
+  }
 }
 
 void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f, trace::Phase phase) {
@@ -402,8 +445,9 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f, trace::Pha
     report_swallowed(fn.name(), e);
     f.recorded = false;
   }
-  // The inputs' digests go on the stream now, ahead of the op's own kernels.
-  if (!device_batch_.empty()) device_batch_.submit();
+  // With record.device_batch_mib 0, the inputs' digests go on the stream now, ahead of the op's
+  // own kernels; else they wait in the open batch for a launch (launch_device_batches_before).
+  if (device_digest_ && device_batch_cap() == 0) device_batch_.launch(Launch::kOp);
   if (saw_fake_tensor_) f.recorded = false;  // torch.compile tracing, not the program's work
   saw_fake_tensor_ = false;
   // Still busy: saving the inputs runs ops of its own.
@@ -433,7 +477,10 @@ void ThreadRecorder::maybe_capture(const CaptureSpec& spec, const at::RecordFunc
         md5_batch_->run();
         stream_.leave_write();
       }
-      if (!s.pending->done()) drain_device_digests();
+      if (!s.pending->done()) {
+        launch_open_batches(Launch::kCapture);
+        drain_device_digests();
+      }
       s.pending->apply(&desc);
     }
     digests.push_back(desc.not_read() ? std::string() : desc.digest_hex());
@@ -605,8 +652,12 @@ void ThreadRecorder::on_end(const at::RecordFunction& fn) {
     in_buffer_ = false;
     stream_.leave_write();
   }
-  // The outputs' digests go on the stream behind the op.
-  if (!device_batch_.empty()) device_batch_.submit();
+  if (device_digest_ && !device_batch_.empty()) {
+    if (device_batch_cap() == 0)
+      device_batch_.launch(Launch::kOp);
+    else if (enclosing_kernel_may_write_batch(i - 1))
+      device_batch_.launch(Launch::kEnclosing);
+  }
   if (f.collective) starting_collective_.reset();  // not recorded after all
   items_.resize(f.items_begin);
   bytes_.resize(f.bytes_begin);

@@ -232,6 +232,7 @@ class ThreadRecorder {
     uint64_t rng = 0;
     const OpInfo* info = nullptr;
     size_t items_begin = 0, items_end = 0, bytes_begin = 0, snaps_begin = 0;
+    uint64_t batch_adds = 0;  // the device batch's adds() once the op's inputs were added
   };
 
   ThreadRecorder();
@@ -240,6 +241,13 @@ class ThreadRecorder {
   const OpInfo& op_info(const at::RecordFunction& fn);
   uint32_t intern(std::string_view s);
   void begin_op(const at::RecordFunction& fn, Frame& f, trace::Phase phase);
+  // Whether this op is to be recorded (and in which phase), once its OpInfo is known.
+  bool recording_wanted(const OpInfo& info, trace::Phase* phase);
+  // Whether the op enclosing frames_[frame] runs a kernel of its own (unknown: yes) and its
+  // nested ops added tensors to the device batch: that kernel may write them once they end.
+  bool enclosing_kernel_may_write_batch(size_t frame) const;
+  // Launches the open device batches this op could change the bytes of (Launch).
+  void launch_device_batches_before(const at::RecordFunction& fn, const OpInfo& info);
   // `detaudit replay`: saves this op's inputs if it is the one the capture names.
   void maybe_capture(const CaptureSpec& spec, const at::RecordFunction& fn, const Frame& f);
 

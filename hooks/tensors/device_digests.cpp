@@ -4,11 +4,13 @@
 #include <c10/core/GradMode.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -18,21 +20,26 @@
 #include "digest/device_digest.h"
 
 #ifdef DETAUDIT_DEVICE_DIGEST
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <torch/version.h>
 
 #include "device/cuda_queue.h"
 #endif
 
 namespace detaudit::hooks {
 
+// Launches the open batches that read [begin, end): the program is freeing it (DeviceBatch).
+void launch_batches_holding_memory(uintptr_t begin, uintptr_t end);
+
 namespace {
 
 constexpr int kMaxDevices = 64;
 constexpr int kHostQueue = kMaxDevices;  // the registry's entry for the host queue (tests)
-// Batches in flight per device: about two ops' inputs and outputs each, so a few hundred ops
-// may run ahead of the digests before the op's thread waits.
-constexpr int kSlots = 256;
+// Launches in flight per device, each of many ops' tensors: thousands of ops may run ahead of
+// the digests before the op's thread waits.
+constexpr int kSlots = 64;
 
 // The pipeline's device part on the CPU, for tests of the recorder's path without a GPU
 // (DETAUDIT_DEVICE_QUEUE=host): each batch is digested when it is enqueued, as the kernel reads
@@ -80,9 +87,51 @@ std::atomic<int8_t> g_state[kMaxDevices + 1];  // 0 not tried, 1 ready, -1 unava
 std::atomic<pid_t> g_owner{0};                 // a forked child has no collector threads
 std::atomic<uint64_t> g_failed{0};
 
+// The open batches (DeviceBatch), what they hold, and why they were launched.
+std::mutex g_open_mu;
+std::vector<DeviceBatch*> g_open;
+std::atomic<uint64_t> g_held_tensors{0}, g_held_bytes{0}, g_peak_held_bytes{0};
+std::atomic<uint64_t> g_tensors_launched{0};
+std::atomic<uint64_t> g_launches[size_t(Launch::kCount)];
+std::atomic<uint64_t> g_cap_bytes{uint64_t(256) << 20};
+
+// A forked child's counters start at zero while its thread's batch still holds the parent's
+// tensors: never below zero.
+void take_away(std::atomic<uint64_t>* counter, uint64_t n) {
+  uint64_t now = counter->load(std::memory_order_relaxed);
+  while (!counter->compare_exchange_weak(now, now > n ? now - n : 0, std::memory_order_relaxed)) {
+  }
+}
+
+uint64_t filter_bit(const void* storage) {
+  return uint64_t(1) << ((reinterpret_cast<uintptr_t>(storage) >> 4) & 63);
+}
+
+#ifdef DETAUDIT_DEVICE_DIGEST
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+// Memory an open batch holds is freed only by the program resizing its storage (FSDP's
+// `untyped_storage().resize_(0)`), outside any op: the caching allocator tells, and the batches
+// holding it are launched before the memory can be handed out again. Called under the
+// allocator's lock: the batches never call the allocator under theirs.
+void watch_frees_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    c10::cuda::CUDACachingAllocator::attachAllocatorTraceTracker([](const auto& entry) {
+      using Entry = std::decay_t<decltype(entry)>;
+      if (entry.action_ != Entry::FREE_REQUESTED || !any_device_batch_open()) return;
+      launch_batches_holding_memory(entry.addr_, entry.addr_ + entry.size_);
+    });
+  });
+}
+#else
+void watch_frees_once() {}  // torch 2.0 has no trace tracker: a resized storage is not seen
+#endif
+#endif
+
 std::unique_ptr<device::DeviceQueue> make_queue(int index) {
   if (index == kHostQueue) return std::make_unique<HostQueue>();
 #ifdef DETAUDIT_DEVICE_DIGEST
+  watch_frees_once();
   c10::cuda::CUDAGuard on_device(static_cast<c10::DeviceIndex>(index));
   std::string error;
   std::unique_ptr<device::CudaQueue> q = device::CudaQueue::create(kSlots, &error);
@@ -159,8 +208,81 @@ std::string device_digest_status() {
     full += p.ring_full_waits();
   });
   if (batches == 0) return "";
-  return "device digests: " + std::to_string(batches) + " batches, " + std::to_string(full) +
-         " waits for a full ring, " + std::to_string(g_failed.load()) + " tensors failed";
+  std::string why;
+  for (size_t i = 0; i < size_t(Launch::kCount); ++i)
+    if (const uint64_t n = g_launches[i].load())
+      why += std::string(why.empty() ? "" : ", ") + launch_name(Launch(i)) + " " +
+             std::to_string(n);
+  return "device digests: " + std::to_string(batches) + " launches, " +
+         std::to_string(g_tensors_launched.load()) + " tensors, " + std::to_string(full) +
+         " waits for a full ring, " + std::to_string(g_failed.load()) +
+         " tensors failed, peak held " + std::to_string(g_peak_held_bytes.load()) +
+         " bytes; launched for: " + why;
+}
+
+const char* launch_name(Launch why) {
+  switch (why) {
+    case Launch::kFull: return "full";
+    case Launch::kBytes: return "bytes";
+    case Launch::kOp: return "op";
+    case Launch::kInPlace: return "in place";
+    case Launch::kEnclosing: return "enclosing kernel";
+    case Launch::kFreed: return "freed";
+    case Launch::kCollective: return "collective";
+    case Launch::kStream: return "stream";
+    case Launch::kCompiled: return "compiled";
+    case Launch::kStep: return "step";
+    case Launch::kCapture: return "capture";
+    case Launch::kThreadEnd: return "thread end";
+    case Launch::kExit: return "exit";
+    case Launch::kSignal: return "signal";
+    case Launch::kCount: break;
+  }
+  return "?";
+}
+
+void set_device_batch_cap(uint64_t bytes) { g_cap_bytes.store(bytes); }
+uint64_t device_batch_cap() { return g_cap_bytes.load(std::memory_order_relaxed); }
+
+bool any_device_batch_open() { return g_held_tensors.load(std::memory_order_relaxed) > 0; }
+
+void forget_open_batches_after_fork() {
+  new (&g_open_mu) std::mutex();  // another thread may have held it at fork time
+  g_open.clear();
+  g_held_tensors.store(0);
+  g_held_bytes.store(0);
+}
+
+DeviceBatch::DeviceBatch() {
+  std::lock_guard<std::mutex> lock(g_open_mu);
+  g_open.push_back(this);
+}
+
+DeviceBatch::~DeviceBatch() {
+  {
+    std::lock_guard<std::mutex> lock(g_open_mu);
+    g_open.erase(std::remove(g_open.begin(), g_open.end(), this), g_open.end());
+  }
+  launch(Launch::kThreadEnd);
+}
+
+void DeviceBatch::forget_after_fork() {
+  new (&mu_) std::mutex();
+  for (auto& d : digests_) d->complete(nullptr);
+  jobs_.clear();
+  held_.clear();
+  held_count_.store(0);
+  digests_.clear();
+  storages_.clear();
+  storage_filter_ = 0;
+  bytes_ = 0;
+  std::lock_guard<std::mutex> lock(g_open_mu);
+  if (std::find(g_open.begin(), g_open.end(), this) == g_open.end()) g_open.push_back(this);
+}
+
+bool DeviceBatch::holds_locked(const void* storage) const {
+  if (!(storage_filter_ & filter_bit(storage))) return false;
+  return std::find(storages_.begin(), storages_.end(), storage) != storages_.end();
 }
 
 std::shared_ptr<PendingDigest> DeviceBatch::add(const at::Tensor& tensor, bool with_stats) {
@@ -183,19 +305,47 @@ std::shared_ptr<PendingDigest> DeviceBatch::add(const at::Tensor& tensor, bool w
     stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
   }
 #endif
-  if (!jobs_.empty() &&
-      (device != device_ || stream != stream_ || jobs_.size() == size_t(device::kMaxBatch)))
-    submit();
+  const uint64_t bytes = uint64_t(t.nbytes());
+  std::vector<c10::Storage> released;  // let go after the lock (declared before it)
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!jobs_.empty() && (device != device_ || stream != stream_))
+    launch_locked(Launch::kStream, &released);
   device_ = device;
   stream_ = stream;
-  jobs_.push_back({t.data_ptr(), uint64_t(t.nbytes()), uint8_t(t.scalar_type())});
-  held_.push_back(std::move(t));
+  jobs_.push_back({t.data_ptr(), bytes, uint8_t(t.scalar_type())});
+  // The program's own storage: a later write to it must launch this batch first.
+  const void* storage = t.storage().unsafeGetStorageImpl();
+  if (storage == tensor.storage().unsafeGetStorageImpl()) {
+    storages_.push_back(storage);
+    storage_filter_ |= filter_bit(storage);
+  }
+  held_.push_back(t.storage());
+  held_count_.store(uint32_t(held_.size()), std::memory_order_relaxed);
+  ++adds_;
   digests_.push_back(std::make_shared<PendingDigest>(uint8_t(tensor.scalar_type()), with_stats));
-  return digests_.back();
+  std::shared_ptr<PendingDigest> digest = digests_.back();
+  bytes_ += bytes;
+  g_held_tensors.fetch_add(1, std::memory_order_relaxed);
+  const uint64_t held = g_held_bytes.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  uint64_t peak = g_peak_held_bytes.load(std::memory_order_relaxed);
+  while (held > peak && !g_peak_held_bytes.compare_exchange_weak(peak, held)) {
+  }
+  if (jobs_.size() == size_t(device::kMaxBatch))
+    launch_locked(Launch::kFull, &released);
+  else if (device_batch_cap() > 0 && bytes_ >= device_batch_cap())
+    launch_locked(Launch::kBytes, &released);
+  return digest;
 }
 
-void DeviceBatch::submit() {
-  if (jobs_.empty()) return;
+void DeviceBatch::launch(Launch why) {
+  if (empty()) return;
+  std::vector<c10::Storage> released;
+  std::lock_guard<std::mutex> lock(mu_);
+  launch_locked(why, &released);
+}
+
+bool DeviceBatch::launch_locked(Launch why, std::vector<c10::Storage>* released, long max_wait_ms) {
+  if (jobs_.empty()) return true;
   DevicePipeline* p = pipeline_of(device_);
   if (!p) {  // unavailable since (a fork): nothing was enqueued
     for (auto& d : digests_) d->complete(nullptr);
@@ -204,15 +354,101 @@ void DeviceBatch::submit() {
     std::optional<c10::cuda::CUDAGuard> on_device;
     if (device_ != kHostQueue) on_device.emplace(static_cast<c10::DeviceIndex>(device_));
 #endif
-    p->pipeline->submit(jobs_, stream_, [digests = digests_](const lanes::LaneResult* r, int n) {
+    auto done = [digests = digests_](const lanes::LaneResult* r, int n) {
       for (int i = 0; i < n; ++i) digests[size_t(i)]->complete(r ? &r[i] : nullptr);
       if (!r) g_failed.fetch_add(uint64_t(n), std::memory_order_relaxed);
-    });
+    };
+    if (max_wait_ms < 0)
+      p->pipeline->submit(jobs_, stream_, std::move(done));
+    else if (!p->pipeline->submit_within(jobs_, stream_, std::move(done), int(max_wait_ms)))
+      return false;
   }
+  g_launches[size_t(why)].fetch_add(1, std::memory_order_relaxed);
+  g_tensors_launched.fetch_add(jobs_.size(), std::memory_order_relaxed);
   // Enqueued: the stream's order now keeps the memory until the digest has read it.
+  take_away(&g_held_tensors, jobs_.size());
+  take_away(&g_held_bytes, bytes_);
   jobs_.clear();
+  if (released->empty())
+    released->swap(held_);
+  else
+    std::move(held_.begin(), held_.end(), std::back_inserter(*released));
   held_.clear();
+  held_count_.store(0, std::memory_order_relaxed);
   digests_.clear();
+  storages_.clear();
+  storage_filter_ = 0;
+  bytes_ = 0;
+  return true;
+}
+
+void launch_batches_holding(const at::Tensor& written) {
+  if (!any_device_batch_open() || !written.defined() || !written.has_storage()) return;
+  const void* storage = written.storage().unsafeGetStorageImpl();
+  void* writer_stream = nullptr;
+#ifdef DETAUDIT_DEVICE_DIGEST
+  if (written.is_cuda())
+    writer_stream = c10::cuda::getCurrentCUDAStream(written.device().index()).stream();
+#endif
+  std::vector<c10::Storage> released;
+  std::lock_guard<std::mutex> open(g_open_mu);
+  for (DeviceBatch* b : g_open) {
+    std::lock_guard<std::mutex> lock(b->mu_);
+    if (!b->holds_locked(storage)) continue;
+    const int device = b->device_;
+    void* stream = b->stream_;
+    b->launch_locked(Launch::kInPlace, &released);
+    // The digest is enqueued on the batch's stream: a write on another stream waits for it.
+    if (stream != writer_stream && device != kHostQueue)
+      if (DevicePipeline* p = pipeline_of(device)) p->queue->make_wait(writer_stream, stream);
+  }
+}
+
+void launch_batches_holding_memory(uintptr_t begin, uintptr_t end) {
+  std::vector<c10::Storage> released;
+  std::lock_guard<std::mutex> open(g_open_mu);
+  for (DeviceBatch* b : g_open) {
+    std::lock_guard<std::mutex> lock(b->mu_);
+    for (const device::DigestJob& job : b->jobs_) {
+      const auto data = reinterpret_cast<uintptr_t>(job.data);
+      if (data < end && begin < data + job.bytes) {
+        b->launch_locked(Launch::kFreed, &released);
+        break;
+      }
+    }
+  }
+}
+
+void launch_open_batches(Launch why, long max_wait_ms) {
+  if (!any_device_batch_open()) return;
+  std::vector<c10::Storage> released;
+  if (max_wait_ms < 0) {
+    std::lock_guard<std::mutex> open(g_open_mu);
+    for (DeviceBatch* b : g_open) {
+      std::lock_guard<std::mutex> lock(b->mu_);
+      b->launch_locked(why, &released);
+    }
+    return;
+  }
+  // From a signal's save: the interrupted thread may hold a lock; wait a while, then leave it.
+  std::unique_lock<std::mutex> open(g_open_mu, std::defer_lock);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(max_wait_ms);
+  auto try_until_deadline = [&](std::mutex& mu) {
+    while (!mu.try_lock()) {
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return true;
+  };
+  if (!try_until_deadline(g_open_mu)) return;
+  std::lock_guard<std::mutex> held_open(g_open_mu, std::adopt_lock);
+  for (DeviceBatch* b : g_open) {
+    if (!try_until_deadline(b->mu_)) continue;
+    std::lock_guard<std::mutex> lock(b->mu_, std::adopt_lock);
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    b->launch_locked(why, &released, std::max<long>(0, long(left.count())));
+  }
 }
 
 }  // namespace detaudit::hooks

@@ -5,7 +5,10 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -18,31 +21,98 @@ namespace detaudit::hooks {
 // where the kernels are built; with DETAUDIT_DEVICE_QUEUE=host, for tests without a GPU, a CPU
 // tensor through a queue on the host that completes late.
 bool digests_on_device(const at::Tensor& t);
-// Waits for every digest enqueued so far (at exit, at a thread's end).
+// Waits for every digest enqueued so far (at exit, at a thread's end, for a capture).
 void drain_device_digests();
-// The same from a stop signal's handler: at most `ms` milliseconds, never blocking on a lock.
+// The same from a stop signal's save: at most `ms` milliseconds, never blocking on a lock.
 void drain_device_digests_for(int ms);
-// A line for the .status file ("" when no device digest ran): batches, ring-full waits, failures.
+// A line for the .status file ("" when no device digest ran): launches, tensors, ring-full
+// waits, failures, the peak bytes held by open batches, and why batches were launched.
 std::string device_digest_status();
 
-// One thread's tensors for its next launch: an op's inputs, or its outputs.
+// Why an open batch was launched: the .status counts each ("device digests: ...").
+enum class Launch : uint8_t {
+  kFull,        // as many tensors as one launch takes
+  kBytes,       // the bytes it holds reached record.device_batch_mib
+  kOp,          // record.device_batch_mib is 0: a batch per op's inputs and per op's outputs
+  kInPlace,     // an op is about to write a storage it holds (in place, out=, through a view)
+  kEnclosing,   // a nested op ended inside an op whose own kernel may write what it returned
+  kFreed,       // the program freed memory it holds (a storage resized), outside any op
+  kCollective,  // a collective may read or write on another stream, or another process
+  kStream,      // the thread moved to another device or stream
+  kCompiled,    // a compiled region's kernels, which no callback sees
+  kStep,        // a step boundary
+  kCapture,     // an op captured for replay
+  kThreadEnd,
+  kExit,
+  kSignal,
+  kCount
+};
+const char* launch_name(Launch why);
+
+// One thread's open batch: the tensor versions its ops produced and read, digested in one launch
+// for many ops. It holds what it reads, so that the caching allocator cannot give that memory to
+// a later op; before anything could change those bytes it is launched (Launch), on the stream of
+// the ops it holds. Another thread may launch it (an op there writes what it holds, a step
+// boundary), so it has a lock; the op's own thread takes it uncontended.
 class DeviceBatch {
  public:
-  // t's digest, computed on its device on the current stream by the next submit(). A
-  // non-contiguous t is made contiguous on that stream now; the batch keeps what it reads alive
-  // until it is enqueued, so that no later op can reuse the memory first.
+  DeviceBatch();   // one of the process's open batches
+  ~DeviceBatch();  // launched (kThreadEnd), and no longer open
+  DeviceBatch(const DeviceBatch&) = delete;
+  DeviceBatch& operator=(const DeviceBatch&) = delete;
+
+  // t's digest, computed on its device on the current stream when the batch is launched. A
+  // non-contiguous t is made contiguous on that stream now.
   std::shared_ptr<PendingDigest> add(const at::Tensor& t, bool with_stats);
-  // Enqueues the batch behind what its stream holds: after an op's inputs are captured (before
-  // the op runs) and after its outputs. Never waits for the device.
-  void submit();
-  bool empty() const { return jobs_.empty(); }
+  // Enqueues the batch behind what its stream holds. Never waits for the device.
+  void launch(Launch why);
+  // Holds nothing (read without the lock: the owner's test before a launch).
+  bool empty() const { return held_count_.load(std::memory_order_relaxed) == 0; }
+  // Tensors added since the thread began, launched or not (the owner's thread reads it).
+  uint64_t adds() const { return adds_; }
+  // A forked child's: the parent's tensors, whose digests the child never computes.
+  void forget_after_fork();
 
  private:
+  // From a signal's save (max_wait_ms >= 0): false, with the batch as it was, when the pipeline
+  // stayed busy that long.
+  // What it held goes to *released, to be let go once the lock is: freeing a CUDA tensor's memory
+  // takes the caching allocator's lock, under which its trace callback takes ours.
+  bool launch_locked(Launch why, std::vector<c10::Storage>* released, long max_wait_ms = -1);
+  bool holds_locked(const void* storage) const;
+  friend void launch_batches_holding(const at::Tensor& written);
+  friend void launch_open_batches(Launch why, long max_wait_ms);
+  friend void launch_batches_holding_memory(uintptr_t begin, uintptr_t end);
+
+  std::mutex mu_;
   int device_ = -1;
   void* stream_ = nullptr;
+  uint64_t bytes_ = 0;
   std::vector<device::DigestJob> jobs_;
-  std::vector<at::Tensor> held_;
+  // Storages, not tensors: a tensor's reference count is the program's to read (AccumulateGrad
+  // steals a gradient no one else refers to, and copies one that someone does).
+  std::vector<c10::Storage> held_;
+  std::atomic<uint32_t> held_count_{0};
+  uint64_t adds_ = 0;
   std::vector<std::shared_ptr<PendingDigest>> digests_;
+  // The program's storages among held_ (a copy made here is no one else's), and a 64-bit filter
+  // of them: most writes are to storages no batch holds, and are told so in one test.
+  std::vector<const void*> storages_;
+  uint64_t storage_filter_ = 0;
 };
+
+// Whether any batch holds anything: the checks below cost nothing while none does.
+bool any_device_batch_open();
+// Before an op writes `written`: launches every open batch that holds its storage, and, where
+// such a batch is on another stream than the writer's, makes the writer's stream wait for it.
+void launch_batches_holding(const at::Tensor& written);
+// Launches every open batch. max_wait_ms >= 0 (a signal's save): a batch whose lock is held that
+// long is left as it is.
+void launch_open_batches(Launch why, long max_wait_ms = -1);
+// record.device_batch_mib, in bytes: 0 launches a batch per op's inputs and per op's outputs.
+void set_device_batch_cap(uint64_t bytes);
+uint64_t device_batch_cap();
+// A forked child's registry of open batches starts empty (the parent's threads are not here).
+void forget_open_batches_after_fork();
 
 }  // namespace detaudit::hooks

@@ -390,8 +390,15 @@ Status parse_config(const json& j, Config* out) {
   }
   if (j.contains("record")) {
     const json& r = j["record"];
-    if (Status s = check_object(r, "record", {"stats", "inputs", "rehash_inputs"}); !s.ok())
+    if (Status s = check_object(r, "record",
+                                {"stats", "inputs", "rehash_inputs", "device_batch_mib"});
+        !s.ok())
       return s;
+    if (r.contains("device_batch_mib"))
+      if (Status s = get_int(r["device_batch_mib"], "record.device_batch_mib", 0, 1 << 20,
+                             &c.device_batch_mib);
+          !s.ok())
+        return s;
     if (r.contains("stats"))
       if (Status s = get_bool(r["stats"], "record.stats", &c.stats); !s.ok()) return s;
     if (r.contains("rehash_inputs"))
@@ -474,7 +481,10 @@ json config_to_json(const Config& c) {
                  {"phases", c.select.phases.empty() ? json("all") : phases},
                  {"ranks", c.select.ranks.to_json()}};
   j["digest"] = std::string(trace::digest_name(c.digest));
-  j["record"] = {{"stats", c.stats}, {"inputs", c.inputs}, {"rehash_inputs", c.rehash_inputs}};
+  j["record"] = {{"stats", c.stats},
+                 {"inputs", c.inputs},
+                 {"rehash_inputs", c.rehash_inputs},
+                 {"device_batch_mib", c.device_batch_mib}};
   json det;
   det["seed"] = c.determinism.seed ? json(*c.determinism.seed) : json(nullptr);
   det["algorithms"] = c.determinism.algorithms.empty() ? json(nullptr)

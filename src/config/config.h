@@ -71,6 +71,8 @@ struct Config {
   bool stats = true;
   bool inputs = true;
   bool rehash_inputs = false;  // trust no cached input across top-level ops
+  // The bytes (MiB) a thread's open batch of device digests may hold; 0: a batch per op.
+  int64_t device_batch_mib = 256;
   DeterminismConfig determinism;
   GateConfig gate;
   std::string format = "text";  // report format when runs >= 2

@@ -129,6 +129,11 @@ Status apply_run_flags(const RunFlags& f, Config* c) {
   if (f.no_stats) c->stats = false;
   if (f.allow_truncated) c->gate.allow_truncated = true;
   if (f.rehash_inputs) c->rehash_inputs = true;
+  if (f.device_batch_mib)
+    if (Status s = patch("--device-batch-mib",
+                         {{"record", {{"device_batch_mib", *f.device_batch_mib}}}}, c);
+        !s.ok())
+      return s;
   if (f.no_mkl_vml_warm_up) c->determinism.mkl_vml_warm_up = false;
   if (f.no_inputs) c->inputs = false;
   if (f.seed) c->determinism.seed = *f.seed;

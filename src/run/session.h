@@ -29,6 +29,7 @@ struct RunFlags {
   std::optional<uint64_t> seed;
   std::optional<std::string> deterministic;  // on|warn|off
   std::optional<int> threads;
+  std::optional<int> device_batch_mib;
   std::optional<std::string> format, output, fail_on;
   std::optional<double> rtol, atol;
   std::vector<std::string> env;  // K=V

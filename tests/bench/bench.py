@@ -32,6 +32,11 @@ MODES = [
     ("sha256", {"digest": "sha256", "record": {"stats": False}}),
     ("xxh3 + stats", {"digest": "xxh3"}),
     ("xxh3", {"digest": "xxh3", "record": {"stats": False}}),
+    # The device digest's pipeline driven on the CPU (DETAUDIT_DEVICE_QUEUE=host): one launch for
+    # many ops' tensors, and the per-op batches before it; "_env" goes to the environment.
+    ("device, host queue", {"digest": "device", "_env": {"DETAUDIT_DEVICE_QUEUE": "host"}}),
+    ("device, host queue, a batch per op", {"digest": "device", "record": {"device_batch_mib": 0},
+                                            "_env": {"DETAUDIT_DEVICE_QUEUE": "host"}}),
     # libtorch's own cost of a callback that needs every op's inputs and outputs: no recorder
     # on RecordFunction goes below it (callback_floor.cpp).
     ("floor: empty callback (inputs + outputs)", "floor"),
@@ -158,8 +163,10 @@ def mode_env(args, mode_config, run_dir, name=""):
         return env
     os.makedirs(run_dir, exist_ok=True)
     config_path = os.path.join(run_dir, "config.json")
+    config = dict(mode_config)
+    env.update(config.pop("_env", {}))
     with open(config_path, "w") as f:
-        json.dump(mode_config, f)
+        json.dump(config, f)
     hooks = args.baseline_hooks if name.endswith(BASELINE) else args.hooks
     # As `detaudit run` starts a program: the preload shim above torch/<version>/ loads the
     # interposer (docs/how-it-works.md, "Launch"); a library placed by hand is preloaded itself.
@@ -173,6 +180,21 @@ def mode_env(args, mode_config, run_dir, name=""):
     env["DETAUDIT_RUN_DIR"] = run_dir
     env["DETAUDIT_CONFIG"] = config_path
     return env
+
+
+def device_launches(run_dir):
+    """Launches and tensors of the device digest's batches, over every process's .status."""
+    launches = tensors = 0
+    streams = os.path.join(run_dir, "streams")
+    for name in os.listdir(streams) if os.path.isdir(streams) else []:
+        if name.endswith(".status"):
+            with open(os.path.join(streams, name)) as f:
+                for line in f:
+                    m = re.match(r"device digests: (\d+) launches, (\d+) tensors", line)
+                    if m:
+                        launches += int(m.group(1))
+                        tensors += int(m.group(2))
+    return {"launches": launches, "tensors_launched": tensors}
 
 
 def trace_stats(args, run_dir):
@@ -198,6 +220,8 @@ def bench_workload(args, lang, workload, raw, tmp):
                 info = {"rss_mb": peak_rss_mb(cmd, mode_env(args, cfg, run_dir + "-rss", name))}
                 if isinstance(cfg, dict) and not name.startswith("loaded, recording off"):
                     info.update(trace_stats(args, run_dir))
+                if isinstance(cfg, dict) and "_env" in cfg:
+                    info.update(device_launches(run_dir))
                 if cfg == "md5":
                     info["bytes_hashed_per_step"] = result["peer_bytes_per_step"]
                 if result.get("peer_calls_per_step"):
@@ -219,14 +243,17 @@ def bench_workload(args, lang, workload, raw, tmp):
         if "bytes_hashed" in info:
             per_step = info["bytes_hashed"] / total_steps
             algo = cfg.get("digest", "md5")
-            floor_ms = per_step / (raw[algo] * 1e6) * 1e3
+            floor_ms = per_step / (raw[algo] * 1e6) * 1e3 if algo in raw else 0
             row["mb_hashed_per_step"] = per_step / 1e6
             row["overhead_vs_floor"] = (ms - plain) / floor_ms if floor_ms > 0 else None
             row["achieved_mbps"] = per_step / 1e6 / ((ms - plain) / 1e3) if ms > plain else None
-            row["raw_mbps"] = raw[algo]
+            row["raw_mbps"] = raw.get(algo)
             row["bytes_per_tensor_record"] = info["trace_bytes"] / max(1, info["tensor_records"])
             row["ns_per_op"] = (ms - plain) * 1e6 / (info["ops"] / total_steps) if info["ops"] else None
             row["ops_per_step"] = info["ops"] / total_steps
+        if info.get("launches") and info.get("ops"):
+            row["launches_per_op"] = info["launches"] / info["ops"]
+            row["tensors_per_launch"] = info["tensors_launched"] / info["launches"]
         if "bytes_hashed_per_step" in info:
             row["mb_hashed_per_step"] = info["bytes_hashed_per_step"] / 1e6
         if "calls_per_step" in info:
@@ -235,7 +262,7 @@ def bench_workload(args, lang, workload, raw, tmp):
     return rows
 
 
-INSTRUCTION_MODES = ["plain", "loaded, recording off", "md5 + stats", "xxh3 + stats"]
+INSTRUCTION_MODES = "plain,loaded, recording off,md5 + stats,xxh3 + stats"
 
 
 def callgrind_instructions(args, workload, name, mode_config, run_dir, steps):
@@ -265,7 +292,8 @@ def bench_instructions(args, tmp):
     steps = 3
     configs = dict(MODES)
     configs.update({name + BASELINE: cfg for name, cfg in MODES})
-    names = [name for name, _ in with_baselines(args, [(n, configs[n]) for n in INSTRUCTION_MODES])]
+    wanted = ["plain"] + [n for n in re.split(r",(?! )", args.instruction_modes) if n and n != "plain"]
+    names = [name for name, _ in with_baselines(args, [(n, configs[n]) for n in wanted])]
     jobs = []
     for workload in [w for w in args.only.split(",") if w in ("lstm", "embed")]:
         for name in names:
@@ -345,6 +373,8 @@ def main():
     p.add_argument("--no-diff", action="store_true")
     p.add_argument("--diff-ops", type=int, default=10_000_000)
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--instruction-modes", default=INSTRUCTION_MODES,
+                   help="the modes --instructions counts, comma-separated (plain always)")
     p.add_argument("--instructions", action="store_true",
                    help="also count instructions per step under callgrind (C++ lstm and embed)")
     args = p.parse_args()
@@ -390,12 +420,20 @@ def main():
     print("\n| workload | mode | ms/step | x plain | CPU ms/step | CPU x plain | MB hashed/step | overhead / floor | achieved MB/s (raw) | B/tensor record | ns/op | peak RSS MB |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        achieved = "-" if r.get("achieved_mbps") is None else f"{r['achieved_mbps']:.0f} ({r['raw_mbps']:.0f})"
+        achieved = ("-" if r.get("achieved_mbps") is None or r.get("raw_mbps") is None
+                    else f"{r['achieved_mbps']:.0f} ({r['raw_mbps']:.0f})")
         print(f"| {r['workload']} | {r['mode']} | {r['ms']:.1f} | {r['ratio']:.2f} | "
               f"{r['cpu_ms']:.1f} | {r['cpu_ratio']:.2f} | "
               f"{fmt(r.get('mb_hashed_per_step'), '.1f')} | {fmt(r.get('overhead_vs_floor'), '.2f')} | "
               f"{achieved} | {fmt(r.get('bytes_per_tensor_record'), '.1f')} | {fmt(r.get('ns_per_op'), '.0f')} | "
               f"{fmt(r.get('rss_mb'), '.0f')} |")
+    launched = [r for r in rows if r.get("launches_per_op") is not None]
+    if launched:
+        print("\n| workload | mode | recorded ops/step | launches per recorded op | tensors per launch |")
+        print("|---|---|---:|---:|---:|")
+        for r in launched:
+            print(f"| {r['workload']} | {r['mode']} | {r['ops_per_step']:.0f} | "
+                  f"{r['launches_per_op']:.3f} | {r['tensors_per_launch']:.1f} |")
     if diffs:
         print("\n| diff: ops per run | seconds | records/s | MB/s | peak RSS MB | exit |")
         print("|---:|---:|---:|---:|---:|---:|")

@@ -23,6 +23,7 @@ from detaudit_testlib import (PYTHON, example, export_records, in_parallel, make
 HELD = {"DETAUDIT_DEVICE_QUEUE": "host"}
 SERIAL_MD5 = {"DETAUDIT_MD5_BATCH": "off"}
 SGD = [PYTHON, example("train_sgd.py"), "--steps", "3"]
+HAZARDS = [PYTHON, program("batch_hazards.py"), "--steps", "3"]
 
 
 def cpu_has_md5_lanes():
@@ -58,6 +59,21 @@ def record_all(tmp, jobs):
 def status(run_dir, process="r0.main"):
     with open(os.path.join(run_dir, "streams", process + ".status")) as f:
         return f.read()
+
+
+def device_digests(run_dir):
+    """The .status line "device digests: N launches, T tensors, ..., peak held B bytes; launched
+    for: in place 3, step 2": {"launches", "tensors", "failed", "peak", "why": {reason: n}}."""
+    line = next(l for l in status(run_dir).splitlines() if l.startswith("device digests:"))
+    m = re.match(r"device digests: (\d+) launches, (\d+) tensors, \d+ waits for a full ring, "
+                 r"(\d+) tensors failed, peak held (\d+) bytes; launched for: (.*)$", line)
+    assert m, line
+    why = {}
+    for part in m.group(5).split(", "):
+        reason, n = part.rsplit(" ", 1)
+        why[reason] = int(n)
+    return {"launches": int(m.group(1)), "tensors": int(m.group(2)), "failed": int(m.group(3)),
+            "peak": int(m.group(4)), "why": why, "line": line}
 
 
 class HeldRecordsCase(unittest.TestCase):
@@ -114,16 +130,18 @@ class HeldRecords(HeldRecordsCase):
         "held": (["--digest", "device"], SGD, HELD),
         "workers": (["--runs", "2", "--digest", "device"],
                     [PYTHON, example("dataloader_workers.py"), "--steps", "3"], HELD),
+        "threads": (["--runs", "2", "--digest", "device"], [PYTHON, program("python_threads.py")],
+                    HELD),
     }
 
     def test_held_records_are_the_direct_paths_bytes(self):
         b = self.same_trace("direct", "held")
         held = self.runs["held"][1]
-        # The held path really ran: batches through the ring, none failed.
-        line = next(l for l in status(held).splitlines() if l.startswith("device digests:"))
-        batches = int(line.split()[2])
-        self.assertGreater(batches, len(ops(b)) // 4, line)
-        self.assertIn(" 0 tensors failed", line)
+        # The held path really ran: many ops' tensors a launch, through the ring, none failed.
+        d = device_digests(held)
+        self.assertGreater(d["tensors"], len(ops(b)) // 2, d["line"])
+        self.assertLess(d["launches"], len(ops(b)) // 4, d["line"])
+        self.assertEqual(d["failed"], 0, d["line"])
         self.assertNotIn("device digests:", status(self.runs["direct"][1]))
 
     def test_dataloader_workers_with_held_records_are_identical_twice(self):
@@ -137,6 +155,49 @@ class HeldRecords(HeldRecordsCase):
 
     def test_sigterm_with_digests_pending_saves_whole_records_in_order(self):
         self.sigterm_saves_whole_records(["--digest", "device"], HELD, "device digests:", 16)
+
+    def test_threads_with_batches_open_are_identical_twice(self):
+        r, run0 = self.runs["threads"]
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("IDENTICAL", r.stdout)
+        self.assertEqual(device_digests(run0)["failed"], 0)
+
+
+class BatchesAcrossOps(HeldRecordsCase):
+    """One launch for many ops' tensors (record.device_batch_mib): each digest is still of the
+    bytes its op produced, whatever wrote them next (batch_hazards.py)."""
+    JOBS = {
+        "direct": (["--digest", "device"], HAZARDS, None),
+        "held": (["--digest", "device"], HAZARDS, HELD),
+        "per-op": (["--digest", "device", "--device-batch-mib", "0"], HAZARDS, HELD),
+        "direct-big": (["--digest", "device"], HAZARDS + ["--big-mb", "1"], None),
+        "capped": (["--digest", "device", "--device-batch-mib", "2"], HAZARDS + ["--big-mb", "1"],
+                   HELD),
+    }
+
+    def test_every_digest_is_of_the_bytes_its_op_produced(self):
+        b = self.same_trace("direct", "held")
+        d = device_digests(self.runs["held"][1])
+        # Launched before each write of what a batch held: in place, through a view, out=, the
+        # collective, the enclosing kernel; and at each step's end.
+        for reason in ("in place", "collective", "enclosing kernel", "step"):
+            self.assertGreater(d["why"].get(reason, 0), 0, d["line"])
+        self.assertEqual(d["why"].get("op", 0), 0, d["line"])
+        self.assertLess(d["launches"], len(ops(b)) // 2, d["line"])
+
+    def test_a_batch_per_op_records_the_same(self):
+        self.same_trace("direct", "per-op")
+        per_op, held = device_digests(self.runs["per-op"][1]), device_digests(self.runs["held"][1])
+        self.assertGreater(per_op["why"].get("op", 0), 0, per_op["line"])
+        self.assertGreater(per_op["launches"], 2 * held["launches"], (per_op["line"], held["line"]))
+
+    def test_a_program_holding_more_than_the_cap_is_launched_at_the_cap(self):
+        self.same_trace("direct-big", "capped")
+        d = device_digests(self.runs["capped"][1])
+        self.assertGreater(d["why"].get("bytes", 0), 0, d["line"])
+        # At most the cap and the tensor that reached it.
+        self.assertLessEqual(d["peak"], (2 << 20) + (1 << 20), d["line"])
+        self.assertGreaterEqual(d["peak"], 2 << 20, d["line"])
 
 
 @unittest.skipUnless(cpu_has_md5_lanes(), "no AVX2 or AVX-512F: MD5 is never batched on this CPU")

@@ -191,6 +191,10 @@ TEST(ConfigTest, Record) {
   parse_error(R"({"record": {"inputs": 0}})", "record.inputs");
   parse_error(R"({"record": {"outputs": true}})", "record.outputs");
   parse_error(R"({"record": true})", "record");
+  EXPECT_EQ(parse_ok("{}").device_batch_mib, 256);
+  EXPECT_EQ(parse_ok(R"({"record": {"device_batch_mib": 0}})").device_batch_mib, 0);
+  parse_error(R"({"record": {"device_batch_mib": -1}})", "record.device_batch_mib");
+  parse_error(R"({"record": {"device_batch_mib": "64"}})", "record.device_batch_mib");
 }
 
 TEST(ConfigTest, Determinism) {

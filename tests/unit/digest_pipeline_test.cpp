@@ -288,6 +288,40 @@ TEST(DigestPipelineTest, ASignalHandlersDrainNeverBlocks) {
   p.check("drain_for");
 }
 
+// A signal's save launches the open batches without ever blocking: on a full ring it gives up,
+// nothing enqueued and its completion not called; once a slot frees, it goes.
+TEST(DigestPipelineTest, ASignalsSubmitGivesUpOnAFullRingAndLosesNothing) {
+  FakeQueue queue(2);
+  device::DigestPipeline pipeline(&queue);
+  Program p;
+  p.header();
+  std::mt19937 rng(7);
+  for (int i = 0; i < 2; ++i) p.op(&pipeline, 100, true, &rng);  // both slots busy
+  std::vector<uint8_t> bytes(64, 7);
+  const std::vector<DigestJob> jobs = {{bytes.data(), bytes.size(), 0}};
+  int called = 0;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(pipeline.submit_within(
+      jobs, nullptr, [&](const LaneResult*, int) { ++called; }, 20));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  EXPECT_EQ(pipeline.batches(), 2u);
+  ASSERT_TRUE(queue.complete_one(nullptr));
+  EXPECT_TRUE(pipeline.submit_within(
+      jobs, nullptr,
+      [&](const LaneResult* r, int n) {
+        EXPECT_NE(r, nullptr);
+        EXPECT_EQ(n, 1);
+        ++called;
+      },
+      2000));
+  while (queue.complete_one(nullptr)) {
+  }
+  pipeline.drain();
+  EXPECT_EQ(called, 1);
+  EXPECT_EQ(p.held.release(&p.stream), 2u);
+  p.check("submit_within");
+}
+
 // A batch the device could not digest still releases its records, whole and in order, with the
 // tensor described by its geometry as not read: nothing uncomputed is compared.
 TEST(DigestPipelineTest, AFailedBatchLeavesRecordsWholeAndMarksItsTensorsNotRead) {

@@ -1,0 +1,60 @@
+"""Writes, in every way an op can, bytes that an open device batch is still to digest: the very
+next op in place, through a view, through `out=`, a collective in place, a nested op's output
+that its enclosing kernel writes after (sum's fill_), and an autograd step whose optimizer writes
+every parameter. Run with DETAUDIT_DEVICE_QUEUE=host, the batch holds CPU tensors across ops;
+each recorded digest must be that of the bytes the op produced, as the direct path records them.
+
+    python batch_hazards.py [--steps 3] [--big-mb 0]
+
+--big-mb N: each step also makes tensors of N MiB, so that a run holds more than a small
+record.device_batch_mib.
+"""
+import argparse
+import os
+import tempfile
+
+import torch
+import torch.distributed as dist
+
+
+def step(k, big_mb):
+    x = torch.arange(4096, dtype=torch.float32) * (k + 1)
+    y = x * 2
+    y.add_(1)                    # the very next op writes what the last one returned
+    v = y[100:200]
+    v.mul_(3)                    # through a view: another tensor, the same storage
+    z = torch.empty(4096)
+    torch.add(x, y, out=z)       # out= on a fresh buffer
+    torch.mul(x, 0.5, out=z)     # out= on one the batch holds
+    dist.all_reduce(z)           # a collective, in place
+    s = z.sum() + y.sum()        # sum fills its output with a nested fill_, then adds into it
+    if big_mb:
+        n = big_mb * (1 << 20) // 4
+        # New tensors only, none written again: the batch grows until its cap launches it.
+        big = [torch.full((n,), float(i + k)) * 2 for i in range(4)]
+        s = s + sum(float(b[0]) for b in big)
+    return s
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--big-mb", type=int, default=0)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    store = os.path.join(tempfile.mkdtemp(), "store")
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    data = torch.randn(8, 16)
+    for k in range(args.steps):
+        opt.zero_grad()
+        loss = net(data).pow(2).mean() + step(k, args.big_mb) * 1e-9
+        loss.backward()
+        opt.step()               # writes every parameter in place
+        print(f"step {k} loss {loss.item():.6f}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
