@@ -1,4 +1,6 @@
-"""Step time of a small CUDA CNN or transformer, for plain-vs-recorded figures. Prints one line
+"""Step time of a CUDA model, for plain-vs-recorded figures: a small CNN and transformer, and two
+of real size, a ResNet-50 (torchvision, batch 64, 224x224, channels_last) and a GPT-2-small-shaped
+transformer (12 layers of 768, 12 heads, sequence 1024, batch 8), both under bf16 autocast. Prints one line
 `BENCH {json}`: median and mean step milliseconds over the timed steps (each step ends with a
 synchronize, so a step's time includes everything the recorder made the GPU do), and, with
 --count-bytes, the bytes the ops of one step wrote (what a recorder must digest), counted in an
@@ -47,6 +49,55 @@ def transformer():
     return Net(), x, y, loss
 
 
+def resnet50():
+    import torchvision
+    model = torchvision.models.resnet50(num_classes=1000).to(memory_format=torch.channels_last)
+    x = torch.randn(64, 3, 224, 224).to(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (64,))
+    return model, x, y, nn.functional.cross_entropy
+
+
+def gpt2_small():
+    vocab, width, layers, heads, seq = 50257, 768, 12, 12, 1024
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+            self.attn = nn.MultiheadAttention(width, heads, batch_first=True)
+            self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(),
+                                     nn.Linear(4 * width, width))
+            self.register_buffer("mask", torch.triu(torch.ones(seq, seq, dtype=torch.bool), 1))
+
+        def forward(self, x):
+            h = self.ln1(x)
+            mask = self.mask[:x.shape[1], :x.shape[1]]
+            x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+            return x + self.mlp(self.ln2(x))
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok, self.pos = nn.Embedding(vocab, width), nn.Embedding(seq, width)
+            self.blocks = nn.Sequential(*[Block() for _ in range(layers)])
+            self.ln = nn.LayerNorm(width)
+            self.head = nn.Linear(width, vocab, bias=False)
+
+        def forward(self, tokens):
+            pos = torch.arange(tokens.shape[1], device=tokens.device)
+            return self.head(self.ln(self.blocks(self.tok(tokens) + self.pos(pos))))
+    x = torch.randint(0, vocab, (8, seq))
+    y = torch.randint(0, vocab, (8, seq))
+
+    def loss(out, target):
+        return nn.functional.cross_entropy(out.reshape(-1, vocab).float(), target.reshape(-1))
+    return Net(), x, y, loss
+
+
+MODELS = {"cnn": cnn, "transformer": transformer, "resnet50": resnet50, "gpt2": gpt2_small}
+AUTOCAST = {"resnet50", "gpt2"}  # bf16, as such models train
+
+
 class CountBytes(TorchDispatchMode):
     def __init__(self):
         super().__init__()
@@ -76,7 +127,7 @@ def copy_bandwidth_gbs():
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", choices=("cnn", "transformer"), required=True)
+    ap.add_argument("--model", choices=sorted(MODELS), required=True)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--count-bytes", action="store_true")
@@ -86,13 +137,14 @@ def main():
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read at cuBLAS's first use
         torch.use_deterministic_algorithms(True)
     torch.manual_seed(0)
-    model, x, y, loss_fn = {"cnn": cnn, "transformer": transformer}[args.model]()
+    model, x, y, loss_fn = MODELS[args.model]()
     model, x, y = model.cuda(), x.cuda(), y.cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
     def step():
         opt.zero_grad()
-        loss = loss_fn(model(x), y)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.model in AUTOCAST):
+            loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
         torch.cuda.synchronize()
