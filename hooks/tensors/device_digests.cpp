@@ -287,7 +287,8 @@ bool DeviceBatch::holds_locked(const void* storage) const {
 
 std::shared_ptr<PendingDigest> DeviceBatch::add(const at::Tensor& tensor, bool with_stats) {
   at::Tensor t = tensor;
-  {
+  // The guards cost more than the add itself: set only when a copy is made.
+  if (t.is_conj() || t.is_neg() || !t.is_contiguous()) {
     // Our copies, not the program's ops: no callback should see them, and no autograd node
     // (it would take a sequence number from the program's). On the tensor's device's current
     // stream, behind the op, like the digest that reads them.

@@ -451,8 +451,12 @@ def main():
             print("\nInstructions per recorded op, by stage (tests/bench/callgrind_stages.py):\n")
             print("| stage | " + " | ".join(f"{r['workload']} {r['mode']}" for r in staged) + " |")
             print("|---|" + "---:|" * len(staged))
-            for stage in staged[0]["stages_per_op"]:
-                print(f"| {stage} | " + " | ".join(f"{r['stages_per_op'][stage]:,.0f}" for r in staged) + " |")
+            names = []
+            for r in staged:
+                names += [n for n in r["stages_per_op"] if n not in names]
+            for stage in names:
+                print(f"| {stage} | " + " | ".join(fmt(r["stages_per_op"].get(stage), ",.0f")
+                                                  for r in staged) + " |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"raw": raw, "rows": rows, "diff": diffs, "instructions": instructions}, f, indent=1)

@@ -96,9 +96,20 @@ def stages(rec, plain_total):
     encode = rec.inclusive(R + r"write_record\(") - outputs - hash_out - handover
     describe = (rec.edge(R + r"on_start\(", R + r"(op_info|rng_state)\(") +
                 rec.edge(R + r"begin_op\(", R + r"rng_state\("))
-    callback = entry - capture - hash_in - outputs - hash_out - encode - handover - describe
+    # The device digest through the host queue (DETAUDIT_DEVICE_QUEUE=host) digests a batch when
+    # it is launched, on the op's thread: what a GPU does on its stream. Launches come from the
+    # op callback's guards (in place, enclosing kernel, ...): counted apart, out of that stage.
+    device = rec.inclusive(r"HostQueue::enqueue\(")
+    batches = rec.inclusive(r"detaudit::hooks::(DeviceBatch::(launch|launch_locked)|"
+                            r"launch_batches_holding|launch_open_batches)\(") - device
+    callback = (entry - capture - hash_in - outputs - hash_out - encode - handover - describe -
+                device - batches)
     libtorch = rec.total - plain_total - entry
-    return [
+    rows = []
+    if device:
+        rows = [("device digest: the GPU's work, done by the host queue", device),
+                ("device batches: launches and their guards", batches)]
+    return rows + [
         ("libtorch: RecordFunction, boxed inputs, callback lists", libtorch),
         ("callback entry, frames, phases", callback),
         ("op description (schema, name, RNG state)", describe),
