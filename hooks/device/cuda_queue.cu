@@ -11,8 +11,11 @@ std::unique_ptr<CudaQueue> CudaQueue::create(int slots, std::string* error) {
   cudaError_t rc = cudaGetDevice(&q->device_);
   // Made once, at the first CUDA tensor: these calls may synchronize, the ones per op never do.
   if (rc == cudaSuccess)
-    rc = cudaHostAlloc(reinterpret_cast<void**>(&q->host_), bytes, cudaHostAllocDefault);
-  if (rc == cudaSuccess) rc = cudaMalloc(reinterpret_cast<void**>(&q->results_), bytes);
+    rc = cudaHostAlloc(reinterpret_cast<void**>(&q->host_), bytes, cudaHostAllocMapped);
+  if (rc == cudaSuccess)
+    rc = cudaHostGetDevicePointer(reinterpret_cast<void**>(&q->results_), q->host_, 0);
+  if (rc == cudaSuccess)
+    rc = cudaMalloc(reinterpret_cast<void**>(&q->scratch_), size_t(slots) * kSlotScratchBytes);
   if (rc == cudaSuccess) q->events_ = new void*[size_t(slots)]();
   for (int s = 0; rc == cudaSuccess && s < slots; ++s) {
     // Blocking sync: the collector sleeps on an event rather than spinning a core.
@@ -35,24 +38,35 @@ CudaQueue::~CudaQueue() {
       if (events_[s]) cudaEventDestroy(static_cast<cudaEvent_t>(events_[s]));
   delete[] events_;
   if (order_event_) cudaEventDestroy(static_cast<cudaEvent_t>(order_event_));
-  if (results_) cudaFree(results_);
+  if (scratch_) cudaFree(scratch_);
   if (host_) cudaFreeHost(host_);
 }
 
 bool CudaQueue::enqueue(const DigestJob* jobs, int n, void* stream, int slot) {
   auto s = static_cast<cudaStream_t>(stream);
   const size_t scratch_bytes = lane_scratch_bytes(jobs, n);
-  void* scratch = nullptr;
-  // Stream-ordered: allocated and freed in the stream's order, with no synchronization.
-  if (scratch_bytes && cudaMallocAsync(&scratch, scratch_bytes, s) != cudaSuccess) return false;
-  lanes::LaneResult* device_results = results_ + size_t(slot) * kMaxBatch;
-  bool ok = launch_lane_digest(jobs, n, scratch, device_results, stream) == 0;
-  if (scratch) cudaFreeAsync(scratch, s);
-  ok = ok && cudaMemcpyAsync(host_ + size_t(slot) * kMaxBatch, device_results,
-                             size_t(n) * sizeof(lanes::LaneResult), cudaMemcpyDeviceToHost,
-                             s) == cudaSuccess;
+  // The slot's own scratch (free again once its launch completed, when the ring hands the slot
+  // out anew); a larger launch's from the stream-ordered allocator, with no synchronization.
+  void* scratch = scratch_ + size_t(slot) * kSlotScratchBytes;
+  const bool own_scratch = scratch_bytes > kSlotScratchBytes;
+  uint64_t calls = 0;
+  if (own_scratch) {
+    ++calls;
+    if (cudaMallocAsync(&scratch, scratch_bytes, s) != cudaSuccess) {
+      calls_.fetch_add(calls, std::memory_order_relaxed);
+      return false;
+    }
+  }
+  // The kernels write the results where the host reads them (mapped pinned memory): no copy.
+  bool ok = launch_lane_digest(jobs, n, scratch, results_ + size_t(slot) * kMaxBatch, stream) == 0;
+  calls += scratch_bytes ? 2 : 1;  // no leaves: the tensor kernel alone
+  if (own_scratch) {
+    cudaFreeAsync(scratch, s);
+    ++calls;
+  }
   // Recorded even when something failed, so that wait() never waits on a stale event.
   ok = cudaEventRecord(static_cast<cudaEvent_t>(events_[slot]), s) == cudaSuccess && ok;
+  calls_.fetch_add(calls + 1, std::memory_order_relaxed);
   return ok;
 }
 

@@ -36,6 +36,8 @@ class DeviceQueue {
   virtual bool wait(int slot) = 0;
   // slot's n results, once wait() returned.
   virtual const lanes::LaneResult* results(int slot) = 0;
+  // The device API calls enqueue() made so far (CUDA calls on a GPU; none on the host).
+  virtual uint64_t device_calls() const { return 0; }
   // Makes `waiting` (a cudaStream_t) wait for what `stream` holds so far: a write on another
   // stream than a digest's must come after it. Nothing to do where there is one queue order.
   virtual bool make_wait(void* waiting, void* stream) {

@@ -202,12 +202,15 @@ void drain_device_digests_for(int ms) {
 }
 
 std::string device_digest_status() {
-  uint64_t batches = 0, full = 0;
+  uint64_t batches = 0, full = 0, calls = 0;
   for_each_pipeline([&](device::DigestPipeline& p) {
     batches += p.batches();
     full += p.ring_full_waits();
   });
   if (batches == 0) return "";
+  for (int i = 0; i <= kMaxDevices; ++i)
+    if (g_state[i].load(std::memory_order_acquire) == 1 && g_owner.load() == ::getpid())
+      calls += g_pipelines[i].load()->queue->device_calls();
   std::string why;
   for (size_t i = 0; i < size_t(Launch::kCount); ++i)
     if (const uint64_t n = g_launches[i].load())
@@ -217,7 +220,8 @@ std::string device_digest_status() {
          std::to_string(g_tensors_launched.load()) + " tensors, " + std::to_string(full) +
          " waits for a full ring, " + std::to_string(g_failed.load()) +
          " tensors failed, peak held " + std::to_string(g_peak_held_bytes.load()) +
-         " bytes; launched for: " + why;
+         " bytes; launched for: " + why +
+         (calls ? "; " + std::to_string(calls) + " CUDA calls to launch them" : "");
 }
 
 const char* launch_name(Launch why) {

@@ -115,6 +115,14 @@ void check_pipeline(const std::vector<at::Tensor>& tensors) {
                 (unsigned long long)pipeline.ring_full_waits());
   }
   pipeline.drain();
+  // Scratch from the slot's ring, results written where the host reads them: two kernels and
+  // an event a launch, no allocation and no copy.
+  const double calls_per_launch = double(queue->device_calls()) / 100;
+  std::printf("CudaQueue: %.2f CUDA calls per launch\n", calls_per_launch);
+  if (calls_per_launch > 3) {
+    ++failures;
+    std::printf("CALLS: %.2f CUDA calls per launch, want at most 3\n", calls_per_launch);
+  }
   for (int i = 0; i < 100; ++i) {
     const at::Tensor& t = held[size_t(i) % held.size()];
     if (!came[size_t(i)]) {
