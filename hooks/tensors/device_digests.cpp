@@ -92,6 +92,7 @@ std::mutex g_open_mu;
 std::vector<DeviceBatch*> g_open;
 std::atomic<uint64_t> g_held_tensors{0}, g_held_bytes{0}, g_peak_held_bytes{0};
 std::atomic<uint64_t> g_tensors_launched{0};
+std::atomic<uint64_t> g_abandoned{0};  // given up at a signal (DeviceBatch::abandon_locked)
 std::atomic<uint64_t> g_launches[size_t(Launch::kCount)];
 std::atomic<uint64_t> g_cap_bytes{uint64_t(256) << 20};
 
@@ -221,7 +222,10 @@ std::string device_digest_status() {
          " waits for a full ring, " + std::to_string(g_failed.load()) +
          " tensors failed, peak held " + std::to_string(g_peak_held_bytes.load()) +
          " bytes; launched for: " + why +
-         (calls ? "; " + std::to_string(calls) + " CUDA calls to launch them" : "");
+         (calls ? "; " + std::to_string(calls) + " CUDA calls to launch them" : "") +
+         (g_abandoned.load() ? "; " + std::to_string(g_abandoned.load()) +
+                                   " tensors of open batches not read at a signal"
+                             : "");
 }
 
 const char* launch_name(Launch why) {
@@ -387,6 +391,23 @@ bool DeviceBatch::launch_locked(Launch why, std::vector<c10::Storage>* released,
   return true;
 }
 
+void DeviceBatch::abandon_locked(std::vector<c10::Storage>* released) {
+  if (jobs_.empty()) return;
+  for (auto& d : digests_) d->complete(nullptr);
+  g_failed.fetch_add(jobs_.size(), std::memory_order_relaxed);
+  g_abandoned.fetch_add(jobs_.size(), std::memory_order_relaxed);
+  take_away(&g_held_tensors, jobs_.size());
+  take_away(&g_held_bytes, bytes_);
+  jobs_.clear();
+  std::move(held_.begin(), held_.end(), std::back_inserter(*released));
+  held_.clear();
+  held_count_.store(0, std::memory_order_relaxed);
+  digests_.clear();
+  storages_.clear();
+  storage_filter_ = 0;
+  bytes_ = 0;
+}
+
 void launch_batches_holding(const at::Tensor& written) {
   if (!any_device_batch_open() || !written.defined() || !written.has_storage()) return;
   const void* storage = written.storage().unsafeGetStorageImpl();
@@ -450,6 +471,13 @@ void launch_open_batches(Launch why, long max_wait_ms) {
   for (DeviceBatch* b : g_open) {
     if (!try_until_deadline(b->mu_)) continue;
     std::lock_guard<std::mutex> lock(b->mu_, std::adopt_lock);
+    // No CUDA call from a signal's save: the interrupted thread may hold the driver's locks. A
+    // device batch's tensors are given up (their records are saved, the tensors not read); the
+    // host queue's, all host code, are launched.
+    if (b->device_ != kHostQueue) {
+      b->abandon_locked(&released);
+      continue;
+    }
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     b->launch_locked(why, &released, std::max<long>(0, long(left.count())));

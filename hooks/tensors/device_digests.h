@@ -80,6 +80,8 @@ class DeviceBatch {
   // takes the caching allocator's lock, under which its trace callback takes ours.
   bool launch_locked(Launch why, std::vector<c10::Storage>* released, long max_wait_ms = -1);
   bool holds_locked(const void* storage) const;
+  // A signal's save: completes every digest as not read, with no device call.
+  void abandon_locked(std::vector<c10::Storage>* released);
   friend void launch_batches_holding(const at::Tensor& written);
   friend void launch_open_batches(Launch why, long max_wait_ms);
   friend void launch_batches_holding_memory(uintptr_t begin, uintptr_t end);
@@ -107,7 +109,8 @@ bool any_device_batch_open();
 // such a batch is on another stream than the writer's, makes the writer's stream wait for it.
 void launch_batches_holding(const at::Tensor& written);
 // Launches every open batch. max_wait_ms >= 0 (a signal's save): a batch whose lock is held that
-// long is left as it is.
+// long is left as it is, and a CUDA device's batch is given up, its tensors not read (no CUDA call
+// while the interrupted thread may hold the driver's locks).
 void launch_open_batches(Launch why, long max_wait_ms = -1);
 // record.device_batch_mib, in bytes: 0 launches a batch per op's inputs and per op's outputs.
 void set_device_batch_cap(uint64_t bytes);
