@@ -1,0 +1,42 @@
+"""One launch for many ops (record.device_batch_mib) against a launch per op, on a GPU: every
+write the recorder must launch a batch before (programs/batch_hazards_cuda.py) leaves the two
+recordings' digests identical, and the .status says why batches were launched, including the
+caching allocator's free of a resized storage."""
+import os
+import re
+
+import gpulib
+
+PROGRAM = gpulib.program("batch_hazards_cuda.py")
+
+
+def device_digests(run_dir):
+    d = os.path.join(run_dir, "streams")
+    for name in sorted(os.listdir(d)):
+        if name.endswith(".status"):
+            with open(os.path.join(d, name), errors="replace") as f:
+                for line in f:
+                    if line.startswith("device digests:"):
+                        return line.strip()
+    return ""
+
+
+def test_batched_digests_are_the_per_op_digests(gpu):
+    argv = [gpulib.PYTHON, PROGRAM, "--steps", "3"]
+    with gpulib.TempDir() as tmp:
+        batched, run_a = gpulib.record_one(os.path.join(tmp, "batched"), argv,
+                                           flags=["--digest", "device"])
+        assert batched.returncode == 0, gpulib.describe(batched)
+        per_op, run_b = gpulib.record_one(os.path.join(tmp, "per-op"), argv,
+                                          flags=["--digest", "device", "--device-batch-mib", "0"])
+        assert per_op.returncode == 0, gpulib.describe(per_op)
+        line = device_digests(run_a)
+        print(line)
+        print(device_digests(run_b))
+        for reason in ("in place", "freed", "step"):
+            assert re.search(rf"\b{reason} \d+", line), f"no launch for {reason!r}: {line}"
+        assert " 0 tensors failed" in line, line
+        diff = gpulib.run_detaudit(["diff", run_a, run_b])
+        assert diff.returncode == 0 and "IDENTICAL" in diff.stdout, (
+            f"one launch for many ops recorded other digests than a launch per op:\n"
+            f"{diff.stdout[-4000:]}")
