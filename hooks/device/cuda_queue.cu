@@ -45,28 +45,17 @@ CudaQueue::~CudaQueue() {
 bool CudaQueue::enqueue(const DigestJob* jobs, int n, void* stream, int slot) {
   auto s = static_cast<cudaStream_t>(stream);
   const size_t scratch_bytes = lane_scratch_bytes(jobs, n);
+  calls_.fetch_add(uint64_t(calls_for(scratch_bytes)), std::memory_order_relaxed);
   // The slot's own scratch (free again once its launch completed, when the ring hands the slot
   // out anew); a larger launch's from the stream-ordered allocator, with no synchronization.
   void* scratch = scratch_ + size_t(slot) * kSlotScratchBytes;
   const bool own_scratch = scratch_bytes > kSlotScratchBytes;
-  uint64_t calls = 0;
-  if (own_scratch) {
-    ++calls;
-    if (cudaMallocAsync(&scratch, scratch_bytes, s) != cudaSuccess) {
-      calls_.fetch_add(calls, std::memory_order_relaxed);
-      return false;
-    }
-  }
+  if (own_scratch && cudaMallocAsync(&scratch, scratch_bytes, s) != cudaSuccess) return false;
   // The kernels write the results where the host reads them (mapped pinned memory): no copy.
   bool ok = launch_lane_digest(jobs, n, scratch, results_ + size_t(slot) * kMaxBatch, stream) == 0;
-  calls += scratch_bytes ? 2 : 1;  // no leaves: the tensor kernel alone
-  if (own_scratch) {
-    cudaFreeAsync(scratch, s);
-    ++calls;
-  }
+  if (own_scratch) cudaFreeAsync(scratch, s);
   // Recorded even when something failed, so that wait() never waits on a stale event.
   ok = cudaEventRecord(static_cast<cudaEvent_t>(events_[slot]), s) == cudaSuccess && ok;
-  calls_.fetch_add(calls + 1, std::memory_order_relaxed);
   return ok;
 }
 

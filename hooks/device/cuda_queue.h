@@ -23,6 +23,13 @@ class CudaQueue : public DeviceQueue {
   // scratch from the stream-ordered allocator instead, two more CUDA calls.
   static constexpr size_t kSlotScratchBytes = size_t(256) << 10;
 
+  // The CUDA calls enqueue() makes for a launch whose leaves need `scratch_bytes`: the leaf and
+  // tensor kernels (the tensor kernel alone without leaves), the event, and the stream-ordered
+  // allocation and free of scratch beyond the slot's.
+  static int calls_for(size_t scratch_bytes) {
+    return (scratch_bytes ? 2 : 1) + 1 + (scratch_bytes > kSlotScratchBytes ? 2 : 0);
+  }
+
   int slots() const override { return slots_; }
   uint64_t device_calls() const override { return calls_.load(std::memory_order_relaxed); }
   bool enqueue(const DigestJob* jobs, int n, void* stream, int slot) override;

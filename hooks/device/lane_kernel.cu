@@ -135,12 +135,6 @@ Batch make_batch(const DigestJob* jobs, int n) {
 
 }  // namespace
 
-size_t lane_scratch_bytes(const DigestJob* jobs, int n) {
-  uint64_t leaves = 0;
-  for (int j = 0; j < n; ++j) leaves += leaves_of(jobs[j].bytes);
-  return size_t(leaves) * (sizeof(uint64_t) + sizeof(LaneStats));
-}
-
 int launch_lane_digest(const DigestJob* jobs, int n, void* scratch, LaneResult* results,
                        void* stream) {
   if (n <= 0 || n > kMaxBatch) return int(cudaErrorInvalidValue);

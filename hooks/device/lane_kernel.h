@@ -20,8 +20,15 @@ struct DigestJob {
   uint8_t dtype;
 };
 
-// Device memory the launch needs for its leaves' partial results.
-size_t lane_scratch_bytes(const DigestJob* jobs, int n);
+// Device memory the launch needs for its leaves' partial results: a hash and statistics a leaf.
+inline size_t lane_scratch_bytes(const DigestJob* jobs, int n) {
+  uint64_t leaves = 0;
+  for (int j = 0; j < n; ++j) {
+    const uint64_t words = (jobs[j].bytes + 7) / 8;
+    leaves += (words + lanes::kLeafWords - 1) / lanes::kLeafWords;
+  }
+  return size_t(leaves) * (sizeof(uint64_t) + sizeof(lanes::LaneStats));
+}
 
 // Enqueues the digest of jobs[0..n) (n <= kMaxBatch) on `stream` (a cudaStream_t); writes n
 // LaneResults to `results` (device memory). Never synchronizes. Returns a CUDA error code, 0 if

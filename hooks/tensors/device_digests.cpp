@@ -16,6 +16,7 @@
 #include <string>
 #include <thread>
 
+#include "device/cuda_queue.h"
 #include "device/digest_pipeline.h"
 #include "digest/device_digest.h"
 
@@ -24,8 +25,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/version.h>
-
-#include "device/cuda_queue.h"
 #endif
 
 namespace detaudit::hooks {
@@ -49,6 +48,8 @@ class HostQueue : public device::DeviceQueue {
  public:
   int slots() const override { return int(results_.size()); }
   bool enqueue(const device::DigestJob* jobs, int n, void*, int slot) override {
+    // What CudaQueue would call for this launch, so that the host queue's figures show it.
+    calls_ += uint64_t(device::CudaQueue::calls_for(device::lane_scratch_bytes(jobs, n)));
     for (int j = 0; j < n; ++j) {
       DeviceDigester d(jobs[j].dtype);
       d.update(jobs[j].data, jobs[j].bytes);
@@ -61,8 +62,10 @@ class HostQueue : public device::DeviceQueue {
     return true;
   }
   const lanes::LaneResult* results(int slot) override { return results_[size_t(slot)].data(); }
+  uint64_t device_calls() const override { return calls_.load(std::memory_order_relaxed); }
 
  private:
+  std::atomic<uint64_t> calls_{0};
   std::array<std::array<lanes::LaneResult, device::kMaxBatch>, 4> results_{};
 };
 
@@ -222,7 +225,9 @@ std::string device_digest_status() {
          " waits for a full ring, " + std::to_string(g_failed.load()) +
          " tensors failed, peak held " + std::to_string(g_peak_held_bytes.load()) +
          " bytes; launched for: " + why +
-         (calls ? "; " + std::to_string(calls) + " CUDA calls to launch them" : "") +
+         (calls ? "; " + std::to_string(calls) + " CUDA calls to launch them" +
+                      (host_queue_requested() ? " (what CudaQueue would make)" : "")
+                : "") +
          (g_abandoned.load() ? "; " + std::to_string(g_abandoned.load()) +
                                    " tensors of open batches not read at a signal"
                              : "");

@@ -184,7 +184,7 @@ def mode_env(args, mode_config, run_dir, name=""):
 
 def device_launches(run_dir):
     """Launches and tensors of the device digest's batches, over every process's .status."""
-    launches = tensors = 0
+    launches = tensors = calls = 0
     streams = os.path.join(run_dir, "streams")
     for name in os.listdir(streams) if os.path.isdir(streams) else []:
         if name.endswith(".status"):
@@ -194,7 +194,10 @@ def device_launches(run_dir):
                     if m:
                         launches += int(m.group(1))
                         tensors += int(m.group(2))
-    return {"launches": launches, "tensors_launched": tensors}
+                    m = re.search(r"; (\d+) CUDA calls to launch them", line)
+                    if m:
+                        calls += int(m.group(1))
+    return {"launches": launches, "tensors_launched": tensors, "cuda_calls": calls}
 
 
 def trace_stats(args, run_dir):
@@ -254,6 +257,7 @@ def bench_workload(args, lang, workload, raw, tmp):
         if info.get("launches") and info.get("ops"):
             row["launches_per_op"] = info["launches"] / info["ops"]
             row["tensors_per_launch"] = info["tensors_launched"] / info["launches"]
+            row["cuda_calls_per_launch"] = info["cuda_calls"] / info["launches"]
         if "bytes_hashed_per_step" in info:
             row["mb_hashed_per_step"] = info["bytes_hashed_per_step"] / 1e6
         if "calls_per_step" in info:
@@ -429,11 +433,13 @@ def main():
               f"{fmt(r.get('rss_mb'), '.0f')} |")
     launched = [r for r in rows if r.get("launches_per_op") is not None]
     if launched:
-        print("\n| workload | mode | recorded ops/step | launches per recorded op | tensors per launch |")
-        print("|---|---|---:|---:|---:|")
+        print("\n| workload | mode | recorded ops/step | launches per recorded op | tensors per launch "
+              "| CUDA calls per launch |")
+        print("|---|---|---:|---:|---:|---:|")
         for r in launched:
             print(f"| {r['workload']} | {r['mode']} | {r['ops_per_step']:.0f} | "
-                  f"{r['launches_per_op']:.3f} | {r['tensors_per_launch']:.1f} |")
+                  f"{r['launches_per_op']:.3f} | {r['tensors_per_launch']:.1f} | "
+                  f"{r['cuda_calls_per_launch']:.2f} |")
     if diffs:
         print("\n| diff: ops per run | seconds | records/s | MB/s | peak RSS MB | exit |")
         print("|---:|---:|---:|---:|---:|---:|")

@@ -63,17 +63,20 @@ def status(run_dir, process="r0.main"):
 
 def device_digests(run_dir):
     """The .status line "device digests: N launches, T tensors, ..., peak held B bytes; launched
-    for: in place 3, step 2": {"launches", "tensors", "failed", "peak", "why": {reason: n}}."""
+    for: in place 3, step 2; C CUDA calls to launch them": {"launches", "tensors", "failed",
+    "peak", "why": {reason: n}, "cuda_calls"}."""
     line = next(l for l in status(run_dir).splitlines() if l.startswith("device digests:"))
     m = re.match(r"device digests: (\d+) launches, (\d+) tensors, \d+ waits for a full ring, "
-                 r"(\d+) tensors failed, peak held (\d+) bytes; launched for: (.*)$", line)
+                 r"(\d+) tensors failed, peak held (\d+) bytes; launched for: ([^;]*)"
+                 r"(?:; (\d+) CUDA calls to launch them)?", line)
     assert m, line
     why = {}
     for part in m.group(5).split(", "):
         reason, n = part.rsplit(" ", 1)
         why[reason] = int(n)
     return {"launches": int(m.group(1)), "tensors": int(m.group(2)), "failed": int(m.group(3)),
-            "peak": int(m.group(4)), "why": why, "line": line}
+            "peak": int(m.group(4)), "why": why, "cuda_calls": int(m.group(6) or 0),
+            "line": line}
 
 
 class HeldRecordsCase(unittest.TestCase):
@@ -184,6 +187,8 @@ class BatchesAcrossOps(HeldRecordsCase):
             self.assertGreater(d["why"].get(reason, 0), 0, d["line"])
         self.assertEqual(d["why"].get("op", 0), 0, d["line"])
         self.assertLess(d["launches"], len(ops(b)) // 2, d["line"])
+        # What CudaQueue would call: the two kernels and the event, nothing allocated or copied.
+        self.assertEqual(d["cuda_calls"], 3 * d["launches"], d["line"])
 
     def test_a_batch_per_op_records_the_same(self):
         self.same_trace("direct", "per-op")
