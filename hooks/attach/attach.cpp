@@ -46,13 +46,16 @@ constexpr int64_t kSignalSaveBoundMs = 12000;
 
 pid_t this_thread_id() { return static_cast<pid_t>(::syscall(SYS_gettid)); }
 
-// On a thread leaving the process while another thread's signal is being saved: waits for the
-// handler to end the process with its signal (the program's own exit status), up to the bound.
+// On a thread that would end the process (a second crash, exit, _exit) while another thread's
+// signal is being saved: waits for that save, and a while after it for its handler to end the
+// process with its signal (the program's own exit status), within the handler's bound.
 void wait_out_another_threads_signal() {
   const pid_t saving = g_signal_thread.load();
   if (saving == 0 || saving == this_thread_id()) return;
   const int64_t deadline = monotonic_ms() + kSignalSaveBoundMs;
-  while (monotonic_ms() < deadline) sleep_ms(1);
+  while (!g_signal_saved.load() && monotonic_ms() < deadline) sleep_ms(1);
+  const int64_t grace = monotonic_ms() + 2000;
+  while (monotonic_ms() < grace) sleep_ms(1);
 }
 
 void flush_everything() {
@@ -95,12 +98,7 @@ void on_fatal_signal(int sig) {
     // A fault inside this thread's own save dies at once. Another thread's crash waits for the
     // first signal's save, which then ends the process with that signal; were the default action
     // taken now, it would cut every stream mid-save.
-    if (first != self) {
-      const int64_t deadline = monotonic_ms() + kSignalSaveBoundMs;
-      while (!g_signal_saved.load() && monotonic_ms() < deadline) sleep_ms(1);
-      const int64_t grace = monotonic_ms() + 2000;
-      while (monotonic_ms() < grace) sleep_ms(1);
-    }
+    wait_out_another_threads_signal();
     die_of(sig);
     return;
   }

@@ -282,13 +282,8 @@ DeviceBatch::~DeviceBatch() {
 void DeviceBatch::forget_after_fork() {
   new (&mu_) std::mutex();
   for (auto& d : digests_) d->complete(nullptr);
-  jobs_.clear();
-  held_.clear();
-  held_count_.store(0);
-  digests_.clear();
-  storages_.clear();
-  storage_filter_ = 0;
-  bytes_ = 0;
+  std::vector<c10::Storage> released;
+  clear_locked(&released);  // the child's counters started at zero: not taken from them
   std::lock_guard<std::mutex> lock(g_open_mu);
   if (std::find(g_open.begin(), g_open.end(), this) == g_open.end()) g_open.push_back(this);
 }
@@ -382,17 +377,7 @@ bool DeviceBatch::launch_locked(Launch why, std::vector<c10::Storage>* released,
   // Enqueued: the stream's order now keeps the memory until the digest has read it.
   take_away(&g_held_tensors, jobs_.size());
   take_away(&g_held_bytes, bytes_);
-  jobs_.clear();
-  if (released->empty())
-    released->swap(held_);
-  else
-    std::move(held_.begin(), held_.end(), std::back_inserter(*released));
-  held_.clear();
-  held_count_.store(0, std::memory_order_relaxed);
-  digests_.clear();
-  storages_.clear();
-  storage_filter_ = 0;
-  bytes_ = 0;
+  clear_locked(released);
   return true;
 }
 
@@ -403,9 +388,13 @@ void DeviceBatch::abandon_locked(std::vector<c10::Storage>* released) {
   g_abandoned.fetch_add(jobs_.size(), std::memory_order_relaxed);
   take_away(&g_held_tensors, jobs_.size());
   take_away(&g_held_bytes, bytes_);
+  clear_locked(released);
+}
+
+void DeviceBatch::clear_locked(std::vector<c10::Storage>* released) {
   jobs_.clear();
   std::move(held_.begin(), held_.end(), std::back_inserter(*released));
-  held_.clear();
+  held_.clear();  // keeps its capacity: a warm thread's batches allocate nothing to hold
   held_count_.store(0, std::memory_order_relaxed);
   digests_.clear();
   storages_.clear();
@@ -462,7 +451,6 @@ void launch_open_batches(Launch why, long max_wait_ms) {
     return;
   }
   // From a signal's save: the interrupted thread may hold a lock; wait a while, then leave it.
-  std::unique_lock<std::mutex> open(g_open_mu, std::defer_lock);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(max_wait_ms);
   auto try_until_deadline = [&](std::mutex& mu) {
     while (!mu.try_lock()) {

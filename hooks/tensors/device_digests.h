@@ -82,6 +82,8 @@ class DeviceBatch {
   bool holds_locked(const void* storage) const;
   // A signal's save: completes every digest as not read, with no device call.
   void abandon_locked(std::vector<c10::Storage>* released);
+  // Empties the batch; what it held goes to *released.
+  void clear_locked(std::vector<c10::Storage>* released);
   friend void launch_batches_holding(const at::Tensor& written);
   friend void launch_open_batches(Launch why, long max_wait_ms);
   friend void launch_batches_holding_memory(uintptr_t begin, uintptr_t end);
