@@ -119,10 +119,18 @@ def leave_a_callback_running(mine):
     started = threading.Event()
 
     def late(fut):
+        if threading.current_thread() is threading.main_thread():
+            # The Work had completed before .then(): the callback runs inline, here, and would
+            # loop forever on the main thread. Say so and fail instead of hanging.
+            raise SystemExit("teardown abort not set up: the all-reduce completed before .then()")
         started.set()
         while True:  # each sleep gives the GIL back; taking it again at teardown kills the thread
             time.sleep(0.001)
 
+    if not mine:
+        # Joins late, so that the other rank's Work is still pending when it attaches .then():
+        # a completed Work runs the callback inline on the main thread.
+        time.sleep(1.0)
     work = dist.all_reduce(torch.ones(4), async_op=True)
     if mine:
         work.get_future().then(late)
