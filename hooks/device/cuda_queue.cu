@@ -68,6 +68,14 @@ bool CudaQueue::make_wait(void* waiting, void* stream) {
 }
 
 bool CudaQueue::wait(int slot) {
+  // While the program captures a CUDA graph in the default (global) mode, a synchronizing call
+  // from any thread of it would invalidate the capture; the collector's own are safe (it waits
+  // only for launches made outside captures), and say so.
+  static thread_local const bool relaxed = [] {
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    return cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
+  }();
+  (void)relaxed;
   return cudaEventSynchronize(static_cast<cudaEvent_t>(events_[slot])) == cudaSuccess;
 }
 

@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "recorder/recorder.h"
+#include "tensors/cuda_graphs.h"
 #include "tensors/tensor_digest.h"
 
 namespace detaudit::hooks {
@@ -163,9 +164,11 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t, Use use) {
   // First sight of this TensorImpl at this version. Another TensorImpl over the same bytes
   // (autograd's saved tensors, detach()) reuses their description; otherwise hash.
   const bool shared = in_shared_memory(t);
+  const bool replayed = written_by_cuda_graph(t);
   TensorCache::StorageState* st = cache_.storage_of(t);
-  // Another process may have written shared bytes since: describe them as found.
-  const bool same_bytes_known = !shared && cache_.bytes_known(st, s.version);
+  // Another process, or a CUDA graph's replay, may have written these bytes since: describe
+  // them as found.
+  const bool same_bytes_known = !shared && !replayed && cache_.bytes_known(st, s.version);
   // First seen after a compiled region ran: most likely its output, made by kernels we cannot see.
   trace::Provenance prov = same_bytes_known           ? trace::Provenance::kView
                            : compiled_region_in_step_ ? trace::Provenance::kCompiled
@@ -175,9 +178,9 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t, Use use) {
                                                     : nullptr;
   if (known) {
     s.desc = *known;
-  } else if (use != Use::kRead) {
-    // Bytes the op never reads: their shape says enough. Not cached, so no later reader of this
-    // version is told "not read".
+  } else if (use != Use::kRead || captured_into_cuda_graph(t)) {
+    // Bytes the op never reads, or a graph capture's, not there before a replay: their shape
+    // says enough. Not cached, so no later reader of this version is told "not read".
     describe_geometry(t, hasher_->length(), &s.desc);
     s.desc.bits |= trace::kTensorNotRead;
     s.desc.set_provenance(prov);
@@ -199,7 +202,8 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t, Use use) {
   s.desc.set_provenance(prov);
   if (!s.cacheable) return;
   TensorCache::Entry& e = cache_.remember(t, s.version, s.desc, s.pending);
-  e.external_serial = prov != trace::Provenance::kView || shared ? top_level_serial_ : 0;
+  e.external_serial = prov != trace::Provenance::kView || shared || replayed ? top_level_serial_
+                                                                             : 0;
   e.storage = st ? t.storage().unsafeGetStorageImpl() : nullptr;
   e.storage_writes = st ? st->writes : 0;
   e.base_id = s.base_id;
@@ -357,6 +361,16 @@ void ThreadRecorder::emit_output_tensor(const at::Tensor& t, ByteWriter& w, cons
   }
   if (!e) {
     trace::TensorDesc& desc = desc_scratch_;
+    if (captured_into_cuda_graph(t)) {
+      // Written at each replay of the graph, not now: its shape says enough (cuda_graphs.h).
+      describe_geometry(t, hasher_->length(), &desc);
+      desc.bits |= trace::kTensorNotRead;
+      cache_.forget(impl);
+      cache_.wrote_unseen(t);
+      note_written_by_cuda_graph(t);
+      write_new(w, desc, -1);
+      return;
+    }
     std::shared_ptr<const PendingDigest> pending;
     if (f.info->returns_uninitialized || scratch) {
       // Uninitialized bytes: their digest would differ run to run and mean nothing.
@@ -371,7 +385,9 @@ void ThreadRecorder::emit_output_tensor(const at::Tensor& t, ByteWriter& w, cons
     if (cacheable) {
       e = &cache_.remember(t, version, desc, std::move(pending));
       e->written_order = f.order;
-      if (desc.sharing != trace::Sharing::kNone) e->external_serial = top_level_serial_;
+      // Bytes another process or a graph's replay may write next: valid within this op only.
+      if (desc.sharing != trace::Sharing::kNone || written_by_cuda_graph(t))
+        e->external_serial = top_level_serial_;
     } else {
       write_new(w, desc, -1, pending);
       return;

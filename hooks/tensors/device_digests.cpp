@@ -19,6 +19,7 @@
 #include "device/cuda_queue.h"
 #include "device/digest_pipeline.h"
 #include "digest/device_digest.h"
+#include "tensors/cuda_graphs.h"
 
 #ifdef DETAUDIT_DEVICE_DIGEST
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -96,6 +97,7 @@ std::vector<DeviceBatch*> g_open;
 std::atomic<uint64_t> g_held_tensors{0}, g_held_bytes{0}, g_peak_held_bytes{0};
 std::atomic<uint64_t> g_tensors_launched{0};
 std::atomic<uint64_t> g_abandoned{0};  // given up at a signal (DeviceBatch::abandon_locked)
+std::atomic<uint64_t> g_abandoned_in_capture{0};  // their stream began capturing a CUDA graph
 std::atomic<uint64_t> g_launches[size_t(Launch::kCount)];
 std::atomic<uint64_t> g_cap_bytes{uint64_t(256) << 20};
 
@@ -230,7 +232,11 @@ std::string device_digest_status() {
                 : "") +
          (g_abandoned.load() ? "; " + std::to_string(g_abandoned.load()) +
                                    " tensors of open batches not read at a signal"
-                             : "");
+                             : "") +
+         (g_abandoned_in_capture.load()
+              ? "; " + std::to_string(g_abandoned_in_capture.load()) +
+                    " tensors not read: their stream began capturing a CUDA graph"
+              : "");
 }
 
 const char* launch_name(Launch why) {
@@ -355,6 +361,13 @@ void DeviceBatch::launch(Launch why) {
 
 bool DeviceBatch::launch_locked(Launch why, std::vector<c10::Storage>* released, long max_wait_ms) {
   if (jobs_.empty()) return true;
+  // The program began capturing a CUDA graph on the batch's own stream: a launch now would
+  // become part of its graph. Given up, its tensors not read (cuda_graphs.h).
+  if (device_ != kHostQueue && stream_capturing(stream_)) {
+    g_abandoned_in_capture.fetch_add(jobs_.size(), std::memory_order_relaxed);
+    abandon_locked(released);
+    return true;
+  }
   DevicePipeline* p = pipeline_of(device_);
   if (!p) {  // unavailable since (a fork): nothing was enqueued
     for (auto& d : digests_) d->complete(nullptr);
@@ -385,7 +398,6 @@ void DeviceBatch::abandon_locked(std::vector<c10::Storage>* released) {
   if (jobs_.empty()) return;
   for (auto& d : digests_) d->complete(nullptr);
   g_failed.fetch_add(jobs_.size(), std::memory_order_relaxed);
-  g_abandoned.fetch_add(jobs_.size(), std::memory_order_relaxed);
   take_away(&g_held_tensors, jobs_.size());
   take_away(&g_held_bytes, bytes_);
   clear_locked(released);
@@ -419,7 +431,9 @@ void launch_batches_holding(const at::Tensor& written) {
     void* stream = b->stream_;
     b->launch_locked(Launch::kInPlace, &released);
     // The digest is enqueued on the batch's stream: a write on another stream waits for it.
-    if (stream != writer_stream && device != kHostQueue)
+    // Not a writer being captured into a graph: its write runs at a replay, after the launch,
+    // and a wait on an event from outside would break the program's capture.
+    if (stream != writer_stream && device != kHostQueue && !stream_capturing(writer_stream))
       if (DevicePipeline* p = pipeline_of(device)) p->queue->make_wait(writer_stream, stream);
   }
 }
@@ -468,6 +482,7 @@ void launch_open_batches(Launch why, long max_wait_ms) {
     // device batch's tensors are given up (their records are saved, the tensors not read); the
     // host queue's, all host code, are launched.
     if (b->device_ != kHostQueue) {
+      g_abandoned.fetch_add(b->jobs_.size(), std::memory_order_relaxed);
       b->abandon_locked(&released);
       continue;
     }

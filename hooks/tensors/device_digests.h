@@ -80,7 +80,7 @@ class DeviceBatch {
   // takes the caching allocator's lock, under which its trace callback takes ours.
   bool launch_locked(Launch why, std::vector<c10::Storage>* released, long max_wait_ms = -1);
   bool holds_locked(const void* storage) const;
-  // A signal's save: completes every digest as not read, with no device call.
+  // Completes every digest as not read, with no device call (a signal's save, a capture).
   void abandon_locked(std::vector<c10::Storage>* released);
   // Empties the batch; what it held goes to *released.
   void clear_locked(std::vector<c10::Storage>* released);
