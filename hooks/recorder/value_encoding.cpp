@@ -178,6 +178,7 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t, Use use) {
                                                     : nullptr;
   if (known) {
     s.desc = *known;
+    take_geometry(t, &s.desc);
   } else if (use != Use::kRead || captured_into_cuda_graph(t)) {
     // Bytes the op never reads, or a graph capture's, not there before a replay: their shape
     // says enough. Not cached, so no later reader of this version is told "not read".
@@ -372,6 +373,33 @@ void ThreadRecorder::emit_output_tensor(const at::Tensor& t, ByteWriter& w, cons
       return;
     }
     std::shared_ptr<const PendingDigest> pending;
+    const trace::TensorDesc* known = nullptr;
+    TensorCache::StorageState* st = nullptr;
+    if (f.info->composite && !f.info->writes && !f.info->returns_uninitialized && !scratch) {
+      // A composite op that writes no argument returns what its nested ops described, maybe
+      // reshaped (linear's view of its addmm, matmul's _unsafe_view): the same bytes in the same
+      // order keep their digest. Not an op with a kernel of its own: addmm's GEMM writes the
+      // product over the bias its nested copy_ described.
+      st = cache_.storage_of(t);
+      if (!in_shared_memory(t) && !written_by_cuda_graph(t) && cache_.bytes_known(st, version))
+        known = cache_.described_geometry(st, t, &pending);
+    }
+    if (known) {
+      desc = *known;
+      take_geometry(t, &desc);
+      // Not a write: the storage's description stays the one its writer made.
+      if (!cacheable) {
+        write_new(w, desc, st->id, pending);
+        return;
+      }
+      e = &cache_.remember(t, version, desc, std::move(pending));
+      e->written_order = f.order;
+      e->storage = t.storage().unsafeGetStorageImpl();
+      e->storage_writes = st->writes;
+      e->base_id = st->id;
+      e->id = write_new(w, e->desc, e->base_id, e->pending);
+      return;
+    }
     if (f.info->returns_uninitialized || scratch) {
       // Uninitialized bytes: their digest would differ run to run and mean nothing.
       describe_geometry(t, hasher_->length(), &desc);

@@ -25,6 +25,26 @@ bool same_geometry(const trace::TensorDesc& d, int64_t offset, const at::Tensor&
   return std::equal(strides.begin(), strides.end(), d.strides.begin(), d.strides.end());
 }
 
+bool same_bytes_in_order(const trace::TensorDesc& d, int64_t offset, const at::Tensor& t) {
+  if (same_geometry(d, offset, t)) return true;
+  // A reshape of contiguous bytes (x.view(-1, C), _unsafe_view): the same bytes in the same
+  // order, so the same digest and statistics, whatever the shape.
+  if (!(d.bits & trace::kTensorContiguous) || offset != t.storage_offset() ||
+      d.dtype != uint8_t(t.scalar_type()) || !t.is_contiguous())
+    return false;
+  int64_t numel = 1;
+  for (int64_t s : d.sizes) numel *= s;
+  return numel == t.numel();
+}
+
+void take_geometry(const at::Tensor& t, trace::TensorDesc* desc) {
+  auto sizes = t.sizes();
+  if (desc->sizes.size() == sizes.size() &&
+      std::equal(sizes.begin(), sizes.end(), desc->sizes.begin()))
+    return;
+  desc->sizes.assign(sizes.begin(), sizes.end());
+}
+
 uint32_t tensor_version(const at::Tensor& t) {
   const auto& vc = t.unsafeGetTensorImpl()->version_counter();
   return vc.enabled() ? vc.current_version() : 0;
@@ -87,13 +107,13 @@ const trace::TensorDesc* TensorCache::described_geometry(
     const Entry& last = it->second;
     const bool same_storage = last.storage == t.storage().unsafeGetStorageImpl();
     if (same_storage && last.version == st->last_version && last.storage_writes == st->writes &&
-        same_geometry(last.desc, last.storage_offset, t)) {
+        same_bytes_in_order(last.desc, last.storage_offset, t)) {
       *pending = last.pending;
       return &last.desc;
     }
   }
   for (const StorageState::View& v : st->views)
-    if (v.writes == st->writes && same_geometry(v.desc, v.offset, t)) {
+    if (v.writes == st->writes && same_bytes_in_order(v.desc, v.offset, t)) {
       *pending = v.pending;
       return &v.desc;
     }

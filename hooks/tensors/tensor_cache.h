@@ -13,9 +13,10 @@
 // - An entry for a tensor that entered from outside torch (provenance external or compiled) is
 //   trusted only within the top-level op that described it: code outside the dispatcher may
 //   write it unseen between ops.
-// - Another TensorImpl over bytes already described (autograd's saved tensors, detach()) reuses
-//   that description when its dtype and geometry match: the storage remembers its last written tensor,
-//   by key, and the last few geometries read since.
+// - Another TensorImpl over bytes already described (autograd's saved tensors, detach(), a
+//   reshape such as x.view(-1, C)) reuses that description when it reads the same bytes in the
+//   same order (same_bytes_in_order): the storage remembers its last written tensor, by key, and
+//   the last few geometries read since. So does a composite op's output over such bytes.
 // - Entries refer to each other by key, never by pointer: a slot reused by a newer version
 //   cannot stand in for the old one.
 #pragma once
@@ -118,8 +119,9 @@ class TensorCache {
   StorageState* storage_of(const at::Tensor& t);
   // The written tensor whose bytes t views, if they are unchanged and not uninitialized.
   bool bytes_known(const StorageState* st, uint32_t version) const;
-  // A description of exactly t's bytes made since the storage's last write, if any, and its
-  // device digest if that is still on its way.
+  // A description of exactly t's bytes, in t's order, made since the storage's last write, if
+  // any, and its device digest if that is still on its way. Its sizes may be another reshape's
+  // (take_geometry).
   const trace::TensorDesc* described_geometry(StorageState* st, const at::Tensor& t,
                                               std::shared_ptr<const PendingDigest>* pending);
   void remember_geometry(StorageState* st, const at::Tensor& t, const trace::TensorDesc& desc,
@@ -154,6 +156,12 @@ class TensorCache {
 // The cached description still matches the tensor's view of its storage: dtype, offset, sizes
 // and strides.
 bool same_geometry(const trace::TensorDesc& d, int64_t offset, const at::Tensor& t);
+
+// d describes t's bytes in t's order: the same geometry, or a reshape of the same contiguous
+// bytes.
+bool same_bytes_in_order(const trace::TensorDesc& d, int64_t offset, const at::Tensor& t);
+// desc, made for a reshape of t's bytes (same_bytes_in_order), takes t's sizes.
+void take_geometry(const at::Tensor& t, trace::TensorDesc* desc);
 
 uint32_t tensor_version(const at::Tensor& t);
 

@@ -30,7 +30,7 @@ class Md5Batch {
   // One leaf at most: a larger tensor's digest is a tree over leaves (tensor_digester.h).
   static constexpr size_t kMaxMessageBytes = size_t(1) << 20;
   static constexpr size_t kMaxMessages = 128;
-  static constexpr size_t kArenaBytes = size_t(4) << 20;
+  static constexpr size_t kArenaBytes = size_t(16) << 20;
 
   struct Result {
     trace::DigestBytes digest{};

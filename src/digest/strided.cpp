@@ -212,8 +212,12 @@ void feed_strided(const void* data, size_t esize, const int64_t* view_sizes,
   if (!normalize_view(view_sizes, view_strides, dims, &sizes, &strides)) return;
   const size_t ndim = sizes.size();
   thread_local std::vector<char> staging(256 * 1024);
-  // A view that fits the staging buffer is gathered whole and digested in one call.
+  // A view of up to kWholeBytes is gathered whole and digested in one call: its leaves then go
+  // through MD5's vector lanes, where a stream of updates hashes each leaf alone (a transposed
+  // weight or activation, 4x slower). The buffer grows to the largest such view and stays.
+  constexpr size_t kWholeBytes = size_t(16) << 20;
   const size_t total = view_bytes(esize, sizes);
+  if (total <= kWholeBytes && total > staging.size()) staging.resize(total);
   if (total <= staging.size() && gather_whole(base, esize, sizes, strides, staging.data())) {
     digester->update_all(staging.data(), total, serially);
     return;

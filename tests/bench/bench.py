@@ -1,6 +1,6 @@
 """Times detaudit's recorder against plain runs and the peer approaches, side by side in one run.
 
-For each workload (cnn, embed, lstm) in Python and C++, every mode runs as its own process, the
+For each workload (cnn, embed, lstm in Python and C++; gpt2, a GPT-2-shaped transformer, in Python), every mode runs as its own process, the
 modes interleaved in each repeat so drift hits them alike; the median ms/step is reported with its
 ratio to plain. The peers (Python only): a TorchDispatchMode hashing with MD5, and PyTorch's own
 DebugMode where the interpreter's torch has it (--python picks the interpreter). Also: bytes
@@ -52,6 +52,7 @@ MODES = [
     ("peer: DebugMode hash_tensor (inputs + outputs)", "debugmode"),
     ("peer: DebugMode norm (outputs)", "debugmode-norm"),
 ]
+CPP_WORKLOADS = ("cnn", "embed", "lstm")  # workloads.cpp's; workloads.py also has gpt2
 PEERS = ("md5", "debugmode", "debugmode-norm")  # a string config: workloads.py --peer, no interposer
 # Preloaded libraries, no interposer: the floors above, and the variables that pick a variant.
 FLOORS = {"floor": ("libbench_callback_floor.so", {}),
@@ -371,7 +372,7 @@ def main():
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--only", default="cnn,embed,lstm")
+    p.add_argument("--only", default="cnn,embed,lstm,gpt2")
     p.add_argument("--langs", default="python,cpp")
     p.add_argument("--quick", action="store_true", help="1 repeat, 3 steps, 1M-op diff")
     p.add_argument("--no-diff", action="store_true")
@@ -414,6 +415,8 @@ def main():
     try:
         for workload in [w for w in args.only.split(",") if w]:  # --only "": the diff alone
             for lang in args.langs.split(","):
+                if lang == "cpp" and workload not in CPP_WORKLOADS:
+                    continue  # Python only: the transformer is the Hugging Face run's shape
                 rows += bench_workload(args, lang, workload, raw, tmp)
                 print(f"done {workload} ({lang})", file=sys.stderr, flush=True)
         diffs = [] if args.no_diff else [bench_diff(args, n, tmp) for n in (args.diff_ops // 10, args.diff_ops)]

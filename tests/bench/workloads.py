@@ -1,6 +1,6 @@
 """Benchmark workloads for detaudit: each times its own training steps and prints one JSON line.
 
-  workloads.py --workload cnn|embed|lstm [--steps N] [--warmup N] [--threads N]
+  workloads.py --workload cnn|embed|lstm|gpt2 [--steps N] [--warmup N] [--threads N]
                [--peer [md5|debugmode|debugmode-norm]]
 
 --peer runs the steps under a peer approach:
@@ -109,6 +109,53 @@ def lstm():
     return step
 
 
+class Gpt2Block(nn.Module):
+    """A GPT-2 block as Hugging Face's GPT2Block computes it: pre-LayerNorm, fused QKV, causal
+    softmax attention, a 4x MLP with tanh GELU, dropout 0.1 on attention and residuals."""
+
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x, mask):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / (d // self.heads) ** 0.5)
+        att = F.dropout(F.softmax(att.masked_fill(mask, float("-inf")), dim=-1), 0.1)
+        y = (att @ v).transpose(1, 2).contiguous().view(b, t, d)
+        x = x + F.dropout(self.proj(y), 0.1)
+        return x + F.dropout(self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh")), 0.1)
+
+
+def gpt2():
+    """The shape of issue 49's Hugging Face Trainer run: 4 layers of 128, 4 heads, vocabulary
+    1,024, sequence 64, batch 8, AdamW; activations and attention scores of 256 KB to 2 MB."""
+    torch.manual_seed(0)
+    vocab, d, seq, batch = 1024, 128, 64, 8
+    wte, wpe = nn.Embedding(vocab, d), nn.Embedding(seq, d)
+    blocks = nn.ModuleList(Gpt2Block(d, 4) for _ in range(4))
+    ln_f = nn.LayerNorm(d)
+    params = [p for m in (wte, wpe, blocks, ln_f) for p in m.parameters()]
+    opt = torch.optim.AdamW(params, lr=1e-3)
+    mask = torch.triu(torch.ones(seq, seq, dtype=torch.bool), diagonal=1)
+    tokens = torch.randint(0, vocab, (batch, seq + 1))
+    positions = torch.arange(seq)
+
+    def step():
+        opt.zero_grad()
+        x = F.dropout(wte(tokens[:, :-1]) + wpe(positions), 0.1)
+        for block in blocks:
+            x = block(x, mask)
+        logits = ln_f(x) @ wte.weight.t()  # tied, as GPT-2's lm_head
+        F.cross_entropy(logits.view(-1, vocab), tokens[:, 1:].reshape(-1)).backward()
+        opt.step()
+    return step
+
+
 def cpu_seconds():
     """User and system time of all threads: not inflated by another guest on our cores."""
     u = resource.getrusage(resource.RUSAGE_SELF)
@@ -117,14 +164,14 @@ def cpu_seconds():
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--workload", choices=["cnn", "embed", "lstm"], required=True)
+    p.add_argument("--workload", choices=["cnn", "embed", "lstm", "gpt2"], required=True)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--peer", nargs="?", const="md5", choices=["md5", "debugmode", "debugmode-norm"])
     a = p.parse_args()
     torch.set_num_threads(a.threads)
-    step = {"cnn": cnn, "embed": embed, "lstm": lstm}[a.workload]()
+    step = {"cnn": cnn, "embed": embed, "lstm": lstm, "gpt2": gpt2}[a.workload]()
     for _ in range(a.warmup):
         step()
     mode, stack = None, contextlib.ExitStack()

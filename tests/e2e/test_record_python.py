@@ -437,3 +437,30 @@ class RecordPython(RecordedRuns):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ReshapedViews(unittest.TestCase):
+    """A tensor read again under another shape keeps the digest of its bytes: a reshape of an op's
+    output takes its product's description (not hashed again: the bench's MB hashed a step shows
+    it), never the description of what a nested op wrote before the op's own kernel (addmm's bias
+    copy), and a large transposed view is the MD5 of its logical bytes."""
+
+    def test_reshapes_keep_the_digest_of_their_bytes(self):
+        out = make_temp_dir()
+        try:
+            proc, run_dir = record(out, [PYTHON, program("reshaped_views.py")])
+            self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+            with open(os.path.join(run_dir, "output.log")) as f:
+                want = dict(re.findall(r"^(\S+) ([0-9a-f]{32})$", f.read(), flags=re.M))
+            recs = export_records(run_dir)
+            linear = ops(recs, "aten::linear")[0]
+            self.assertEqual(tensors(linear["outputs"])[0]["digest"], want["linear-out"])
+            relu_in = tensors(ops(recs, "aten::relu")[0]["inputs"])[0]
+            self.assertEqual(relu_in["digest"], want["linear-out"])
+            matmul = ops(recs, "aten::matmul")[0]
+            self.assertEqual(tensors(matmul["outputs"])[0]["digest"], want["matmul-out"])
+            mul = [o for o in ops(recs, "aten::mul") if tensors(o["inputs"])[0]["shape"] == [384, 512]]
+            self.assertEqual(len(mul), 1, ops(recs, "aten::mul"))
+            self.assertEqual(tensors(mul[0]["inputs"])[0]["digest"], want["transposed"])
+        finally:
+            remove_dir(out)
