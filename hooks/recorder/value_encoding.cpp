@@ -381,7 +381,7 @@ void ThreadRecorder::emit_output_tensor(const at::Tensor& t, ByteWriter& w, cons
       // order keep their digest. Not an op with a kernel of its own: addmm's GEMM writes the
       // product over the bias its nested copy_ described.
       st = cache_.storage_of(t);
-      if (!in_shared_memory(t) && !written_by_cuda_graph(t) && cache_.bytes_known(st, version))
+      if (cache_.bytes_known(st, version) && !in_shared_memory(t) && !written_by_cuda_graph(t))
         known = cache_.described_geometry(st, t, &pending);
     }
     if (known) {

@@ -110,6 +110,18 @@ def output_log(run_dir):
         return f.read()
 
 
+def device_digest_status(run_dir):
+    """The first `device digests: ...` line of a run's .status files ("" if none)."""
+    d = os.path.join(run_dir, "streams")
+    for name in sorted(os.listdir(d)):
+        if name.endswith(".status"):
+            with open(os.path.join(d, name), errors="replace") as f:
+                for line in f:
+                    if line.startswith("device digests:"):
+                        return line.strip()
+    return ""
+
+
 def printed(run_dir, pattern):
     """re.findall(pattern) over what the recorded program printed."""
     return re.findall(pattern, output_log(run_dir))

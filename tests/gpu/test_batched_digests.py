@@ -10,16 +10,6 @@ import gpulib
 PROGRAM = gpulib.program("batch_hazards_cuda.py")
 
 
-def device_digests(run_dir):
-    d = os.path.join(run_dir, "streams")
-    for name in sorted(os.listdir(d)):
-        if name.endswith(".status"):
-            with open(os.path.join(d, name), errors="replace") as f:
-                for line in f:
-                    if line.startswith("device digests:"):
-                        return line.strip()
-    return ""
-
 
 def test_batched_digests_are_the_per_op_digests(gpu):
     argv = [gpulib.PYTHON, PROGRAM, "--steps", "3"]
@@ -30,9 +20,9 @@ def test_batched_digests_are_the_per_op_digests(gpu):
         per_op, run_b = gpulib.record_one(os.path.join(tmp, "per-op"), argv,
                                           flags=["--digest", "device", "--device-batch-mib", "0"])
         assert per_op.returncode == 0, gpulib.describe(per_op)
-        line = device_digests(run_a)
+        line = gpulib.device_digest_status(run_a)
         print(line)
-        print(device_digests(run_b))
+        print(gpulib.device_digest_status(run_b))
         for reason in ("in place", "freed", "step"):
             assert re.search(rf"\b{reason} \d+", line), f"no launch for {reason!r}: {line}"
         assert " 0 tensors failed" in line, line

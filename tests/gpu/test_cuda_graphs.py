@@ -3,7 +3,6 @@ torch.compile's mode="reduce-overhead". Recorded, the program's capture must sta
 synchronizing call, no digest kernel captured into its graph), the losses and parameters must be
 the plain run's bit for bit, two recorded runs must be identical, and the bytes each replay
 rewrote must be digested anew every step, never taken from the step before."""
-import os
 import re
 import subprocess
 
@@ -19,16 +18,6 @@ def has_triton():
     r = subprocess.run([gpulib.PYTHON, "-c", "import triton"], capture_output=True)
     return r.returncode == 0
 
-
-def device_digest_status(run_dir):
-    d = os.path.join(run_dir, "streams")
-    for name in sorted(os.listdir(d)):
-        if name.endswith(".status"):
-            with open(os.path.join(d, name), errors="replace") as f:
-                for line in f:
-                    if line.startswith("device digests:"):
-                        return line.strip()
-    return ""
 
 
 def step_lines(text):
@@ -54,7 +43,7 @@ def test_captured_steps_record_and_replay_unchanged(variant, gpu):
         for run in ("run-0", "run-1"):
             got = step_lines(gpulib.output_log(f"{tmp}/{run}"))
             assert got == want, f"{run} printed {got}, the plain run {want}"
-        status = device_digest_status(f"{tmp}/run-0")
+        status = gpulib.device_digest_status(f"{tmp}/run-0")
         print(status)
         if "--capture-on-current-stream" in variant:
             # The batch open on the capturing stream was given up, not launched into the graph.
