@@ -14,6 +14,7 @@
 #include <memory>
 
 #include "catalog/catalog.h"
+#include "cli/sentinel.h"
 #include "cli/verbs.h"
 #include "config/config.h"
 #include "diff/diff.h"
@@ -355,13 +356,13 @@ int run_main(const RunArgs& args) {
 
   int code = 0;
   if (config.runs >= 2) {
-    std::function<void(DiffReport*)> verify;
-    if (args.verify_remedy && !any_failed)
-      verify = [&](DiffReport* report) {
-        if (report->verdict == "divergent")
-          report->remedy_verification = verify_remedies(config, options, *report);
-      };
-    code = diff_pairs(config, dirs, recorded, verify);
+    // Before the report: a sentinel's divergent step recorded in full, then its remedy tried.
+    auto before_render = [&](DiffReport* report) {
+      if (config.sentinel && !any_failed) localize_divergent_step(config, options, report);
+      if (args.verify_remedy && !any_failed && report->verdict == "divergent")
+        report->remedy_verification = verify_remedies(config, options, *report);
+    };
+    code = diff_pairs(config, dirs, recorded, before_render);
   } else {
     fmt::print(stderr, "detaudit: recorded {}\n", dirs[0]);
     // One run cannot diverge yet, but the catalog says what in it could.
@@ -424,6 +425,10 @@ void add_run_verb(CLI::App& app, VerbAction* action) {
       "--rehash-inputs", f.rehash_inputs,
       "hash every input at every top-level op (programs that write tensors through NumPy)");
   sub->add_flag("--no-inputs", f.no_inputs, "record op outputs only");
+  sub->add_flag("--sentinel", f.sentinel,
+                "record only each step's parameters, gradients, optimizer state and loss; with "
+                "--runs 2, find the first divergent step, then record that step in full and "
+                "diff it to the op");
   optional_flag(sub, args.get(), "--device-batch-mib", &f.device_batch_mib,
                 "MiB a thread's open batch of device digests may hold (0: a batch per op)");
   optional_flag(sub, args.get(), "--seed", &f.seed,

@@ -315,7 +315,8 @@ void ThreadRecorder::on_start(const at::RecordFunction& fn) {
   const OpInfo& info = op_info(fn);
   f.info = &info;
   trace::Phase phase;
-  if (recording_wanted(info, &phase)) begin_op(fn, f, phase);
+  if (recording_wanted(info, &phase) && (!sentinel_step(proc) || sentinel_wants(f, phase)))
+    begin_op(fn, f, phase);
   // Recorded or not, the op must not write bytes an open batch is still to digest.
   if (device_digest_) {
     launch_device_batches_before(fn, info);
@@ -340,6 +341,31 @@ bool ThreadRecorder::recording_wanted(const OpInfo& info, trace::Phase* phase) {
   *phase = phases_.phase(proc.is_python());
   return proc.config().select.wants_phase(*phase);
 }
+
+bool ThreadRecorder::sentinel_step(const ProcessRecorder& proc) const {
+  const Config& c = proc.config();
+  return c.sentinel && !(c.full_steps && c.full_steps->contains(proc.step()));
+}
+
+bool ThreadRecorder::sentinel_wants(Frame& f, trace::Phase phase) const {
+  // Collectives stay: they tell data-parallel replicas (the replica check) from independent
+  // processes, and a rank that differs from them.
+  if (f.info->collective.defined()) return true;
+  if (f.depth != 0) return false;
+  f.loss_candidate = phase == trace::Phase::kForward;
+  return f.loss_candidate || phase == trace::Phase::kOptimizer;
+}
+
+namespace {
+
+// What a loss looks like where it is made: one floating scalar that autograd will differentiate.
+bool looks_like_loss(const std::vector<c10::IValue>& outputs) {
+  if (outputs.size() != 1 || !outputs[0].isTensor()) return false;
+  const at::Tensor& t = outputs[0].toTensor();
+  return t.defined() && t.dim() == 0 && t.is_floating_point() && t.requires_grad();
+}
+
+}  // namespace
 
 void ThreadRecorder::launch_device_batches_before(const at::RecordFunction& fn,
                                                   const OpInfo& info) {
@@ -431,9 +457,10 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f, trace::Pha
       ByteWriter(&bytes_).varint(inputs.size());
       for (size_t i = 0; i < inputs.size(); ++i) {
         const uint64_t bit = i < 64 ? uint64_t(1) << i : 0;
-        capture_value(inputs[i], (written & bit)       ? Use::kWrittenInFull
-                                 : (overwritten & bit) ? Use::kNotRead
-                                                       : Use::kRead);
+        // A loss candidate's inputs are activations: their shape says enough.
+        capture_value(inputs[i], (written & bit)                           ? Use::kWrittenInFull
+                                 : (overwritten & bit) || f.loss_candidate ? Use::kNotRead
+                                                                           : Use::kRead);
       }
     } else {
       ByteWriter(&bytes_).varint(0);
@@ -629,6 +656,7 @@ void ThreadRecorder::on_end(const at::RecordFunction& fn) {
     return;
   }
   phases_.leave_op(f.backward);
+  if (f.recorded && f.loss_candidate && !looks_like_loss(fn.outputs())) f.recorded = false;
   if (!f.recorded && f.info && f.info->writes && !f.info->metadata_only) {
     // A write we do not record still changes bytes the cache describes.
     for (const c10::IValue& v : fn.outputs())

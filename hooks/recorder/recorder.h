@@ -233,6 +233,8 @@ class ThreadRecorder {
     const OpInfo* info = nullptr;
     size_t items_begin = 0, items_end = 0, bytes_begin = 0, snaps_begin = 0;
     uint64_t batch_adds = 0;  // the device batch's adds() once the op's inputs were added
+    // Sentinel mode: a top-level forward op, kept only if it returns what a loss looks like.
+    bool loss_candidate = false;
   };
 
   ThreadRecorder();
@@ -243,6 +245,11 @@ class ThreadRecorder {
   void begin_op(const at::RecordFunction& fn, Frame& f, trace::Phase phase);
   // Whether this op is to be recorded (and in which phase), once its OpInfo is known.
   bool recording_wanted(const OpInfo& info, trace::Phase* phase);
+  // Sentinel mode (Config::sentinel): the optimizer's top-level ops, and top-level forward ops
+  // as loss candidates.
+  bool sentinel_wants(Frame& f, trace::Phase phase) const;
+  // This op's step is watched by the sentinel, not recorded in full (Config::full_steps).
+  bool sentinel_step(const ProcessRecorder& proc) const;
   // Whether the op enclosing frames_[frame] runs a kernel of its own (unknown: yes) and its
   // nested ops added tensors to the device batch: that kernel may write them once they end.
   bool enclosing_kernel_may_write_batch(size_t frame) const;

@@ -390,8 +390,9 @@ Status parse_config(const json& j, Config* out) {
   }
   if (j.contains("record")) {
     const json& r = j["record"];
-    if (Status s = check_object(r, "record",
-                                {"stats", "inputs", "rehash_inputs", "device_batch_mib"});
+    if (Status s = check_object(
+            r, "record",
+            {"stats", "inputs", "rehash_inputs", "device_batch_mib", "sentinel", "full_steps"});
         !s.ok())
       return s;
     if (r.contains("device_batch_mib"))
@@ -407,6 +408,14 @@ Status parse_config(const json& j, Config* out) {
         return s;
     if (r.contains("inputs"))
       if (Status s = get_bool(r["inputs"], "record.inputs", &c.inputs); !s.ok()) return s;
+    if (r.contains("sentinel"))
+      if (Status s = get_bool(r["sentinel"], "record.sentinel", &c.sentinel); !s.ok()) return s;
+    if (r.contains("full_steps") && !r["full_steps"].is_null()) {
+      RangeSet steps;
+      if (Status s = RangeSet::parse(r["full_steps"], "record.full_steps", &steps); !s.ok())
+        return s;
+      c.full_steps = steps;
+    }
   }
   if (j.contains("determinism"))
     if (Status s = parse_determinism(j["determinism"], &c.determinism); !s.ok()) return s;
@@ -484,7 +493,9 @@ json config_to_json(const Config& c) {
   j["record"] = {{"stats", c.stats},
                  {"inputs", c.inputs},
                  {"rehash_inputs", c.rehash_inputs},
-                 {"device_batch_mib", c.device_batch_mib}};
+                 {"device_batch_mib", c.device_batch_mib},
+                 {"sentinel", c.sentinel},
+                 {"full_steps", c.full_steps ? c.full_steps->to_json() : json(nullptr)}};
   json det;
   det["seed"] = c.determinism.seed ? json(*c.determinism.seed) : json(nullptr);
   det["algorithms"] = c.determinism.algorithms.empty() ? json(nullptr)

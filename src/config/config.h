@@ -71,6 +71,12 @@ struct Config {
   bool stats = true;
   bool inputs = true;
   bool rehash_inputs = false;  // trust no cached input across top-level ops
+  // Record only what a step leaves: the optimizer's top-level ops (parameters, gradients and
+  // its state) and the loss. A long run at about plain speed, to find the first divergent step.
+  bool sentinel = false;
+  // With sentinel: steps recorded in full all the same (null: none). How `run --sentinel`
+  // records the divergent step with every step before it still watched.
+  std::optional<RangeSet> full_steps;
   // The bytes (MiB) a thread's open batch of device digests may hold; 0: a batch per op.
   int64_t device_batch_mib = 256;
   DeterminismConfig determinism;

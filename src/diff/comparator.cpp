@@ -451,28 +451,38 @@ class StreamComparator {
   }
 
   // The loss: backward starts from ones_like(loss); the last such 0-dim input before the step's
-  // first backward op is the step's loss.
+  // first backward op is the step's loss. A sentinel trace has no backward ops and no ones_like:
+  // there it is the last top-level forward op's 0-dim output before the optimizer.
   void track_loss(const BufferedOp& a, const BufferedOp& b) {
     if (a.rec.step != loss_step_) {
       loss_step_ = a.rec.step;
       loss_candidate_.reset();
+      loss_from_ones_like_ = false;
       loss_taken_ = false;
     }
     if (loss_taken_) return;
-    if (a.rec.phase == trace::Phase::kBackward) {
+    // An optimizer op before any candidate is zero_grad's, ahead of the forward.
+    if (a.rec.phase == trace::Phase::kBackward ||
+        (a.rec.phase == trace::Phase::kOptimizer && loss_candidate_)) {
       if (loss_candidate_)
         out_->loss[a.rec.step] = LossPoint{loss_candidate_->first, loss_candidate_->second};
       loss_taken_ = true;
       return;
     }
-    if (a.rec.input_tensors.empty() || b.rec.input_tensors.empty() ||
-        a_->name_of(a.rec) != "aten::ones_like")
-      return;
-    const trace::TensorDesc* ta = a_->reader().tensor(a.rec.input_tensors[0]);
-    const trace::TensorDesc* tb = b_->reader().tensor(b.rec.input_tensors[0]);
+    const bool ones_like = a_->name_of(a.rec) == "aten::ones_like";
+    const bool scalar_out = !ones_like && !loss_from_ones_like_ && a.rec.depth == 0 &&
+                            a.rec.output_tensors.size() == 1 && b.rec.output_tensors.size() == 1;
+    if (!ones_like && !scalar_out) return;
+    const auto& ids_a = ones_like ? a.rec.input_tensors : a.rec.output_tensors;
+    const auto& ids_b = ones_like ? b.rec.input_tensors : b.rec.output_tensors;
+    if (ids_a.empty() || ids_b.empty()) return;
+    const trace::TensorDesc* ta = a_->reader().tensor(ids_a[0]);
+    const trace::TensorDesc* tb = b_->reader().tensor(ids_b[0]);
     if (ta && tb && ta->sizes.empty() && tb->sizes.empty() && (ta->bits & trace::kTensorHasStats) &&
-        (tb->bits & trace::kTensorHasStats) && !(ta->bits & trace::kTensorIntStats))
+        (tb->bits & trace::kTensorHasStats) && !(ta->bits & trace::kTensorIntStats)) {
       loss_candidate_.emplace(ta->stats.mean, tb->stats.mean);
+      loss_from_ones_like_ = ones_like;
+    }
   }
 
   // Parameters, approximately: the k-th in-place op of a step's optimizer phase.
@@ -765,6 +775,7 @@ class StreamComparator {
   uint64_t loss_step_ = UINT64_MAX;
   std::optional<std::pair<double, double>> loss_candidate_;
   bool loss_taken_ = false;
+  bool loss_from_ones_like_ = false;
   OpSource* a_ = nullptr;
   OpSource* b_ = nullptr;
   uint64_t total_bytes_ = 0;

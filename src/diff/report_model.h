@@ -85,6 +85,25 @@ struct RemedyVerification {
   std::vector<Round> rounds;
 };
 
+// `run --sentinel`: the first divergent step, found from traces of what each step leaves
+// (parameters, gradients, optimizer state, loss), then that step recorded in full (cli/sentinel.cpp).
+struct SentinelFinding {
+  std::string runs;              // the sentinel runs' directory
+  bool divergent = false;        // some step differs
+  uint64_t steps_divergent = 0;  // steps with a difference
+  uint64_t step = 0;             // the first one
+  std::string first;  // what differed first there: "r0.main.t-main aten::add_ (optimizer)"
+  std::vector<std::string> tensors;  // that op's differing tensors, with shapes and L2 in A and B
+  std::string full_runs;             // where that step and the one before were recorded in full
+  std::string full_steps;            // "899-900"
+  bool came_back = false;            // the full recording diverged too: the report is its diff
+  // Rounds whose full recording parted before its window: the race fired earlier there.
+  std::vector<std::string> moved;
+  std::string note;                      // when it did not: what that means
+  std::string command;                   // records from the step before on
+  std::vector<std::string> catalog_ops;  // catalog ops that ran in those steps, when it did not
+};
+
 struct FirstDivergence {
   std::string stream, process;
   int64_t rank = 0;
@@ -261,6 +280,7 @@ struct DiffReport {
   std::vector<RunEnding> endings;
   // `run --verify-remedy`: the remedy applied as run's settings and its runs diffed (cli/run.cpp).
   std::optional<RemedyVerification> remedy_verification;
+  std::optional<SentinelFinding> sentinel;
   std::vector<StreamSummary> streams;
   uint64_t ops_compared = 0, records_a = 0, records_b = 0, bytes_read = 0;
   double seconds = 0;

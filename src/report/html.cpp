@@ -369,6 +369,11 @@ std::string render_html(const DiffReport& r) {
     for (const std::string& n : r.not_compared) b += "<li>" + esc(n) + "</li>";
     b += "</ul></section>";
   }
+  if (auto [head, lines] = sentinel_lines(r); !head.empty()) {
+    b += "<section id=\"sentinel\"><h2>Sentinel</h2><p><strong>" + esc(head) + "</strong></p><ul>";
+    for (const std::string& l : lines) b += "<li>" + esc(l) + "</li>";
+    b += "</ul></section>";
+  }
   if (const auto& v = r.remedy_verification) {
     b += "<section id=\"remedy\"><h2>Remedy verification</h2><p><strong>" + esc(v->outcome) +
          "</strong></p><ul>";

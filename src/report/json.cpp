@@ -154,6 +154,21 @@ json report_to_json(const DiffReport& r) {
                             {"failed", e.failed},
                             {"processes", processes}});
   }
+  j["sentinel"] = nullptr;
+  if (const auto& s = r.sentinel)
+    j["sentinel"] = {{"runs", s->runs},
+                     {"divergent", s->divergent},
+                     {"step", s->divergent ? json(s->step) : json(nullptr)},
+                     {"first", s->first.empty() ? json(nullptr) : json(s->first)},
+                     {"tensors", s->tensors},
+                     {"steps_divergent", s->steps_divergent},
+                     {"full_runs", s->full_runs.empty() ? json(nullptr) : json(s->full_runs)},
+                     {"full_steps", s->full_steps.empty() ? json(nullptr) : json(s->full_steps)},
+                     {"came_back", s->came_back},
+                     {"moved", s->moved},
+                     {"note", s->note.empty() ? json(nullptr) : json(s->note)},
+                     {"command", s->command.empty() ? json(nullptr) : json(s->command)},
+                     {"catalog_ops", s->catalog_ops}};
   j["remedy_verification"] = nullptr;
   if (const auto& v = r.remedy_verification) {
     json rounds = json::array();

@@ -63,6 +63,16 @@ std::string render_junit(const DiffReport& r) {
         xml_escape(c.process), c.pool->thread, body);
   }
   size_t extra = 0;
+  if (auto [head, lines] = sentinel_lines(r); !head.empty()) {
+    // Said beside the op-level cases; its failure is the divergence they already count.
+    std::string text = head + "\n";
+    for (const std::string& l : lines) text += l + "\n";
+    cases += fmt::format(
+        "  <testcase classname=\"detaudit\" name=\"sentinel\"><system-out>{}</system-out>"
+        "</testcase>\n",
+        xml_escape(text));
+    ++extra;
+  }
   if (const auto& v = r.remedy_verification) {
     // A remedy that did not make the runs identical is a failure of its own.
     std::string body;
@@ -77,7 +87,7 @@ std::string render_junit(const DiffReport& r) {
     body += "<system-out>" + xml_escape(v->outcome + "\n" + rounds) + "</system-out>";
     cases += fmt::format("  <testcase classname=\"detaudit\" name=\"remedy\">{}</testcase>\n",
                          body);
-    extra = 1;
+    ++extra;
   }
   std::string props;
   for (const EnvDifference& d : r.environment)

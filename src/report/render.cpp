@@ -36,3 +36,32 @@ std::string render_report(const DiffReport& report, ReportFormat format, bool co
 }
 
 }  // namespace detaudit
+
+namespace detaudit {
+
+std::pair<std::string, std::vector<std::string>> sentinel_lines(const DiffReport& r) {
+  if (!r.sentinel) return {};
+  const SentinelFinding& s = *r.sentinel;
+  if (!s.divergent)
+    return {fmt::format("sentinel: every step's parameters, gradients, optimizer state and loss "
+                        "agree ({})",
+                        s.runs),
+            {}};
+  if (s.first.empty())
+    return {fmt::format("sentinel: the runs differ ({}), at no op to name a step by", s.runs), {}};
+  std::vector<std::string> lines;
+  lines.push_back("first: " + s.first);
+  for (const std::string& t : s.tensors) lines.push_back(t);
+  lines.push_back(fmt::format("{} step(s) with a difference", s.steps_divergent));
+  for (const std::string& m : s.moved) lines.push_back(m);
+  if (s.came_back)
+    lines.push_back(fmt::format("step(s) {} recorded in full ({}): the op above is where it began",
+                                s.full_steps, s.full_runs));
+  if (!s.note.empty()) lines.push_back(s.note);
+  for (const std::string& c : s.catalog_ops) lines.push_back("catalog op that ran: " + c);
+  if (!s.came_back && !s.command.empty()) lines.push_back("to record from there: " + s.command);
+  return {fmt::format("sentinel: the runs first differ at step {} ({})", s.step, s.runs),
+          std::move(lines)};
+}
+
+}  // namespace detaudit

@@ -34,6 +34,9 @@ std::string one_line_verdict(const DiffReport& r);
 // B's program failed (exit code 1); what both runs recorded is identical"), then one line per
 // process (diff/endings.h). Empty when every process exited.
 std::vector<std::pair<std::string, std::vector<std::string>>> ending_lines(const DiffReport& r);
+// `run --sentinel`: a headline ("sentinel: runs part at step 900 ...") and its lines; an empty
+// headline when the report has no sentinel finding.
+std::pair<std::string, std::vector<std::string>> sentinel_lines(const DiffReport& r);
 // The digests the streams were recorded with, "md5" or "device, md5" ("" if no stream).
 std::string digests_used(const DiffReport& r);
 

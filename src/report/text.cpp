@@ -69,6 +69,10 @@ std::string render_text(const DiffReport& r, bool color) {
     for (const std::string& l : lines) out += "    " + l + "\n";
   }
   for (const std::string& n : r.notes) out += "  note: " + n + "\n";
+  if (auto [head, lines] = sentinel_lines(r); !head.empty()) {
+    out += st(r.sentinel->divergent ? "33" : "32", "  " + head) + "\n";
+    for (const std::string& l : lines) out += "    " + l + "\n";
+  }
   if (const auto& v = r.remedy_verification) {
     out += st(v->verified ? "32" : "33", "  remedy " + v->outcome) + "\n";
     for (const RemedyVerification::Round& k : v->rounds)

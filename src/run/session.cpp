@@ -136,6 +136,7 @@ Status apply_run_flags(const RunFlags& f, Config* c) {
       return s;
   if (f.no_mkl_vml_warm_up) c->determinism.mkl_vml_warm_up = false;
   if (f.no_inputs) c->inputs = false;
+  if (f.sentinel) c->sentinel = true;
   if (f.seed) c->determinism.seed = *f.seed;
   if (f.deterministic)
     if (Status s = patch("--deterministic", {{"determinism", {{"algorithms", *f.deterministic}}}},

@@ -25,6 +25,7 @@ struct RunFlags {
   std::optional<std::string> ops, exclude_ops, phases;  // comma-separated
   std::optional<std::string> digest;
   bool no_stats = false, no_inputs = false, rehash_inputs = false, allow_truncated = false;
+  bool sentinel = false;
   bool no_mkl_vml_warm_up = false;
   std::optional<uint64_t> seed;
   std::optional<std::string> deterministic;  // on|warn|off

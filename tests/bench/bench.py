@@ -32,6 +32,9 @@ MODES = [
     ("sha256", {"digest": "sha256", "record": {"stats": False}}),
     ("xxh3 + stats", {"digest": "xxh3"}),
     ("xxh3", {"digest": "xxh3", "record": {"stats": False}}),
+    # `run --sentinel`: each step's optimizer ops and loss only, to find the first divergent step.
+    ("sentinel, md5 + stats", {"digest": "md5", "record": {"sentinel": True}}),
+    ("sentinel, xxh3 + stats", {"digest": "xxh3", "record": {"sentinel": True}}),
     # The device digest's pipeline driven on the CPU (DETAUDIT_DEVICE_QUEUE=host): one launch for
     # many ops' tensors, and the per-op batches before it; "_env" goes to the environment.
     ("device, host queue", {"digest": "device", "_env": {"DETAUDIT_DEVICE_QUEUE": "host"}}),

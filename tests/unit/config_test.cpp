@@ -195,6 +195,9 @@ TEST(ConfigTest, Record) {
   EXPECT_EQ(parse_ok(R"({"record": {"device_batch_mib": 0}})").device_batch_mib, 0);
   parse_error(R"({"record": {"device_batch_mib": -1}})", "record.device_batch_mib");
   parse_error(R"({"record": {"device_batch_mib": "64"}})", "record.device_batch_mib");
+  EXPECT_FALSE(parse_ok("{}").sentinel);
+  EXPECT_TRUE(parse_ok(R"({"record": {"sentinel": true}})").sentinel);
+  parse_error(R"({"record": {"sentinel": 1}})", "record.sentinel");
 }
 
 TEST(ConfigTest, Determinism) {
@@ -264,7 +267,7 @@ TEST(ConfigTest, RoundTripsThroughResolvedJson) {
     "runs": 4, "out": "o",
     "select": {"steps": [1, "3-5", "8-"], "ops": {"include": ["aten::*"], "exclude": ["aten::view"]},
                "phases": ["backward"], "ranks": [0]},
-    "digest": "xxh3", "record": {"stats": false, "inputs": true},
+    "digest": "xxh3", "record": {"stats": false, "inputs": true, "sentinel": true},
     "determinism": {"seed": 7, "algorithms": "on", "intra_op_threads": 3, "mkl_vml_warm_up": false},
     "gate": {"fail_on": "tolerance", "rtol": 0.001, "atol": 1e-6},
     "report": {"format": "markdown", "output": "r.md"}})");
@@ -281,6 +284,7 @@ TEST(ConfigTest, RoundTripsThroughResolvedJson) {
   EXPECT_EQ(d.select.phases, std::vector<trace::Phase>{trace::Phase::kBackward});
   EXPECT_EQ(d.digest, trace::DigestAlgo::kXxh3);
   EXPECT_FALSE(d.stats);
+  EXPECT_TRUE(d.sentinel);
   EXPECT_EQ(*d.determinism.seed, 7u);
   EXPECT_EQ(d.gate.rtol, 0.001);
   EXPECT_EQ(d.format, "markdown");

@@ -1,0 +1,216 @@
+#include "cli/sentinel.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <optional>
+#include <nlohmann/json.hpp>
+
+#include "catalog/catalog.h"
+#include "cli/verbs.h"
+#include "diff/diff.h"
+#include "diff/risk.h"
+
+namespace detaudit::cli {
+namespace {
+
+std::string shape(const std::vector<int64_t>& sizes) {
+  return fmt::format("[{}]", fmt::join(sizes, ", "));
+}
+
+// By how much: L2 in A and B, and their difference (often below the printed digits).
+std::string l2_change(const TensorPair& t) {
+  if (!t.a.has_stats || !t.b.has_stats) return "digest differs";
+  return fmt::format("L2 {:.9g} vs {:.9g} (B - A = {:.3g})", t.a.stats.l2, t.b.stats.l2,
+                     t.b.stats.l2 - t.a.stats.l2);
+}
+
+// The sentinel's first divergence, as the step-level finding says it.
+void describe_first(const FirstDivergence& f, SentinelFinding* s) {
+  s->step = f.step;
+  s->first = fmt::format("{} {} ({})", f.stream, f.op, f.phase);
+  for (const auto* side : {&f.inputs, &f.outputs})
+    for (const TensorPair& t : *side)
+      if (t.differs)
+        s->tensors.push_back(
+            fmt::format("{} {} {} {}: {}", t.role, t.index, t.a.dtype, shape(t.a.sizes), l2_change(t)));
+}
+
+// What `detaudit run` would record from `first` on, with the program's own command.
+std::string command_from(const Config& config, uint64_t first) {
+  std::string cmd = fmt::format("detaudit run --runs 2 --steps {}- --out {}", first,
+                                (std::filesystem::path(config.out) / "from-step").string());
+  cmd += " --";
+  for (const std::string& a : config.target.command) cmd += " " + a;
+  return cmd;
+}
+
+}  // namespace
+
+namespace {
+
+constexpr int kMaxRounds = 3;
+
+// The earliest divergent step of a diff: its first op's, else its curve's (a sentinel diff may
+// place no first op: a gradient bucket all-reduced across ranks, whose makers it did not record).
+std::optional<uint64_t> earliest_step(const DiffReport& r) {
+  if (r.first) return r.first->step;
+  if (!r.curve.empty()) return r.curve.begin()->first;
+  return std::nullopt;
+}
+
+// Records the program twice more in `out`: the sentinel still watching every step, steps
+// `window` in full. Returns their diff, or false with `why` set.
+bool record_window(const Config& config, const run::RunOptions& options, const std::string& window,
+                   const std::string& out, DiffReport* diff, std::vector<std::string>* dirs,
+                   std::string* why) {
+  Config full = config;
+  full.runs = 2;
+  full.out = out;
+  RangeSet steps;
+  if (Status st = RangeSet::parse(nlohmann::json(window), "record.full_steps", &steps); !st.ok()) {
+    *why = st.message();
+    return false;
+  }
+  full.full_steps = steps;
+  run::RunOptions again = options;
+  again.force = true;  // ours: inside --out, which this audit holds
+  dirs->clear();
+  for (int i = 0; i < 2; ++i) {
+    run::RunOutcome o;
+    if (Status st = run::execute_run(full, again, i, &o); !st.ok() || o.streams.empty()) {
+      *why = st.ok() ? fmt::format("run-{} recorded no trace", i) : st.message();
+      return false;
+    }
+    dirs->push_back(o.dir);
+  }
+  DiffOptions diff_options;
+  diff_options.gate = config.gate;
+  Catalog catalog;
+  if (Catalog::load(catalog_path(), &catalog).ok()) diff_options.catalog = &catalog;
+  if (Status st = diff_runs((*dirs)[0], (*dirs)[1], diff_options, diff); !st.ok()) {
+    *why = st.message();
+    return false;
+  }
+  return true;
+}
+
+std::string window_of(uint64_t k) {
+  return k == 0 ? "0" : fmt::format("{}-{}", k - 1, k);
+}
+
+}  // namespace
+
+void localize_divergent_step(const Config& config, const run::RunOptions& options,
+                             DiffReport* report) {
+  SentinelFinding s;
+  s.runs = config.out;
+  s.steps_divergent = report->curve.size();
+  s.divergent = report->verdict == "divergent" || report->divergent_ops > 0;
+  std::optional<uint64_t> step = earliest_step(*report);
+  if (!step) {
+    report->sentinel = std::move(s);
+    return;
+  }
+  if (report->first) {
+    describe_first(*report->first, &s);
+  } else {
+    s.step = *step;
+    s.first = fmt::format("none placed among {} differing op(s)",
+                          report->curve.begin()->second.divergent_ops);
+  }
+  uint64_t k = s.step;
+  DiffReport full_report;
+  std::vector<std::string> dirs;
+  bool came_back = false;
+  // The race may fire before the window in the runs that record it (the sentinel watches those
+  // steps too): then the window moves there, a few times at most.
+  for (int round = 1; round <= kMaxRounds; ++round) {
+    s.full_steps = window_of(k);
+    s.full_runs = (std::filesystem::path(config.out) /
+                   (round == 1 ? std::string("full") : fmt::format("full-{}", round)))
+                      .string();
+    fmt::print(stderr,
+               "detaudit: sentinel: runs part at step {} ({}); recording step(s) {} in full, "
+               "twice, in {}\n",
+               k, s.first, s.full_steps, s.full_runs);
+    std::string why;
+    full_report = DiffReport{};
+    if (!record_window(config, options, s.full_steps, s.full_runs, &full_report, &dirs, &why)) {
+      s.note = fmt::format("the full recording of step(s) {} failed: {}", s.full_steps, why);
+      report->sentinel = std::move(s);
+      return;
+    }
+    std::optional<uint64_t> at = earliest_step(full_report);
+    const uint64_t window_start = k == 0 ? 0 : k - 1;
+    if (at && *at < window_start && round < kMaxRounds) {
+      s.moved.push_back(fmt::format("recording steps {} in full, the runs parted earlier, at "
+                                    "step {}: recorded again there",
+                                    s.full_steps, *at));
+      k = *at;
+      continue;
+    }
+    came_back = at.has_value() && *at >= window_start;
+    break;
+  }
+  const uint64_t from = k > 0 ? k - 1 : 0;
+  s.command = command_from(config, from);
+  s.came_back = came_back;
+  if (came_back) {
+    // The op-level report, with the whole run's step-level view from the sentinel.
+    full_report.curve = std::move(report->curve);
+    full_report.loss = std::move(report->loss);
+    full_report.parameters = std::move(report->parameters);
+    full_report.parameters_tracked = report->parameters_tracked;
+    full_report.divergent_ops = report->divergent_ops;
+    full_report.divergent_ops_per_step = std::move(report->divergent_ops_per_step);
+    full_report.notes.push_back(fmt::format(
+        "sentinel: the spread, loss and parameters are the sentinel runs' ({}: every step, the "
+        "optimizer's top-level ops and the loss); the first divergence is from step(s) {} "
+        "recorded in full ({})",
+        s.runs, s.full_steps, s.full_runs));
+    full_report.sentinel = std::move(s);
+    *report = std::move(full_report);
+    return;
+  }
+  s.note = fmt::format(
+      "recorded in full, step(s) {} were {}: what made step {} differ is rare or did not "
+      "happen again at that step. The step-level finding stands; record from step {} on to "
+      "catch it where it next happens",
+      s.full_steps, full_report.verdict, k, from);
+  Catalog catalog;
+  if (Catalog::load(catalog_path(), &catalog).ok()) {
+    RiskReport risk;
+    if (risk_report(dirs[0], catalog, &risk).ok())
+      for (const RiskHit& h : risk.hits)
+        // The full diff saw no garbage read: the empty family is not what this is about.
+        if (h.entry_id != "uninitialized-memory")
+          s.catalog_ops.push_back(fmt::format("{} ({}, {} times from step {}): {}", h.op,
+                                              h.entry_id, h.count, h.first_step, h.remedy));
+  }
+  const std::string remedy = "record from step " + std::to_string(from) + " on: " + s.command;
+  report->sentinel = std::move(s);
+  if (!report->first) {
+    // Unexplained only for want of the ops a sentinel leaves out: the step is the finding.
+    report->verdict = "divergent";
+    report->unexplained.clear();
+    return;
+  }
+  // What the sentinel's diff called the first divergence was made by ops it does not record:
+  // its class and cause said so no better than "external". The step is what is known.
+  FirstDivergence& f = *report->first;
+  f.divergence_class = "step-level";
+  f.cause = fmt::format(
+      "step {}'s {} differs, made by ops the sentinel does not record; recorded in full, that "
+      "step did not differ again",
+      f.step, f.phase == "optimizer" ? "optimizer input or update" : "loss");
+  std::string which = "an output";
+  for (const auto* side : {&f.inputs, &f.outputs})
+    for (const TensorPair& t : *side)
+      if (t.differs && which == "an output") which = fmt::format("{} {}", t.role, t.index);
+  f.detail = fmt::format("{} differs in the sentinel runs, not in the full recording", which);
+  f.remedy = remedy;
+  f.catalog.reset();
+}
+
+}  // namespace detaudit::cli

@@ -1,0 +1,189 @@
+"""`detaudit run --sentinel`: long runs recorded at each step's end only (parameters, gradients,
+optimizer state, loss); the first divergent step is then recorded in full and diffed to the op.
+Real programs under the real interposer: a 1,000-step loop whose CPU index_put race starts at
+step 900, the same loop without it, a difference that never comes back, and DDP over gloo.
+
+    cd build && ctest -R e2e.*test_sentinel --output-on-failure
+"""
+import os
+import re
+import unittest
+
+from detaudit_testlib import (PYTHON, TmpDirCase, build_binary, export_records, output_log,
+                              program, record, record_pair, run_program)
+
+LONG_RUN = [PYTHON, program("long_run.py")]
+DDP = [PYTHON, program("ddp_train.py")]
+RACE_ATTEMPTS = 3
+
+
+def op_names_by_step(run_dir):
+    by_step = {}
+    for r in export_records(run_dir, stream="r0.main.t-main"):
+        if r["record"] == "op":
+            by_step.setdefault(r["step"], []).append((r["name"], r["phase"], r["depth"]))
+    return by_step
+
+
+class DeterministicLongRun(TmpDirCase):
+    def test_identical_and_recorded_at_each_steps_end_only(self):
+        out = os.path.join(self.tmp, "audit")
+        argv = LONG_RUN + ["--steps", "1000"]
+        proc, report = record_pair(out, argv, flags=["--sentinel"])
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(report["verdict"], "identical", report.get("first_divergence"))
+        self.assertFalse(report["sentinel"]["divergent"], report["sentinel"])
+        self.assertFalse(os.path.exists(os.path.join(out, "full")), "nothing to record in full")
+        # No changed results: the program printed what it prints alone.
+        plain = run_program(argv)
+        self.assertEqual(plain.returncode, 0, plain.stderr)
+        for i in (0, 1):
+            self.assertEqual(output_log(os.path.join(out, f"run-{i}")).strip(),
+                             plain.stdout.strip())
+        # Each step: the loss, then the optimizer's top-level updates, and nothing else.
+        by_step = op_names_by_step(os.path.join(out, "run-0"))
+        self.assertEqual(sorted(by_step), list(range(1000)))
+        for step, seen in by_step.items():
+            # torch 1.13's zero_grad zeroes the gradients (and its scope makes a handle with
+            # `empty`): optimizer phase too, before the forward.
+            self.assertTrue(set(seen) <= {("aten::cross_entropy_loss", "forward", 0),
+                                          ("aten::add_", "optimizer", 0),
+                                          ("aten::zero_", "optimizer", 0),
+                                          ("aten::empty", "optimizer", 0)}, (step, seen))
+            self.assertEqual(seen.count(("aten::cross_entropy_loss", "forward", 0)), 1, step)
+            self.assertEqual(seen.count(("aten::add_", "optimizer", 0)), 4, step)
+        # The loss is found in every step.
+        self.assertEqual([p["step"] for p in report["spread"]["loss"]], list(range(1000)))
+
+
+    def test_a_cpp_program_alike(self):
+        # libtorch's SGD with momentum, no Python: its optimizer ops and nll_loss each step.
+        out = os.path.join(self.tmp, "cpp")
+        proc, report = record_pair(out, [build_binary("train_cnn"), "--steps", "4"],
+                                   flags=["--sentinel"])
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(report["verdict"], "identical", report.get("first_divergence"))
+        by_step = op_names_by_step(os.path.join(out, "run-0"))
+        self.assertEqual(sorted(by_step), [0, 1, 2, 3])
+        for step, seen in by_step.items():
+            self.assertEqual(seen[0], ("aten::nll_loss", "forward", 0), (step, seen))
+            self.assertTrue(seen[1:] and all(p == "optimizer" and d == 0 for _, p, d in seen[1:]),
+                            (step, seen))
+        self.assertEqual([p["step"] for p in report["spread"]["loss"]], [0, 1, 2, 3])
+
+
+class LateRace(TmpDirCase):
+    def test_named_at_step_900_then_at_its_index_put(self):
+        for attempt in range(RACE_ATTEMPTS):
+            out = os.path.join(self.tmp, f"audit{attempt}")
+            proc, report = record_pair(out, LONG_RUN + ["--steps", "1000", "--race-from", "900"],
+                                       flags=["--sentinel"])
+            sentinel = report["sentinel"]
+            if sentinel["divergent"] and sentinel["came_back"]:
+                break
+        else:
+            self.skipTest(f"the index_put race did not fire twice at one step in "
+                          f"{RACE_ATTEMPTS} audits")
+        self.assertEqual(proc.returncode, 1, proc.stderr)
+        # The race starts at step 900 and fires in nearly every step from there.
+        self.assertGreaterEqual(sentinel["step"], 900, sentinel)
+        self.assertLessEqual(sentinel["step"], 905, sentinel)
+        k = sentinel["step"]
+        # Steps k-1 and k in full; if the race fired earlier in those runs, the window moved.
+        lo, hi = (int(x) for x in sentinel["full_steps"].split("-"))
+        self.assertEqual(hi - lo, 1)
+        self.assertEqual((lo, hi) == (k - 1, k), not sentinel["moved"], sentinel)
+        self.assertTrue(os.path.isdir(os.path.join(sentinel["full_runs"], "run-1")))
+        # What differed first at step level: the optimizer's update, read from the gradient.
+        self.assertIn("aten::add_ (optimizer)", sentinel["first"])
+        self.assertTrue(any(t.startswith("input 1 float32 [256]") for t in sentinel["tensors"]),
+                        sentinel["tensors"])
+        # Then the op: the report is the full recording's diff.
+        first = report["first_divergence"]
+        self.assertEqual(first["op"], "aten::_index_put_impl_", first)
+        self.assertEqual(first["class"], "nondeterministic-op", first)
+        # In the full recording of the window, the race may fire at either step (from 900 on).
+        self.assertIn(first["step"], (lo, hi), first)
+        self.assertGreaterEqual(first["step"], 900, first)
+        self.assertEqual(first["catalog"]["id"], "index-put-accumulate-cpu", first)
+        self.assertEqual(report["run_a"], os.path.join(sentinel["full_runs"], "run-0"))
+        # The spread stays the whole run's: from step k on, nearly every step, none before.
+        steps = [p["step"] for p in report["spread"]["per_step"]]
+        self.assertEqual(min(steps), k)
+        self.assertGreater(len(steps), 50)
+
+
+class DifferenceThatDoesNotComeBack(TmpDirCase):
+    def test_step_level_verdict_with_the_command_to_go_on(self):
+        out = os.path.join(self.tmp, "audit")
+        counter = os.path.join(self.tmp, "runs.txt")
+        proc, report = record_pair(out, LONG_RUN + ["--steps", "300", "--perturb", "2:250",
+                                                    "--perturb-count", counter],
+                                   flags=["--sentinel"])
+        with open(counter) as f:
+            self.assertEqual(f.read(), "4", "two sentinel runs, then two full ones")
+        self.assertEqual(proc.returncode, 1, proc.stderr)
+        self.assertEqual(report["verdict"], "divergent")
+        sentinel = report["sentinel"]
+        self.assertEqual(sentinel["step"], 250, sentinel)
+        self.assertFalse(sentinel["came_back"], sentinel)
+        self.assertIn("did not happen again", sentinel["note"])
+        self.assertIn("--steps 249-", sentinel["command"])
+        self.assertIn("long_run.py", sentinel["command"])
+        first = report["first_divergence"]
+        self.assertEqual(first["step"], 250, first)
+        self.assertEqual(first["class"], "step-level", first)
+        self.assertIsNone(first["catalog"], first)
+        self.assertEqual(report["run_a"], os.path.join(out, "run-0"))
+        self.assertEqual(sentinel["moved"], [])
+
+    def test_a_difference_earlier_in_the_full_runs_moves_the_window(self):
+        # The sentinel pair parts at 250; the second full run then parts at 200, before the
+        # window: the window moves there, and the runs after that agree.
+        out = os.path.join(self.tmp, "moved")
+        counter = os.path.join(self.tmp, "moved-runs.txt")
+        proc, report = record_pair(out, LONG_RUN + ["--steps", "300", "--perturb", "2:250",
+                                                    "--perturb", "4:200",
+                                                    "--perturb-count", counter],
+                                   flags=["--sentinel"])
+        with open(counter) as f:
+            self.assertEqual(f.read(), "6", "two sentinel runs, then two full ones, twice")
+        self.assertEqual(proc.returncode, 1, proc.stderr)
+        sentinel = report["sentinel"]
+        self.assertEqual(sentinel["step"], 250, sentinel)
+        self.assertEqual(len(sentinel["moved"]), 1, sentinel)
+        self.assertIn("at step 200", sentinel["moved"][0])
+        self.assertEqual(sentinel["full_steps"], "199-200")
+        self.assertEqual(sentinel["full_runs"], os.path.join(out, "full-2"))
+        self.assertFalse(sentinel["came_back"], sentinel)
+        self.assertIn("--steps 199-", sentinel["command"])
+
+
+class DdpRaceOnOneRank(TmpDirCase):
+    def test_sentinel_then_rank_1s_index_put(self):
+        for attempt in range(RACE_ATTEMPTS):
+            out = os.path.join(self.tmp, f"race{attempt}")
+            proc, report = record_pair(out, DDP + ["--launch", "env", "--steps", "3",
+                                                   "--race-rank", "1"], flags=["--sentinel"])
+            if report["sentinel"]["came_back"]:
+                break
+        else:
+            self.skipTest(f"the index_put race did not fire twice in {RACE_ATTEMPTS} audits")
+        self.assertEqual(proc.returncode, 1, proc.stderr)
+        self.assertEqual(report["sentinel"]["step"], 0, report["sentinel"])
+        first = report["first_divergence"]
+        self.assertEqual(first["rank"], 1, first)
+        self.assertEqual(first["op"], "aten::_index_put_impl_", first)
+
+    def test_the_sentinel_is_the_replica_check(self):
+        # One run: ranks that should hold the same parameters, compared at each step.
+        proc, run = record(os.path.join(self.tmp, "one"),
+                           DDP + ["--launch", "env", "--steps", "3", "--corrupt-rank", "1",
+                                  "--corrupt-step", "1"], flags=["--sentinel"])
+        self.assertEqual(proc.returncode, 1, proc.stderr)
+        self.assertRegex(proc.stdout + proc.stderr, r"Replicas .*DISAGREE .* at step 2")
+        self.assertIn("rank 1's parameter", proc.stdout + proc.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
