@@ -309,6 +309,11 @@ int run_main(const RunArgs& args) {
     }
   }
 
+  // A sentinel only finds the step: unless chosen, its digest is the fastest one; the step's
+  // full recording goes back to md5 (localize_divergent_step).
+  if (config.sentinel && !config.digest_chosen && config.digest == trace::DigestAlgo::kMd5)
+    config.digest = trace::DigestAlgo::kXxh3;
+
   // Before anything starts: --out is ours alone and can be written.
   run::OutLock out_lock;
   if (Status s = out_lock.acquire(config.out, "detaudit run"); !s.ok()) return report_error(s);

@@ -3,8 +3,8 @@
 #include <fmt/format.h>
 
 #include <filesystem>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "catalog/catalog.h"
 #include "cli/verbs.h"
@@ -32,8 +32,8 @@ void describe_first(const FirstDivergence& f, SentinelFinding* s) {
   for (const auto* side : {&f.inputs, &f.outputs})
     for (const TensorPair& t : *side)
       if (t.differs)
-        s->tensors.push_back(
-            fmt::format("{} {} {} {}: {}", t.role, t.index, t.a.dtype, shape(t.a.sizes), l2_change(t)));
+        s->tensors.push_back(fmt::format("{} {} {} {}: {}", t.role, t.index, t.a.dtype,
+                                         shape(t.a.sizes), l2_change(t)));
 }
 
 // What `detaudit run` would record from `first` on, with the program's own command.
@@ -73,6 +73,9 @@ bool record_window(const Config& config, const run::RunOptions& options, const s
     return false;
   }
   full.full_steps = steps;
+  // The sentinel's default xxh3 (run_main): the steps recorded in full are evidence, in md5.
+  if (!config.digest_chosen && config.digest == trace::DigestAlgo::kXxh3)
+    full.digest = trace::DigestAlgo::kMd5;
   run::RunOptions again = options;
   again.force = true;  // ours: inside --out, which this audit holds
   dirs->clear();
@@ -95,9 +98,7 @@ bool record_window(const Config& config, const run::RunOptions& options, const s
   return true;
 }
 
-std::string window_of(uint64_t k) {
-  return k == 0 ? "0" : fmt::format("{}-{}", k - 1, k);
-}
+std::string window_of(uint64_t k) { return k == 0 ? "0" : fmt::format("{}-{}", k - 1, k); }
 
 }  // namespace
 
@@ -144,9 +145,10 @@ void localize_divergent_step(const Config& config, const run::RunOptions& option
     std::optional<uint64_t> at = earliest_step(full_report);
     const uint64_t window_start = k == 0 ? 0 : k - 1;
     if (at && *at < window_start && round < kMaxRounds) {
-      s.moved.push_back(fmt::format("recording steps {} in full, the runs parted earlier, at "
-                                    "step {}: recorded again there",
-                                    s.full_steps, *at));
+      s.moved.push_back(
+          fmt::format("recording steps {} in full, the runs parted earlier, at "
+                      "step {}: recorded again there",
+                      s.full_steps, *at));
       k = *at;
       continue;
     }

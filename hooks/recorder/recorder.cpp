@@ -352,8 +352,10 @@ bool ThreadRecorder::sentinel_wants(Frame& f, trace::Phase phase) const {
   // processes, and a rank that differs from them.
   if (f.info->collective.defined()) return true;
   if (f.depth != 0) return false;
+  // Begun only at its end, if it returned a loss: a forward op per time step (an LSTM's cells)
+  // costs no more than an op not recorded.
   f.loss_candidate = phase == trace::Phase::kForward;
-  return f.loss_candidate || phase == trace::Phase::kOptimizer;
+  return phase == trace::Phase::kOptimizer;
 }
 
 namespace {
@@ -450,17 +452,17 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f, trace::Pha
           enclosing = &frames_[k];
       f.program_empty = f.depth == 0 || (enclosing && enclosing->program_empty);
     }
-    if (proc.config().inputs) {
+    // A loss is begun at its end (sentinel_wants), when its inputs are gone.
+    if (proc.config().inputs && !f.loss_candidate) {
       // Inside the buffer, so that small inputs can join the MD5 batch (md5_batch_).
       InBuffer in_buffer(md5_batch_ ? &stream_ : nullptr, &in_buffer_);
       auto inputs = fn.inputs();
       ByteWriter(&bytes_).varint(inputs.size());
       for (size_t i = 0; i < inputs.size(); ++i) {
         const uint64_t bit = i < 64 ? uint64_t(1) << i : 0;
-        // A loss candidate's inputs are activations: their shape says enough.
-        capture_value(inputs[i], (written & bit)                           ? Use::kWrittenInFull
-                                 : (overwritten & bit) || f.loss_candidate ? Use::kNotRead
-                                                                           : Use::kRead);
+        capture_value(inputs[i], (written & bit)       ? Use::kWrittenInFull
+                                 : (overwritten & bit) ? Use::kNotRead
+                                                       : Use::kRead);
       }
     } else {
       ByteWriter(&bytes_).varint(0);
@@ -478,7 +480,8 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f, trace::Pha
   if (saw_fake_tensor_) f.recorded = false;  // torch.compile tracing, not the program's work
   saw_fake_tensor_ = false;
   // Still busy: saving the inputs runs ops of its own.
-  if (const CaptureSpec* spec = capture_spec(); spec && f.recorded && !capture_done())
+  if (const CaptureSpec* spec = capture_spec();
+      spec && f.recorded && !f.loss_candidate && !capture_done())
     maybe_capture(*spec, fn, f);
   if (!f.recorded) {
     items_.resize(f.items_begin);
@@ -656,7 +659,8 @@ void ThreadRecorder::on_end(const at::RecordFunction& fn) {
     return;
   }
   phases_.leave_op(f.backward);
-  if (f.recorded && f.loss_candidate && !looks_like_loss(fn.outputs())) f.recorded = false;
+  if (f.loss_candidate && !f.info->is_random && looks_like_loss(fn.outputs()))
+    begin_op(fn, f, trace::Phase::kForward);
   if (!f.recorded && f.info && f.info->writes && !f.info->metadata_only) {
     // A write we do not record still changes bytes the cache describes.
     for (const c10::IValue& v : fn.outputs())
