@@ -10,6 +10,7 @@
 #include "cli/verbs.h"
 #include "diff/diff.h"
 #include "diff/risk.h"
+#include "diff/step_states.h"
 
 namespace detaudit::cli {
 namespace {
@@ -109,11 +110,24 @@ void localize_divergent_step(const Config& config, const run::RunOptions& option
   s.steps_divergent = report->curve.size();
   s.divergent = report->verdict == "divergent" || report->divergent_ops > 0;
   std::optional<uint64_t> step = earliest_step(*report);
-  if (!step) {
+  std::optional<GeneratorDifference> rng;
+  if (Status st = first_generator_difference(report->run_a, report->run_b, &rng); !st.ok())
+    s.note = "the generators' states were not compared: " + st.message();
+  if (rng) {
+    s.generator = fmt::format(
+        "{} generator state of {} first differs at step {} ({:016x} vs {:016x})", rng->generator,
+        rng->stream, rng->step, rng->a, rng->b);
+    s.divergent = true;
+  }
+  if (rng && (!step || rng->step < *step)) {
+    // Drawn otherwise before any recorded tensor differs: the step before made the difference.
+    s.step = rng->step;
+    s.first = fmt::format("the {} generator's state ({})", rng->generator, rng->stream);
+    step = rng->step;
+  } else if (!step) {
     report->sentinel = std::move(s);
     return;
-  }
-  if (report->first) {
+  } else if (report->first) {
     describe_first(*report->first, &s);
   } else {
     s.step = *step;

@@ -94,9 +94,10 @@ struct SentinelFinding {
   uint64_t step = 0;             // the first one
   std::string first;  // what differed first there: "r0.main.t-main aten::add_ (optimizer)"
   std::vector<std::string> tensors;  // that op's differing tensors, with shapes and L2 in A and B
-  std::string full_runs;             // where that step and the one before were recorded in full
-  std::string full_steps;            // "899-900"
-  bool came_back = false;            // the full recording diverged too: the report is its diff
+  std::string generator;   // the first step whose generator state differs (STEP records), or ""
+  std::string full_runs;   // where that step and the one before were recorded in full
+  std::string full_steps;  // "899-900"
+  bool came_back = false;  // the full recording diverged too: the report is its diff
   // Rounds whose full recording parted before its window: the race fired earlier there.
   std::vector<std::string> moved;
   std::string note;                      // when it did not: what that means

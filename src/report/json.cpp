@@ -161,6 +161,7 @@ json report_to_json(const DiffReport& r) {
                      {"step", s->divergent ? json(s->step) : json(nullptr)},
                      {"first", s->first.empty() ? json(nullptr) : json(s->first)},
                      {"tensors", s->tensors},
+                     {"generator", s->generator.empty() ? json(nullptr) : json(s->generator)},
                      {"steps_divergent", s->steps_divergent},
                      {"full_runs", s->full_runs.empty() ? json(nullptr) : json(s->full_runs)},
                      {"full_steps", s->full_steps.empty() ? json(nullptr) : json(s->full_steps)},

@@ -52,6 +52,7 @@ std::pair<std::string, std::vector<std::string>> sentinel_lines(const DiffReport
   std::vector<std::string> lines;
   lines.push_back("first: " + s.first);
   for (const std::string& t : s.tensors) lines.push_back(t);
+  if (!s.generator.empty()) lines.push_back(s.generator);
   lines.push_back(fmt::format("{} step(s) with a difference", s.steps_divergent));
   for (const std::string& m : s.moved) lines.push_back(m);
   if (s.came_back)

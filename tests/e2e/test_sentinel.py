@@ -159,6 +159,31 @@ class DifferenceThatDoesNotComeBack(TmpDirCase):
         self.assertIn("--steps 199-", sentinel["command"])
 
 
+class GeneratorDrawnOnceMore(TmpDirCase):
+    def test_found_by_the_generator_state_then_the_extra_random_op(self):
+        # The second run draws once more after step 120's update (the recorder's step 121: a step
+        # ends with its optimizer step): no parameter, gradient or loss differs, but step 122
+        # starts from another generator state.
+        out = os.path.join(self.tmp, "audit")
+        counter = os.path.join(self.tmp, "runs.txt")
+        proc, report = record_pair(out, LONG_RUN + ["--steps", "200", "--extra-draw", "2:120",
+                                                    "--extra-draw", "4:120",
+                                                    "--perturb-count", counter],
+                                   flags=["--sentinel"])
+        self.assertEqual(proc.returncode, 1, proc.stderr)
+        sentinel = report["sentinel"]
+        self.assertEqual(sentinel["step"], 122, sentinel)
+        self.assertIn("cpu generator state of r0.main.t-main first differs at step 122",
+                      sentinel["generator"])
+        self.assertTrue(sentinel["came_back"], sentinel)
+        self.assertEqual(sentinel["full_steps"], "121-122")
+        # Recorded in full, run B ran one op more at step 121: the extra draw.
+        self.assertEqual(report["verdict"], "divergent")
+        structural = report["structural_differences"]["first"][0]
+        self.assertEqual(structural["step"], 121, structural)
+        self.assertIn("outermost: aten::rand", structural["detail"])
+
+
 class DdpRaceOnOneRank(TmpDirCase):
     def test_sentinel_then_rank_1s_index_put(self):
         for attempt in range(RACE_ATTEMPTS):

@@ -9,6 +9,8 @@
 --perturb N:K   with --perturb-count FILE: the program counts its runs in FILE; its N-th run scales
                 step K's batch by 1 + 1e-6 (repeatable). The difference happens once and never
                 again, as a rare race would.
+--extra-draw N:K with --perturb-count FILE: the N-th run draws once more from torch's generator
+                after step K's update, changing nothing it trains on (repeatable).
 Prints each step's loss (every 100 steps) and the MD5 of the parameters at the end.
 """
 import argparse
@@ -47,10 +49,12 @@ def main():
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--race-from", type=int, default=-1)
     ap.add_argument("--perturb", action="append", default=[], metavar="RUN:STEP")
+    ap.add_argument("--extra-draw", action="append", default=[], metavar="RUN:STEP")
     ap.add_argument("--perturb-count", default="")
     a = ap.parse_args()
     run = count_run(a.perturb_count) if a.perturb_count else 0
     perturbed = {int(s) for r, s in (p.split(":") for p in a.perturb) if int(r) == run}
+    draws = {int(s) for r, s in (p.split(":") for p in a.extra_draw) if int(r) == run}
 
     torch.set_num_threads(2)
     torch.manual_seed(0)
@@ -69,6 +73,8 @@ def main():
         loss = nn.functional.cross_entropy(model(x, idx), y)
         loss.backward()
         opt.step()
+        if step in draws:
+            torch.rand(7)
         if step % 100 == 0 or step == a.steps - 1:
             print(f"step {step} loss {loss.item():.9f}", flush=True)
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
