@@ -72,6 +72,24 @@ class DeterministicLongRun(TmpDirCase):
         self.assertEqual([p["step"] for p in report["spread"]["loss"]], [0, 1, 2, 3])
 
 
+    def test_device_digest_is_one_batch_a_step(self):
+        # The GPU's pipeline driven on the CPU (DETAUDIT_DEVICE_QUEUE=host): a step's parameter
+        # updates share one launch, made at the step's end. (torch 1.13's zero_grad zeroes the
+        # gradients the batch still holds: one launch more before it, each step.)
+        out = os.path.join(self.tmp, "device")
+        proc, report = record_pair(out, LONG_RUN + ["--steps", "50"],
+                                   flags=["--sentinel", "--digest", "device",
+                                          "--env", "DETAUDIT_DEVICE_QUEUE=host"])
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(report["verdict"], "identical", report.get("first_divergence"))
+        with open(os.path.join(out, "run-0", "streams", "r0.main.status")) as f:
+            status = f.read()
+        m = re.search(r"device digests: (\d+) launches, (\d+) tensors", status)
+        self.assertIsNotNone(m, status)
+        self.assertLessEqual(int(m.group(1)), 2 * 50 + 5, status)
+        self.assertRegex(status, r"launched for: .*step 50")
+
+
 class LateRace(TmpDirCase):
     def test_named_at_step_900_then_at_its_index_put(self):
         for attempt in range(RACE_ATTEMPTS):
