@@ -168,7 +168,9 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t, Use use) {
   TensorCache::StorageState* st = cache_.storage_of(t);
   // Another process, or a CUDA graph's replay, may have written these bytes since: describe
   // them as found.
-  const bool same_bytes_known = !shared && !replayed && cache_.bytes_known(st, s.version);
+  const bool same_bytes_known = !shared && !replayed &&
+                                (cache_.bytes_known(st, s.version) ||
+                                 cache_.bytes_known_in_this_op(st));
   // First seen after a compiled region ran: most likely its output, made by kernels we cannot see.
   trace::Provenance prov = same_bytes_known           ? trace::Provenance::kView
                            : compiled_region_in_step_ ? trace::Provenance::kCompiled

@@ -69,6 +69,7 @@ TensorCache::Entry* TensorCache::lookup(const at::Tensor& t, uint32_t version,
     return nullptr;
   // Trusting no writer outside torch: what an earlier top-level op saw is not evidence.
   if (rehash_inputs_ && e.top_level_serial != top_level_serial_) return nullptr;
+  e.read_serial = top_level_serial_;
   return &e;
 }
 
@@ -97,6 +98,15 @@ TensorCache::StorageState* TensorCache::storage_of(const at::Tensor& t) {
 bool TensorCache::bytes_known(const StorageState* st, uint32_t version) const {
   // Bytes an op reads after an `empty` were written outside the dispatcher: not known.
   return st && st->id >= 0 && st->version == version && !st->uninitialized;
+}
+
+bool TensorCache::bytes_known_in_this_op(const StorageState* st) const {
+  if (!st || st->id < 0 || st->uninitialized || !st->last) return false;
+  auto it = entries_.find(st->last);
+  if (it == entries_.end()) return false;
+  const Entry& e = it->second;
+  return e.read_serial == top_level_serial_ && e.version == st->last_version &&
+         e.storage_writes == st->writes && !e.impl.expired();
 }
 
 const trace::TensorDesc* TensorCache::described_geometry(

@@ -50,6 +50,7 @@ class TensorCache {
     int64_t base_id = -1;           // for views: the id of the tensor whose bytes these are
     uint64_t written_order = 0;     // order of the op whose output it is; 0 when seen as input
     uint64_t top_level_serial = 0;  // the top-level op during which it was described
+    uint64_t read_serial = 0;       // the top-level op that last found it valid (lookup)
     trace::TensorDesc desc;
     std::shared_ptr<const PendingDigest> pending;  // desc's device digest, while on its way
   };
@@ -119,6 +120,10 @@ class TensorCache {
   StorageState* storage_of(const at::Tensor& t);
   // The written tensor whose bytes t views, if they are unchanged and not uninitialized.
   bool bytes_known(const StorageState* st, uint32_t version) const;
+  // The same for a view with a version counter of its own: one a kernel made below autograd
+  // (addmm's expand of its bias), which never saw the base's bumps. Known if the tensor last
+  // written there was found valid in this top-level op and nothing wrote the storage since.
+  bool bytes_known_in_this_op(const StorageState* st) const;
   // A description of exactly t's bytes, in t's order, made since the storage's last write, if
   // any, and its device digest if that is still on its way. Its sizes may be another reshape's
   // (take_geometry).

@@ -13,8 +13,8 @@
 namespace detaudit {
 
 struct GeneratorDifference {
-  std::string stream;  // "r0.main.t-main"
-  uint64_t step = 0;   // the first step whose starting state differs
+  std::string stream;     // "r0.main.t-main"
+  uint64_t step = 0;      // the first step whose starting state differs
   std::string generator;  // "cpu" or "cuda"
   uint64_t a = 0, b = 0;  // the states' digests
 };
