@@ -166,7 +166,14 @@ void localize_divergent_step(const Config& config, const run::RunOptions& option
       k = *at;
       continue;
     }
-    came_back = at.has_value() && *at >= window_start;
+    // Parting only after the window (steps the sentinel alone watched there) is not the
+    // difference coming back: the window's full records would not show its op.
+    came_back = at.has_value() && *at >= window_start && *at <= k;
+    if (at && *at > k)
+      s.moved.push_back(
+          fmt::format("recording steps {} in full, the runs parted only after "
+                      "them, at step {}",
+                      s.full_steps, *at));
     break;
   }
   const uint64_t from = k > 0 ? k - 1 : 0;

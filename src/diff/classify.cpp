@@ -223,6 +223,24 @@ double largest_relative_difference(const trace::OpRecord& a, const trace::TraceR
   return largest;
 }
 
+namespace {
+
+// Where each run's bytes were made: "; run A read what aten::uniform_ made at op #15, run B what
+// aten::uniform_ made at op #23" ("" when either is unknown). Both runs made both: the values
+// agree, drawn at the same places; which tensor got them differs.
+std::string made_where(const SeenOutputs& seen, const trace::DigestBytes& read_in_a,
+                       const trace::DigestBytes& read_in_b, const OpSource& sa,
+                       const OpSource& sb) {
+  const SeenOutputs::Made* in_a = SeenOutputs::find(seen.a, read_in_a);
+  const SeenOutputs::Made* in_b = SeenOutputs::find(seen.b, read_in_b);
+  if (!in_a || !in_b) return "";
+  return fmt::format("; run A read what {} made at op #{}, run B what {} made at op #{}",
+                     sa.reader().string(in_a->name), in_a->index, sb.reader().string(in_b->name),
+                     in_b->index);
+}
+
+}  // namespace
+
 void classify_divergence(const BufferedOp& a, const OpSource& sa, const BufferedOp& b,
                          const OpSource& sb, const GateConfig& gate, FirstDivergence* fd,
                          const SeenOutputs* seen) {
@@ -341,8 +359,8 @@ void classify_divergence(const BufferedOp& a, const OpSource& sa, const Buffered
       fd->data_order = true;
       fd->detail = fmt::format(
           "input {} is, in both runs, an earlier op's output that agreed, but a different one: "
-          "the same tensors in a different selection or order",
-          first_diff_input);
+          "the same tensors in a different selection or order{}",
+          first_diff_input, made_where(*seen, ta->digest, tb->digest, sa, sb));
       return;
     }
     // The same through views (addmm's expanded bias): each view's base is an output the other
@@ -356,8 +374,8 @@ void classify_divergence(const BufferedOp& a, const OpSource& sa, const Buffered
       fd->data_order_through_view = true;
       fd->detail = fmt::format(
           "input {} is, in both runs, a view of an earlier op's output that agreed, but of a "
-          "different one: the same tensors, created or picked in a different order",
-          first_diff_input);
+          "different one: the same tensors, created or picked in a different order{}",
+          first_diff_input, made_where(*seen, base_a->digest, base_b->digest, sa, sb));
       return;
     }
     if (uninit) {

@@ -40,14 +40,25 @@ double largest_relative_difference(const trace::OpRecord& a, const trace::TraceR
 // divergence: a plain vector (8 bytes an output, at most 8 MB a run), not a hash set.
 struct SeenOutputs {
   static constexpr size_t kMax = 1u << 20;
-  std::vector<uint64_t> a, b;
+  // An output both runs agreed on: its digest's first 8 bytes, and the op that made it.
+  struct Made {
+    uint64_t key;
+    uint32_t index;  // the op's position in its stream (saturated)
+    uint32_t name;   // the op's name, an id of that run's string table
+  };
+  std::vector<Made> a, b;
   static uint64_t key(const trace::DigestBytes& d) {
     uint64_t k;
     std::memcpy(&k, d.data(), 8);
     return k;
   }
-  static bool has(const std::vector<uint64_t>& keys, const trace::DigestBytes& d) {
-    return std::find(keys.begin(), keys.end(), key(d)) != keys.end();
+  static const Made* find(const std::vector<Made>& made, const trace::DigestBytes& d) {
+    const uint64_t k = key(d);
+    auto it = std::find_if(made.begin(), made.end(), [k](const Made& m) { return m.key == k; });
+    return it == made.end() ? nullptr : &*it;
+  }
+  static bool has(const std::vector<Made>& made, const trace::DigestBytes& d) {
+    return find(made, d) != nullptr;
   }
 };
 

@@ -440,7 +440,8 @@ class StreamComparator {
       if (keys->size() >= SeenOutputs::kMax || !op->outputs.present) continue;
       for (size_t i = 0; i < op->outputs.count; ++i)
         if (op->outputs.compared >> i & 1)
-          keys->push_back(SeenOutputs::key(op->outputs.digests[i]));
+          keys->push_back({SeenOutputs::key(op->outputs.digests[i]),
+                           uint32_t(std::min<uint64_t>(op->index, UINT32_MAX)), op->rec.name});
     }
   }
 

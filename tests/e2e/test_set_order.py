@@ -44,6 +44,12 @@ class SetOrder(TmpDirCase):
         self.assertTrue(f["hash_seed_unset"], f)
         self.assertIn("PYTHONHASHSEED", f["cause"])
         self.assertIsNone(f["catalog"], f)
+        # Both places: the same values were made at the same ops in both runs; each run read
+        # another one of them here.
+        made = re.search(r"run A read what (aten::\w+) made at op #(\d+), run B what (aten::\w+) "
+                         r"made at op #(\d+)", f["detail"])
+        self.assertIsNotNone(made, f["detail"])
+        self.assertNotEqual(made.group(2), made.group(4), f["detail"])
         v = report["remedy_verification"]
         self.assertTrue(v["verified"], v)
         self.assertEqual(v["flags"], "--env PYTHONHASHSEED=0", v)
