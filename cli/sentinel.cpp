@@ -11,13 +11,10 @@
 #include "diff/diff.h"
 #include "diff/risk.h"
 #include "diff/step_states.h"
+#include "report/render.h"
 
 namespace detaudit::cli {
 namespace {
-
-std::string shape(const std::vector<int64_t>& sizes) {
-  return fmt::format("[{}]", fmt::join(sizes, ", "));
-}
 
 // By how much: L2 in A and B, and their difference (often below the printed digits).
 std::string l2_change(const TensorPair& t) {
@@ -34,7 +31,7 @@ void describe_first(const FirstDivergence& f, SentinelFinding* s) {
     for (const TensorPair& t : *side)
       if (t.differs)
         s->tensors.push_back(fmt::format("{} {} {} {}: {}", t.role, t.index, t.a.dtype,
-                                         shape(t.a.sizes), l2_change(t)));
+                                         shape_string(t.a.sizes), l2_change(t)));
 }
 
 // What `detaudit run` would record from `first` on, with the program's own command.
@@ -45,10 +42,6 @@ std::string command_from(const Config& config, uint64_t first) {
   for (const std::string& a : config.target.command) cmd += " " + a;
   return cmd;
 }
-
-}  // namespace
-
-namespace {
 
 constexpr int kMaxRounds = 3;
 
