@@ -30,10 +30,15 @@ def abort_from_a_thread(race):
         threads = [threading.Thread(target=lambda: (gate.wait(), LIBC.abort()), name=f"teardown{i}")
                    for i in range(2)]
     else:
-        threads = [threading.Thread(target=LIBC.abort, name="teardown")]
+        aborting = threading.Event()
+        threads = [threading.Thread(target=lambda: (aborting.set(), LIBC.abort()),
+                                    name="teardown")]
     for t in threads:
         t.start()
     if race == "main-exits":
+        # From the abort's call, not the thread's start: starting a thread on a loaded machine
+        # can take longer than the sleep, and the program then exited 0 before aborting.
+        aborting.wait()
         time.sleep(0.002)  # inside the abort's save, which takes milliseconds
         LIBC._exit(0)
     for t in threads:
