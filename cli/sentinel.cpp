@@ -55,9 +55,9 @@ std::optional<uint64_t> earliest_step(const DiffReport& r) {
 
 // Records the program twice more in `out`: the sentinel still watching every step, steps
 // `window` in full. Returns their diff, or false with `why` set.
-bool record_window(const Config& config, const run::RunOptions& options, const std::string& window,
-                   const std::string& out, DiffReport* diff, std::vector<std::string>* dirs,
-                   std::string* why) {
+bool record_window(const Config& config, const run::RunOptions& options, const Catalog* catalog,
+                   const std::string& window, const std::string& out, DiffReport* diff,
+                   std::vector<std::string>* dirs, std::string* why) {
   Config full = config;
   full.runs = 2;
   full.out = out;
@@ -83,8 +83,7 @@ bool record_window(const Config& config, const run::RunOptions& options, const s
   }
   DiffOptions diff_options;
   diff_options.gate = config.gate;
-  Catalog catalog;
-  if (Catalog::load(catalog_path(), &catalog).ok()) diff_options.catalog = &catalog;
+  diff_options.catalog = catalog;
   if (Status st = diff_runs((*dirs)[0], (*dirs)[1], diff_options, diff); !st.ok()) {
     *why = st.message();
     return false;
@@ -128,6 +127,8 @@ void localize_divergent_step(const Config& config, const run::RunOptions& option
                           report->curve.begin()->second.divergent_ops);
   }
   uint64_t k = s.step;
+  Catalog catalog;
+  const bool have_catalog = Catalog::load(catalog_path(), &catalog).ok();
   DiffReport full_report;
   std::vector<std::string> dirs;
   bool came_back = false;
@@ -144,7 +145,8 @@ void localize_divergent_step(const Config& config, const run::RunOptions& option
                k, s.first, s.full_steps, s.full_runs);
     std::string why;
     full_report = DiffReport{};
-    if (!record_window(config, options, s.full_steps, s.full_runs, &full_report, &dirs, &why)) {
+    if (!record_window(config, options, have_catalog ? &catalog : nullptr, s.full_steps,
+                       s.full_runs, &full_report, &dirs, &why)) {
       s.note = fmt::format("the full recording of step(s) {} failed: {}", s.full_steps, why);
       report->sentinel = std::move(s);
       return;
@@ -194,8 +196,7 @@ void localize_divergent_step(const Config& config, const run::RunOptions& option
       "happen again at that step. The step-level finding stands; record from step {} on to "
       "catch it where it next happens",
       s.full_steps, full_report.verdict, k, from);
-  Catalog catalog;
-  if (Catalog::load(catalog_path(), &catalog).ok()) {
+  if (have_catalog) {
     RiskReport risk;
     if (risk_report(dirs[0], catalog, &risk).ok())
       for (const RiskHit& h : risk.hits)

@@ -100,27 +100,27 @@ bool TensorCache::bytes_known(const StorageState* st, uint32_t version) const {
   return st && st->id >= 0 && st->version == version && !st->uninitialized;
 }
 
-bool TensorCache::bytes_known_in_this_op(const StorageState* st) const {
-  if (!st || st->id < 0 || st->uninitialized || !st->last) return false;
+const TensorCache::Entry* TensorCache::last_written_unchanged(const StorageState* st) const {
   auto it = entries_.find(st->last);
-  if (it == entries_.end()) return false;
-  const Entry& e = it->second;
-  return e.read_serial == top_level_serial_ && e.version == st->last_version &&
-         e.storage_writes == st->writes && !e.impl.expired();
+  if (it == entries_.end()) return nullptr;
+  const Entry& last = it->second;
+  return last.version == st->last_version && last.storage_writes == st->writes ? &last : nullptr;
+}
+
+bool TensorCache::bytes_known_in_this_op(const StorageState* st) const {
+  if (!st || st->id < 0 || st->uninitialized) return false;
+  const Entry* last = last_written_unchanged(st);
+  return last && last->read_serial == top_level_serial_;
 }
 
 const trace::TensorDesc* TensorCache::described_geometry(
     StorageState* st, const at::Tensor& t, std::shared_ptr<const PendingDigest>* pending) {
   if (!st || rehash_inputs_) return nullptr;
-  auto it = entries_.find(st->last);
-  if (it != entries_.end()) {
-    const Entry& last = it->second;
-    const bool same_storage = last.storage == t.storage().unsafeGetStorageImpl();
-    if (same_storage && last.version == st->last_version && last.storage_writes == st->writes &&
-        same_bytes_in_order(last.desc, last.storage_offset, t)) {
-      *pending = last.pending;
-      return &last.desc;
-    }
+  if (const Entry* last = last_written_unchanged(st);
+      last && last->storage == t.storage().unsafeGetStorageImpl() &&
+      same_bytes_in_order(last->desc, last->storage_offset, t)) {
+    *pending = last->pending;
+    return &last->desc;
   }
   for (const StorageState::View& v : st->views)
     if (v.writes == st->writes && same_bytes_in_order(v.desc, v.offset, t)) {

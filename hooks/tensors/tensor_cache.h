@@ -146,6 +146,8 @@ class TensorCache {
 
  private:
   bool valid(const Entry& e) const;
+  // The entry of the tensor last written to st, if neither it nor the storage changed since.
+  const Entry* last_written_unchanged(const StorageState* st) const;
   void make_room();
 
   bool rehash_inputs_;
