@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   detaudit::cli::VerbAction action;
   detaudit::cli::add_run_verb(app, &action);
+  detaudit::cli::add_record_verb(app, &action);
   detaudit::cli::add_diff_verb(app, &action);
   detaudit::cli::add_show_verb(app, &action);
   detaudit::cli::add_export_verb(app, &action);

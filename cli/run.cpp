@@ -273,41 +273,48 @@ RemedyVerification verify_remedies(const Config& config, const run::RunOptions& 
   return verification;
 }
 
-int run_main(const RunArgs& args) {
-  Config config;
+// The config from --config and the flags, and the interposer to load; a nonzero return is the
+// exit code, the error already said.
+int prepare_recording(const RunArgs& args, Config* config, run::RunOptions* options) {
   if (!args.config_path.empty())
-    if (Status s = load_config(args.config_path, &config); !s.ok()) return report_error(s);
-  if (Status s = run::apply_run_flags(args.flags, &config); !s.ok()) return report_error(s);
-  if (Status s = run::validate_for_run(config); !s.ok()) return report_error(s);
+    if (Status s = load_config(args.config_path, config); !s.ok()) return report_error(s);
+  if (Status s = run::apply_run_flags(args.flags, config); !s.ok()) return report_error(s);
+  if (Status s = run::validate_for_run(*config); !s.ok()) return report_error(s);
 
-  run::RunOptions options;
-  options.version = DETAUDIT_VERSION;
-  options.force = args.force;
-  options.echo = !args.quiet;
+  options->version = DETAUDIT_VERSION;
+  options->force = args.force;
+  options->echo = !args.quiet;
   const std::string explicit_library = explicit_hooks_library();
   if (!explicit_library.empty() && access(explicit_library.c_str(), R_OK) != 0)
     return report_error(Status::error(
         fmt::format("interposer library not found: {} (unset DETAUDIT_HOOKS to use the ones "
                     "built in {})",
                     explicit_library, interposers_dir())));
-  if (Status s = run::choose_interposer(config, explicit_library, interposers_dir(), source_dir(),
-                                        &options.hooks_library);
+  if (Status s = run::choose_interposer(*config, explicit_library, interposers_dir(), source_dir(),
+                                        &options->hooks_library);
       !s.ok())
     return report_error(s);
-  if (!config.digest_chosen) {
+  if (!config->digest_chosen) {
     // A CUDA run's tensors are digested on their GPU, with no copy and no synchronization.
     run::InterposerBuild build;
     if (run::read_interposer_build(
-            std::filesystem::path(options.hooks_library).parent_path().string(), &build)
+            std::filesystem::path(options->hooks_library).parent_path().string(), &build)
             .ok() &&
-        run::default_digest(config, build) == trace::DigestAlgo::kDevice) {
-      config.digest = trace::DigestAlgo::kDevice;
+        run::default_digest(*config, build) == trace::DigestAlgo::kDevice) {
+      config->digest = trace::DigestAlgo::kDevice;
       if (!args.quiet)
         fmt::print(
             stderr,
             "detaudit: digest: device (a CUDA torch and a GPU; --digest md5 hashes host copies)\n");
     }
   }
+  return 0;
+}
+
+int run_main(const RunArgs& args) {
+  Config config;
+  run::RunOptions options;
+  if (int code = prepare_recording(args, &config, &options)) return code;
 
   // A sentinel only finds the step: unless chosen, its digest is the fastest one; the step's
   // full recording goes back to md5 (localize_divergent_step).
@@ -398,6 +405,70 @@ int run_main(const RunArgs& args) {
   return code;
 }
 
+// What `run` and `record` both take: what to record, and the program.
+void add_recording_flags(CLI::App* sub, RunArgs* args) {
+  run::RunFlags& f = args->flags;
+  sub->add_option("--config", args->config_path, "JSON config (docs/config.md)")
+      ->check(CLI::ExistingFile);
+  optional_flag(sub, args, "--steps", &f.steps, "steps to record: \"0-3,7,10-\" or \"all\"");
+  optional_flag(sub, args, "--ops", &f.ops,
+                "ops to record, comma-separated globs (\"aten::*mm*\")");
+  optional_flag(sub, args, "--exclude-ops", &f.exclude_ops,
+                "ops not to record, comma-separated globs");
+  optional_flag(sub, args, "--phases", &f.phases, "forward,backward,optimizer (default all)");
+  optional_flag(sub, args, "--ranks", &f.ranks, "ranks to record: \"0,2-3\" or \"all\"");
+  optional_flag(sub, args, "--digest", &f.digest,
+                "md5, sha256, xxh3 or device (default: device on a CUDA run with a GPU, else md5)");
+  sub->add_flag("--no-stats", f.no_stats, "do not record min/max/mean/L2 of tensors");
+  sub->add_flag(
+      "--rehash-inputs", f.rehash_inputs,
+      "hash every input at every top-level op (programs that write tensors through NumPy)");
+  sub->add_flag("--no-inputs", f.no_inputs, "record op outputs only");
+  optional_flag(sub, args, "--device-batch-mib", &f.device_batch_mib,
+                "MiB a thread's open batch of device digests may hold (0: a batch per op)");
+  optional_flag(sub, args, "--seed", &f.seed,
+                "seed torch's default generators before the first op");
+  optional_flag(sub, args, "--deterministic", &f.deterministic,
+                "torch.use_deterministic_algorithms: on, warn or off");
+  optional_flag(sub, args, "--threads", &f.threads, "intra-op threads (torch.set_num_threads)");
+  sub->add_flag("--no-mkl-vml-warm-up", f.no_mkl_vml_warm_up,
+                "leave oneMKL's VML kernels unresolved until the program's first calls");
+  sub->add_option("--env", f.env, "K=V for the program's environment (repeatable)")
+      ->allow_extra_args(false);
+  optional_flag(sub, args, "--cwd", &f.cwd, "the program's working directory");
+  sub->add_flag("-q,--quiet", args->quiet, "do not echo the program's output (still logged)");
+  sub->add_option("command", f.command, "the program and its arguments, after \"--\"");
+}
+
+// `detaudit record`: this node's part of one run, into a directory launchers on other nodes
+// (or other SLURM tasks) write too. Two such runs are then compared with `detaudit diff`.
+struct RecordArgs {
+  RunArgs run;
+  std::string run_dir;
+  std::string node;
+};
+
+int record_main(const RecordArgs& args) {
+  Config config;
+  run::RunOptions options;
+  if (int code = prepare_recording(args.run, &config, &options)) return code;
+  const std::string node = args.node.empty() ? run::default_node_name() : args.node;
+  run::RunOutcome outcome;
+  if (Status s = run::execute_node_run(config, options, args.run_dir, node, &outcome); !s.ok())
+    return report_error(s);
+  print_run_problem(outcome, 0);
+  if (int sig = run::interrupted()) {
+    fmt::print(stderr, "detaudit: stopped by {}; what node {} recorded is kept in {}\n",
+               run::signal_name(sig), node, outcome.dir);
+    return int(ExitCode::kTargetFailed);
+  }
+  fmt::print(stderr,
+             "detaudit: recorded node {} ({} stream(s)) into {}; when every node has finished "
+             "both runs: detaudit diff RUN_A RUN_B\n",
+             node, outcome.streams.size(), outcome.dir);
+  return outcome.result.succeeded() ? 0 : int(ExitCode::kTargetFailed);
+}
+
 }  // namespace
 
 void add_run_verb(CLI::App& app, VerbAction* action) {
@@ -410,40 +481,15 @@ void add_run_verb(CLI::App& app, VerbAction* action) {
       "  detaudit run --config config.json --steps 0-3\n"
       "Flags override the config file (docs/config.md). Put the program after \"--\".");
   run::RunFlags& f = args->flags;
-  sub->add_option("--config", args->config_path, "JSON config (docs/config.md)")
-      ->check(CLI::ExistingFile);
+  add_recording_flags(sub, args.get());
   optional_flag(sub, args.get(), "--runs", &f.runs,
                 "how many times to run the program (default 1)");
   optional_flag(sub, args.get(), "--out", &f.out,
                 "directory for run-0/, run-1/, ... (default audit)");
-  optional_flag(sub, args.get(), "--steps", &f.steps, "steps to record: \"0-3,7,10-\" or \"all\"");
-  optional_flag(sub, args.get(), "--ops", &f.ops,
-                "ops to record, comma-separated globs (\"aten::*mm*\")");
-  optional_flag(sub, args.get(), "--exclude-ops", &f.exclude_ops,
-                "ops not to record, comma-separated globs");
-  optional_flag(sub, args.get(), "--phases", &f.phases, "forward,backward,optimizer (default all)");
-  optional_flag(sub, args.get(), "--ranks", &f.ranks, "ranks to record: \"0,2-3\" or \"all\"");
-  optional_flag(sub, args.get(), "--digest", &f.digest,
-                "md5, sha256, xxh3 or device (default: device on a CUDA run with a GPU, else md5)");
-  sub->add_flag("--no-stats", f.no_stats, "do not record min/max/mean/L2 of tensors");
-  sub->add_flag(
-      "--rehash-inputs", f.rehash_inputs,
-      "hash every input at every top-level op (programs that write tensors through NumPy)");
-  sub->add_flag("--no-inputs", f.no_inputs, "record op outputs only");
   sub->add_flag("--sentinel", f.sentinel,
                 "record only each step's parameters, gradients, optimizer state and loss; with "
                 "--runs 2, find the first divergent step, then record that step in full and "
                 "diff it to the op");
-  optional_flag(sub, args.get(), "--device-batch-mib", &f.device_batch_mib,
-                "MiB a thread's open batch of device digests may hold (0: a batch per op)");
-  optional_flag(sub, args.get(), "--seed", &f.seed,
-                "seed torch's default generators before the first op");
-  optional_flag(sub, args.get(), "--deterministic", &f.deterministic,
-                "torch.use_deterministic_algorithms: on, warn or off");
-  optional_flag(sub, args.get(), "--threads", &f.threads,
-                "intra-op threads (torch.set_num_threads)");
-  sub->add_flag("--no-mkl-vml-warm-up", f.no_mkl_vml_warm_up,
-                "leave oneMKL's VML kernels unresolved until the program's first calls");
   optional_flag(sub, args.get(), "--format", &f.format,
                 "report format: text, json, junit, markdown or html");
   optional_flag(sub, args.get(), "--output", &f.output, "write the report to this file");
@@ -452,19 +498,36 @@ void add_run_verb(CLI::App& app, VerbAction* action) {
   optional_flag(sub, args.get(), "--atol", &f.atol, "absolute tolerance for --fail-on tolerance");
   sub->add_flag("--allow-truncated", f.allow_truncated,
                 "pass on what both runs have when a stream was cut short (default: exit 5)");
-  sub->add_option("--env", f.env, "K=V for the program's environment (repeatable)")
-      ->allow_extra_args(false);
-  optional_flag(sub, args.get(), "--cwd", &f.cwd, "the program's working directory");
   sub->add_flag("--force", args->force, "replace run directories that already hold a run");
   sub->add_flag("--verify-remedy", args->verify_remedy,
                 "after a divergent verdict, record 2 more runs with the first divergence's remedy "
                 "applied (--deterministic, --threads, --seed, --env) and diff them, while remedies "
                 "remain (up to 3 rounds); writes OUT/remedy.json");
-  sub->add_flag("-q,--quiet", args->quiet, "do not echo the program's output (still logged)");
-  sub->add_option("command", f.command, "the program and its arguments, after \"--\"");
   sub->callback([args, action] {
     for (auto& f : args->finish) f();
     *action = [args] { return run_main(*args); };
+  });
+}
+
+void add_record_verb(CLI::App& app, VerbAction* action) {
+  auto args = std::make_shared<RecordArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "record", "Record this node's ranks into a run directory shared by every node's launcher");
+  sub->footer(
+      "Examples (each node, once for each of the two runs):\n"
+      "  detaudit record --out /shared/audit/run-0 -- torchrun --nnodes 2 ... train.py\n"
+      "  srun detaudit record --out /shared/audit/run-0 -- python train.py\n"
+      "then: detaudit diff /shared/audit/run-0 /shared/audit/run-1 (docs/multi-node.md)");
+  add_recording_flags(sub, &args->run);
+  sub->add_option("--out", args->run_dir,
+                  "the run directory every node writes into (a shared filesystem)")
+      ->required();
+  sub->add_option("--node", args->node,
+                  "this launcher's name in the run (default: the host's name; "
+                  "\"<host>.task<id>\" under srun)");
+  sub->callback([args, action] {
+    for (auto& f : args->run.finish) f();
+    *action = [args] { return record_main(*args); };
   });
 }
 

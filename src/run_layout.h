@@ -8,6 +8,12 @@
 //   <out>/run-<i>/streams/<process>.status  written by the interposer: "attached" or why not
 //   <out>/run-<i>/compile-cache/            torch.compile's caches, fresh for each run
 //
+// A run recorded across nodes (`detaudit record`, one per node or SLURM task) has no run.json or
+// config.json: each launcher writes its own, named for its node.
+//   <run>/nodes/<node>.json                 like run.json, for what this launcher started
+//   <run>/nodes/<node>.config.json          the config its interposers read
+//   <run>/compile-cache/<node>/             its torch.compile caches
+//
 // <process> is "r<rank>.<role>": role "main", "main.0" for its first forked child (a DataLoader
 // worker), "main.<program>" for a recorded child it started. <stream> is "<process>.t-<thread>":
 // thread "main", a Python thread's name, a named library thread ("pt_autograd_0"), or "thread".
@@ -27,6 +33,8 @@ inline constexpr const char* kPreloadLibrary = "libdetaudit_preload.so";
 // Set by a recorded process for the children it starts: its name, and its RANK ("" if none).
 inline constexpr const char* kEnvParentProcess = "DETAUDIT_PARENT_PROCESS";
 inline constexpr const char* kEnvParentRank = "DETAUDIT_PARENT_RANK";
+// The node a process's launcher recorded it for (`detaudit record`), for its fingerprint.
+inline constexpr const char* kEnvNode = "DETAUDIT_NODE";
 inline constexpr const char* kStreamsDir = "streams";
 inline constexpr const char* kRunJson = "run.json";
 inline constexpr const char* kConfigJson = "config.json";
@@ -35,9 +43,23 @@ inline constexpr const char* kTraceExt = ".dtr";
 inline constexpr const char* kEnvExt = ".env.json";
 inline constexpr const char* kStatusExt = ".status";
 inline constexpr const char* kCompileCacheDir = "compile-cache";
+inline constexpr const char* kNodesDir = "nodes";
+inline constexpr const char* kNodeConfigExt = ".config.json";
 
 inline std::string process_name(long rank, const std::string& role) {
   return "r" + std::to_string(rank) + "." + role;
+}
+// run.json, or a node's own manifest and config in a run recorded across nodes.
+inline std::string manifest_path(const std::string& run_dir, const std::string& node) {
+  return node.empty() ? run_dir + "/" + kRunJson : run_dir + "/" + kNodesDir + "/" + node + ".json";
+}
+inline std::string config_path(const std::string& run_dir, const std::string& node) {
+  return node.empty() ? run_dir + "/" + kConfigJson
+                      : run_dir + "/" + kNodesDir + "/" + node + kNodeConfigExt;
+}
+inline std::string compile_cache_path(const std::string& run_dir, const std::string& node) {
+  return node.empty() ? run_dir + "/" + kCompileCacheDir
+                      : run_dir + "/" + kCompileCacheDir + "/" + node;
 }
 inline std::string stream_name(const std::string& process, const std::string& thread) {
   return process + ".t-" + thread;

@@ -12,7 +12,7 @@ ReceivedBuffers::ReceivedBuffers(std::vector<at::Tensor> tensors, trace::DigestA
                                  bool stats)
     : tensors_(std::move(tensors)), algo_(algo), stats_(stats) {}
 
-void ReceivedBuffers::describe_once() {
+void ReceivedBuffers::describe_once(bool failed) {
   std::unique_lock<std::mutex> lock(mu_);
   if (claimed_) {
     done_.wait(lock, [&] { return described(); });
@@ -23,7 +23,8 @@ void ReceivedBuffers::describe_once() {
 
   // Either thread may get here; neither runs an op the program could see.
   std::vector<Described> out(tensors_.size());
-  size_t i = 0;
+  size_t i = failed ? tensors_.size() : 0;
+  failed_ = failed;
   try {
     at::RecordFunctionGuard no_recording(false);
     Hasher hasher(algo_);

@@ -37,9 +37,11 @@ class ReceivedBuffers {
 
   ReceivedBuffers(std::vector<at::Tensor> tensors, trace::DigestAlgo algo, bool stats);
 
-  // Describes every buffer now, or waits for the thread that is; at most once.
-  void describe_once();
+  // Describes every buffer now, or waits for the thread that is; at most once. `failed`: the
+  // collective's future completed with an error, so the buffers hold what it left (nothing read).
+  void describe_once(bool failed = false);
   bool described() const { return described_.load(std::memory_order_acquire); }
+  bool failed() const { return failed_; }  // after described()
 
   const std::vector<at::Tensor>& tensors() const { return tensors_; }
   // After describe_once().
@@ -53,6 +55,7 @@ class ReceivedBuffers {
   std::mutex mu_;
   std::condition_variable done_;
   bool claimed_ = false;                // a thread is describing them, or has
+  bool failed_ = false;                 // set before described_
   std::atomic<bool> described_{false};  // set under mu_, read without it
 };
 

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "run_layout.h"
 #include "tensors/tensor_digest.h"
 #include "trace/format.h"
 
@@ -304,6 +305,8 @@ const char* kEnvVars[] = {
     "RANK",
     "LOCAL_RANK",
     "WORLD_SIZE",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
     "LD_PRELOAD",
 };
 
@@ -357,9 +360,12 @@ void write_environment(const std::string& path, const ProcessFacts& process) {
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   j["host"] = host;
+  const char* node = std::getenv(layout::kEnvNode);
+  j["node"] = node ? nlohmann::json(node) : nlohmann::json(nullptr);
   j["pid"] = ::getpid();
   j["rank"] = process.rank;
   const char* world = std::getenv("WORLD_SIZE");
+  if (!world) world = std::getenv("SLURM_NTASKS");  // srun's tasks, one a rank
   j["world_size"] = world ? std::atoi(world) : 1;
   j["process_role"] = process.role;
   j["command_line"] = command_line();

@@ -80,7 +80,7 @@ void ThreadRecorder::follow_collective(PendingCollective& p,
   // once, here, if the collective already completed.
   if (p.future)
     p.future->addCallback(
-        [buffers = p.buffers](c10::ivalue::Future&) { buffers->describe_once(); });
+        [buffers = p.buffers](c10::ivalue::Future& f) { buffers->describe_once(f.hasError()); });
 }
 
 bool ThreadRecorder::unfilled_collective_buffer(const at::Tensor& t) {
@@ -105,7 +105,8 @@ bool ThreadRecorder::returns_unfilled_buffer(const c10::IValue& v) {
 bool ThreadRecorder::PendingCollective::ready() {
   if (buffers->described()) return true;
   if (future ? !future->completed() : work && !work_completed(work)) return false;
-  buffers->describe_once();  // or wait for the completing thread, which is at it
+  // Or waits for the completing thread, which is at it.
+  buffers->describe_once(future && future->hasError());
   return true;
 }
 
@@ -149,10 +150,12 @@ void ThreadRecorder::write_completed_collectives(bool at_end) {
         continue;
       }
       if (!done) p.info.state = trace::kCollectiveNotCompleted;
+      const bool failed = done && p.buffers->failed();
+      if (failed) p.info.state = trace::kCollectiveFailed;
       ByteWriter& w = encoder_.begin_collective(p.info);
       const std::vector<at::Tensor>& received = p.buffers->tensors();
-      w.varint(done ? received.size() : 0);
-      if (done)
+      w.varint(done && !failed ? received.size() : 0);
+      if (done && !failed)
         for (size_t k = 0; k < received.size(); ++k)
           emit_received(received[k], p.buffers->descriptions()[k], w, p.info.op_order);
       emit_string_records();

@@ -64,6 +64,12 @@ bool ProcessRecorder::init(const std::string& run_dir, const Config& config, std
       break;
     }
   }
+  // `srun` starts one task a rank and says which in SLURM_PROCID. Not passed on as a rank
+  // variable: under `srun torchrun` it numbers the node, and its workers have a RANK of their own.
+  if (const char* task = std::getenv("SLURM_PROCID"); !rank_known_ && task && *task) {
+    rank_ = std::strtol(task, nullptr, 10);
+    rank_known_ = true;
+  }
   // A child a recorded process started (fork and exec): named by what it runs, unless it is a
   // rank's own process under a launcher (torchrun's workers get RANK, the launcher has none).
   const std::string own_rank_var = rank_var ? rank_var : "";

@@ -669,10 +669,14 @@ class StreamComparator {
                                                                                 : "killed by",
                                   trace::signal_text(end.signal),
                                   end.open_op.empty() ? "" : " inside " + end.open_op)
-                    : fmt::format(
-                          "{}: offset {}: no END record: the process did not exit "
-                          "cleanly",
-                          r.path(), t.offset);
+                : r.saw_end() ? fmt::format(
+                                    "{}: offset {}: ended early, its run having lost a node "
+                                    "or rank its collectives needed",
+                                    r.path(), t.offset)
+                              : fmt::format(
+                                    "{}: offset {}: no END record: the process did not exit "
+                                    "cleanly",
+                                    r.path(), t.offset);
     t.ops_compared = out_->summary.compared;
     out_->truncated.push_back(std::move(t));
     out_->summary.truncated = true;
@@ -686,15 +690,14 @@ class StreamComparator {
     // A stream stopped at its consumer's last step ended on purpose, not cut.
     bool cut_a = !ra.saw_end() && !a.stopped_at_step_limit();
     bool cut_b = !rb.saw_end() && !b.stopped_at_step_limit();
-    out_->cut_a = cut_a || a.stop_result() == ReadResult::kTruncated;
-    out_->cut_b = cut_b || b.stop_result() == ReadResult::kTruncated;
 
     // A crash's END closes the stream where the process died: when the other run went on, the
-    // rest was not compared, as for a cut; when both end together, nothing is missing.
+    // rest was not compared, as for a cut; when both end together, nothing is missing. So does
+    // the end of a rank whose run lost a node: its collectives failed.
     const bool killed_a = ra.saw_end() && ra.end_info().signal != 0;
     const bool killed_b = rb.saw_end() && rb.end_info().signal != 0;
-    cut_a = cut_a || killed_a;
-    cut_b = cut_b || killed_b;
+    cut_a = cut_a || killed_a || limits_.world_lost_a;
+    cut_b = cut_b || killed_b || limits_.world_lost_b;
     bool more_a = a.size() > 0, more_b = b.size() > 0;
     if ((more_a && cut_b) || (more_b && cut_a)) {
       // One side stopped early because it was cut: compare up to the cut, say so.
@@ -727,6 +730,11 @@ class StreamComparator {
       if (!tr_a && !tr_b && open_a != open_b)
         note_truncated(open_a ? "a" : "b", open_a ? ra : rb, ReadResult::kEof);
     }
+    // After the drains above: an END read only then is no cut.
+    out_->cut_a = (!ra.saw_end() && !a.stopped_at_step_limit()) ||
+                  a.stop_result() == ReadResult::kTruncated;
+    out_->cut_b = (!rb.saw_end() && !b.stopped_at_step_limit()) ||
+                  b.stop_result() == ReadResult::kTruncated;
     compare_step_settings(ra, rb);
     for (const OpSource* src : {&a, &b})
       for (uint32_t id : src->compiled_regions()) {

@@ -51,6 +51,9 @@ struct StreamResult {
 // A DataLoader worker's stream is compared up to the last step its consumer ran, in each run.
 struct StreamLimits {
   std::optional<uint64_t> last_step_a, last_step_b;
+  // That run lost part of its world (a node never finished, a rank left no trace): where its
+  // stream ends first, the rest of the other run's was not compared, as for a cut.
+  bool world_lost_a = false, world_lost_b = false;
 };
 
 inline constexpr size_t kMaxStructural = 20;

@@ -10,12 +10,14 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <tuple>
 
 #include "diff/classify.h"
 #include "diff/comparator.h"
 #include "diff/endings.h"
 #include "diff/environment.h"
 #include "diff/report_model.h"
+#include "diff/world.h"
 #include "run_layout.h"
 #include "trace/reader.h"
 
@@ -391,6 +393,13 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
   if (Status s = load_environment(run_a, &ea); !s.ok()) return s;
   if (Status s = load_environment(run_b, &eb); !s.ok()) return s;
   r.environment = diff_environment(ea, run_a, eb, run_b);
+  if (std::string moved = placement_note(ea, eb); !moved.empty()) r.notes.push_back(moved);
+  for (const auto& [run, dir, env] : {std::tuple{"A", &run_a, &ea}, std::tuple{"B", &run_b, &eb}}) {
+    WorldCheck w;
+    w.run = run;
+    if (Status s = check_world(*dir, *env, &w); !s.ok()) return s;
+    r.worlds.push_back(std::move(w));
+  }
 
   std::map<std::string, bool> names;
   for (const auto& [n, _] : sa) names[n] = true;
@@ -416,6 +425,8 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
       if (head.dataloader_worker != workers) continue;
       StreamResult res;
       StreamLimits limits;
+      limits.world_lost_a = lost_world(r.worlds[0]);
+      limits.world_lost_b = lost_world(r.worlds[1]);
       if (workers) {
         if (auto it = last_step.find(parent_process(head.process)); it != last_step.end()) {
           limits.last_step_a = it->second.first;
@@ -543,6 +554,11 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
   }
   for (auto& [key, c] : pools) {
     const auto& [pa, pb] = pool_paths[key];
+    // A process stopped by a signal, or one of a run that lost a node or rank, has run fewer
+    // collectives, not others.
+    c.truncated_a = lost_world(r.worlds[0]) || process_stopped_early(run_a, c.process);
+    c.truncated_b = lost_world(r.worlds[1]) || process_stopped_early(run_b, c.process);
+    c.truncated = c.truncated_a || c.truncated_b;
     if (Status s = compare_pool(pa, pb, &c); !s.ok()) return s;
     r.ops_compared += c.matched;
     r.divergent_ops += std::max(c.unmatched_a, c.unmatched_b);
@@ -560,6 +576,8 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
     r.library_pools.push_back(std::move(c));
   }
   note_pools(&r);
+  for (const WorldCheck& w : r.worlds)
+    for (std::string& line : describe_world(w)) r.not_compared.push_back(std::move(line));
   r.endings = collect_endings({run_a, run_b}, tails);
   if (r.first) trace_to_worker(sa, heads, firsts, &*r.first);
   if (r.first) find_shared_writer(sa, heads, &*r.first);

@@ -16,15 +16,20 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// How the program itself ended, from run.json: "exit code 1", "killed by SIGABRT"; "" when the
-// run directory has none (a copy of its streams).
-std::string program_ending(const std::string& run_dir, bool* failed) {
-  *failed = false;
-  std::ifstream in(fs::path(run_dir) / layout::kRunJson);
+// How one launch ended, from its manifest: "exit code 1", "killed by SIGABRT", "never finished";
+// "" when there is none or it says nothing.
+std::string launch_ending(const fs::path& manifest, bool* failed) {
+  std::ifstream in(manifest);
   if (!in) return "";
   nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-  if (j.is_discarded() || !j.value("finished", false)) return "";
-  *failed = !j.value("succeeded", true);
+  if (j.is_discarded() || !j.is_object()) return "";
+  if (!j.value("finished", false)) {
+    // A whole run's unfinished run.json: its supervisor was killed; said by the streams.
+    if (!j.contains("node")) return "";
+    *failed = true;
+    return "never finished";
+  }
+  *failed = *failed || !j.value("succeeded", true);
   if (j.contains("signal") && j["signal"].is_string())
     return "killed by " + j["signal"].get<std::string>();
   if (j.contains("exit_code") && j["exit_code"].is_number_integer())
@@ -32,7 +37,41 @@ std::string program_ending(const std::string& run_dir, bool* failed) {
   return "";
 }
 
+// How the program itself ended, from run.json, or from each node's manifest in a run recorded
+// across nodes ("node n0: exit code 1; node n1: never finished"); "" when the run directory has
+// neither (a copy of its streams).
+std::string program_ending(const std::string& run_dir, bool* failed) {
+  *failed = false;
+  const fs::path whole = fs::path(run_dir) / layout::kRunJson;
+  if (fs::exists(whole)) return launch_ending(whole, failed);
+  std::vector<std::string> nodes;
+  std::error_code ec;
+  for (fs::directory_iterator it(fs::path(run_dir) / layout::kNodesDir, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (it->path().extension() != ".json" || name.find(layout::kNodeConfigExt) != std::string::npos)
+      continue;
+    bool failed_here = false;
+    std::string how = launch_ending(it->path(), &failed_here);
+    *failed = *failed || failed_here;
+    if (!how.empty()) nodes.push_back("node " + it->path().stem().string() + ": " + how);
+  }
+  std::sort(nodes.begin(), nodes.end());
+  std::string out;
+  for (const std::string& n : nodes) out += (out.empty() ? "" : "; ") + n;
+  return out;
+}
+
 }  // namespace
+
+bool process_stopped_early(const std::string& run_dir, const std::string& process) {
+  trace::ProcessStatus status;
+  if (!trace::read_process_status(
+          (fs::path(run_dir) / layout::kStreamsDir / (process + layout::kStatusExt)).string(),
+          &status))
+    return false;  // no .status: a copy of the streams, or a detaudit before it
+  return !status.ending || (!status.ending->clean() && !status.ending->exiting);
+}
 
 std::string describe_ending(const ProcessEndingReport& p) {
   std::string out = p.process + " ";

@@ -31,6 +31,11 @@ struct StreamTail {
 std::vector<RunEnding> collect_endings(const std::vector<std::string>& run_dirs,
                                        const std::vector<std::vector<StreamTail>>& tails);
 
+// Whether `process` of a run stopped before its program's end: its .status says it was killed or
+// interrupted before exiting, or says nothing of its end (SIGKILL). Its streams then stop where it
+// did, whole or not. A crash while exiting (torch's teardown abort) came after the program's work.
+bool process_stopped_early(const std::string& run_dir, const std::string& process);
+
 // One line for a process that did not exit cleanly: "r1.main killed by SIGABRT after its last
 // recorded op (step 5, aten::add_, op #516 of r1.main.t-main), while exiting; its streams are
 // whole".

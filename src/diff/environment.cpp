@@ -101,7 +101,7 @@ std::vector<EnvDifference> diff_environment(
     for (const auto& [k, _] : fa) keys[k] = true;
     for (const auto& [k, _] : fb) keys[k] = true;
     for (const auto& [k, _] : keys) {
-      if (volatile_env_key(k)) continue;
+      if (volatile_env_key(k) || k == "host" || k == "node") continue;  // placement_note's
       auto ka = fa.find(k), kb = fb.find(k);
       std::string va = ka == fa.end() ? "(absent)" : normalise(ka->second, run_a);
       std::string vb = kb == fb.end() ? "(absent)" : normalise(kb->second, run_b);

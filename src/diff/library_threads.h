@@ -38,6 +38,8 @@ struct PoolComparison {
   uint64_t uncompared_a = 0, uncompared_b = 0;
 };
 
+// `out->truncated_a`/`_b` may be set before the call: the process did not exit in that run, so
+// its pool's streams end where it stopped, whole or not.
 Status compare_pool(const std::vector<std::string>& paths_a,
                     const std::vector<std::string>& paths_b, PoolComparison* out);
 

@@ -245,6 +245,14 @@ struct RunEnding {
   std::vector<ProcessEndingReport> processes;  // those that did not exit cleanly
 };
 
+// Whether a run holds every rank of its world (src/diff/world.h).
+struct WorldCheck {
+  std::string run;                      // "A" or "B"
+  int64_t world_size = 0;               // the largest WORLD_SIZE (or SLURM_NTASKS) a rank saw
+  std::vector<int64_t> missing;         // ranks of the world, selected to record, with no trace
+  std::vector<std::string> unfinished;  // "n1 (ranks 2, 3)": a node whose launcher never finished
+};
+
 struct DiffReport {
   // Data-parallel replicas within each run (run A's, then run B's): src/diff/replicas.h.
   std::vector<ReplicaCheck> replicas;
@@ -275,6 +283,7 @@ struct DiffReport {
   bool incomplete = false;
   // Streams compared otherwise than op by op, said once: library thread pools (library_threads.h).
   std::vector<PoolComparison> library_pools;
+  std::vector<WorldCheck> worlds;  // run A's, run B's
   std::vector<std::string> notes;
   // How each run ended, when a program failed or a process did not exit cleanly (src/diff/endings.h);
   // empty otherwise.

@@ -127,6 +127,14 @@ json report_to_json(const DiffReport& r) {
   j["incomplete"] = r.incomplete;
   j["not_compared"] = r.not_compared;
   j["notes"] = r.notes;
+  // Each run's world: its size, and the ranks or nodes missing from it (src/diff/world.h).
+  json worlds = json::array();
+  for (const WorldCheck& w : r.worlds)
+    worlds.push_back({{"run", w.run},
+                      {"world_size", w.world_size},
+                      {"missing_ranks", w.missing},
+                      {"unfinished_nodes", w.unfinished}});
+  j["worlds"] = worlds;
   j["endings"] = json::array();
   for (const RunEnding& e : r.endings) {
     json processes = json::array();

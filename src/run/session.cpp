@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "run_layout.h"
@@ -251,7 +252,8 @@ Status prepare_run_dir(const std::string& dir, bool force) {
 }
 
 std::vector<std::string> target_environment(const Config& c, const std::string& hooks_library,
-                                            const std::string& run_dir_abs) {
+                                            const std::string& run_dir_abs,
+                                            const std::string& node) {
   std::map<std::string, std::string> vars;
   std::vector<std::string> order;  // keep the parent's order, for a readable environment
   auto set = [&](const std::string& k, const std::string& v) {
@@ -280,14 +282,15 @@ std::vector<std::string> target_environment(const Config& c, const std::string& 
   for (const auto& [var, sub] : {std::pair{"TORCHINDUCTOR_CACHE_DIR", "torchinductor"},
                                  std::pair{"TRITON_CACHE_DIR", "triton"}})
     if (!vars.count(var))
-      set(var, (fs::path(run_dir_abs) / layout::kCompileCacheDir / sub).string());
+      set(var, (fs::path(layout::compile_cache_path(run_dir_abs, node)) / sub).string());
   set(layout::kEnvRunDir, run_dir_abs);
+  if (!node.empty()) set(layout::kEnvNode, node);
   // The target is the top of its run: no recorded parent above it (stream_identity.h).
   vars.erase(layout::kEnvParentProcess);
   vars.erase(layout::kEnvParentRank);
   order.erase(std::remove(order.begin(), order.end(), layout::kEnvParentProcess), order.end());
   order.erase(std::remove(order.begin(), order.end(), layout::kEnvParentRank), order.end());
-  set(layout::kEnvConfig, (fs::path(run_dir_abs) / layout::kConfigJson).string());
+  set(layout::kEnvConfig, layout::config_path(run_dir_abs, node));
   std::vector<std::string> env;
   for (const auto& k : order) env.push_back(k + "=" + vars[k]);
   return env;
@@ -337,15 +340,38 @@ std::vector<std::pair<std::string, std::string>> read_stream_statuses(const std:
   return out;
 }
 
-Status execute_run(const Config& c, const RunOptions& options, int index, RunOutcome* outcome) {
-  *outcome = RunOutcome{};
-  std::string dir = run_dir_path(c, index);
-  if (Status s = prepare_run_dir(dir, options.force); !s.ok()) return s;
-  outcome->dir = fs::absolute(dir).lexically_normal().string();
-  std::string abs_dir = outcome->dir;
-  if (Status s = write_json_file((fs::path(abs_dir) / layout::kConfigJson).string(),
-                                 config_to_json(c));
-      !s.ok())
+namespace {
+
+// The processes a node's launcher started: those whose fingerprint names the node.
+std::set<std::string> node_processes(const std::string& run_dir, const std::string& node) {
+  std::set<std::string> out;
+  std::error_code ec;
+  const std::string ext = layout::kEnvExt;
+  for (fs::directory_iterator it(fs::path(run_dir) / layout::kStreamsDir, ec), end;
+       !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() <= ext.size() || name.compare(name.size() - ext.size(), ext.size(), ext))
+      continue;
+    std::ifstream in(it->path());
+    json j = json::parse(in, nullptr, false);
+    if (j.is_object() && j.value("node", json()).is_string() && j["node"] == node)
+      out.insert(name.substr(0, name.size() - ext.size()));
+  }
+  return out;
+}
+
+bool of_processes(const std::string& stream_or_process, const std::set<std::string>& processes) {
+  for (const std::string& p : processes)
+    if (stream_or_process == p || stream_or_process.rfind(p + ".t-", 0) == 0) return true;
+  return false;
+}
+
+// Runs the program into `abs_dir` (prepared), with its manifest and config where `node` puts
+// them, and finishes the manifest with how it ended.
+Status launch_into(const Config& c, const RunOptions& options, const std::string& abs_dir,
+                   const std::string& node, int index, RunOutcome* outcome) {
+  outcome->dir = abs_dir;
+  if (Status s = write_json_file(layout::config_path(abs_dir, node), config_to_json(c)); !s.ok())
     return s;
 
   std::error_code ec;
@@ -359,22 +385,38 @@ Status execute_run(const Config& c, const RunOptions& options, int index, RunOut
                  {"hostname", hostname()},
                  {"hooks_library", options.hooks_library},
                  {"finished", false}};
+  if (!node.empty()) record["node"] = node;
   // Written before the launch too, so a run whose supervisor was killed still says what it was.
-  std::string run_json = (fs::path(abs_dir) / layout::kRunJson).string();
+  std::string manifest = layout::manifest_path(abs_dir, node);
   constexpr size_t kRunJsonRoom = 16384;  // the finished record fits, whatever the disk has left
-  if (Status s = write_json_file(run_json, record, kRunJsonRoom); !s.ok()) return s;
+  if (Status s = write_json_file(manifest, record, kRunJsonRoom); !s.ok()) return s;
 
   LaunchSpec spec;
   spec.argv = c.target.command;
-  spec.env = target_environment(c, options.hooks_library, abs_dir);
+  spec.env = target_environment(c, options.hooks_library, abs_dir, node);
   spec.cwd = c.target.cwd;
-  spec.log_path = (fs::path(abs_dir) / layout::kOutputLog).string();
+  spec.log_path = node.empty() ? (fs::path(abs_dir) / layout::kOutputLog).string()
+                               : (fs::path(abs_dir) / layout::kNodesDir / (node + ".log")).string();
   spec.echo = options.echo;
   if (Status s = launch_and_wait(spec, &outcome->result); !s.ok()) return s;
 
   const LaunchResult& r = outcome->result;
   outcome->streams = list_stream_files(abs_dir);
   outcome->statuses = read_stream_statuses(abs_dir);
+  if (!node.empty()) {
+    // The directory is shared: this launcher answers for its own processes only.
+    const std::set<std::string> mine = node_processes(abs_dir, node);
+    auto& streams = outcome->streams;
+    streams.erase(std::remove_if(streams.begin(), streams.end(),
+                                 [&](const std::string& f) {
+                                   return !of_processes(fs::path(f).stem().string(), mine);
+                                 }),
+                  streams.end());
+    auto& statuses = outcome->statuses;
+    statuses.erase(std::remove_if(statuses.begin(), statuses.end(),
+                                  [&](const auto& st) { return !mine.count(st.first); }),
+                   statuses.end());
+  }
   for (const auto& [process, _] : outcome->statuses) {
     trace::ProcessStatus status;
     if (!trace::read_process_status(
@@ -397,9 +439,64 @@ Status execute_run(const Config& c, const RunOptions& options, int index, RunOut
   json statuses = json::object();
   for (const auto& [process, status] : outcome->statuses) statuses[process] = status;
   record["statuses"] = statuses;
-  Status s = write_json_file(run_json, record);
-  if (!s.ok() && rewrite_json_in_place(run_json, record)) return Status();
+  Status s = write_json_file(manifest, record);
+  if (!s.ok() && rewrite_json_in_place(manifest, record)) return Status();
   return s;
+}
+
+}  // namespace
+
+Status execute_run(const Config& c, const RunOptions& options, int index, RunOutcome* outcome) {
+  *outcome = RunOutcome{};
+  std::string dir = run_dir_path(c, index);
+  if (Status s = prepare_run_dir(dir, options.force); !s.ok()) return s;
+  return launch_into(c, options, fs::absolute(dir).lexically_normal().string(), "", index, outcome);
+}
+
+std::string default_node_name() {
+  std::string name = hostname();
+  if (name.empty()) name = "node";
+  if (const char* task = std::getenv("SLURM_PROCID"); task && *task)
+    name += ".task" + std::string(task);
+  return name;
+}
+
+Status execute_node_run(const Config& c, const RunOptions& options, const std::string& run_dir,
+                        const std::string& node, RunOutcome* outcome) {
+  *outcome = RunOutcome{};
+  if (node.empty() || node.find('/') != std::string::npos || node[0] == '.')
+    return Status::error(
+        fmt::format("--node \"{}\": a node name is one path component, not "
+                    "starting with '.'; choose another",
+                    node));
+  const std::string abs_dir = fs::absolute(run_dir).lexically_normal().string();
+  std::error_code ec;
+  if (fs::exists(fs::path(abs_dir) / layout::kRunJson, ec))
+    return Status::error(fmt::format(
+        "{} holds a run of `detaudit run` (run.json); record into a new directory", run_dir));
+  fs::create_directories(fs::path(abs_dir) / layout::kStreamsDir, ec);
+  if (!ec) fs::create_directories(fs::path(abs_dir) / layout::kNodesDir, ec);
+  if (ec)
+    return Status::error(fmt::format("cannot create {}: {}; choose a directory you can write",
+                                     run_dir, ec.message()),
+                         ExitCode::kBadInput);
+  // Claimed at once, before anything runs: two launchers never share a manifest.
+  const std::string manifest = layout::manifest_path(abs_dir, node);
+  int fd = ::open(manifest.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == EEXIST)
+    return Status::error(fmt::format(
+        "{} already holds node {}'s part of a run ({}); give each launcher its own --node, or "
+        "record into a new directory",
+        run_dir, node, manifest));
+  if (fd < 0)
+    return Status::error(fmt::format("cannot write {}: {}; choose a directory you can write",
+                                     manifest, std::strerror(errno)),
+                         ExitCode::kBadInput);
+  ::close(fd);
+  // "run-1" is run 1, as `detaudit run` names them; any other name is run 0.
+  const std::string base = fs::path(abs_dir).filename().string();
+  const int index = base.rfind("run-", 0) == 0 ? std::atoi(base.c_str() + 4) : 0;
+  return launch_into(c, options, abs_dir, node, index, outcome);
 }
 
 }  // namespace detaudit::run

@@ -73,8 +73,10 @@ class OutLock {
 // The audited program's environment: ours, then target.env, then the interposer's variables
 // (LD_PRELOAD gets the preload shim prepended, DETAUDIT_INTERPOSER the hooks library it loads;
 // a hooks library with no shim above it is preloaded itself).
+// `node` names the launcher's part of a run recorded across nodes ("" for a whole run).
 std::vector<std::string> target_environment(const Config& config, const std::string& hooks_library,
-                                            const std::string& run_dir_abs);
+                                            const std::string& run_dir_abs,
+                                            const std::string& node = "");
 
 struct RunOutcome {
   std::string dir;  // absolute
@@ -96,6 +98,17 @@ struct RunOptions {
 // Prepares run `index`, writes its config.json, runs the program and writes run.json. An error
 // means the run could not happen; a program that failed is reported in the outcome.
 Status execute_run(const Config& config, const RunOptions& options, int index, RunOutcome* outcome);
+
+// One node's part of a run that launchers on several nodes write into (`detaudit record`): the
+// directory is shared, so it is created if missing and never emptied; the node's manifest and
+// config go under nodes/ (run_layout.h). A node name already there, or a whole run's run.json,
+// is refused. The outcome's streams are those of the processes this node started.
+Status execute_node_run(const Config& config, const RunOptions& options, const std::string& run_dir,
+                        const std::string& node, RunOutcome* outcome);
+
+// The node name a `detaudit record` takes unless given one: the host's name, with SLURM's task
+// id under srun ("<host>.task<id>"), so that one task a rank leaves one manifest each.
+std::string default_node_name();
 
 // When the filesystem holding `dir` is (nearly) full: one line saying so, with the bytes left
 // ("the disk holding audit/run-0 is full (0 bytes free)"); "" otherwise. A trace written there

@@ -306,6 +306,7 @@ Status export_run(const std::string& run_dir, const std::string& stream, std::os
                {"group_rank", c.info.group_rank},
                {"group_size", c.info.group_size},
                {"completed", c.info.state == trace::kCollectiveCompleted},
+               {"failed", c.info.state == trace::kCollectiveFailed},
                {"received", values_to_json(r, c.values)}};
           break;
         }

@@ -129,6 +129,7 @@ std::string_view provenance_name(Provenance p);
 // state of a COLLECTIVE record.
 inline constexpr uint8_t kCollectiveCompleted = 0;
 inline constexpr uint8_t kCollectiveNotCompleted = 1;  // still pending when the stream ended
+inline constexpr uint8_t kCollectiveFailed = 2;        // its future completed with an error
 
 // determinism-bits of a STEP record.
 inline constexpr uint32_t kDetAlgorithms = 1u << 0;

@@ -2,6 +2,7 @@
 
     python ddp_train.py --launch env     # starts its ranks with RANK/WORLD_SIZE/MASTER_* set
     python ddp_train.py --launch spawn   # torch.multiprocessing.spawn: ranks know only their index
+    srun python ddp_train.py --launch slurm --port P   # one task a rank: SLURM_PROCID, SLURM_NTASKS
     torchrun --nproc-per-node 2 ddp_train.py
 
 Each rank trains a seeded DDP model on its own shard. Options make one rank misbehave:
@@ -149,7 +150,7 @@ def free_port():
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--launch", choices=["env", "spawn", "none"], default="none",
+    ap.add_argument("--launch", choices=["env", "spawn", "slurm", "none"], default="none",
                     help="none: this process is one rank of a launcher (RANK is set)")
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--steps", type=int, default=3)
@@ -167,6 +168,9 @@ def main():
     args.port = args.port or free_port()
     if args.launch == "none":
         train(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args)
+    elif args.launch == "slurm":
+        # As SLURM users write it: the rank and world from srun's task variables.
+        train(int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"]), args)
     elif args.launch == "spawn":
         torch.multiprocessing.spawn(train, args=(args.world, args), nprocs=args.world)
     else:
