@@ -20,6 +20,7 @@
 #include "diff/world.h"
 #include "run_layout.h"
 #include "trace/reader.h"
+#include "util/parallel.h"
 
 namespace detaudit {
 namespace fs = std::filesystem;
@@ -420,32 +421,44 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
   std::vector<StreamResult> results;
   std::map<std::string, std::pair<uint64_t, uint64_t>> last_step;  // by process: A, B
   for (bool workers : {false, true}) {
+    std::vector<std::string> batch;
+    std::vector<StreamLimits> limits;
     for (const auto& [name, _] : names) {
       const StreamHead& head = heads[name];
       if (head.dataloader_worker != workers) continue;
-      StreamResult res;
-      StreamLimits limits;
-      limits.world_lost_a = lost_world(r.worlds[0]);
-      limits.world_lost_b = lost_world(r.worlds[1]);
+      StreamLimits l;
+      l.world_lost_a = lost_world(r.worlds[0]);
+      l.world_lost_b = lost_world(r.worlds[1]);
       if (workers) {
         if (auto it = last_step.find(parent_process(head.process)); it != last_step.end()) {
-          limits.last_step_a = it->second.first;
-          limits.last_step_b = it->second.second;
+          l.last_step_a = it->second.first;
+          l.last_step_b = it->second.second;
         }
       }
+      batch.push_back(name);
+      limits.push_back(l);
+    }
+    std::vector<StreamResult> done(batch.size());
+    // Each stream's comparison is its own, in bounded memory: one a core.
+    Status s = for_each_parallel(batch.size(), options.threads, [&](size_t i) {
+      const std::string& name = batch[i];
       auto ia = sa.find(name), ib = sb.find(name);
-      auto fingerprint = ea.find(head.process);
-      Status s = ia != sa.end() && ib != sb.end()
-                     ? compare_stream(name, ia->second, ib->second, options, r.environment,
-                                      progress, &res, limits,
-                                      fingerprint != ea.end() ? &fingerprint->second : nullptr)
-                     : count_stream(name, ia != sa.end() ? ia->second : ib->second, ia != sa.end(),
-                                    &res);
-      if (!s.ok()) return s;
+      auto fingerprint = ea.find(heads.at(name).process);
+      return ia != sa.end() && ib != sb.end()
+                 ? compare_stream(name, ia->second, ib->second, options, r.environment, progress,
+                                  &done[i], limits[i],
+                                  fingerprint != ea.end() ? &fingerprint->second : nullptr)
+                 : count_stream(name, ia != sa.end() ? ia->second : ib->second, ia != sa.end(),
+                                &done[i]);
+    });
+    if (!s.ok()) return s;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      StreamResult& res = done[i];
+      const StreamHead& head = heads[batch[i]];
       // A worker stream in one run only whose first batch is for a step its consumer never
       // ran: prefetched as timing allowed, not a difference of the program.
       if (workers && res.unpartnered_first_step) {
-        const auto& limit = res.summary.in_a ? limits.last_step_a : limits.last_step_b;
+        const auto& limit = res.summary.in_a ? limits[i].last_step_a : limits[i].last_step_b;
         if (limit && *res.unpartnered_first_step > *limit) res.summary.consumer_last_step = *limit;
       }
       if (!workers) {
@@ -586,7 +599,7 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
   bool replicas_disagree = false;
   for (const std::string& run : {run_a, run_b}) {
     ReplicaCheck c;
-    if (Status s = check_replicas(run, &c); !s.ok()) return s;
+    if (Status s = check_replicas(run, &c, options.threads); !s.ok()) return s;
     replicas_disagree = replicas_disagree || c.divergence.has_value();
     r.beyond_tolerance = r.beyond_tolerance || c.divergence.has_value();  // bit for bit
     r.replicas.push_back(std::move(c));

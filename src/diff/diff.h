@@ -15,6 +15,7 @@ struct DiffOptions {
   GateConfig gate;
   const Catalog* catalog = nullptr;  // may be null: no explanations
   bool progress = false;             // progress lines on stderr (a TTY)
+  unsigned threads = 0;              // streams compared at once (0: one a core)
 };
 
 // Compares two run directories stream by stream, in bounded memory.

@@ -6,10 +6,12 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <unordered_map>
 
 #include "run_layout.h"
 #include "trace/reader.h"
+#include "util/parallel.h"
 
 namespace detaudit {
 namespace fs = std::filesystem;
@@ -58,12 +60,47 @@ struct OpSeen {
   uint32_t depth;
 };
 
+// What a rank's main thread wrote in one step, folded to a few words, so that a thousand
+// ranks' whole runs fit: the count, and two 64-bit folds of the writes in order.
+struct StepFold {
+  uint32_t count = 0;
+  uint64_t outputs = 0;     // each write's parameter left and its shape
+  uint64_t parameters = 0;  // each write's shape and the parameter read (replica groups)
+  void add(const Write& w) {
+    ++count;
+    outputs = mix(mix(outputs, w.out), w.sizes);
+    parameters = mix(mix(parameters, w.param_in), w.sizes);
+  }
+  bool same_outputs(const StepFold& o) const { return count == o.count && outputs == o.outputs; }
+  bool same_parameters(const StepFold& o) const {
+    return count == o.count && parameters == o.parameters;
+  }
+
+ private:
+  static uint64_t mix(uint64_t h, uint64_t v) {
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    return h * 0xff51afd7ed558ccdull;
+  }
+  static uint64_t mix(uint64_t h, const Digest& d) {
+    uint64_t words[3] = {};
+    std::memcpy(words, d.bytes.data(), std::min(sizeof words, d.bytes.size()));
+    return mix(mix(mix(mix(h, d.len), words[0]), words[1]), words[2]);
+  }
+  static uint64_t mix(uint64_t h, const std::vector<int64_t>& sizes) {
+    h = mix(h, sizes.size());
+    for (int64_t v : sizes) h = mix(h, uint64_t(v));
+    return h;
+  }
+};
+
 struct RankStream {
   int64_t rank = 0;
-  std::string name;
-  std::map<uint64_t, std::vector<Write>> writes;  // by step
-  std::vector<OpSeen> ops;
+  std::string name, path;
+  std::map<uint64_t, StepFold> folds;  // by step
   bool all_reduces = false;  // ran an all-reduce: data parallel, not independent processes
+  // Read again only for a step where a rank differs from its group (read_rank_stream's `keep`).
+  std::vector<Write> writes;  // of that step
+  std::vector<OpSeen> ops;    // up to its end, for where the ranks part
 };
 
 bool is_parameter_write(const trace::OpRecord& op, std::string_view name) {
@@ -71,7 +108,10 @@ bool is_parameter_write(const trace::OpRecord& op, std::string_view name) {
          !name.empty() && name.back() == '_' && name != "aten::zero_";
 }
 
-Status read_rank_stream(const std::string& path, std::vector<std::string>* names,
+// Reads a rank's main thread: the fold of each step's writes; with `keep`, that step's writes
+// in full and the ops up to its end.
+Status read_rank_stream(const std::string& path, std::optional<uint64_t> keep,
+                        std::vector<std::string>* names,
                         std::unordered_map<std::string, uint32_t>* ids, RankStream* out) {
   trace::TraceReader r;
   if (Status s = r.open(path); !s.ok()) return s;
@@ -80,9 +120,10 @@ Status read_rank_stream(const std::string& path, std::vector<std::string>* names
   while ((res = r.next()) == trace::ReadResult::kRecord) {
     if (r.kind() != trace::RecordKind::kOp) continue;
     const trace::OpRecord& op = r.op();
+    if (keep && op.step > *keep) break;
     std::string_view name = r.string(op.name);
     if (name.substr(0, 15) == "c10d::allreduce") out->all_reduces = true;
-    if (out->ops.size() < kMaxOpsKept) {
+    if (keep && out->ops.size() < kMaxOpsKept) {
       auto [it, added] = ids->try_emplace(std::string(name), uint32_t(names->size()));
       if (added) names->emplace_back(name);
       out->ops.push_back({it->second, op.step, op.phase, op.depth});
@@ -96,7 +137,8 @@ Status read_rank_stream(const std::string& path, std::vector<std::string>* names
       w.grad_in = digest_of(r, op.input_tensors, 1);
       if (const trace::TensorDesc* t = r.tensor(op.output_tensors[0]))
         w.sizes.assign(t->sizes.begin(), t->sizes.end());
-      out->writes[op.step].push_back(std::move(w));
+      out->folds[op.step].add(w);
+      if (keep && op.step == *keep) out->writes.push_back(std::move(w));
     }
     ++index;
   }
@@ -136,8 +178,8 @@ std::string parted_at(const RankStream& a, size_t end_a, const RankStream& b, si
 // Rank `s` parts from its replica `ref` at the k-th parameter write of `step`.
 ReplicaDivergence divergence_at(uint64_t step, size_t k, const RankStream& ref, const RankStream& s,
                                 const std::vector<std::string>& names) {
-  const std::vector<Write>& wr = ref.writes.at(step);
-  const std::vector<Write>& ws = s.writes.at(step);
+  const std::vector<Write>& wr = ref.writes;
+  const std::vector<Write>& ws = s.writes;
   const bool missing = k >= ws.size();
   ReplicaDivergence d;
   d.step = step;
@@ -170,7 +212,7 @@ ReplicaDivergence divergence_at(uint64_t step, size_t k, const RankStream& ref, 
 
 }  // namespace
 
-Status check_replicas(const std::string& run_dir, ReplicaCheck* out) {
+Status check_replicas(const std::string& run_dir, ReplicaCheck* out, unsigned threads) {
   *out = ReplicaCheck{};
   out->run_dir = run_dir;
   fs::path dir = fs::path(run_dir) / layout::kStreamsDir;
@@ -184,25 +226,38 @@ Status check_replicas(const std::string& run_dir, ReplicaCheck* out) {
       mains.emplace(r.header().rank, e.path().string());
   }
   if (mains.size() < 2) return Status();  // one rank: nothing to compare, nothing to read
+  // Every rank's folds, read on every core; what a divergence needs is read again below.
+  std::vector<RankStream> read(mains.size());
+  {
+    size_t i = 0;
+    for (const auto& [rank, path] : mains) {
+      read[i].rank = rank;
+      read[i].path = path;
+      read[i++].name = fs::path(path).stem().string();
+    }
+  }
+  if (Status st = for_each_parallel(read.size(), threads,
+                                    [&](size_t i) {
+                                      std::vector<std::string> no_names;
+                                      std::unordered_map<std::string, uint32_t> no_ids;
+                                      return read_rank_stream(read[i].path, std::nullopt, &no_names,
+                                                              &no_ids, &read[i]);
+                                    });
+      !st.ok())
+    return st;
   std::vector<RankStream> ranks;
-  std::vector<std::string> names;
-  std::unordered_map<std::string, uint32_t> ids;
-  for (const auto& [rank, path] : mains) {
-    RankStream s;
-    s.rank = rank;
-    s.name = fs::path(path).stem().string();
-    if (Status st = read_rank_stream(path, &names, &ids, &s); !st.ok()) return st;
-    if (s.writes.empty()) continue;  // no optimizer on this rank's main thread
-    out->ranks.push_back(rank);
+  for (RankStream& s : read) {
+    if (s.folds.empty()) continue;  // no optimizer on this rank's main thread
+    out->ranks.push_back(s.rank);
     ranks.push_back(std::move(s));
   }
   if (ranks.size() < 2) return Status();
 
   // The steps every rank recorded, in order.
   std::vector<uint64_t> steps;
-  for (const auto& [step, w] : ranks[0].writes) {
+  for (const auto& [step, f] : ranks[0].folds) {
     bool everywhere = true;
-    for (const RankStream& s : ranks) everywhere = everywhere && s.writes.count(step);
+    for (const RankStream& s : ranks) everywhere = everywhere && s.folds.count(step);
     if (everywhere) steps.push_back(step);
   }
   if (steps.empty()) {
@@ -220,12 +275,7 @@ Status check_replicas(const std::string& run_dir, ReplicaCheck* out) {
   // the bytes read. DDP's ranks make one group; HSDP's make one per shard, and shards of one
   // parameter, which differ by design, are never compared with each other.
   auto same_parameters = [&](const RankStream& a, const RankStream& b) {
-    const std::vector<Write>& wa = a.writes.at(steps[0]);
-    const std::vector<Write>& wb = b.writes.at(steps[0]);
-    bool same = wa.size() == wb.size();
-    for (size_t k = 0; same && k < wa.size(); ++k)
-      same = wa[k].sizes == wb[k].sizes && wa[k].param_in == wb[k].param_in;
-    return same;
+    return a.folds.at(steps[0]).same_parameters(b.folds.at(steps[0]));
   };
   std::vector<std::vector<size_t>> groups;  // indices into `ranks`, the lowest rank first
   for (size_t i = 0; i < ranks.size(); ++i) {
@@ -253,33 +303,67 @@ Status check_replicas(const std::string& run_dir, ReplicaCheck* out) {
     return Status();
   }
   out->replicas = true;
-  out->parameters = ranks[groups[0][0]].writes.at(steps[0]).size();
+  out->parameters = ranks[groups[0][0]].folds.at(steps[0]).count;
   for (const std::vector<size_t>& g : groups) {
     std::vector<int64_t> members;
     for (size_t i : g) members.push_back(ranks[i].rank);
     out->groups.push_back(std::move(members));
   }
 
+  std::vector<std::string> names;
+  std::unordered_map<std::string, uint32_t> ids;
   for (uint64_t step : steps) {
     ++out->steps_checked;
+    // Ranks whose writes in this step are not their group's reference's, write for write.
+    std::vector<std::vector<size_t>> differing(groups.size());
+    bool any = false;
+    for (size_t g = 0; g < groups.size(); ++g)
+      for (size_t i : groups[g])
+        if (i != groups[g][0] &&
+            !ranks[i].folds.at(step).same_outputs(ranks[groups[g][0]].folds.at(step))) {
+          differing[g].push_back(i);
+          any = true;
+        }
+    if (!any) continue;
+    // Their writes of this step, and each reference's, read again: the first parameter that
+    // differs, by position, then group, then rank.
+    for (size_t g = 0; g < groups.size(); ++g) {
+      if (differing[g].empty()) continue;
+      std::vector<size_t> again = differing[g];
+      again.push_back(groups[g][0]);
+      for (size_t i : again) {
+        RankStream& s = ranks[i];
+        RankStream fresh;
+        fresh.rank = s.rank;
+        fresh.name = s.name;
+        fresh.path = s.path;
+        if (Status st = read_rank_stream(s.path, step, &names, &ids, &fresh); !st.ok()) return st;
+        s.writes = std::move(fresh.writes);
+        s.ops = std::move(fresh.ops);
+      }
+    }
     for (size_t k = 0;; ++k) {
-      bool any = false;
-      for (const std::vector<size_t>& g : groups) {
-        const RankStream& ref = ranks[g[0]];
-        const std::vector<Write>& wr = ref.writes.at(step);
+      bool more = false;
+      for (size_t g = 0; g < groups.size(); ++g) {
+        if (differing[g].empty()) continue;
+        const RankStream& ref = ranks[groups[g][0]];
+        const std::vector<Write>& wr = ref.writes;
         if (k >= wr.size()) continue;
-        any = true;
-        for (size_t i : g) {
-          const RankStream& s = ranks[i];
-          if (&s == &ref) continue;
-          const std::vector<Write>& ws = s.writes.at(step);
+        more = true;
+        for (size_t i : differing[g]) {
+          const std::vector<Write>& ws = ranks[i].writes;
           const bool missing = k >= ws.size();
           if (!missing && ws[k].out == wr[k].out && ws[k].sizes == wr[k].sizes) continue;
-          out->divergence = divergence_at(step, k, ref, s, names);
+          out->divergence = divergence_at(step, k, ref, ranks[i], names);
           return Status();
         }
       }
-      if (!any) break;
+      if (!more) break;
+    }
+    // Only more writes than the reference's, which the check does not count: read no further.
+    for (RankStream& s : ranks) {
+      s.writes.clear();
+      s.ops.clear();
     }
   }
   return Status();

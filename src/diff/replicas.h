@@ -50,8 +50,10 @@ struct ReplicaCheck {
   std::optional<ReplicaDivergence> divergence;
 };
 
-// Reads the main-thread streams of every rank of a run once. A corrupt stream is an error.
-Status check_replicas(const std::string& run_dir, ReplicaCheck* out);
+// Reads the main-thread streams of every rank of a run once, on `threads` threads (0: one a
+// core), keeping a fold of each step's writes; the ranks that part at a step are read again for
+// it. A corrupt stream is an error.
+Status check_replicas(const std::string& run_dir, ReplicaCheck* out, unsigned threads = 0);
 
 nlohmann::json replica_check_to_json(const ReplicaCheck& c);
 // A few lines for the text reports: what was checked and, if so, where replicas parted.

@@ -36,8 +36,8 @@ bool load_run_config(const std::string& run_dir, Config* config) {
   const std::string whole = layout::config_path(run_dir, "");
   if (fs::exists(whole)) return load_config(whole, config).ok();
   std::error_code ec;
-  for (fs::directory_iterator it(fs::path(run_dir) / layout::kNodesDir, ec), end;
-       !ec && it != end; it.increment(ec)) {
+  for (fs::directory_iterator it(fs::path(run_dir) / layout::kNodesDir, ec), end; !ec && it != end;
+       it.increment(ec)) {
     const std::string name = it->path().filename().string();
     const std::string ext = layout::kNodeConfigExt;
     if (name.size() > ext.size() && name.compare(name.size() - ext.size(), ext.size(), ext) == 0)
@@ -63,8 +63,8 @@ Status check_world(const std::string& run_dir, const Environment& environment, W
     if (rank.empty() || process == "run") continue;
     const int64_t r = std::strtoll(rank.c_str(), nullptr, 10);
     present.insert(r);
-    out->world_size = std::max<int64_t>(out->world_size,
-                                        std::strtoll(field(env, "world_size").c_str(), nullptr, 10));
+    out->world_size = std::max<int64_t>(
+        out->world_size, std::strtoll(field(env, "world_size").c_str(), nullptr, 10));
     const std::string node = field(env, "node");
     if (!node.empty() && node != "null") ranks_of_node[node].push_back(r);
   }
@@ -75,11 +75,10 @@ Status check_world(const std::string& run_dir, const Environment& environment, W
       out->missing.push_back(r);
 
   std::error_code ec;
-  for (fs::directory_iterator it(fs::path(run_dir) / layout::kNodesDir, ec), end;
-       !ec && it != end; it.increment(ec)) {
+  for (fs::directory_iterator it(fs::path(run_dir) / layout::kNodesDir, ec), end; !ec && it != end;
+       it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (it->path().extension() != ".json" ||
-        name.find(layout::kNodeConfigExt) != std::string::npos)
+    if (it->path().extension() != ".json" || name.find(layout::kNodeConfigExt) != std::string::npos)
       continue;
     std::ifstream in(it->path());
     nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
@@ -92,10 +91,10 @@ Status check_world(const std::string& run_dir, const Environment& environment, W
     const std::string node = it->path().stem().string();
     std::vector<int64_t>& ranks = ranks_of_node[node];
     std::sort(ranks.begin(), ranks.end());
-    out->unfinished.push_back(ranks.empty() ? node
-                                            : fmt::format("{} (rank{} {})", node,
-                                                          ranks.size() > 1 ? "s" : "",
-                                                          rank_list(ranks)));
+    out->unfinished.push_back(
+        ranks.empty()
+            ? node
+            : fmt::format("{} (rank{} {})", node, ranks.size() > 1 ? "s" : "", rank_list(ranks)));
   }
   std::sort(out->unfinished.begin(), out->unfinished.end());
   return Status();
@@ -123,7 +122,8 @@ std::string placement_note(const Environment& a, const Environment& b) {
     auto it = b.find(process);
     if (it == b.end()) continue;
     const std::string wa = where(env_a), wb = where(it->second);
-    if (wa != wb) moved.push_back(fmt::format("{} ran on {} in run A, on {} in run B", process, wa, wb));
+    if (wa != wb)
+      moved.push_back(fmt::format("{} ran on {} in run A, on {} in run B", process, wa, wb));
   }
   if (moved.empty()) return "";
   return fmt::format("placement: {}{}; where a rank runs is not a cause, and not compared",

@@ -30,8 +30,7 @@ std::vector<std::string> describe_world(const WorldCheck& check);
 
 // "r0.main ran on n0 in run A, on n1 in run B (and 3 more)": where ranks ran is no cause, so
 // it is one note rather than a difference per process; "" when every process stayed put.
-std::string placement_note(
-    const std::map<std::string, std::map<std::string, std::string>>& a,
-    const std::map<std::string, std::map<std::string, std::string>>& b);
+std::string placement_note(const std::map<std::string, std::map<std::string, std::string>>& a,
+                           const std::map<std::string, std::map<std::string, std::string>>& b);
 
 }  // namespace detaudit

@@ -11,6 +11,7 @@
 
 #include "catalog/catalog.h"
 #include "diff/op_source.h"
+#include "diff/replicas.h"
 #include "diff/report_model.h"
 #include "report/render.h"
 #include "test_files.h"
@@ -1410,6 +1411,108 @@ TEST(DiffTest, APoolCutShortInOneRunIsNotComparedNotDivergent) {
   for (const std::string& n : r.not_compared)
     said = said || n.find("no END record in run B") != std::string::npos;
   EXPECT_TRUE(said);
+}
+
+}  // namespace
+}  // namespace detaudit
+
+namespace detaudit {
+namespace {
+
+using namespace detaudit::testing;
+
+// Eight data-parallel ranks: each step multiplies, all-reduces what it made and updates the same
+// parameter on every rank. In run B, rank `raced` makes other bytes in step 2; with
+// `own_update`, its optimizer update also differs there (its replicas disagree).
+void data_parallel_ranks(RunDir& run, int64_t raced, bool own_update) {
+  constexpr int64_t kRanks = 8;
+  for (int64_t rank = 0; rank < kRanks; ++rank) {
+    TraceBuilder t(rank);
+    int64_t param = t.op("aten::ones").out_new(tensor(0x01, {8})).done();
+    uint64_t seq = 0;
+    for (uint64_t step = 0; step < 4; ++step) {
+      t.step(step);
+      const bool here = rank == raced && step == 2;
+      const bool after = raced >= 0 && step >= 2;
+      const int64_t sent = t.op("aten::index_add", Phase::kBackward)
+                               .in_new(tensor(uint8_t(0x10 + rank), {8}))
+                               .in_new(tensor(uint8_t(0x30 + step), {8}))
+                               .out_new(tensor(uint8_t(0x40 + rank + (here ? 0x80 : 0)), {8}))
+                               .done();
+      const uint64_t order = t.reserve_orders(1);
+      t.op("c10d::allreduce_", Phase::kBackward, 0, int64_t(order))
+          .in_list(1)
+          .in_ref(sent)
+          .out_new(tensor(1, {8}))
+          .done();
+      t.collective(order, ++seq, {tensor(uint8_t(0x60 + step + (after ? 0x80 : 0)), {8})});
+      const int64_t grad = t.next_tensor() - 1;
+      param = t.op("aten::add_", Phase::kOptimizer)
+                  .in_ref(param)
+                  .in_ref(grad)
+                  .out_new(tensor(uint8_t(0x70 + step + (here && own_update ? 0x80 : 0)), {8}))
+                  .done();
+    }
+    t.end();
+    run.add_stream("r" + std::to_string(rank) + ".main.t-main", t);
+  }
+}
+
+DiffReport diff_on(const RunDir& a, const RunDir& b, unsigned threads) {
+  DiffOptions o;
+  o.catalog = &shipped_catalog();
+  o.threads = threads;
+  DiffReport r;
+  Status s = diff_runs(a.path(), b.path(), o, &r);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return r;
+}
+
+TEST(DiffTest, ManyRanksComparedOnManyThreadsGiveTheReportOfOne) {
+  RunDir a("many/run-0"), b("many/run-1");
+  data_parallel_ranks(a, -1, false);
+  data_parallel_ranks(b, 5, false);
+  const DiffReport one = diff_on(a, b, 1), four = diff_on(a, b, 4);
+  for (const DiffReport* r : {&one, &four}) {
+    EXPECT_EQ(r->verdict, "divergent");
+    ASSERT_TRUE(r->first);
+    EXPECT_EQ(r->first->rank, 5);
+    EXPECT_EQ(r->first->op, "aten::index_add");
+    EXPECT_EQ(r->first->step, 2u);
+    EXPECT_EQ(r->first->propagated_through.size(), 7u);
+  }
+  EXPECT_EQ(one.first->propagated_through, four.first->propagated_through);
+  EXPECT_EQ(one.divergent_ops, four.divergent_ops);
+  EXPECT_EQ(one.ops_compared, four.ops_compared);
+  ASSERT_EQ(one.streams.size(), four.streams.size());
+  for (size_t i = 0; i < one.streams.size(); ++i)
+    EXPECT_EQ(one.streams[i].name, four.streams[i].name);
+  // The all-reduce carried it, the optimizer read the same sum everywhere: replicas agree.
+  for (const DiffReport* r : {&one, &four})
+    for (const ReplicaCheck& c : r->replicas) {
+      EXPECT_TRUE(c.replicas) << c.not_checked;
+      EXPECT_EQ(c.groups.size(), 1u);
+      EXPECT_EQ(c.steps_checked, 4u);
+      EXPECT_FALSE(c.divergence);
+    }
+}
+
+TEST(DiffTest, AReplicaThatUpdatesOtherwiseIsFoundByItsStepsFolds) {
+  RunDir a("fold/run-0"), b("fold/run-1");
+  data_parallel_ranks(a, -1, false);
+  data_parallel_ranks(b, 6, true);
+  const DiffReport r = diff_on(a, b, 2);
+  ASSERT_EQ(r.replicas.size(), 2u);
+  EXPECT_FALSE(r.replicas[0].divergence);
+  ASSERT_TRUE(r.replicas[1].divergence);
+  const ReplicaDivergence& d = *r.replicas[1].divergence;
+  EXPECT_EQ(d.rank, 6);
+  EXPECT_EQ(d.reference_rank, 0);
+  EXPECT_EQ(d.step, 2u);
+  EXPECT_EQ(d.position, 0u);
+  EXPECT_EQ(d.op, "aten::add_");
+  EXPECT_EQ(d.input_differs, "");  // same parameter and gradient in
+  EXPECT_EQ(d.parted_at, "");      // both ran the same ops
 }
 
 }  // namespace
