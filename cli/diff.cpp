@@ -9,9 +9,12 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <vector>
 
 #include "catalog/catalog.h"
 #include "cli/verbs.h"
+#include "diff/partial.h"
 #include "diff/report_model.h"
 #include "report/render.h"
 #include "summary/timeline.h"
@@ -21,6 +24,8 @@ namespace {
 
 struct DiffFlags {
   std::string run_a, run_b;
+  std::vector<std::string> parts;  // merge
+  std::string ranks, part;
   std::string format = "text";
   std::string output;
   std::string fail_on = "any";
@@ -50,37 +55,33 @@ Status write_marked_timeline(const DiffReport& report, const std::string& path) 
   return Status();
 }
 
-int run_diff(const DiffFlags& f) {
-  ReportFormat format;
-  if (Status s = parse_report_format(f.format, &format); !s.ok()) return report_error(s);
+// The options `diff` and `merge` share; a nonzero return is the exit code, the error said.
+int diff_options(const DiffFlags& f, Catalog* catalog, DiffOptions* options) {
   if (f.fail_on != "any" && f.fail_on != "tolerance")
     return report_error(Status::error(
         fmt::format("--fail-on: expected 'any' or 'tolerance', got '{}'", f.fail_on)));
   if (f.rtol < 0 || f.atol < 0)
     return report_error(Status::error("--rtol and --atol must not be negative"));
-
-  Catalog catalog;
-  DiffOptions options;
-  options.gate.fail_on = f.fail_on;
-  options.gate.rtol = f.rtol;
-  options.gate.atol = f.atol;
-  options.gate.allow_truncated = f.allow_truncated;
-  options.progress = f.progress && isatty(STDERR_FILENO);
+  options->gate.fail_on = f.fail_on;
+  options->gate.rtol = f.rtol;
+  options->gate.atol = f.atol;
+  options->gate.allow_truncated = f.allow_truncated;
+  options->progress = f.progress && isatty(STDERR_FILENO);
   if (!f.no_catalog) {
     std::string path = f.catalog.empty() ? catalog_path() : f.catalog;
-    if (Status s = Catalog::load(path, &catalog); !s.ok()) {
+    if (Status s = Catalog::load(path, catalog); !s.ok()) {
       // The default catalog missing is not fatal: the diff still stands, unexplained.
       if (!f.catalog.empty()) return report_error(s);
       fmt::print(stderr, "detaudit: warning: {} (no catalog explanations)\n", s.message());
     } else {
-      options.catalog = &catalog;
+      options->catalog = catalog;
     }
   }
-  DiffReport report;
-  if (Status s = diff_runs(f.run_a, f.run_b, options, &report); !s.ok()) return report_error(s);
-  if (!f.perfetto.empty())
-    if (Status s = write_marked_timeline(report, f.perfetto); !s.ok()) return report_error(s);
+  return 0;
+}
 
+// Prints or writes the report; exits with the gate's code.
+int emit_report(const DiffReport& report, const DiffFlags& f, ReportFormat format) {
   if (f.output.empty()) {
     bool color = format == ReportFormat::kText && isatty(STDOUT_FILENO) &&
                  std::getenv("NO_COLOR") == nullptr;
@@ -95,6 +96,74 @@ int run_diff(const DiffFlags& f) {
   }
   say_if_incomplete(report);
   return int(gate_exit_code(report));
+}
+
+// `diff --ranks R --part FILE`: one part of a diff split by ranks, for `merge`.
+int write_part(const DiffFlags& f, const DiffOptions& options) {
+  nlohmann::json part;
+  if (Status s = diff_part(f.run_a, f.run_b, options, &part); !s.ok()) return report_error(s);
+  std::ofstream out(f.part, std::ios::binary | std::ios::trunc);
+  out << part.dump() << "\n";
+  if (!out.good())
+    return report_error(Status::error(fmt::format("{}: cannot write the part", f.part)));
+  fmt::print(stderr,
+             "detaudit diff: ranks {} of {} and {}: {} stream(s) in {} (merge the parts: "
+             "detaudit merge PART...)\n",
+             f.ranks.empty() ? "all" : f.ranks, f.run_a, f.run_b, part["streams"].size(), f.part);
+  return 0;
+}
+
+int run_merge(const DiffFlags& f) {
+  ReportFormat format;
+  if (Status s = parse_report_format(f.format, &format); !s.ok()) return report_error(s);
+  Catalog catalog;
+  DiffOptions options;
+  if (int code = diff_options(f, &catalog, &options)) return code;
+  std::vector<nlohmann::json> parts;
+  for (const std::string& path : f.parts) {
+    std::ifstream in(path);
+    if (!in)
+      return report_error(Status::error(
+          fmt::format("{}: cannot read the part; give the files diff --part wrote", path),
+          ExitCode::kBadInput));
+    parts.push_back(nlohmann::json::parse(in, nullptr, false));
+    if (parts.back().is_discarded())
+      return report_error(Status::error(
+          fmt::format("{}: offset 0: not JSON (a corrupt part); write it again", path),
+          ExitCode::kBadInput));
+  }
+  DiffReport report;
+  if (Status s = merge_parts(parts, f.parts, options, &report); !s.ok()) return report_error(s);
+  return emit_report(report, f, format);
+}
+
+int run_diff(const DiffFlags& f) {
+  ReportFormat format;
+  if (Status s = parse_report_format(f.format, &format); !s.ok()) return report_error(s);
+  Catalog catalog;
+  DiffOptions options;
+  if (int code = diff_options(f, &catalog, &options)) return code;
+  if (!f.ranks.empty()) {
+    nlohmann::json ranks = nlohmann::json::array();
+    for (size_t at = 0, comma; at <= f.ranks.size(); at = comma + 1) {
+      comma = f.ranks.find(',', at);
+      if (comma == std::string::npos) comma = f.ranks.size();
+      if (comma > at) ranks.push_back(f.ranks.substr(at, comma - at));
+    }
+    if (Status s = RangeSet::parse(f.ranks == "all" ? nlohmann::json("all") : ranks, "--ranks",
+                                   &options.ranks);
+        !s.ok())
+      return report_error(s);
+  }
+  if (!f.part.empty()) return write_part(f, options);
+  if (!f.ranks.empty())
+    return report_error(Status::error(
+        "--ranks compares part of the runs: give --part FILE too, and merge the parts"));
+  DiffReport report;
+  if (Status s = diff_runs(f.run_a, f.run_b, options, &report); !s.ok()) return report_error(s);
+  if (!f.perfetto.empty())
+    if (Status s = write_marked_timeline(report, f.perfetto); !s.ok()) return report_error(s);
+  return emit_report(report, f, format);
 }
 
 }  // namespace
@@ -121,7 +190,37 @@ void add_diff_verb(CLI::App& app, VerbAction* action) {
   cmd->add_option("--perfetto", flags->perfetto,
                   "also write run A's timeline (trace-event JSON for ui.perfetto.dev) with the "
                   "divergent ops marked");
+  cmd->add_option("--ranks", flags->ranks,
+                  "compare these ranks' streams only (\"0-255\"), with --part: one part of a "
+                  "diff split over machines");
+  cmd->add_option("--part", flags->part, "write the part to this file, for detaudit merge");
   cmd->callback([flags, action] { *action = [flags] { return run_diff(*flags); }; });
+}
+
+void add_merge_verb(CLI::App& app, VerbAction* action) {
+  auto flags = std::make_shared<DiffFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "merge",
+      "Merge the parts of a diff split by ranks (diff --ranks R --part FILE) into its report");
+  cmd->footer(
+      "Example:\n"
+      "  detaudit diff A B --ranks 0-511 --part p0.json   # on one machine\n"
+      "  detaudit diff A B --ranks 512- --part p1.json    # on another\n"
+      "  detaudit merge p0.json p1.json --format html -o report.html");
+  cmd->add_option("PART", flags->parts, "the parts' files")->required();
+  cmd->add_option("--format", flags->format, "text, json, junit, markdown or html")
+      ->capture_default_str();
+  cmd->add_option("--output,-o", flags->output, "write the report to this file");
+  cmd->add_option("--fail-on", flags->fail_on,
+                  "any: every divergence fails; tolerance: only one beyond --rtol/--atol")
+      ->capture_default_str();
+  cmd->add_option("--rtol", flags->rtol, "relative tolerance on tensor statistics");
+  cmd->add_option("--atol", flags->atol, "absolute tolerance on tensor statistics");
+  cmd->add_option("--catalog", flags->catalog, "catalog JSON (default: the installed one)");
+  cmd->add_flag("--no-catalog", flags->no_catalog, "do not explain with the catalog");
+  cmd->add_flag("--allow-truncated", flags->allow_truncated,
+                "pass on what both runs have when a stream was cut short (default: exit 5)");
+  cmd->callback([flags, action] { *action = [flags] { return run_merge(*flags); }; });
 }
 
 }  // namespace detaudit::cli

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   detaudit::cli::add_run_verb(app, &action);
   detaudit::cli::add_record_verb(app, &action);
   detaudit::cli::add_diff_verb(app, &action);
+  detaudit::cli::add_merge_verb(app, &action);
   detaudit::cli::add_show_verb(app, &action);
   detaudit::cli::add_export_verb(app, &action);
   detaudit::cli::add_catalog_verb(app, &action);

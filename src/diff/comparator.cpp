@@ -120,6 +120,8 @@ class StreamComparator {
     out_->rank = ra.header().rank;
     process_ = layout_process(ra);
     OpSource a(&ra), b(&rb);
+    a.tap(limits_.on_op_a);
+    b.tap(limits_.on_op_b);
     if (limits_.last_step_a) a.stop_after_step(*limits_.last_step_a);
     if (limits_.last_step_b) b.stop_after_step(*limits_.last_step_b);
     if (limits_.last_step_a || limits_.last_step_b)
@@ -813,8 +815,8 @@ Status compare_stream(const std::string& name, const std::string& path_a, const 
   return c.run(path_a, path_b);
 }
 
-Status count_stream(const std::string& name, const std::string& path, bool in_a,
-                    StreamResult* out) {
+Status count_stream(const std::string& name, const std::string& path, bool in_a, StreamResult* out,
+                    const OpTap& on_op) {
   out->summary.name = name;
   out->summary.in_a = in_a;
   out->summary.in_b = !in_a;
@@ -822,6 +824,7 @@ Status count_stream(const std::string& name, const std::string& path, bool in_a,
   if (Status s = r.open(path); !s.ok()) return s;
   out->rank = r.header().rank;
   OpSource src(&r);
+  src.tap(on_op);
   uint64_t n = 0;
   std::optional<BufferedOp> first;
   for (;;) {

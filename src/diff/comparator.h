@@ -10,6 +10,7 @@
 
 #include "catalog/catalog.h"
 #include "diff/diff.h"
+#include "diff/op_source.h"
 #include "diff/report_model.h"
 
 namespace detaudit {
@@ -54,6 +55,8 @@ struct StreamLimits {
   // That run lost part of its world (a node never finished, a rank left no trace): where its
   // stream ends first, the rest of the other run's was not compared, as for a cut.
   bool world_lost_a = false, world_lost_b = false;
+  // Given every op read from that run's stream (the replica check's folds: diff_runs).
+  OpTap on_op_a, on_op_b;
 };
 
 inline constexpr size_t kMaxStructural = 20;
@@ -71,6 +74,7 @@ Status compare_stream(const std::string& name, const std::string& path_a, const 
                       const std::map<std::string, std::string>* fingerprint_a = nullptr);
 
 // Reads a stream present in one run only: counts its ops, checks it is readable.
-Status count_stream(const std::string& name, const std::string& path, bool in_a, StreamResult* out);
+Status count_stream(const std::string& name, const std::string& path, bool in_a, StreamResult* out,
+                    const OpTap& on_op = nullptr);
 
 }  // namespace detaudit

@@ -16,6 +16,7 @@
 #include "diff/comparator.h"
 #include "diff/endings.h"
 #include "diff/environment.h"
+#include "diff/replicas.h"
 #include "diff/report_model.h"
 #include "diff/world.h"
 #include "run_layout.h"
@@ -341,6 +342,27 @@ bool earlier(const FirstDivergence& x, const FirstDivergence& y) {
   return x.order_a < y.order_a;
 }
 
+}  // namespace
+
+const FirstDivergence* causal_first(const std::vector<const FirstDivergence*>& candidates) {
+  const FirstDivergence* first = nullptr;
+  for (const FirstDivergence* c : candidates) {
+    bool preceded = false;
+    for (const FirstDivergence* o : candidates) preceded = preceded || happened_before(*o, *c);
+    if (!preceded && (!first || earlier(*c, *first))) first = c;
+  }
+  return first;
+}
+
+void add_spread(const std::vector<const FirstDivergence*>& candidates, FirstDivergence* first) {
+  for (const FirstDivergence* c : candidates)
+    if (c->divergence_class == kClassRemoteInput && happened_before(*first, *c))
+      first->propagated_through.push_back(
+          fmt::format("{} to rank {}, step {}", c->received_through, c->rank, c->step));
+}
+
+namespace {
+
 // Why no candidate could be named first: every one follows another through a collective (two
 // ranks each received a difference the other did not send), or no stream held a candidate.
 std::string why_no_first(const std::vector<const FirstDivergence*>& candidates, uint64_t ops,
@@ -385,6 +407,12 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
   std::map<std::string, std::string> sa, sb;
   if (Status s = list_streams(run_a, &sa); !s.ok()) return s;
   if (Status s = list_streams(run_b, &sb); !s.ok()) return s;
+  if (!options.ranks.all())
+    for (auto* streams : {&sa, &sb})
+      for (auto it = streams->begin(); it != streams->end();)
+        it = options.ranks.contains(std::strtoull(it->first.c_str() + 1, nullptr, 10))
+                 ? std::next(it)
+                 : streams->erase(it);
   std::map<std::pair<std::string, std::string>,
            std::pair<std::vector<std::string>, std::vector<std::string>>>
       pool_paths;
@@ -419,6 +447,7 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
   }
   // Consumers first: a worker's stream is compared up to the last step its consumer ran.
   std::vector<StreamResult> results;
+  std::vector<RankFolds> replica_folds[2];                         // run A's ranks, run B's
   std::map<std::string, std::pair<uint64_t, uint64_t>> last_step;  // by process: A, B
   for (bool workers : {false, true}) {
     std::vector<std::string> batch;
@@ -439,6 +468,29 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
       limits.push_back(l);
     }
     std::vector<StreamResult> done(batch.size());
+    // Each rank's main thread is folded for the replica check as it is read: nothing twice.
+    std::vector<RankFolds> fold_a(batch.size()), fold_b(batch.size());
+    std::vector<ReplicaFolder> folder_a, folder_b;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      folder_a.emplace_back(&fold_a[i]);
+      folder_b.emplace_back(&fold_b[i]);
+    }
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const std::string& process = heads[batch[i]].process;
+      if (workers || batch[i] != process + ".t-main" || process.find('.') + 5 != process.size())
+        continue;  // not "r<rank>.main.t-main"
+      limits[i].on_op_a = [f = &folder_a[i]](const trace::TraceReader& rd,
+                                             const trace::OpRecord& op) { f->op(rd, op); };
+      limits[i].on_op_b = [f = &folder_b[i]](const trace::TraceReader& rd,
+                                             const trace::OpRecord& op) { f->op(rd, op); };
+      for (auto [folds, streams] : {std::pair{&fold_a, &sa}, std::pair{&fold_b, &sb}}) {
+        RankFolds& f = (*folds)[i];
+        f.rank = std::strtoll(process.c_str() + 1, nullptr, 10);
+        f.name = batch[i];
+        auto it = streams->find(batch[i]);
+        f.path = it == streams->end() ? "" : it->second;
+      }
+    }
     // Each stream's comparison is its own, in bounded memory: one a core.
     Status s = for_each_parallel(batch.size(), options.threads, [&](size_t i) {
       const std::string& name = batch[i];
@@ -449,9 +501,14 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
                                   &done[i], limits[i],
                                   fingerprint != ea.end() ? &fingerprint->second : nullptr)
                  : count_stream(name, ia != sa.end() ? ia->second : ib->second, ia != sa.end(),
-                                &done[i]);
+                                &done[i], ia != sa.end() ? limits[i].on_op_a : limits[i].on_op_b);
     });
     if (!s.ok()) return s;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (!limits[i].on_op_a) continue;
+      if (!fold_a[i].path.empty()) replica_folds[0].push_back(std::move(fold_a[i]));
+      if (!fold_b[i].path.empty()) replica_folds[1].push_back(std::move(fold_b[i]));
+    }
     for (size_t i = 0; i < batch.size(); ++i) {
       StreamResult& res = done[i];
       const StreamHead& head = heads[batch[i]];
@@ -483,12 +540,9 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
   std::vector<const FirstDivergence*> candidates;
   for (const StreamResult& res : results)
     if (res.first) candidates.push_back(&*res.first);
-  const FirstDivergence* first = nullptr;
-  for (const FirstDivergence* c : candidates) {
-    bool preceded = false;
-    for (const FirstDivergence* o : candidates) preceded = preceded || happened_before(*o, *c);
-    if (!preceded && (!first || earlier(*c, *first))) first = c;
-  }
+  if (options.part)
+    for (const FirstDivergence* c : candidates) r.candidates.push_back(*c);
+  const FirstDivergence* first = causal_first(candidates);
   // Shared bytes a parent reads (Hogwild's final parameters) were written by its children, which
   // read each other's writes first.
   if (first && reads_shared_memory(*first)) {
@@ -502,10 +556,7 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
   }
   if (first) {
     r.first = *first;
-    for (const FirstDivergence* c : candidates)
-      if (c->divergence_class == kClassRemoteInput && happened_before(*first, *c))
-        r.first->propagated_through.push_back(
-            fmt::format("{} to rank {}, step {}", c->received_through, c->rank, c->step));
+    add_spread(candidates, &*r.first);
   }
   std::vector<std::vector<StreamTail>> tails(2);
   for (const StreamResult& res : results) {
@@ -589,17 +640,26 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
     r.library_pools.push_back(std::move(c));
   }
   note_pools(&r);
-  for (const WorldCheck& w : r.worlds)
-    for (std::string& line : describe_world(w)) r.not_compared.push_back(std::move(line));
+  // A part's merge checks the worlds of the whole runs itself.
+  if (!options.part)
+    for (const WorldCheck& w : r.worlds)
+      for (std::string& line : describe_world(w)) r.not_compared.push_back(std::move(line));
   r.endings = collect_endings({run_a, run_b}, tails);
   if (r.first) trace_to_worker(sa, heads, firsts, &*r.first);
   if (r.first) find_shared_writer(sa, heads, &*r.first);
   if (r.first) explain_cause(r.environment, &*r.first);
   r.incomplete = !r.not_compared.empty();
   bool replicas_disagree = false;
-  for (const std::string& run : {run_a, run_b}) {
+  for (int side = 0; side < 2; ++side) {
+    if (options.part) {  // the merge checks every part's folds
+      r.replica_folds[side] = std::move(replica_folds[side]);
+      continue;
+    }
     ReplicaCheck c;
-    if (Status s = check_replicas(run, &c, options.threads); !s.ok()) return s;
+    if (Status s = check_replicas_from(side == 0 ? run_a : run_b, std::move(replica_folds[side]),
+                                       &c);
+        !s.ok())
+      return s;
     replicas_disagree = replicas_disagree || c.divergence.has_value();
     r.beyond_tolerance = r.beyond_tolerance || c.divergence.has_value();  // bit for bit
     r.replicas.push_back(std::move(c));

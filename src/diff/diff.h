@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "config/config.h"
 #include "util/status.h"
@@ -9,6 +10,7 @@
 namespace detaudit {
 
 struct DiffReport;
+struct FirstDivergence;
 class Catalog;
 
 struct DiffOptions {
@@ -16,11 +18,21 @@ struct DiffOptions {
   const Catalog* catalog = nullptr;  // may be null: no explanations
   bool progress = false;             // progress lines on stderr (a TTY)
   unsigned threads = 0;              // streams compared at once (0: one a core)
+  RangeSet ranks;                    // compare these ranks' streams only (default: all)
+  // One part of a diff split by ranks (diff/partial.h): no replica check and no world lines
+  // (the merge makes both), and every stream's own first divergence kept in the report.
+  bool part = false;
 };
 
 // Compares two run directories stream by stream, in bounded memory.
 Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffOptions& options,
                  DiffReport* report);
+
+// The first divergence among the streams' own: one no other happened before (collectives order
+// ranks), else the earliest by step and rank; null when there is none.
+const FirstDivergence* causal_first(const std::vector<const FirstDivergence*>& candidates);
+// Adds to `first`'s spread each candidate that received its difference through a collective.
+void add_spread(const std::vector<const FirstDivergence*>& candidates, FirstDivergence* first);
 
 // 0 identical (or divergent within tolerance), 1 divergent, 5 incomplete (part of a run was
 // not compared and the gate does not allow truncation).

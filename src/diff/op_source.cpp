@@ -120,6 +120,7 @@ bool OpSource::read_one() {
       stop_result_ = trace::ReadResult::kEof;
       return false;
     }
+    if (tap_) tap_(*reader_, b.rec);
     max_step_ = std::max(max_step_, b.rec.step);
     last_op_ = {b.rec.name, b.rec.step, ops_read_, b.rec.order};
     b.index = ops_read_++;

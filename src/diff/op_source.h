@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -54,6 +55,9 @@ struct BufferedOp {
   trace::CollectiveInfo coll;
 };
 
+// Called with each op as the reader meets it, whether or not it is compared.
+using OpTap = std::function<void(const trace::TraceReader&, const trace::OpRecord&)>;
+
 class OpSource {
  public:
   // The look-ahead is bounded by ops and by tensor ids, so buffered ops' tensors stay in the
@@ -83,6 +87,7 @@ class OpSource {
   // Ends the stream before its first op of a later step: a DataLoader worker's batches that no
   // step consumed (prefetched when the loop stopped) depend on timing, not on the program.
   void stop_after_step(uint64_t step) { last_step_ = step; }
+  void tap(OpTap tap) { tap_ = std::move(tap); }
   bool stopped_at_step_limit() const { return stopped_at_limit_; }
   // The op that returned tensor `id` uninitialized (aten::empty), if it is known: "aten::empty
   // (op #12)".
@@ -118,6 +123,7 @@ class OpSource {
   trace::ReadResult stop_result_ = trace::ReadResult::kRecord;
   uint64_t ops_read_ = 0, records_ = 0;
   uint64_t last_step_ = UINT64_MAX, max_step_ = 0;
+  OpTap tap_;
   LastOp last_op_;
   bool stopped_at_limit_ = false;
   std::vector<uint64_t> name_hash_;

@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <unordered_map>
+#include <utility>
 
 #include "run_layout.h"
 #include "trace/reader.h"
@@ -60,45 +61,29 @@ struct OpSeen {
   uint32_t depth;
 };
 
-// What a rank's main thread wrote in one step, folded to a few words, so that a thousand
-// ranks' whole runs fit: the count, and two 64-bit folds of the writes in order.
-struct StepFold {
-  uint32_t count = 0;
-  uint64_t outputs = 0;     // each write's parameter left and its shape
-  uint64_t parameters = 0;  // each write's shape and the parameter read (replica groups)
-  void add(const Write& w) {
-    ++count;
-    outputs = mix(mix(outputs, w.out), w.sizes);
-    parameters = mix(mix(parameters, w.param_in), w.sizes);
-  }
-  bool same_outputs(const StepFold& o) const { return count == o.count && outputs == o.outputs; }
-  bool same_parameters(const StepFold& o) const {
-    return count == o.count && parameters == o.parameters;
-  }
+uint64_t fold(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  return h * 0xff51afd7ed558ccdull;
+}
+uint64_t fold(uint64_t h, const Digest& d) {
+  uint64_t words[3] = {};
+  std::memcpy(words, d.bytes.data(), std::min(sizeof words, d.bytes.size()));
+  return fold(fold(fold(fold(h, d.len), words[0]), words[1]), words[2]);
+}
+uint64_t fold(uint64_t h, const std::vector<int64_t>& sizes) {
+  h = fold(h, sizes.size());
+  for (int64_t v : sizes) h = fold(h, uint64_t(v));
+  return h;
+}
 
- private:
-  static uint64_t mix(uint64_t h, uint64_t v) {
-    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-    return h * 0xff51afd7ed558ccdull;
-  }
-  static uint64_t mix(uint64_t h, const Digest& d) {
-    uint64_t words[3] = {};
-    std::memcpy(words, d.bytes.data(), std::min(sizeof words, d.bytes.size()));
-    return mix(mix(mix(mix(h, d.len), words[0]), words[1]), words[2]);
-  }
-  static uint64_t mix(uint64_t h, const std::vector<int64_t>& sizes) {
-    h = mix(h, sizes.size());
-    for (int64_t v : sizes) h = mix(h, uint64_t(v));
-    return h;
-  }
-};
+void fold_write(StepFold* f, const Write& w) {
+  ++f->count;
+  f->outputs = fold(fold(f->outputs, w.out), w.sizes);
+  f->parameters = fold(fold(f->parameters, w.param_in), w.sizes);
+}
 
-struct RankStream {
-  int64_t rank = 0;
-  std::string name, path;
-  std::map<uint64_t, StepFold> folds;  // by step
-  bool all_reduces = false;  // ran an all-reduce: data parallel, not independent processes
-  // Read again only for a step where a rank differs from its group (read_rank_stream's `keep`).
+// Read again only for a step where a rank differs from its group (read_rank_stream's `keep`).
+struct RankStream : RankFolds {
   std::vector<Write> writes;  // of that step
   std::vector<OpSeen> ops;    // up to its end, for where the ranks part
 };
@@ -106,6 +91,20 @@ struct RankStream {
 bool is_parameter_write(const trace::OpRecord& op, std::string_view name) {
   return op.phase == trace::Phase::kOptimizer && op.scope == trace::Scope::kFunction &&
          !name.empty() && name.back() == '_' && name != "aten::zero_";
+}
+
+std::optional<Write> parameter_write(const trace::TraceReader& r, const trace::OpRecord& op,
+                                     std::string_view name, uint64_t index) {
+  if (!is_parameter_write(op, name) || op.output_tensors.empty()) return std::nullopt;
+  Write w;
+  w.op = std::string(name);
+  w.index = index;
+  w.out = digest_of(r, op.output_tensors, 0);
+  w.param_in = digest_of(r, op.input_tensors, 0);
+  w.grad_in = digest_of(r, op.input_tensors, 1);
+  if (const trace::TensorDesc* t = r.tensor(op.output_tensors[0]))
+    w.sizes.assign(t->sizes.begin(), t->sizes.end());
+  return w;
 }
 
 // Reads a rank's main thread: the fold of each step's writes; with `keep`, that step's writes
@@ -128,17 +127,9 @@ Status read_rank_stream(const std::string& path, std::optional<uint64_t> keep,
       if (added) names->emplace_back(name);
       out->ops.push_back({it->second, op.step, op.phase, op.depth});
     }
-    if (is_parameter_write(op, name) && !op.output_tensors.empty()) {
-      Write w;
-      w.op = std::string(name);
-      w.index = index;
-      w.out = digest_of(r, op.output_tensors, 0);
-      w.param_in = digest_of(r, op.input_tensors, 0);
-      w.grad_in = digest_of(r, op.input_tensors, 1);
-      if (const trace::TensorDesc* t = r.tensor(op.output_tensors[0]))
-        w.sizes.assign(t->sizes.begin(), t->sizes.end());
-      out->folds[op.step].add(w);
-      if (keep && op.step == *keep) out->writes.push_back(std::move(w));
+    if (std::optional<Write> w = parameter_write(r, op, name, index)) {
+      fold_write(&out->folds[op.step], *w);
+      if (keep && op.step == *keep) out->writes.push_back(std::move(*w));
     }
     ++index;
   }
@@ -212,9 +203,17 @@ ReplicaDivergence divergence_at(uint64_t step, size_t k, const RankStream& ref, 
 
 }  // namespace
 
-Status check_replicas(const std::string& run_dir, ReplicaCheck* out, unsigned threads) {
-  *out = ReplicaCheck{};
-  out->run_dir = run_dir;
+void ReplicaFolder::op(const trace::TraceReader& r, const trace::OpRecord& op) {
+  std::string_view name = r.string(op.name);
+  if (name.substr(0, 15) == "c10d::allreduce") out_->all_reduces = true;
+  if (std::optional<Write> w = parameter_write(r, op, name, index_))
+    fold_write(&out_->folds[op.step], *w);
+  ++index_;
+}
+
+Status read_replica_folds(const std::string& run_dir, const RangeSet& selected, unsigned threads,
+                          std::vector<RankFolds>* out) {
+  out->clear();
   fs::path dir = fs::path(run_dir) / layout::kStreamsDir;
   std::error_code ec;
   std::map<int64_t, std::string> mains;  // rank -> the main thread's stream of its main process
@@ -222,11 +221,10 @@ Status check_replicas(const std::string& run_dir, ReplicaCheck* out, unsigned th
     if (e.path().extension() != layout::kTraceExt) continue;
     trace::TraceReader r;
     if (!r.open(e.path().string()).ok()) continue;  // the diff reports what is wrong with it
-    if (r.header().process_role == "main" && r.header().thread == "main")
+    if (r.header().process_role == "main" && r.header().thread == "main" && r.header().rank >= 0 &&
+        selected.contains(uint64_t(r.header().rank)))
       mains.emplace(r.header().rank, e.path().string());
   }
-  if (mains.size() < 2) return Status();  // one rank: nothing to compare, nothing to read
-  // Every rank's folds, read on every core; what a divergence needs is read again below.
   std::vector<RankStream> read(mains.size());
   {
     size_t i = 0;
@@ -245,6 +243,25 @@ Status check_replicas(const std::string& run_dir, ReplicaCheck* out, unsigned th
                                     });
       !st.ok())
     return st;
+  for (RankStream& s : read) out->push_back(std::move(static_cast<RankFolds&>(s)));
+  return Status();
+}
+
+Status check_replicas(const std::string& run_dir, ReplicaCheck* out, unsigned threads) {
+  std::vector<RankFolds> folds;
+  if (Status s = read_replica_folds(run_dir, RangeSet(), threads, &folds); !s.ok()) return s;
+  return check_replicas_from(run_dir, std::move(folds), out);
+}
+
+Status check_replicas_from(const std::string& run_dir, std::vector<RankFolds> folds,
+                           ReplicaCheck* out) {
+  *out = ReplicaCheck{};
+  out->run_dir = run_dir;
+  if (folds.size() < 2) return Status();  // one rank: nothing to compare, nothing to read
+  std::sort(folds.begin(), folds.end(),
+            [](const RankFolds& a, const RankFolds& b) { return a.rank < b.rank; });
+  std::vector<RankStream> read(folds.size());
+  for (size_t i = 0; i < folds.size(); ++i) static_cast<RankFolds&>(read[i]) = std::move(folds[i]);
   std::vector<RankStream> ranks;
   for (RankStream& s : read) {
     if (s.folds.empty()) continue;  // no optimizer on this rank's main thread

@@ -11,11 +11,14 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "config/config.h"
+#include "trace/reader.h"
 #include "util/status.h"
 
 namespace detaudit {
@@ -50,10 +53,49 @@ struct ReplicaCheck {
   std::optional<ReplicaDivergence> divergence;
 };
 
+// What a rank's main thread wrote in one step, folded to a few words, so that a thousand
+// ranks' whole runs fit: the count, and two 64-bit folds of the writes in order.
+struct StepFold {
+  uint32_t count = 0;
+  uint64_t outputs = 0;     // each write's parameter left and its shape
+  uint64_t parameters = 0;  // each write's shape and the parameter read (replica groups)
+  bool same_outputs(const StepFold& o) const { return count == o.count && outputs == o.outputs; }
+  bool same_parameters(const StepFold& o) const {
+    return count == o.count && parameters == o.parameters;
+  }
+};
+
+// What the check keeps of one rank's main thread.
+struct RankFolds {
+  int64_t rank = 0;
+  std::string name, path;              // the stream, and its file
+  std::map<uint64_t, StepFold> folds;  // by step
+  bool all_reduces = false;  // ran an all-reduce: data parallel, not independent processes
+};
+
+// Builds a rank's folds from its main thread's ops as a reader meets them: the diff's comparison
+// passes every op of each rank's main thread through one, so the check reads nothing again.
+class ReplicaFolder {
+ public:
+  explicit ReplicaFolder(RankFolds* out) : out_(out) {}
+  void op(const trace::TraceReader& r, const trace::OpRecord& op);
+
+ private:
+  RankFolds* out_;
+  uint64_t index_ = 0;
+};
+
 // Reads the main-thread streams of every rank of a run once, on `threads` threads (0: one a
 // core), keeping a fold of each step's writes; the ranks that part at a step are read again for
 // it. A corrupt stream is an error.
 Status check_replicas(const std::string& run_dir, ReplicaCheck* out, unsigned threads = 0);
+
+// The two halves, for a diff split over machines (diff/partial.h): each part reads its ranks'
+// folds, and the merge checks them all.
+Status read_replica_folds(const std::string& run_dir, const RangeSet& ranks, unsigned threads,
+                          std::vector<RankFolds>* out);
+Status check_replicas_from(const std::string& run_dir, std::vector<RankFolds> folds,
+                           ReplicaCheck* out);
 
 nlohmann::json replica_check_to_json(const ReplicaCheck& c);
 // A few lines for the text reports: what was checked and, if so, where replicas parted.

@@ -283,7 +283,9 @@ struct DiffReport {
   bool incomplete = false;
   // Streams compared otherwise than op by op, said once: library thread pools (library_threads.h).
   std::vector<PoolComparison> library_pools;
-  std::vector<WorldCheck> worlds;  // run A's, run B's
+  std::vector<WorldCheck> worlds;           // run A's, run B's
+  std::vector<FirstDivergence> candidates;  // DiffOptions::part: each stream's own first
+  std::vector<RankFolds> replica_folds[2];  // DiffOptions::part: run A's ranks', run B's
   std::vector<std::string> notes;
   // How each run ended, when a program failed or a process did not exit cleanly (src/diff/endings.h);
   // empty otherwise.

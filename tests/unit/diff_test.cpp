@@ -11,6 +11,7 @@
 
 #include "catalog/catalog.h"
 #include "diff/op_source.h"
+#include "diff/partial.h"
 #include "diff/replicas.h"
 #include "diff/report_model.h"
 #include "report/render.h"
@@ -1513,6 +1514,60 @@ TEST(DiffTest, AReplicaThatUpdatesOtherwiseIsFoundByItsStepsFolds) {
   EXPECT_EQ(d.op, "aten::add_");
   EXPECT_EQ(d.input_differs, "");  // same parameter and gradient in
   EXPECT_EQ(d.parted_at, "");      // both ran the same ops
+}
+
+}  // namespace
+}  // namespace detaudit
+
+namespace detaudit {
+namespace {
+
+using namespace detaudit::testing;
+
+// A diff split by ranks and merged gives the whole diff's verdict, first divergence, spread and
+// replica check.
+TEST(PartialDiffTest, MergedPartsGiveTheWholeDiffsVerdict) {
+  RunDir a("parts/run-0"), b("parts/run-1");
+  data_parallel_ranks(a, -1, false);
+  data_parallel_ranks(b, 6, true);
+  const DiffReport whole = diff_on(a, b, 2);
+  std::vector<nlohmann::json> parts(2);
+  for (int k = 0; k < 2; ++k) {
+    DiffOptions o;
+    o.catalog = &shipped_catalog();
+    ASSERT_TRUE(
+        RangeSet::parse(nlohmann::json::array({k == 0 ? "0-3" : "4-"}), "ranks", &o.ranks).ok());
+    ASSERT_TRUE(diff_part(a.path(), b.path(), o, &parts[k]).ok());
+    EXPECT_EQ(parts[k]["streams"].size(), 4u);
+  }
+  DiffOptions o;
+  o.catalog = &shipped_catalog();
+  DiffReport merged;
+  Status s = merge_parts(parts, {"p0", "p1"}, o, &merged);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(merged.verdict, whole.verdict);
+  ASSERT_TRUE(merged.first && whole.first);
+  EXPECT_EQ(merged.first->stream, whole.first->stream);
+  EXPECT_EQ(merged.first->index, whole.first->index);
+  EXPECT_EQ(merged.first->divergence_class, whole.first->divergence_class);
+  EXPECT_EQ(merged.first->propagated_through, whole.first->propagated_through);
+  EXPECT_EQ(merged.first->cause, whole.first->cause);
+  EXPECT_EQ(merged.first->remedy, whole.first->remedy);
+  EXPECT_EQ(merged.divergent_ops, whole.divergent_ops);
+  EXPECT_EQ(merged.ops_compared, whole.ops_compared);
+  ASSERT_EQ(merged.replicas.size(), 2u);
+  ASSERT_TRUE(merged.replicas[1].divergence && whole.replicas[1].divergence);
+  EXPECT_EQ(merged.replicas[1].divergence->detail, whole.replicas[1].divergence->detail);
+  EXPECT_EQ(merged.replicas[1].steps_checked, whole.replicas[1].steps_checked);
+  EXPECT_EQ(gate_exit_code(merged), gate_exit_code(whole));
+
+  // A part given twice overlaps itself: refused.
+  EXPECT_FALSE(merge_parts({parts[0], parts[0]}, {"p0", "p0 again"}, o, &merged).ok());
+  nlohmann::json other = parts[1];
+  other["run_a"] = "/elsewhere/run-0";
+  Status mixed = merge_parts({parts[0], other}, {"p0", "p1"}, o, &merged);
+  EXPECT_FALSE(mixed.ok());
+  EXPECT_NE(mixed.message().find("merge the parts of one pair"), std::string::npos);
 }
 
 }  // namespace

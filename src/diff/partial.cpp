@@ -1,0 +1,272 @@
+#include "diff/partial.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "diff/classify.h"
+#include "diff/comparator.h"
+#include "diff/endings.h"
+#include "diff/environment.h"
+#include "diff/replicas.h"
+#include "diff/report_model.h"
+#include "diff/world.h"
+#include "run_layout.h"
+
+namespace detaudit {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+json collectives_json(const std::map<uint64_t, uint64_t>& joined) {
+  json out = json::array();
+  for (const auto& [group, seq] : joined) out.push_back({group, seq});
+  return out;
+}
+
+std::map<uint64_t, uint64_t> collectives_from(const json& j) {
+  std::map<uint64_t, uint64_t> out;
+  for (const json& e : j) out[e.at(0).get<uint64_t>()] = e.at(1).get<uint64_t>();
+  return out;
+}
+
+// What the merge needs of a stream's own first divergence to order it among the others'.
+json candidate_json(const FirstDivergence& f) {
+  return {{"stream", f.stream},
+          {"process", f.process},
+          {"rank", f.rank},
+          {"step", f.step},
+          {"order_a", f.order_a},
+          {"class", f.divergence_class},
+          {"received_through", f.received_through},
+          {"before", collectives_json(f.collectives_before)},
+          {"after", collectives_json(f.collectives_after)}};
+}
+
+FirstDivergence candidate_from(const json& j) {
+  FirstDivergence f;
+  f.stream = j.at("stream").get<std::string>();
+  f.process = j.at("process").get<std::string>();
+  f.rank = j.at("rank").get<int64_t>();
+  f.step = j.at("step").get<uint64_t>();
+  f.order_a = j.at("order_a").get<uint64_t>();
+  f.divergence_class = j.at("class").get<std::string>();
+  f.received_through = j.at("received_through").get<std::string>();
+  f.collectives_before = collectives_from(j.at("before"));
+  f.collectives_after = collectives_from(j.at("after"));
+  return f;
+}
+
+json folds_json(const std::vector<RankFolds>& ranks) {
+  json out = json::array();
+  for (const RankFolds& r : ranks) {
+    json steps = json::array();
+    for (const auto& [step, f] : r.folds) steps.push_back({step, f.count, f.outputs, f.parameters});
+    out.push_back({{"rank", r.rank},
+                   {"name", r.name},
+                   {"path", r.path},
+                   {"all_reduces", r.all_reduces},
+                   {"steps", steps}});
+  }
+  return out;
+}
+
+void folds_from(const json& j, std::vector<RankFolds>* out) {
+  for (const json& e : j) {
+    RankFolds r;
+    r.rank = e.at("rank").get<int64_t>();
+    r.name = e.at("name").get<std::string>();
+    r.path = e.at("path").get<std::string>();
+    r.all_reduces = e.at("all_reduces").get<bool>();
+    for (const json& s : e.at("steps")) {
+      StepFold& f = r.folds[s.at(0).get<uint64_t>()];
+      f.count = s.at(1).get<uint32_t>();
+      f.outputs = s.at(2).get<uint64_t>();
+      f.parameters = s.at(3).get<uint64_t>();
+    }
+    out->push_back(std::move(r));
+  }
+}
+
+Status bad_part(const std::string& source, const std::string& what) {
+  return Status::error(
+      fmt::format("{}: {}; write it again with detaudit diff RUN_A RUN_B --ranks R --part FILE",
+                  source, what),
+      ExitCode::kBadInput);
+}
+
+}  // namespace
+
+Status diff_part(const std::string& run_a, const std::string& run_b, const DiffOptions& options,
+                 json* part) {
+  DiffOptions o = options;
+  o.part = true;
+  DiffReport r;
+  if (Status s = diff_runs(run_a, run_b, o, &r); !s.ok()) return s;
+  json candidates = json::array();
+  for (const FirstDivergence& f : r.candidates) candidates.push_back(candidate_json(f));
+  json streams = json::array(), per_step = json::array(), curve = json::array();
+  for (const StreamSummary& s : r.streams) streams.push_back(s.name);
+  for (const auto& [step, n] : r.divergent_ops_per_step) per_step.push_back({step, n});
+  for (const auto& [step, p] : r.curve) curve.push_back({step, p.divergent_ops, p.max_relative});
+  json by_rank = json::array();
+  for (const auto& [rank, steps] : r.divergent_by_rank) {
+    json s = json::array();
+    for (const auto& [step, n] : steps) s.push_back({step, n});
+    by_rank.push_back({rank, s});
+  }
+  json folds = {{"a", folds_json(r.replica_folds[0])}, {"b", folds_json(r.replica_folds[1])}};
+  *part = {{"schema", kPartSchema},
+           {"run_a", fs::absolute(run_a).lexically_normal().string()},
+           {"run_b", fs::absolute(run_b).lexically_normal().string()},
+           {"ranks", options.ranks.to_json()},
+           {"streams", streams},
+           {"ops_compared", r.ops_compared},
+           {"divergent_ops", r.divergent_ops},
+           {"structural_count", r.structural_count},
+           {"records_a", r.records_a},
+           {"records_b", r.records_b},
+           {"bytes_read", r.bytes_read},
+           {"unread_differences", r.unread_differences},
+           {"beyond_tolerance", r.beyond_tolerance},
+           {"per_step", per_step},
+           {"curve", curve},
+           {"by_rank", by_rank},
+           {"not_compared", r.not_compared},
+           {"notes", r.notes},
+           {"candidates", candidates},
+           {"folds", folds},
+           {"seconds", r.seconds}};
+  return Status();
+}
+
+Status merge_parts(const std::vector<json>& parts, const std::vector<std::string>& sources,
+                   const DiffOptions& options, DiffReport* report) {
+  auto start = std::chrono::steady_clock::now();
+  if (parts.empty()) return Status::error("merge: no parts given");
+  DiffReport r;
+  r.gate = options.gate;
+  std::set<std::string> streams;
+  std::vector<FirstDivergence> candidates;
+  std::vector<RankFolds> folds_a, folds_b;
+  std::set<std::string> notes;
+  try {
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const json& p = parts[i];
+      if (!p.is_object() || p.value("schema", "") != kPartSchema)
+        return bad_part(sources[i], fmt::format("not a part of a diff (schema {})", kPartSchema));
+      const std::string a = p.at("run_a").get<std::string>(), b = p.at("run_b").get<std::string>();
+      if (i == 0) {
+        r.run_a = a;
+        r.run_b = b;
+      } else if (a != r.run_a || b != r.run_b) {
+        return Status::error(fmt::format(
+            "{}: a part of the diff of {} and {}, not of {} and {}; merge the parts of one pair",
+            sources[i], a, b, r.run_a, r.run_b));
+      }
+      for (const json& s : p.at("streams"))
+        if (!streams.insert(s.get<std::string>()).second)
+          return Status::error(fmt::format(
+              "{}: stream {} is in another part too; give the parts ranks that do not overlap",
+              sources[i], s.get<std::string>()));
+      r.ops_compared += p.at("ops_compared").get<uint64_t>();
+      r.divergent_ops += p.at("divergent_ops").get<uint64_t>();
+      r.structural_count += p.at("structural_count").get<uint64_t>();
+      r.records_a += p.at("records_a").get<uint64_t>();
+      r.records_b += p.at("records_b").get<uint64_t>();
+      r.bytes_read += p.at("bytes_read").get<uint64_t>();
+      r.unread_differences += p.at("unread_differences").get<uint64_t>();
+      r.beyond_tolerance = r.beyond_tolerance || p.at("beyond_tolerance").get<bool>();
+      for (const json& e : p.at("per_step"))
+        r.divergent_ops_per_step[e.at(0).get<uint64_t>()] += e.at(1).get<uint64_t>();
+      for (const json& e : p.at("curve")) {
+        StepPoint& q = r.curve[e.at(0).get<uint64_t>()];
+        q.divergent_ops += e.at(1).get<uint64_t>();
+        q.max_relative = std::max(q.max_relative, e.at(2).get<double>());
+      }
+      for (const json& e : p.at("by_rank")) {
+        auto& lane = r.divergent_by_rank[e.at(0).get<int64_t>()];
+        for (const json& s : e.at(1)) lane[s.at(0).get<uint64_t>()] += s.at(1).get<uint64_t>();
+      }
+      for (const json& line : p.at("not_compared")) r.not_compared.push_back(line.get<std::string>());
+      for (const json& note : p.at("notes")) notes.insert(note.get<std::string>());
+      for (const json& c : p.at("candidates")) candidates.push_back(candidate_from(c));
+      folds_from(p.at("folds").at("a"), &folds_a);
+      folds_from(p.at("folds").at("b"), &folds_b);
+    }
+  } catch (const json::exception& e) {
+    return Status::error(fmt::format("a part of the diff is malformed ({}); write it again", e.what()),
+                         ExitCode::kBadInput);
+  }
+  r.notes.assign(notes.begin(), notes.end());
+
+  // The whole runs' environments and worlds: every part saw them, the merge says them once.
+  std::map<std::string, std::map<std::string, std::string>> ea, eb;
+  if (Status s = load_environment(r.run_a, &ea); !s.ok()) return s;
+  if (Status s = load_environment(r.run_b, &eb); !s.ok()) return s;
+  r.environment = diff_environment(ea, r.run_a, eb, r.run_b);
+  for (const auto& [run, dir, env] :
+       {std::tuple{"A", &r.run_a, &ea}, std::tuple{"B", &r.run_b, &eb}}) {
+    WorldCheck w;
+    w.run = run;
+    if (Status s = check_world(*dir, *env, &w); !s.ok()) return s;
+    for (std::string& line : describe_world(w)) r.not_compared.push_back(std::move(line));
+    r.worlds.push_back(std::move(w));
+  }
+
+  // The first divergence among every part's, by the whole diff's rule; its evidence from
+  // comparing that one stream again.
+  std::vector<const FirstDivergence*> pointers;
+  for (const FirstDivergence& c : candidates) pointers.push_back(&c);
+  if (const FirstDivergence* first = causal_first(pointers)) {
+    StreamResult res;
+    StreamLimits limits;
+    limits.world_lost_a = lost_world(r.worlds[0]);
+    limits.world_lost_b = lost_world(r.worlds[1]);
+    const auto stream_path = [&](const std::string& run) {
+      return (fs::path(run) / layout::kStreamsDir / (first->stream + layout::kTraceExt)).string();
+    };
+    auto fingerprint = ea.find(first->process);
+    if (Status s = compare_stream(first->stream, stream_path(r.run_a), stream_path(r.run_b),
+                                  options, r.environment, nullptr, &res, limits,
+                                  fingerprint != ea.end() ? &fingerprint->second : nullptr);
+        !s.ok())
+      return s;
+    if (!res.first)
+      return Status::error(fmt::format("{}: stream {} no longer diverges where its part said; "
+                                       "were the runs recorded again since?",
+                                       sources.front(), first->stream),
+                           ExitCode::kBadInput);
+    for (EnvDifference& d : res.step_settings) r.environment.push_back(std::move(d));
+    r.first = *res.first;
+    add_spread(pointers, &*r.first);
+    explain_cause(r.environment, &*r.first);
+  }
+  r.endings = collect_endings({r.run_a, r.run_b}, {});
+  r.incomplete = !r.not_compared.empty();
+  bool replicas_disagree = false;
+  for (auto& [run, folds] : {std::pair{&r.run_a, &folds_a}, std::pair{&r.run_b, &folds_b}}) {
+    ReplicaCheck c;
+    if (Status s = check_replicas_from(*run, std::move(*folds), &c); !s.ok()) return s;
+    replicas_disagree = replicas_disagree || c.divergence.has_value();
+    r.beyond_tolerance = r.beyond_tolerance || c.divergence.has_value();
+    r.replicas.push_back(std::move(c));
+  }
+  r.verdict = r.divergent_ops > 0 || r.structural_count > 0 || replicas_disagree ? "divergent"
+              : r.incomplete && !options.gate.allow_truncated                    ? "incomplete"
+                                                                                 : "identical";
+  if (r.verdict == "divergent" && !r.first && !replicas_disagree) {
+    r.verdict = "unexplained";
+    r.unexplained = "no part held an op where the divergence began (diff the whole runs for why)";
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  *report = std::move(r);
+  return Status();
+}
+
+}  // namespace detaudit
