@@ -355,10 +355,18 @@ const FirstDivergence* causal_first(const std::vector<const FirstDivergence*>& c
 }
 
 void add_spread(const std::vector<const FirstDivergence*>& candidates, FirstDivergence* first) {
+  std::vector<const FirstDivergence*> reached;
   for (const FirstDivergence* c : candidates)
     if (c->divergence_class == kClassRemoteInput && happened_before(*first, *c))
-      first->propagated_through.push_back(
-          fmt::format("{} to rank {}, step {}", c->received_through, c->rank, c->step));
+      reached.push_back(c);
+  // By rank, not by stream name ("r10" before "r2").
+  std::stable_sort(reached.begin(), reached.end(),
+                   [](const FirstDivergence* x, const FirstDivergence* y) {
+                     return std::pair(x->rank, x->step) < std::pair(y->rank, y->step);
+                   });
+  for (const FirstDivergence* c : reached)
+    first->propagated_through.push_back(
+        fmt::format("{} to rank {}, step {}", c->received_through, c->rank, c->step));
 }
 
 namespace {

@@ -193,15 +193,17 @@ Status merge_parts(const std::vector<json>& parts, const std::vector<std::string
         auto& lane = r.divergent_by_rank[e.at(0).get<int64_t>()];
         for (const json& s : e.at(1)) lane[s.at(0).get<uint64_t>()] += s.at(1).get<uint64_t>();
       }
-      for (const json& line : p.at("not_compared")) r.not_compared.push_back(line.get<std::string>());
+      for (const json& line : p.at("not_compared"))
+        r.not_compared.push_back(line.get<std::string>());
       for (const json& note : p.at("notes")) notes.insert(note.get<std::string>());
       for (const json& c : p.at("candidates")) candidates.push_back(candidate_from(c));
       folds_from(p.at("folds").at("a"), &folds_a);
       folds_from(p.at("folds").at("b"), &folds_b);
     }
   } catch (const json::exception& e) {
-    return Status::error(fmt::format("a part of the diff is malformed ({}); write it again", e.what()),
-                         ExitCode::kBadInput);
+    return Status::error(
+        fmt::format("a part of the diff is malformed ({}); write it again", e.what()),
+        ExitCode::kBadInput);
   }
   r.notes.assign(notes.begin(), notes.end());
 

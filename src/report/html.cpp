@@ -312,7 +312,7 @@ std::string first_divergence_card(const FirstDivergence& f) {
   if (!f.batch_read_by.empty())
     row("batch", "made in this DataLoader worker, read by " + esc(f.batch_read_by));
   if (!f.received_through.empty()) row("received", "through " + esc(f.received_through));
-  for (const std::string& p : f.propagated_through) row("spread", "propagated through " + esc(p));
+  for (const std::string& p : spread_lines(f)) row("spread", "propagated through " + esc(p));
   if (!f.compiled_region.empty())
     row("region", esc(f.compiled_region) + " (torch.compile, opaque)");
   if (f.is_random)

@@ -53,6 +53,17 @@ std::string shape_string(const std::vector<int64_t>& sizes) {
 
 std::string short_digest(const std::string& hex) { return hex.substr(0, 12); }
 
+std::vector<std::string> spread_lines(const FirstDivergence& f) {
+  constexpr size_t kShown = 8;
+  std::vector<std::string> out;
+  for (size_t i = 0; i < f.propagated_through.size() && i < kShown; ++i)
+    out.push_back(f.propagated_through[i]);
+  if (f.propagated_through.size() > kShown)
+    out.push_back(fmt::format("... and {} more (every one in the JSON report)",
+                              f.propagated_through.size() - kShown));
+  return out;
+}
+
 std::string digests_used(const DiffReport& r) {
   std::vector<std::string> names;
   for (const StreamSummary& s : r.streams)

@@ -68,7 +68,7 @@ std::string render_markdown(const DiffReport& r) {
       out += fmt::format("| batch read by | {} |\n", md_escape(f.batch_read_by));
     if (!f.received_through.empty())
       out += fmt::format("| received through | {} |\n", md_escape(f.received_through));
-    for (const std::string& p : f.propagated_through)
+    for (const std::string& p : spread_lines(f))
       out += fmt::format("| propagated through | {} |\n", md_escape(p));
     out += fmt::format("| position | op #{} of `{}` |\n| class | {} |\n| detail | {} |\n", f.index,
                        f.stream, f.divergence_class, md_escape(f.detail));

@@ -39,5 +39,8 @@ std::vector<std::pair<std::string, std::vector<std::string>>> ending_lines(const
 std::pair<std::string, std::vector<std::string>> sentinel_lines(const DiffReport& r);
 // The digests the streams were recorded with, "md5" or "device, md5" ("" if no stream).
 std::string digests_used(const DiffReport& r);
+// The first divergence's spread as the human formats show it: a thousand ranks' all-reduce is
+// the first few lines and "and N more ranks" (JSON keeps every one).
+std::vector<std::string> spread_lines(const FirstDivergence& f);
 
 }  // namespace detaudit

@@ -125,8 +125,9 @@ std::string render_text(const DiffReport& r, bool color) {
                          f.step, f.batch_read_by);
     out += fmt::format("  class: {} - {}\n", st("35", f.divergence_class), f.detail);
     if (!f.confirmed_by.empty()) out += fmt::format("  counts: {}\n", f.confirmed_by);
-    for (const std::string& p : f.propagated_through)
-      out += fmt::format("  spread: propagated through {}\n", p);
+    for (const std::string& p : spread_lines(f))
+      out += fmt::format("  spread: {}{}\n", p.rfind("...", 0) == 0 ? "" : "propagated through ",
+                         p);
     if (!f.compiled_region.empty())
       out += fmt::format("  region: {} (torch.compile, opaque), the last to run before this op\n",
                          f.compiled_region);

@@ -5,12 +5,12 @@ one task a rank as SLURM_PROCID/SLURM_NTASKS.
 
     cd build && ctest -R e2e.*test_multi_node --output-on-failure
 """
-import json
 import os
 import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import unittest
 
@@ -41,11 +41,21 @@ def torchrun_nodes(run_dir, program_args, port):
 
 
 def finish(procs, timeout=300):
-    """[(exit code, stderr)] of each launcher, in order."""
+    """[(exit code, stderr)] of each launcher, in order. Exit 4 where the only failure was torch's
+    own gloo teardown abort (platform-facts.md: a rank's pt_gloo_runloop thread meets interpreter
+    teardown, SIGABRT after its last op, while exiting) counts as 0, with a note."""
     out = []
     for p in procs:
         _, err = p.communicate(timeout=timeout)
-        out.append((p.returncode, err))
+        code = p.returncode
+        ends = re.findall(r"^detaudit: run-\d+: (r\d+\.main) (.*)$", err, re.M)
+        if code == 4 and ends and all(
+                how.startswith("killed by SIGABRT") and how.endswith("while exiting") and
+                "after its last recorded op" in how for _, how in ends):
+            print(f"\nnote: torch aborted {', '.join(p for p, _ in ends)} at teardown, after its "
+                  "last recorded op; the recording stands", file=sys.stderr)
+            code = 0
+        out.append((code, err))
     return out
 
 
