@@ -166,14 +166,8 @@ int run_diff(const DiffFlags& f) {
   return emit_report(report, f, format);
 }
 
-}  // namespace
-
-void add_diff_verb(CLI::App& app, VerbAction* action) {
-  auto flags = std::make_shared<DiffFlags>();
-  CLI::App* cmd = app.add_subcommand(
-      "diff", "Compare two recorded runs: where they first diverged, why, and what to change");
-  cmd->add_option("RUN_A", flags->run_a, "first run directory (e.g. audit/run-0)")->required();
-  cmd->add_option("RUN_B", flags->run_b, "second run directory (e.g. audit/run-1)")->required();
+// The report's and the gate's flags, which `diff` and `merge` share.
+void add_report_flags(CLI::App* cmd, DiffFlags* flags) {
   cmd->add_option("--format", flags->format, "text, json, junit, markdown or html")
       ->capture_default_str();
   cmd->add_option("--output,-o", flags->output, "write the report to this file");
@@ -184,9 +178,20 @@ void add_diff_verb(CLI::App& app, VerbAction* action) {
   cmd->add_option("--atol", flags->atol, "absolute tolerance on tensor statistics");
   cmd->add_option("--catalog", flags->catalog, "catalog JSON (default: the installed one)");
   cmd->add_flag("--no-catalog", flags->no_catalog, "do not explain with the catalog");
-  cmd->add_flag("--progress", flags->progress, "progress lines on stderr (when a terminal)");
   cmd->add_flag("--allow-truncated", flags->allow_truncated,
                 "pass on what both runs have when a stream was cut short (default: exit 5)");
+}
+
+}  // namespace
+
+void add_diff_verb(CLI::App& app, VerbAction* action) {
+  auto flags = std::make_shared<DiffFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "diff", "Compare two recorded runs: where they first diverged, why, and what to change");
+  cmd->add_option("RUN_A", flags->run_a, "first run directory (e.g. audit/run-0)")->required();
+  cmd->add_option("RUN_B", flags->run_b, "second run directory (e.g. audit/run-1)")->required();
+  add_report_flags(cmd, flags.get());
+  cmd->add_flag("--progress", flags->progress, "progress lines on stderr (when a terminal)");
   cmd->add_option("--perfetto", flags->perfetto,
                   "also write run A's timeline (trace-event JSON for ui.perfetto.dev) with the "
                   "divergent ops marked");
@@ -208,18 +213,7 @@ void add_merge_verb(CLI::App& app, VerbAction* action) {
       "  detaudit diff A B --ranks 512- --part p1.json    # on another\n"
       "  detaudit merge p0.json p1.json --format html -o report.html");
   cmd->add_option("PART", flags->parts, "the parts' files")->required();
-  cmd->add_option("--format", flags->format, "text, json, junit, markdown or html")
-      ->capture_default_str();
-  cmd->add_option("--output,-o", flags->output, "write the report to this file");
-  cmd->add_option("--fail-on", flags->fail_on,
-                  "any: every divergence fails; tolerance: only one beyond --rtol/--atol")
-      ->capture_default_str();
-  cmd->add_option("--rtol", flags->rtol, "relative tolerance on tensor statistics");
-  cmd->add_option("--atol", flags->atol, "absolute tolerance on tensor statistics");
-  cmd->add_option("--catalog", flags->catalog, "catalog JSON (default: the installed one)");
-  cmd->add_flag("--no-catalog", flags->no_catalog, "do not explain with the catalog");
-  cmd->add_flag("--allow-truncated", flags->allow_truncated,
-                "pass on what both runs have when a stream was cut short (default: exit 5)");
+  add_report_flags(cmd, flags.get());
   cmd->callback([flags, action] { *action = [flags] { return run_merge(*flags); }; });
 }
 

@@ -672,17 +672,19 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
     r.beyond_tolerance = r.beyond_tolerance || c.divergence.has_value();  // bit for bit
     r.replicas.push_back(std::move(c));
   }
-  r.verdict = r.divergent_ops > 0 || r.structural_count > 0 || replicas_disagree ? "divergent"
-              : r.incomplete && !options.gate.allow_truncated                    ? "incomplete"
-                                                                                 : "identical";
-  // A divergence the report cannot place is no verdict a user can act on: the tool failed.
-  if (r.verdict == "divergent" && !r.first && !replicas_disagree) {
-    r.verdict = "unexplained";
+  r.verdict = verdict_of(r, replicas_disagree);
+  if (r.verdict == "unexplained")
     r.unexplained = why_no_first(candidates, r.divergent_ops, r.library_pools);
-  }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   *report = std::move(r);
   return Status();
+}
+
+std::string verdict_of(const DiffReport& r, bool replicas_disagree) {
+  if (r.divergent_ops > 0 || r.structural_count > 0 || replicas_disagree)
+    // A divergence the report cannot place is no verdict a user can act on: the tool failed.
+    return r.first || replicas_disagree ? "divergent" : "unexplained";
+  return r.incomplete && !r.gate.allow_truncated ? "incomplete" : "identical";
 }
 
 ExitCode gate_exit_code(const DiffReport& report) {

@@ -34,6 +34,11 @@ const FirstDivergence* causal_first(const std::vector<const FirstDivergence*>& c
 // Adds to `first`'s spread each candidate that received its difference through a collective.
 void add_spread(const std::vector<const FirstDivergence*>& candidates, FirstDivergence* first);
 
+// "divergent" (ops, structure or replicas), "incomplete" (part not compared, unless the gate
+// allows it), "identical"; "unexplained" when divergent with no first divergence to name and the
+// replicas agree (the caller says why).
+std::string verdict_of(const DiffReport& report, bool replicas_disagree);
+
 // 0 identical (or divergent within tolerance), 1 divergent, 5 incomplete (part of a run was
 // not compared and the gate does not allow truncation).
 ExitCode gate_exit_code(const DiffReport& report);

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "diff/world.h"
 #include "run_layout.h"
 #include "trace/process_status.h"
 
@@ -45,16 +46,11 @@ std::string program_ending(const std::string& run_dir, bool* failed) {
   const fs::path whole = fs::path(run_dir) / layout::kRunJson;
   if (fs::exists(whole)) return launch_ending(whole, failed);
   std::vector<std::string> nodes;
-  std::error_code ec;
-  for (fs::directory_iterator it(fs::path(run_dir) / layout::kNodesDir, ec), end; !ec && it != end;
-       it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (it->path().extension() != ".json" || name.find(layout::kNodeConfigExt) != std::string::npos)
-      continue;
+  for (const std::string& manifest : node_manifests(run_dir)) {
     bool failed_here = false;
-    std::string how = launch_ending(it->path(), &failed_here);
+    std::string how = launch_ending(manifest, &failed_here);
     *failed = *failed || failed_here;
-    if (!how.empty()) nodes.push_back("node " + it->path().stem().string() + ": " + how);
+    if (!how.empty()) nodes.push_back("node " + fs::path(manifest).stem().string() + ": " + how);
   }
   std::sort(nodes.begin(), nodes.end());
   std::string out;

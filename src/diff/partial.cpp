@@ -259,13 +259,9 @@ Status merge_parts(const std::vector<json>& parts, const std::vector<std::string
     r.beyond_tolerance = r.beyond_tolerance || c.divergence.has_value();
     r.replicas.push_back(std::move(c));
   }
-  r.verdict = r.divergent_ops > 0 || r.structural_count > 0 || replicas_disagree ? "divergent"
-              : r.incomplete && !options.gate.allow_truncated                    ? "incomplete"
-                                                                                 : "identical";
-  if (r.verdict == "divergent" && !r.first && !replicas_disagree) {
-    r.verdict = "unexplained";
+  r.verdict = verdict_of(r, replicas_disagree);
+  if (r.verdict == "unexplained")
     r.unexplained = "no part held an op where the divergence began (diff the whole runs for why)";
-  }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   *report = std::move(r);
   return Status();

@@ -74,21 +74,17 @@ Status check_world(const std::string& run_dir, const Environment& environment, W
     if (!present.count(r) && (!have_config || config.select.ranks.contains(uint64_t(r))))
       out->missing.push_back(r);
 
-  std::error_code ec;
-  for (fs::directory_iterator it(fs::path(run_dir) / layout::kNodesDir, ec), end; !ec && it != end;
-       it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (it->path().extension() != ".json" || name.find(layout::kNodeConfigExt) != std::string::npos)
-      continue;
-    std::ifstream in(it->path());
+  for (const std::string& manifest : node_manifests(run_dir)) {
+    const fs::path path(manifest);
+    std::ifstream in(path);
     nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
     if (j.is_discarded() || !j.is_object())
       return Status::error(fmt::format("{}: offset 0: not a JSON object (a corrupt node "
                                        "manifest); record that node's part again",
-                                       it->path().string()),
+                                       manifest),
                            ExitCode::kBadInput);
     if (j.value("finished", false)) continue;
-    const std::string node = it->path().stem().string();
+    const std::string node = path.stem().string();
     std::vector<int64_t>& ranks = ranks_of_node[node];
     std::sort(ranks.begin(), ranks.end());
     out->unfinished.push_back(
@@ -98,6 +94,19 @@ Status check_world(const std::string& run_dir, const Environment& environment, W
   }
   std::sort(out->unfinished.begin(), out->unfinished.end());
   return Status();
+}
+
+std::vector<std::string> node_manifests(const std::string& run_dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(fs::path(run_dir) / layout::kNodesDir, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (it->path().extension() == ".json" && name.find(layout::kNodeConfigExt) == std::string::npos)
+      out.push_back(it->path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 std::vector<std::string> describe_world(const WorldCheck& check) {

@@ -25,6 +25,10 @@ inline bool lost_world(const WorldCheck& check) {
   return !check.missing.empty() || !check.unfinished.empty();
 }
 
+// The manifests of a run's nodes (nodes/<node>.json, not their configs), sorted; none for a run
+// of `detaudit run`.
+std::vector<std::string> node_manifests(const std::string& run_dir);
+
 // Lines for the report's "not compared": "run B: ranks 2, 3 of 4 left no trace ...".
 std::vector<std::string> describe_world(const WorldCheck& check);
 
