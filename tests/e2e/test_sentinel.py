@@ -213,10 +213,14 @@ class DdpRaceOnOneRank(TmpDirCase):
         else:
             self.skipTest(f"the index_put race did not fire twice in {RACE_ATTEMPTS} audits")
         self.assertEqual(proc.returncode, 1, proc.stderr)
-        self.assertEqual(report["sentinel"]["step"], 0, report["sentinel"])
+        # The race fires in most steps, not in every one: the first step it changed the bits of.
+        sentinel = report["sentinel"]
+        self.assertIn(sentinel["step"], (0, 1, 2), sentinel)
         first = report["first_divergence"]
         self.assertEqual(first["rank"], 1, first)
         self.assertEqual(first["op"], "aten::_index_put_impl_", first)
+        window = [int(s) for s in sentinel["full_steps"].split("-")]  # "0", or "k-1-k"
+        self.assertTrue(window[0] <= first["step"] <= window[-1], (first["step"], sentinel))
 
     def test_the_sentinel_is_the_replica_check(self):
         # One run: ranks that should hold the same parameters, compared at each step.
