@@ -456,9 +456,7 @@ int record_main(const RecordArgs& args) {
   run::RunOutcome outcome;
   if (Status s = run::execute_node_run(config, options, args.run_dir, node, &outcome); !s.ok())
     return report_error(s);
-  // "run-1" is run 1, as `detaudit run` names them.
-  const std::string base = std::filesystem::path(outcome.dir).filename().string();
-  print_run_problem(outcome, base.rfind("run-", 0) == 0 ? std::atoi(base.c_str() + 4) : 0);
+  print_run_problem(outcome, run::run_index(outcome.dir));
   if (int sig = run::interrupted()) {
     fmt::print(stderr, "detaudit: stopped by {}; what node {} recorded is kept in {}\n",
                run::signal_name(sig), node, outcome.dir);

@@ -181,6 +181,11 @@ std::string run_dir_path(const Config& c, int index) {
   return (fs::path(c.out) / fmt::format("run-{}", index)).string();
 }
 
+int run_index(const std::string& dir) {
+  const std::string base = fs::path(dir).filename().string();
+  return base.rfind("run-", 0) == 0 ? std::atoi(base.c_str() + 4) : 0;
+}
+
 Status check_run_dir(const std::string& dir, bool force) {
   std::error_code ec;
   if (!fs::exists(dir, ec)) return Status();
@@ -493,10 +498,7 @@ Status execute_node_run(const Config& c, const RunOptions& options, const std::s
                                      manifest, std::strerror(errno)),
                          ExitCode::kBadInput);
   ::close(fd);
-  // "run-1" is run 1, as `detaudit run` names them; any other name is run 0.
-  const std::string base = fs::path(abs_dir).filename().string();
-  const int index = base.rfind("run-", 0) == 0 ? std::atoi(base.c_str() + 4) : 0;
-  return launch_into(c, options, abs_dir, node, index, outcome);
+  return launch_into(c, options, abs_dir, node, run_index(abs_dir), outcome);
 }
 
 }  // namespace detaudit::run

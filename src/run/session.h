@@ -47,6 +47,8 @@ Status validate_for_run(const Config& config);
 
 // "<out>/run-<i>"
 std::string run_dir_path(const Config& config, int index);
+// The <i> of a directory named "run-<i>", as `run` names them; 0 for any other name.
+int run_index(const std::string& dir);
 
 // Creates the run directory. A non-empty existing one is refused unless `force`, which empties it
 // first: traces of an earlier run must never mix with this one's.
