@@ -8,10 +8,12 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include "catalog/catalog.h"
 #include "cli/sentinel.h"
@@ -48,7 +50,14 @@ void optional_flag(CLI::App* sub, RunArgs* args, const std::string& name, std::o
   });
 }
 
-void print_run_problem(const run::RunOutcome& o, int index) {
+// The rank this launcher's own process has (srun starts one a rank), as the recorder reads it.
+std::optional<uint64_t> launcher_rank() {
+  for (const char* var : {"RANK", "SLURM_PROCID", "LOCAL_RANK"})
+    if (const char* v = std::getenv(var); v && *v) return std::strtoull(v, nullptr, 10);
+  return std::nullopt;
+}
+
+void print_run_problem(const run::RunOutcome& o, int index, const RangeSet& selected_ranks) {
   if (!o.result.succeeded()) {
     fmt::print(stderr, "detaudit: run-{} failed ({}): {}; what it recorded is kept\n", index,
                o.result.describe(), o.dir);
@@ -58,6 +67,20 @@ void print_run_problem(const run::RunOutcome& o, int index) {
                                 : ending);
   }
   if (!o.streams.empty()) return;
+  if (o.statuses.empty() && !selected_ranks.all()) {
+    // A rank outside the selection is not recorded, and leaves nothing behind by design.
+    const std::string chosen = selected_ranks.to_json().dump();
+    if (std::optional<uint64_t> rank = launcher_rank(); rank && !selected_ranks.contains(*rank))
+      fmt::print(stderr,
+                 "detaudit: run-{}: rank {} is not among the ranks chosen ({}): not recorded\n",
+                 index, *rank, chosen);
+    else
+      fmt::print(stderr,
+                 "detaudit: run-{} recorded no trace in {}/streams: none of its processes had a "
+                 "rank among those chosen ({}), or the interposer was not loaded\n",
+                 index, o.dir, chosen);
+    return;
+  }
   if (o.statuses.empty()) {
     fmt::print(stderr,
                "detaudit: run-{} recorded no trace and the interposer left no status in "
@@ -210,7 +233,7 @@ RemedyVerification verify_remedies(const Config& config, const run::RunOptions& 
         verification.outcome = "not verified: " + s.message();
         return verification;
       }
-      print_run_problem(o, i);
+      print_run_problem(o, i, c.select.ranks);
       recorded = recorded && !o.streams.empty() && o.result.succeeded();
       dirs.push_back(o.dir);
     }
@@ -348,7 +371,7 @@ int run_main(const RunArgs& args) {
     }
     dirs.push_back(outcome.dir);
     recorded.push_back(!outcome.streams.empty());
-    print_run_problem(outcome, i);
+    print_run_problem(outcome, i, config.select.ranks);
     any_failed = any_failed || !outcome.result.succeeded();
     if (std::string full = run::full_disk_note(outcome.dir); !full.empty()) {
       // The program went on; its trace stops where the disk refused it. Said now: the diff
@@ -456,7 +479,7 @@ int record_main(const RecordArgs& args) {
   run::RunOutcome outcome;
   if (Status s = run::execute_node_run(config, options, args.run_dir, node, &outcome); !s.ok())
     return report_error(s);
-  print_run_problem(outcome, run::run_index(outcome.dir));
+  print_run_problem(outcome, run::run_index(outcome.dir), config.select.ranks);
   if (int sig = run::interrupted()) {
     fmt::print(stderr, "detaudit: stopped by {}; what node {} recorded is kept in {}\n",
                run::signal_name(sig), node, outcome.dir);
