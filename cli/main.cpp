@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   detaudit::cli::add_export_verb(app, &action);
   detaudit::cli::add_catalog_verb(app, &action);
   detaudit::cli::add_replay_verb(app, &action);
+  detaudit::cli::add_coverage_verb(app, &action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -76,7 +76,11 @@ Status replay_series(const std::string& replayer, const std::string& setting, in
       "--digest",  report->target.digest};
   std::ifstream capture(fs::path(report->inputs_file).parent_path() / "capture.json");
   json c = json::parse(capture, nullptr, false);
-  if (c.is_object()) argv[3] = c.value("overload", "");
+  if (c.is_object()) {
+    argv[3] = c.value("overload", "");
+    if (std::string rng = c.value("rng_file", ""); !rng.empty())
+      argv.insert(argv.end(), {"--rng", rng});
+  }
   if (threads > 0) argv.insert(argv.end(), {"--threads", std::to_string(threads)});
   if (busy) argv.push_back("--busy-thread");
   std::vector<std::string> env;

@@ -12,10 +12,12 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 
 #include "catalog/catalog.h"
+#include "cli/coverage.h"
 #include "cli/sentinel.h"
 #include "cli/verbs.h"
 #include "config/config.h"
@@ -36,6 +38,8 @@ struct RunArgs {
   bool force = false;
   bool quiet = false;
   bool verify_remedy = false;
+  bool coverage = false;
+  double coverage_budget_s = CoverageFlags().budget_s;
   run::RunFlags flags;
 };
 
@@ -422,6 +426,20 @@ int run_main(const RunArgs& args) {
       }
     }
   }
+  if (args.coverage && !any_failed && recorded[0] && !run::interrupted()) {
+    // Every op type of run-0 replayed: a race that did not fire in these runs still fails.
+    static const std::map<std::string, std::string> kExt = {
+        {"text", "txt"}, {"json", "json"}, {"markdown", "md"}, {"junit", "xml"}, {"html", "html"}};
+    CoverageFlags cf;
+    cf.run = config.out;
+    cf.format = kExt.count(config.format) ? config.format : "text";
+    cf.output = (std::filesystem::path(config.out) / ("coverage." + kExt.at(cf.format))).string();
+    cf.budget_s = args.coverage_budget_s;
+    cf.fail_on = "nondeterministic";
+    cf.force = true;
+    const int covered = run_coverage(cf, /*take_lock=*/false);
+    if (code == 0) code = covered;
+  }
   if (any_failed) return int(ExitCode::kTargetFailed);
   // A divergence in what was recorded stands; anything else the full disk explains.
   if (disk_full && code != int(ExitCode::kDivergent)) return int(ExitCode::kIncomplete);
@@ -526,6 +544,13 @@ void add_run_verb(CLI::App& app, VerbAction* action) {
                 "after a divergent verdict, record 2 more runs with the first divergence's remedy "
                 "applied (--deterministic, --threads, --seed, --env) and diff them, while remedies "
                 "remain (up to 3 rounds); writes OUT/remedy.json");
+  sub->add_flag("--coverage", args->coverage,
+                "then replay every op type of run-0 on its own inputs (detaudit coverage): one "
+                "verified nondeterministic fails the run (exit 1); the report goes to "
+                "OUT/coverage.<format>");
+  sub->add_option("--coverage-budget", args->coverage_budget_s,
+                  "seconds of replaying for --coverage")
+      ->capture_default_str();
   sub->callback([args, action] {
     for (auto& f : args->finish) f();
     *action = [args] { return run_main(*args); };

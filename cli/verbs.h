@@ -25,6 +25,7 @@ void add_catalog_verb(CLI::App& app, VerbAction* action);
 void add_replay_verb(CLI::App& app, VerbAction* action);
 void add_record_verb(CLI::App& app, VerbAction* action);
 void add_merge_verb(CLI::App& app, VerbAction* action);
+void add_coverage_verb(CLI::App& app, VerbAction* action);
 
 // Prints "detaudit: error: <message>" and returns the status's exit code.
 int report_error(const Status& status);

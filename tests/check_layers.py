@@ -23,7 +23,7 @@ ROOMS = [
     ("src/summary", "one run read back: show, export, the timeline"),
     ("src/diff", "the comparator: two runs to a verdict"),
     ("src/report", "a verdict rendered: text, JSON, JUnit, Markdown, HTML"),
-    ("src/replay", "replay's judgement of an op called again"),
+    ("src/replay", "replay's judgement of an op called again, and coverage's of each op type"),
     ("src/run", "a run launched: the program, its environment, the interposer chosen"),
     ("src/preload", "the preload shim, libc only"),
     # The interposer: torch-free where it can be, above the core's recording half.
@@ -34,7 +34,7 @@ ROOMS = [
     ("hooks/collectives", "c10d collectives: what a rank sends and receives"),
     ("hooks/ops", "what an op is: schema, phase, step, scopes, generator; torch's versions"),
     ("hooks/process", "what a process and its threads are: names, Python, the environment"),
-    ("hooks/capture", "detaudit replay's side: an op's inputs captured, and the replayer"),
+    ("hooks/capture", "replay's and coverage's side: ops' inputs captured, and the replayer"),
     ("hooks/recorder", "the op path: from the callbacks to the OP records"),
     ("hooks/attach", "loading into the process: callbacks, exit and signal safety nets"),
     ("cli", "the detaudit executable, one file per verb"),

@@ -1,41 +1,60 @@
-// hooks/capture: `detaudit replay`'s side in the program: one op's inputs saved in a new run, and
-// the replayer that calls the op again on them.
+// hooks/capture: the program's side of `detaudit replay` and `detaudit coverage`: recorded ops'
+// inputs saved in a new run, and the replayer that calls the ops again on them.
 //
-// `detaudit replay`'s capture: the inputs of one recorded op, saved when a run of the same command
-// reaches the same op. DETAUDIT_CAPTURE names the spec the CLI writes (src/replay/replay.h):
+// The captures of `detaudit replay` and `detaudit coverage`: the inputs of recorded ops, saved
+// when a run of the same command reaches the same ops. DETAUDIT_CAPTURE names the spec the CLI
+// writes (src/replay/replay.h), one target or a list of them:
 //
 //   {"process": "r0.main", "thread": "main", "op": "aten::_index_put_impl_", "occurrence": 3,
 //    "inputs": ["<hex digest>", "", ...], "dir": "/abs/replay/capture"}
+//   {"targets": [{...as above, each with a dir of its own...}, ...]}
 //
-// The op is the `occurrence`-th op of that name (from 0, in start order) that the thread records.
-// Its inputs must have the record's digests ("" is not compared): then they are saved, as the
-// op received them, with torch::pickle_save (torch.load and torch::pickle_load read it) to
-// <dir>/inputs.pt. <dir>/capture.json says what happened, in every case where the op was reached.
+// A target is the `occurrence`-th op of that name (from 0, in start order) that the thread
+// records. Its inputs must have the record's digests ("" is not compared): then they are saved,
+// as the op received them, with torch::pickle_save (torch.load and torch::pickle_load read it) to
+// <dir>/inputs.pt, and the state of the generator the op draws from to <dir>/rng.pt, so that a
+// replay of a random op starts where the recorded one did. <dir>/capture.json says what happened,
+// in every case where the op was reached.
 #pragma once
 
+#include <ATen/core/Generator.h>
 #include <ATen/record_function.h>
 
+#include <atomic>
+#include <memory>
+#include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace detaudit::hooks {
 
-struct CaptureSpec {
+struct CaptureTarget {
   std::string process, thread, op;
   uint64_t occurrence = 0;
   std::vector<std::string> inputs;  // hex, "" where not compared
   std::string dir;
 };
 
-// Parsed once from the environment; nullptr when not capturing (or the spec is unreadable, which
-// <dir>/capture.json then says, if it named a dir).
-const CaptureSpec* capture_spec();
+struct CaptureSpec {
+  std::vector<CaptureTarget> targets;
+  std::unordered_map<std::string, std::vector<size_t>> by_op;  // op name -> its targets
+  std::unique_ptr<std::atomic<bool>[]> done;                   // per target
+  std::atomic<size_t> left{0};                                 // targets not yet reached
+};
 
-// The op was reached (name and occurrence match on the named thread of the named process):
+// Parsed once from the environment; nullptr when not capturing (or the spec is unreadable, which
+// the CLI then says: it finds no capture.json).
+CaptureSpec* capture_spec();
+
+// Target `k` was reached (name and occurrence match on the named thread of the named process):
 // compares `digests` (the recorder's input digests in argument order, lists expanded, "" where it
-// has none) and saves the inputs. Once per process; never throws.
-void capture_op(const CaptureSpec& spec, const at::RecordFunction& fn,
-                const std::vector<std::string>& digests);
-bool capture_done();
+// has none) and saves the inputs, and the state of `generator` (the one the op draws from; null
+// where it cannot be read). Once per target; never throws.
+void capture_op(CaptureSpec& spec, size_t k, const at::RecordFunction& fn,
+                const std::vector<std::string>& digests, std::optional<at::Generator> generator);
+inline bool capture_done(const CaptureSpec& spec) {
+  return spec.left.load(std::memory_order_relaxed) == 0;
+}
 
 }  // namespace detaudit::hooks

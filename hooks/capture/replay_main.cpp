@@ -1,26 +1,38 @@
-// detaudit_replay: calls one op N times on inputs a capture saved (hooks/capture/op_capture.h), in a fresh
-// process of the program's own torch, and prints what came out as one JSON object. The CLI
-// (src/replay/) runs it and judges.
+// detaudit_replay: calls recorded ops again and again on inputs a capture saved
+// (hooks/capture/op_capture.h), in a fresh process of the program's own torch, and prints what
+// came out as JSON. The CLI (src/replay/, src/coverage/) runs it and judges.
 //
 //   detaudit_replay INPUTS.pt OP OVERLOAD --replays 20 --threads 2 --deterministic off
-//                   [--busy-thread] --digest xxh3
+//                   [--busy-thread] [--rng RNG.pt] --digest xxh3
+//   detaudit_replay --batch MANIFEST.json     (one JSON line per op and setting, as each ends)
 //
 // Every replay gets fresh copies of the inputs, laid out as the op received them, so an in-place
-// op starts from the captured bytes each time. Outputs are hashed as the recorder hashes them
-// (describe_tensor), so a replay's digest compares with the trace's.
+// op starts from the captured bytes each time, and the generator the op drew from is set back to
+// its captured state, so a random op draws the same numbers. Outputs are hashed as the recorder
+// hashes them (describe_tensor), so a replay's digest compares with the trace's.
+//
+// The manifest: {"digest": "md5", "replays": 20, "deadline_ms": <Unix time>, "ops": [{"id": "7",
+// "inputs": "...inputs.pt", "rng": "...rng.pt" or "", "op": "aten::mm", "overload": "",
+// "outputs": [0, 2] (those compared; absent: all), "settings": [{"setting": "as recorded",
+// "threads": 2, "deterministic": false, "busy": false}, ...]}, ...]}. A series that would start
+// after the deadline is not run.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -75,114 +87,210 @@ std::string digest_hex(const at::Tensor& t, Hasher* hasher) {
   return desc.digest_hex();
 }
 
+c10::IValue load_pickle(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + path);
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
+                                std::istreambuf_iterator<char>());
+  c10::IValue v = torch::jit::pickle_load(bytes);
+  if (!v.isTuple()) throw std::runtime_error(path + ": not a capture (no tuple)");
+  return v;
+}
+
+// One captured op: its inputs, and the generator it drew from with the state it had.
+struct Captured {
+  std::vector<c10::IValue> inputs;
+  c10::OperatorHandle handle;
+  std::optional<at::Generator> generator;
+  at::Tensor generator_state;
+  std::vector<int> compared_outputs;  // empty: every output
+};
+
+Captured load_captured(const std::string& inputs_path, const std::string& rng_path,
+                       const std::string& op_name, const std::string& overload) {
+  const auto handle = c10::Dispatcher::singleton().findSchema({op_name, overload});
+  if (!handle)
+    throw std::runtime_error("this torch has no op " + op_name +
+                             (overload.empty() ? "" : "." + overload));
+  Captured c{load_pickle(inputs_path).toTupleRef().elements().vec(), *handle, {}, {}, {}};
+  if (!rng_path.empty()) {
+    const auto saved = load_pickle(rng_path).toTupleRef().elements();
+    c.generator = at::globalContext().defaultGenerator(c10::Device(saved.at(0).toStringRef()));
+    c.generator_state = saved.at(1).toTensor();
+  }
+  return c;
+}
+
+struct Setting {
+  std::string name;
+  int threads = 0;
+  bool deterministic = false, busy = false;
+};
+
+// The op called `replays` times under one setting.
+json replay_series(const Captured& c, const Setting& setting, int replays, Hasher* hasher) {
+  if (setting.threads > 0) at::set_num_threads(setting.threads);
+  at::globalContext().setDeterministicAlgorithms(setting.deterministic, /*warn_only=*/false);
+  std::vector<at::Tensor> input_tensors;
+  for (const c10::IValue& v : c.inputs) tensors_of(v, &input_tensors);
+  json input_digests = json::array();
+  for (const at::Tensor& t : input_tensors) input_digests.push_back(digest_hex(t, hasher));
+
+  // A second thread that keeps a core busy: a race shows more often when threads are delayed.
+  std::atomic<bool> stop{false};
+  std::thread spinner;
+  if (setting.busy)
+    spinner = std::thread([&] {
+      volatile double x = 1;
+      while (!stop.load(std::memory_order_relaxed)) x = x * 1.0000001 + 1e-9;
+    });
+
+  std::map<std::string, int> distinct;  // digests of one replay's outputs -> count
+  std::vector<at::Tensor> first;
+  double max_abs_diff = 0;
+  json per_replay = json::array();
+  std::string error;
+  for (int r = 0; r < replays && error.empty(); ++r) {
+    torch::jit::Stack stack;
+    for (const c10::IValue& v : c.inputs) stack.push_back(fresh_copy(v));
+    try {
+      if (c.generator) {
+        at::Generator gen = *c.generator;  // a handle: the same generator
+        std::lock_guard<std::mutex> lock(gen.mutex());
+        gen.set_state(c.generator_state);
+      }
+      c.handle.callBoxed(&stack);
+    } catch (const std::exception& e) {
+      error = e.what();
+      break;
+    }
+    std::vector<at::Tensor> all, outs;
+    for (const c10::IValue& v : stack) tensors_of(v, &all);
+    if (c.compared_outputs.empty()) {
+      outs = all;
+    } else {
+      for (int k : c.compared_outputs)
+        if (k >= 0 && size_t(k) < all.size()) outs.push_back(all[size_t(k)]);
+    }
+    std::string key;
+    json digests = json::array();
+    for (const at::Tensor& t : outs) {
+      const std::string d = digest_hex(t, hasher);
+      digests.push_back(d);
+      key += d + ",";
+    }
+    per_replay.push_back(digests);
+    ++distinct[key];
+    if (r == 0) {
+      first = outs;
+    } else {
+      for (size_t k = 0; k < outs.size() && k < first.size(); ++k)
+        if (outs[k].is_floating_point() && outs[k].sizes() == first[k].sizes())
+          max_abs_diff = std::max(
+              max_abs_diff,
+              (outs[k].to(at::kDouble) - first[k].to(at::kDouble)).abs().max().item<double>());
+    }
+  }
+  stop = true;
+  if (spinner.joinable()) spinner.join();
+  json out = {{"op", c.handle.schema().name()},
+              {"overload", c.handle.schema().overload_name()},
+              {"setting", setting.name},
+              {"replays", per_replay.size()},
+              {"threads", at::get_num_threads()},
+              {"deterministic", setting.deterministic},
+              {"busy_thread", setting.busy},
+              {"input_digests", input_digests},
+              {"outputs", per_replay},
+              {"distinct", distinct.size()},
+              {"max_abs_diff", max_abs_diff}};
+  if (!error.empty()) out["error"] = error;
+  return out;
+}
+
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// --batch: each op of the manifest under each of its settings, a line as each series ends, so a
+// budget's kill keeps what was done.
+int run_batch(const std::string& manifest_path) {
+  std::ifstream in(manifest_path);
+  json m = json::parse(in, nullptr, false);
+  if (!m.is_object() || !m.contains("ops")) return fail(manifest_path + ": not a replay manifest");
+  detaudit::trace::DigestAlgo algo;
+  if (!detaudit::trace::parse_digest_name(m.value("digest", "xxh3"), &algo))
+    return fail(manifest_path + ": unknown digest");
+  Hasher hasher(algo);
+  const int replays = m.value("replays", 20);
+  const int64_t deadline = m.value("deadline_ms", int64_t(0));
+  for (const json& op : m["ops"]) {
+    const std::string id = op.value("id", "");
+    std::optional<Captured> c;
+    try {
+      c = load_captured(op.at("inputs").get<std::string>(), op.value("rng", ""),
+                        op.at("op").get<std::string>(), op.value("overload", ""));
+      if (op.contains("outputs")) c->compared_outputs = op["outputs"].get<std::vector<int>>();
+    } catch (const std::exception& e) {
+      std::printf("%s\n", json({{"id", id}, {"error", e.what()}}).dump().c_str());
+      std::fflush(stdout);
+      continue;
+    }
+    for (const json& s : op.at("settings")) {
+      if (deadline > 0 && now_ms() > deadline) return 0;
+      Setting setting{s.value("setting", ""), s.value("threads", 0),
+                      s.value("deterministic", false), s.value("busy", false)};
+      json out;
+      try {
+        out = replay_series(*c, setting, replays, &hasher);
+      } catch (const std::exception& e) {
+        out = {{"error", e.what()}, {"setting", setting.name}};
+      }
+      out["id"] = id;
+      std::printf("%s\n", out.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--batch") return run_batch(argv[2]);
   if (argc < 4) return fail("usage: detaudit_replay INPUTS.pt OP OVERLOAD [options]");
   const std::string inputs_path = argv[1], op_name = argv[2], overload = argv[3];
-  int replays = 20, threads = 0;
-  bool deterministic = false, busy = false;
-  std::string digest = "xxh3";
+  int replays = 20;
+  Setting setting{"", 0, false, false};
+  std::string digest = "xxh3", rng;
   for (int i = 4; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
     if (a == "--replays")
       replays = std::atoi(value().c_str());
     else if (a == "--threads")
-      threads = std::atoi(value().c_str());
+      setting.threads = std::atoi(value().c_str());
     else if (a == "--deterministic")
-      deterministic = value() == "on";
+      setting.deterministic = value() == "on";
     else if (a == "--busy-thread")
-      busy = true;
+      setting.busy = true;
     else if (a == "--digest")
       digest = value();
+    else if (a == "--rng")
+      rng = value();
     else
       return fail("unknown option " + a);
   }
   detaudit::trace::DigestAlgo algo;
   if (!detaudit::trace::parse_digest_name(digest, &algo)) return fail("unknown digest " + digest);
   if (replays < 1) return fail("--replays must be at least 1");
-
-  std::ifstream in(inputs_path, std::ios::binary);
-  if (!in) return fail("cannot read " + inputs_path);
-  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
-                                std::istreambuf_iterator<char>());
   json out;
   try {
-    const c10::IValue saved = torch::jit::pickle_load(bytes);
-    if (!saved.isTuple()) return fail(inputs_path + ": not a capture (no tuple of inputs)");
-    const std::vector<c10::IValue> inputs = saved.toTupleRef().elements().vec();
-
-    const auto handle = c10::Dispatcher::singleton().findSchema({op_name, overload});
-    if (!handle)
-      return fail("this torch has no op " + op_name + (overload.empty() ? "" : "." + overload));
-
-    if (threads > 0) at::set_num_threads(threads);
-    at::globalContext().setDeterministicAlgorithms(deterministic, /*warn_only=*/false);
     Hasher hasher(algo);
-
-    std::vector<at::Tensor> input_tensors;
-    for (const c10::IValue& v : inputs) tensors_of(v, &input_tensors);
-    json input_digests = json::array();
-    for (const at::Tensor& t : input_tensors) input_digests.push_back(digest_hex(t, &hasher));
-
-    // A second thread that keeps a core busy: a race shows more often when threads are delayed.
-    std::atomic<bool> stop{false};
-    std::thread spinner;
-    if (busy)
-      spinner = std::thread([&] {
-        volatile double x = 1;
-        while (!stop.load(std::memory_order_relaxed)) x = x * 1.0000001 + 1e-9;
-      });
-
-    std::map<std::string, int> distinct;  // digests of one replay's outputs -> count
-    std::vector<at::Tensor> first;
-    double max_abs_diff = 0;
-    json per_replay = json::array();
-    std::string error;
-    for (int r = 0; r < replays && error.empty(); ++r) {
-      torch::jit::Stack stack;
-      for (const c10::IValue& v : inputs) stack.push_back(fresh_copy(v));
-      try {
-        handle->callBoxed(&stack);
-      } catch (const std::exception& e) {
-        error = e.what();
-        break;
-      }
-      std::vector<at::Tensor> outs;
-      for (const c10::IValue& v : stack) tensors_of(v, &outs);
-      std::string key;
-      json digests = json::array();
-      for (const at::Tensor& t : outs) {
-        const std::string d = digest_hex(t, &hasher);
-        digests.push_back(d);
-        key += d + ",";
-      }
-      per_replay.push_back(digests);
-      ++distinct[key];
-      if (r == 0) {
-        first = outs;
-      } else {
-        for (size_t k = 0; k < outs.size() && k < first.size(); ++k)
-          if (outs[k].is_floating_point() && outs[k].sizes() == first[k].sizes())
-            max_abs_diff = std::max(
-                max_abs_diff,
-                (outs[k].to(at::kDouble) - first[k].to(at::kDouble)).abs().max().item<double>());
-      }
-    }
-    stop = true;
-    if (spinner.joinable()) spinner.join();
-    out = {{"op", op_name},
-           {"overload", overload},
-           {"replays", per_replay.size()},
-           {"threads", at::get_num_threads()},
-           {"deterministic", deterministic},
-           {"busy_thread", busy},
-           {"input_digests", input_digests},
-           {"outputs", per_replay},
-           {"distinct", distinct.size()},
-           {"max_abs_diff", max_abs_diff}};
-    if (!error.empty()) out["error"] = error;
+    out = replay_series(load_captured(inputs_path, rng, op_name, overload), setting, replays,
+                        &hasher);
   } catch (const std::exception& e) {
     return fail(inputs_path + ": " + e.what());
   }

@@ -161,7 +161,7 @@ void ThreadRecorder::reset_after_fork() {
   stream_open_ = false;
   thread_name_.clear();
   identity_.reset();
-  capture_seen_ = 0;
+  capture_seen_.clear();
   strings_.clear();
   pending_strings_.clear();
   for (auto& [name, info] : ops_) info.name_id = UINT32_MAX;
@@ -246,9 +246,11 @@ const OpInfo& ThreadRecorder::op_info(const at::RecordFunction& fn) {
   return it->second;
 }
 
-uint64_t ThreadRecorder::rng_state(const at::RecordFunction& fn) {
+namespace {
+
+RngSource rng_source_of(const at::RecordFunction& fn) {
   auto inputs = fn.inputs();
-  const RngSource source = rng_source(inputs.size(), [&](size_t i) {
+  return rng_source(inputs.size(), [&](size_t i) {
     const c10::IValue& v = inputs[i];
     RngArg a;
     if (v.isGenerator()) {
@@ -264,8 +266,28 @@ uint64_t ThreadRecorder::rng_state(const at::RecordFunction& fn) {
     }
     return a;
   });
+}
+
+// The generator itself, for a capture: null where reading it would start CUDA.
+std::optional<at::Generator> generator_of(const at::RecordFunction& fn) {
+  const RngSource source = rng_source_of(fn);
   switch (source.kind) {
-    case RngSource::Kind::kExplicit: return generator_digest(inputs[source.arg].toGenerator());
+    case RngSource::Kind::kExplicit: return fn.inputs()[source.arg].toGenerator();
+    case RngSource::Kind::kCuda:
+      if (source.from_device_arg && !cuda_initialized()) return std::nullopt;
+      return at::globalContext().defaultGenerator(
+          c10::Device(c10::kCUDA, c10::DeviceIndex(source.device_index)));
+    case RngSource::Kind::kCpu: break;
+  }
+  return at::globalContext().defaultGenerator(c10::Device(c10::kCPU));
+}
+
+}  // namespace
+
+uint64_t ThreadRecorder::rng_state(const at::RecordFunction& fn) {
+  const RngSource source = rng_source_of(fn);
+  switch (source.kind) {
+    case RngSource::Kind::kExplicit: return generator_digest(fn.inputs()[source.arg].toGenerator());
     case RngSource::Kind::kCuda:
       // A CUDA tensor means CUDA is up. A Device argument alone does not (a C++ program's first
       // torch::rand(..., kCUDA) starts it inside the op): reading the generator then would start it.
@@ -480,8 +502,8 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f, trace::Pha
   if (saw_fake_tensor_) f.recorded = false;  // torch.compile tracing, not the program's work
   saw_fake_tensor_ = false;
   // Still busy: saving the inputs runs ops of its own.
-  if (const CaptureSpec* spec = capture_spec();
-      spec && f.recorded && !f.loss_candidate && !capture_done())
+  if (CaptureSpec* spec = capture_spec();
+      spec && f.recorded && !f.loss_candidate && !capture_done(*spec))
     maybe_capture(*spec, fn, f);
   if (!f.recorded) {
     items_.resize(f.items_begin);
@@ -491,11 +513,24 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f, trace::Pha
   busy_ = false;
 }
 
-void ThreadRecorder::maybe_capture(const CaptureSpec& spec, const at::RecordFunction& fn,
+void ThreadRecorder::maybe_capture(CaptureSpec& spec, const at::RecordFunction& fn,
                                    const Frame& f) {
-  if (f.info->name != spec.op || identity_->name != spec.thread) return;
-  if (capture_seen_++ != spec.occurrence) return;
-  if (ProcessRecorder::instance().process_name() != spec.process) return;
+  auto targets = spec.by_op.find(f.info->name);
+  if (targets == spec.by_op.end()) return;
+  const uint64_t seen = capture_seen_[f.info->name]++;
+  std::optional<std::vector<std::string>> digests;  // worked out once, for the first match
+  for (size_t k : targets->second) {
+    const CaptureTarget& t = spec.targets[k];
+    if (t.occurrence != seen || t.thread != identity_->name ||
+        spec.done[k].load(std::memory_order_relaxed) ||
+        ProcessRecorder::instance().process_name() != t.process)
+      continue;
+    if (!digests) digests = input_digests_now(f);
+    capture_op(spec, k, fn, *digests, generator_of(fn));
+  }
+}
+
+std::vector<std::string> ThreadRecorder::input_digests_now(const Frame& f) {
   std::vector<std::string> digests;
   for (size_t i = f.items_begin; i < f.items_end; ++i) {
     if (!items_[i].is_tensor) continue;
@@ -515,7 +550,7 @@ void ThreadRecorder::maybe_capture(const CaptureSpec& spec, const at::RecordFunc
     }
     digests.push_back(desc.not_read() ? std::string() : desc.digest_hex());
   }
-  capture_op(spec, fn, digests);
+  return digests;
 }
 
 void ThreadRecorder::emit_string_records() {

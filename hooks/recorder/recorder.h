@@ -256,7 +256,8 @@ class ThreadRecorder {
   // Launches the open device batches this op could change the bytes of (Launch).
   void launch_device_batches_before(const at::RecordFunction& fn, const OpInfo& info);
   // `detaudit replay`: saves this op's inputs if it is the one the capture names.
-  void maybe_capture(const CaptureSpec& spec, const at::RecordFunction& fn, const Frame& f);
+  void maybe_capture(CaptureSpec& spec, const at::RecordFunction& fn, const Frame& f);
+  std::vector<std::string> input_digests_now(const Frame& f);  // waits for pending digests
 
   // Value encoding (value_encoding.cpp): inputs when an op starts, outputs when it ends.
   // How an op uses an argument: OpInfo::overwritten_args are not read, written_args are
@@ -324,9 +325,9 @@ class ThreadRecorder {
   bool saw_fake_tensor_ = false;          // an input of the op being captured has no data
   bool compiled_region_in_step_ = false;  // tensors first seen now are likely a region's output
   bool stream_open_ = false;
-  std::optional<ThreadIdentity> identity_;  // asked at this thread's first op
-  uint64_t capture_seen_ = 0;  // ops named as the capture's op, recorded by this thread
-  std::string thread_name_;    // claimed with the stream file
+  std::optional<ThreadIdentity> identity_;                  // asked at this thread's first op
+  std::unordered_map<std::string, uint64_t> capture_seen_;  // a capture's op -> recorded here
+  std::string thread_name_;                                 // claimed with the stream file
   StreamBuffer stream_;
   trace::RecordEncoder encoder_;         // op records
   trace::RecordEncoder string_encoder_;  // string records, written while an op body is open

@@ -1,0 +1,316 @@
+// `detaudit coverage RUN`: every op type the run ran, replayed on its own inputs, sorted into
+// verified nondeterministic, deterministic in N replays, and unverified (src/replay/coverage.h).
+// One new run of the recorded command captures the inputs of every type at once; replayer
+// processes, one per idle core's worth of threads, then replay them largest first within the
+// budget.
+#include "replay/coverage.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <thread>
+
+#include "catalog/catalog.h"
+#include "cli/coverage.h"
+#include "cli/verbs.h"
+#include "config/config.h"
+#include "run/launcher.h"
+#include "run/session.h"
+#include "run_layout.h"
+
+extern char** environ;
+
+namespace detaudit::cli {
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// A replayer process whose JSON lines go to a file, read as they come.
+struct Worker {
+  pid_t pid = -1;
+  std::string out_path;
+  size_t lines_read = 0;
+  bool done = false;
+};
+
+Status spawn_worker(const std::string& replayer, const std::string& manifest,
+                    const std::vector<std::string>& env, Worker* w) {
+  std::vector<std::string> argv = {replayer, "--batch", manifest};
+  std::vector<char*> args, envp;
+  for (std::string& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  std::vector<std::string> env_copy = env;
+  for (std::string& e : env_copy) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, w->out_path.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const std::string err_path = w->out_path + ".stderr";
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const int rc = posix_spawn(&w->pid, replayer.c_str(), &actions, nullptr, args.data(),
+                             envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0)
+    return Status::error(fmt::format("{}: cannot start it ({})", replayer, std::strerror(rc)),
+                         ExitCode::kBadInput);
+  return Status();
+}
+
+// New complete lines of a worker's output, into the plan.
+int read_new_lines(Worker* w, replay::CoveragePlan* plan) {
+  std::ifstream in(w->out_path);
+  std::string line;
+  size_t n = 0;
+  int added = 0;
+  while (std::getline(in, line)) {
+    if (in.eof()) break;  // a line still being written
+    if (n++ < w->lines_read) continue;
+    ++w->lines_read;
+    if (replay::add_replay_line(line, plan)) ++added;
+  }
+  return added;
+}
+
+int count_settled(const replay::CoveragePlan& plan, const std::vector<size_t>& rows) {
+  int n = 0;
+  for (size_t i : rows)
+    if (plan.rows[i].series.size() >= 3) ++n;
+  return n;
+}
+
+// Replays the captured rows on `workers` replayer processes, largest first, until the deadline;
+// a worker still busy a grace period after it is stopped (what it finished is kept).
+void replay_rows(const std::string& replayer, const std::string& out_dir, int workers, int replays,
+                 Clock::time_point deadline, const std::vector<std::string>& env, bool progress,
+                 replay::CoveragePlan* plan) {
+  std::vector<size_t> rows;
+  for (size_t i = 0; i < plan->rows.size(); ++i)
+    if (plan->rows[i].capture_status == "saved") rows.push_back(i);
+  if (rows.empty()) return;
+  workers = std::max(1, std::min(workers, int(rows.size())));
+  const int64_t deadline_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(
+          (std::chrono::system_clock::now() + (deadline - Clock::now())).time_since_epoch())
+          .count();
+  std::vector<Worker> pool(static_cast<size_t>(workers));
+  for (int k = 0; k < workers; ++k) {
+    std::vector<size_t> share;  // round robin: each worker starts with one of the largest
+    for (size_t j = size_t(k); j < rows.size(); j += size_t(workers)) share.push_back(rows[j]);
+    const std::string manifest = fmt::format("{}/replay-{}.json", out_dir, k);
+    std::ofstream(manifest) << replay::replay_manifest(*plan, share, replays, deadline_ms).dump(1)
+                            << "\n";
+    pool[size_t(k)].out_path = fmt::format("{}/replay-{}.jsonl", out_dir, k);
+    if (Status s = spawn_worker(replayer, manifest, env, &pool[size_t(k)]); !s.ok()) {
+      report_error(s);
+      pool[size_t(k)].done = true;
+    }
+  }
+  const auto grace = std::chrono::seconds(30);
+  bool stopped = false;
+  for (;;) {
+    bool all_done = true;
+    for (Worker& w : pool) {
+      if (w.done) continue;
+      int status = 0;
+      if (waitpid(w.pid, &status, WNOHANG) == w.pid) w.done = true;
+      read_new_lines(&w, plan);
+      all_done = all_done && w.done;
+    }
+    if (progress) {
+      const auto left = std::chrono::duration_cast<std::chrono::seconds>(deadline - Clock::now());
+      fmt::print(stderr, "\rdetaudit coverage: {}/{} op types replayed, {} s of the budget left  ",
+                 count_settled(*plan, rows), rows.size(), std::max<int64_t>(0, left.count()));
+    }
+    if (all_done || run::interrupted()) break;
+    if (!stopped && Clock::now() > deadline + grace) {
+      stopped = true;
+      for (Worker& w : pool)
+        if (!w.done) ::kill(w.pid, SIGKILL);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  for (Worker& w : pool)
+    if (!w.done) {
+      ::kill(w.pid, SIGKILL);
+      waitpid(w.pid, nullptr, 0);
+      read_new_lines(&w, plan);
+    }
+  if (progress) fmt::print(stderr, "\n");
+}
+
+int worker_count(const replay::CoveragePlan& plan) {
+  int threads = 1;
+  for (const replay::OpTypeRow& row : plan.rows)
+    threads = std::max(threads, row.target.intra_op_threads);
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / threads);
+}
+
+}  // namespace
+
+int run_coverage(const CoverageFlags& f, bool take_lock) {
+  static const char* kFormats[] = {"text", "json", "markdown", "junit", "html"};
+  if (std::find(std::begin(kFormats), std::end(kFormats), f.format) == std::end(kFormats))
+    return report_error(Status::error(
+        fmt::format("--format: expected text, json, markdown, junit or html, got '{}'", f.format)));
+  if (f.fail_on != "none" && f.fail_on != "nondeterministic")
+    return report_error(Status::error(
+        fmt::format("--fail-on: expected none or nondeterministic, got '{}'", f.fail_on)));
+  if (f.replays < 2) return report_error(Status::error("--replays must be at least 2"));
+  if (f.budget_s <= 0) return report_error(Status::error("--budget must be more than 0 seconds"));
+  const fs::path root = f.run;
+  std::error_code ec;
+  const bool audit = fs::exists(root / "run-0" / layout::kRunJson, ec);
+  const fs::path run = audit ? root / "run-0" : root;
+  if (!fs::exists(run / layout::kRunJson, ec))
+    return report_error(Status::error(
+        fmt::format("{}: not a run directory (no {}); give `detaudit run --out`'s directory or one "
+                    "of its run-<i>",
+                    f.run, layout::kRunJson),
+        ExitCode::kBadInput));
+
+  Catalog catalog;
+  if (Status s = Catalog::load(catalog_path(), &catalog); !s.ok())
+    fmt::print(stderr, "detaudit: warning: {}; op types are not matched to catalog entries\n",
+               s.message());
+  replay::CoveragePlan plan;
+  if (Status s = replay::plan_coverage(run.string(), catalog, &plan); !s.ok())
+    return report_error(s);
+
+  std::ifstream run_json_in(run / layout::kRunJson);
+  json run_json = json::parse(run_json_in, nullptr, false);
+  Config config;
+  if (Status s = load_config((run / layout::kConfigJson).string(), &config); !s.ok())
+    return report_error(s);
+  const std::string out = f.out.empty() ? (root / "coverage").string() : f.out;
+  run::OutLock lock;
+  if (take_lock)
+    if (Status s = lock.acquire(audit ? root.string() : fs::absolute(out).parent_path().string(),
+                                "detaudit coverage");
+        !s.ok())
+      return report_error(s);
+  if (Status s = run::check_run_dir(out, f.force); !s.ok()) return report_error(s);
+  if (Status s = run::prepare_run_dir(out, f.force); !s.ok()) return report_error(s);
+  const std::string out_abs = fs::absolute(out).lexically_normal().string();
+  const std::string capture_dir = out_abs + "/capture";
+  fs::create_directories(capture_dir, ec);
+  const json spec = replay::capture_targets_json(plan, capture_dir);
+  for (const json& t : spec["targets"]) fs::create_directories(t["dir"].get<std::string>(), ec);
+  const std::string spec_path = out_abs + "/capture-spec.json";
+  std::ofstream(spec_path) << spec.dump(1) << "\n";
+
+  // One new run of the recorded command, capturing every type's chosen occurrence.
+  config.out = out_abs;
+  config.runs = 1;
+  config.target.env["DETAUDIT_CAPTURE"] = spec_path;
+  if (run_json.is_object() && run_json.contains("cwd"))
+    config.target.cwd = run_json["cwd"].get<std::string>();
+  run::RunOptions options;
+  options.hooks_library = run_json.is_object() ? run_json.value("hooks_library", "") : "";
+  options.version = DETAUDIT_VERSION;
+  options.force = true;
+  options.echo = false;
+  const auto started = Clock::now();
+  fmt::print(stderr,
+             "detaudit: {} op types in {}; running the recorded command again to capture the "
+             "inputs of {}\n",
+             plan.rows.size(), run.string(), spec["targets"].size());
+  run::RunOutcome outcome;
+  if (Status s = run::execute_run(config, options, 0, &outcome); !s.ok()) return report_error(s);
+  const bool capture_failed = !outcome.result.succeeded();
+  if (capture_failed)
+    fmt::print(stderr, "detaudit: the capture run failed ({}); what it captured is replayed\n",
+               outcome.result.describe());
+  replay::read_captures(capture_dir, &plan);
+
+  const int workers = f.workers > 0 ? f.workers : worker_count(plan);
+  std::vector<std::string> env;
+  for (const std::string& kv : run::current_environment())
+    if (kv.rfind("LD_PRELOAD=", 0) != 0) env.push_back(kv);
+  for (const auto& [k, v] : config.target.env)
+    if (k != "DETAUDIT_CAPTURE") env.push_back(k + "=" + v);
+  const std::string replayer =
+      (fs::path(options.hooks_library).parent_path() / "detaudit_replay").string();
+  const auto replay_start = Clock::now();
+  const auto deadline =
+      replay_start + std::chrono::milliseconds(int64_t(f.budget_s * 1000));
+  replay_rows(replayer, out_abs, workers, f.replays, deadline, env,
+              isatty(STDERR_FILENO) && !f.quiet, &plan);
+  const double spent =
+      std::chrono::duration<double>(Clock::now() - replay_start).count();
+  (void)started;
+  const replay::CoverageReport report =
+      replay::judge_coverage(std::move(plan), f.replays, f.budget_s, spent, workers);
+
+  const std::string text =
+      f.format == "json"       ? replay::coverage_to_json(report).dump(2) + "\n"
+      : f.format == "markdown" ? replay::render_coverage_markdown(report)
+      : f.format == "junit"    ? replay::render_coverage_junit(report)
+      : f.format == "html"     ? replay::render_coverage_html(report)
+                               : replay::render_coverage_text(
+                                     report, f.output.empty() && isatty(STDOUT_FILENO));
+  if (f.output.empty()) {
+    fmt::print("{}", text);
+  } else {
+    std::ofstream o(f.output, std::ios::binary | std::ios::trunc);
+    o << text;
+    if (!o.good())
+      return report_error(Status::error(fmt::format("{}: cannot write the report", f.output)));
+    fmt::print(stderr, "detaudit coverage: {} verified nondeterministic, {} deterministic, {} "
+               "unverified (report: {})\n",
+               report.nondeterministic, report.deterministic, report.unverified, f.output);
+  }
+  if (f.fail_on == "nondeterministic" && report.nondeterministic > 0) {
+    fmt::print(stderr,
+               "detaudit: {} op type(s) verified nondeterministic: the gate fails (exit 1)\n",
+               report.nondeterministic);
+    return int(ExitCode::kDivergent);
+  }
+  return capture_failed ? int(ExitCode::kTargetFailed) : 0;
+}
+
+void add_coverage_flags(CLI::App* cmd, CoverageFlags* f) {
+  cmd->add_option("--budget", f->budget_s, "seconds of replaying, spent on the largest types first")
+      ->capture_default_str();
+  cmd->add_option("--replays", f->replays, "calls of each op type per setting")
+      ->capture_default_str();
+  cmd->add_option("--workers", f->workers,
+                  "replayer processes at once (default: the cores over the run's threads)");
+  cmd->add_option("--fail-on", f->fail_on,
+                  "none, or nondeterministic: exit 1 when an op type is verified nondeterministic")
+      ->capture_default_str();
+}
+
+void add_coverage_verb(CLI::App& app, VerbAction* action) {
+  auto flags = std::make_shared<CoverageFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "coverage",
+      "Replay every op type a run ran on its own inputs: which can give different bits, even "
+      "when two runs agreed?");
+  cmd->add_option("RUN", flags->run, "`detaudit run --out`'s directory, or one run-<i>")
+      ->required();
+  add_coverage_flags(cmd, flags.get());
+  cmd->add_option("--out", flags->out, "where the captures go (default: RUN/coverage)");
+  cmd->add_flag("--force", flags->force, "empty --out first if it is not empty");
+  cmd->add_option("--format", flags->format, "text, json, markdown, junit or html")
+      ->capture_default_str();
+  cmd->add_option("--output,-o", flags->output, "write the report to this file");
+  cmd->add_flag("-q,--quiet", flags->quiet, "no progress line");
+  cmd->callback([flags, action] { *action = [flags] { return run_coverage(*flags, true); }; });
+}
+
+}  // namespace detaudit::cli

@@ -1,0 +1,136 @@
+"""`detaudit coverage`: every op type a run ran, its inputs captured in one new run of the program
+and replayed by the real replayer, under the real interposer.
+
+- The CPU index_put_(accumulate=True) race, in a pair that agreed (the program's 1 intra-op
+  thread): coverage names _index_put_impl_ verified nondeterministic under contention, with its
+  catalog entry; `--fail-on nondeterministic` and `run --coverage` fail on it (exit 1).
+- Random ops (randn, randint, normal_, random_) replay from their captured generator state:
+  deterministic, every replay the recorded bits.
+- A deterministic CNN: no op type verified nondeterministic; the gate passes.
+- A DDP program over gloo: its collectives unverified, saying why.
+- A budget of 1 s: kept to, and what it left out unverified, saying so.
+
+    cd build && ctest -R e2e.*test_coverage --output-on-failure
+"""
+import os
+import unittest
+
+from detaudit_testlib import (PYTHON, TmpDirCase, example, parse_json_output, program, read_json,
+                              record, run_detaudit)
+
+INDEX_PUT = [PYTHON, example("nondet_index_put.py"), "--steps", "2", "--threads", "1"]
+BUDGET_LEFT_OUT = "the time budget ran out before its replays"
+
+
+def coverage(run, *flags, check=None):
+    proc = run_detaudit(["coverage", run, "--format", "json", "--force", "-q", *flags],
+                        check=check)
+    return proc, parse_json_output(proc.stdout) if proc.stdout.strip() else None
+
+
+def rows(report, op):
+    return [r for r in report["op_types"] if r["op"] == op]
+
+
+class IndexPutRaceInAnAgreeingPair(TmpDirCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.out = os.path.join(cls.tmp, "pair")
+        cls.pair = run_detaudit(["run", "--runs", "2", "--out", cls.out, "--format", "json",
+                                 "-q", "--", *INDEX_PUT])
+        cls.proc, cls.report = coverage(cls.out, "--replays", "20", "--fail-on",
+                                        "nondeterministic")
+
+    def test_the_pair_agreed(self):
+        self.assertEqual(self.pair.returncode, 0, self.pair.stderr)
+        self.assertEqual(parse_json_output(self.pair.stdout)["verdict"], "identical")
+
+    def test_the_race_is_verified_with_its_catalog_entry_and_the_gate_fails(self):
+        self.assertEqual(self.proc.returncode, 1, self.proc.stderr)
+        [put] = rows(self.report, "aten::_index_put_impl_")
+        self.assertEqual(put["verdict"], "verified-nondeterministic", put)
+        self.assertEqual(put["dtype"], "float32")
+        self.assertIn("index-put-accumulate-cpu", put["catalog"])
+        self.assertRegex(put["why"], r"^\d+ distinct outputs in 20 replays under contention "
+                                     r"\(2 threads, a busy core\)")
+        self.assertGreater(put["distinct"], 1)
+        by_setting = {s["setting"]: s for s in put["series"]}
+        self.assertEqual(by_setting["as recorded"]["distinct"], 1, put["series"])  # 1 thread
+        self.assertEqual(by_setting["under the remedy"]["distinct"], 1, put["series"])
+        self.assertEqual(self.report["counts"]["verified_nondeterministic"], 1,
+                         [r["op"] for r in self.report["op_types"]
+                          if r["verdict"] == "verified-nondeterministic"])
+        self.assertIn("the gate fails (exit 1)", self.proc.stderr)
+
+    def test_random_ops_replay_the_recorded_bits_from_their_generator_state(self):
+        random = [r for r in self.report["op_types"] if r["random"]]
+        names = {r["op"] for r in random}
+        self.assertTrue({"aten::randn", "aten::normal_"} <= names, names)
+        for r in random:
+            self.assertEqual(r["verdict"], "deterministic", r)
+            for s in r["series"]:
+                self.assertEqual(s["matching_recorded"], s["replays"], (r["op"], s))
+
+    def test_run_coverage_fails_the_pair_and_writes_its_report(self):
+        out = os.path.join(self.tmp, "run_coverage")
+        proc = run_detaudit(["run", "--runs", "2", "--out", out, "--format", "json", "-q",
+                             "--coverage", "--coverage-budget", "120", "--", *INDEX_PUT])
+        self.assertEqual(proc.returncode, 1, proc.stderr)
+        self.assertEqual(parse_json_output(proc.stdout)["verdict"], "identical")
+        report = read_json(os.path.join(out, "coverage.json"))
+        [put] = rows(report, "aten::_index_put_impl_")
+        self.assertEqual(put["verdict"], "verified-nondeterministic", put)
+
+
+class DeterministicPrograms(TmpDirCase):
+    def test_a_cnn_has_no_nondeterministic_op_type_and_passes_the_gate(self):
+        _, run = record(os.path.join(self.tmp, "cnn"),
+                        [PYTHON, example("train_sgd.py"), "--steps", "2"])
+        html = os.path.join(self.tmp, "cnn.html")
+        run_detaudit(["coverage", run, "--replays", "8", "--fail-on", "nondeterministic",
+                      "--format", "html", "--output", html, "-q"], check=0)
+        with open(html) as f:
+            self.assertIn("<svg", f.read())
+        proc, report = coverage(run, "--replays", "8", check=0)
+        self.assertEqual(report["counts"]["verified_nondeterministic"], 0, report["summary"])
+        self.assertGreater(report["counts"]["deterministic"], 20, report["summary"])
+        [conv] = [r for r in report["op_types"] if r["op"] == "aten::convolution"][:1]
+        self.assertEqual(conv["verdict"], "deterministic", conv)
+        self.assertEqual(len(conv["series"]), 3)
+
+    def test_a_ddp_programs_collectives_are_unverified_saying_why(self):
+        _, run = record(os.path.join(self.tmp, "ddp"),
+                        [PYTHON, program("ddp_train.py"), "--launch", "env", "--world", "2",
+                         "--steps", "2"])
+        proc, report = coverage(run, "--replays", "4")
+        self.assertIn(proc.returncode, (0, 4), proc.stderr)  # 4: torch's own teardown abort
+        collectives = [r for r in report["op_types"] if r["op"].startswith("c10d::")]
+        self.assertTrue(collectives, [r["op"] for r in report["op_types"]])
+        for r in collectives:
+            self.assertEqual(r["verdict"], "unverified", r)
+            self.assertTrue(r["why"].startswith("a collective:"), r)
+        self.assertGreater(report["counts"]["deterministic"], 0, report["summary"])
+        self.assertEqual(report["counts"]["verified_nondeterministic"], 0, report["summary"])
+
+    def test_the_budget_is_kept_and_what_it_left_out_is_unverified(self):
+        _, run = record(os.path.join(self.tmp, "budget"),
+                        [PYTHON, example("train_sgd.py"), "--steps", "2"])
+        proc, report = coverage(run, "--replays", "200", "--budget", "1", check=0)
+        self.assertEqual(report["budget_s"], 1)
+        # The replayer finishes the series it is in (at most a 30 s grace), starts no other.
+        self.assertLess(report["spent_s"], 31, report["summary"])
+        left_out = [r for r in report["op_types"] if r["why"] == BUDGET_LEFT_OUT]
+        self.assertTrue(left_out, report["summary"])
+        self.assertGreater(len(left_out), len(report["op_types"]) // 3, report["summary"])
+
+    def test_bad_input_is_one_line_naming_the_file(self):
+        proc = run_detaudit(["coverage", os.path.join(self.tmp, "nowhere")], check=3)
+        self.assertRegex(proc.stderr, r"^detaudit: error: .*nowhere: not a run directory")
+        proc = run_detaudit(["coverage", os.path.join(self.tmp, "nowhere"), "--fail-on", "x"],
+                            check=2)
+        self.assertIn("--fail-on: expected none or nondeterministic", proc.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
