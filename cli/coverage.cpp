@@ -22,12 +22,11 @@
 #include <thread>
 
 #include "catalog/catalog.h"
+#include "cli/capture_run.h"
 #include "cli/coverage.h"
 #include "cli/verbs.h"
-#include "config/config.h"
 #include "run/launcher.h"
 #include "run/session.h"
-#include "run_layout.h"
 
 extern char** environ;
 
@@ -172,95 +171,51 @@ int run_coverage(const CoverageFlags& f, bool take_lock) {
         fmt::format("--fail-on: expected none or nondeterministic, got '{}'", f.fail_on)));
   if (f.replays < 2) return report_error(Status::error("--replays must be at least 2"));
   if (f.budget_s <= 0) return report_error(Status::error("--budget must be more than 0 seconds"));
-  const fs::path root = f.run;
-  std::error_code ec;
-  const bool audit = fs::exists(root / "run-0" / layout::kRunJson, ec);
-  const fs::path run = audit ? root / "run-0" : root;
-  if (!fs::exists(run / layout::kRunJson, ec))
-    return report_error(Status::error(
-        fmt::format("{}: not a run directory (no {}); give `detaudit run --out`'s directory or one "
-                    "of its run-<i>",
-                    f.run, layout::kRunJson),
-        ExitCode::kBadInput));
-
+  CaptureRun c;
+  if (Status s = find_recorded_run(f.run, &c); !s.ok()) return report_error(s);
   Catalog catalog;
   if (Status s = Catalog::load(catalog_path(), &catalog); !s.ok())
     fmt::print(stderr, "detaudit: warning: {}; op types are not matched to catalog entries\n",
                s.message());
   replay::CoveragePlan plan;
-  if (Status s = replay::plan_coverage(run.string(), catalog, &plan); !s.ok())
+  if (Status s = replay::plan_coverage(c.run, catalog, &plan); !s.ok()) return report_error(s);
+  if (Status s = prepare_capture_run(f.out, "coverage", f.force, "detaudit coverage", take_lock,
+                                     &c);
+      !s.ok())
     return report_error(s);
-
-  std::ifstream run_json_in(run / layout::kRunJson);
-  json run_json = json::parse(run_json_in, nullptr, false);
-  Config config;
-  if (Status s = load_config((run / layout::kConfigJson).string(), &config); !s.ok())
-    return report_error(s);
-  const std::string out = f.out.empty() ? (root / "coverage").string() : f.out;
-  run::OutLock lock;
-  if (take_lock)
-    if (Status s = lock.acquire(audit ? root.string() : fs::absolute(out).parent_path().string(),
-                                "detaudit coverage");
-        !s.ok())
-      return report_error(s);
-  if (Status s = run::check_run_dir(out, f.force); !s.ok()) return report_error(s);
-  if (Status s = run::prepare_run_dir(out, f.force); !s.ok()) return report_error(s);
-  const std::string out_abs = fs::absolute(out).lexically_normal().string();
-  const std::string capture_dir = out_abs + "/capture";
-  fs::create_directories(capture_dir, ec);
-  const json spec = replay::capture_targets_json(plan, capture_dir);
+  const json spec = replay::capture_targets_json(plan, c.capture_dir);
+  std::error_code ec;
   for (const json& t : spec["targets"]) fs::create_directories(t["dir"].get<std::string>(), ec);
-  const std::string spec_path = out_abs + "/capture-spec.json";
-  std::ofstream(spec_path) << spec.dump(1) << "\n";
+  set_capture_spec(spec, &c);
 
   // One new run of the recorded command, capturing every type's chosen occurrence.
-  config.out = out_abs;
-  config.runs = 1;
-  config.target.env["DETAUDIT_CAPTURE"] = spec_path;
-  if (run_json.is_object() && run_json.contains("cwd"))
-    config.target.cwd = run_json["cwd"].get<std::string>();
-  run::RunOptions options;
-  options.hooks_library = run_json.is_object() ? run_json.value("hooks_library", "") : "";
-  options.version = DETAUDIT_VERSION;
-  options.force = true;
-  options.echo = false;
-  const auto started = Clock::now();
   fmt::print(stderr,
              "detaudit: {} op types in {}; running the recorded command again to capture the "
              "inputs of {}\n",
-             plan.rows.size(), run.string(), spec["targets"].size());
+             plan.rows.size(), c.run, spec["targets"].size());
   run::RunOutcome outcome;
-  if (Status s = run::execute_run(config, options, 0, &outcome); !s.ok()) return report_error(s);
+  if (Status s = run::execute_run(c.config, c.options, 0, &outcome); !s.ok())
+    return report_error(s);
   const bool capture_failed = !outcome.result.succeeded();
   if (capture_failed)
     fmt::print(stderr, "detaudit: the capture run failed ({}); what it captured is replayed\n",
                outcome.result.describe());
-  replay::read_captures(capture_dir, &plan);
+  replay::read_captures(c.capture_dir, &plan);
 
   const int workers = f.workers > 0 ? f.workers : worker_count(plan);
-  std::vector<std::string> env;
-  for (const std::string& kv : run::current_environment())
-    if (kv.rfind("LD_PRELOAD=", 0) != 0) env.push_back(kv);
-  for (const auto& [k, v] : config.target.env)
-    if (k != "DETAUDIT_CAPTURE") env.push_back(k + "=" + v);
-  const std::string replayer =
-      (fs::path(options.hooks_library).parent_path() / "detaudit_replay").string();
   const auto replay_start = Clock::now();
-  const auto deadline =
-      replay_start + std::chrono::milliseconds(int64_t(f.budget_s * 1000));
-  replay_rows(replayer, out_abs, workers, f.replays, deadline, env,
+  const auto deadline = replay_start + std::chrono::milliseconds(int64_t(f.budget_s * 1000));
+  replay_rows(c.replayer, c.out, workers, f.replays, deadline, c.replayer_env,
               isatty(STDERR_FILENO) && !f.quiet, &plan);
-  const double spent =
-      std::chrono::duration<double>(Clock::now() - replay_start).count();
-  (void)started;
-  const replay::CoverageReport report =
-      replay::judge_coverage(std::move(plan), f.replays, f.budget_s, spent, workers);
+  const double spent = std::chrono::duration<double>(Clock::now() - replay_start).count();
+  const replay::CoverageReport report = replay::judge_coverage(std::move(plan), f.replays,
+                                                               f.budget_s, spent, workers);
 
-  const std::string text =
-      f.format == "json"       ? replay::coverage_to_json(report).dump(2) + "\n"
-      : f.format == "markdown" ? replay::render_coverage_markdown(report)
-      : f.format == "junit"    ? replay::render_coverage_junit(report)
-      : f.format == "html"     ? replay::render_coverage_html(report)
+  const std::string text = f.format == "json" ? replay::coverage_to_json(report).dump(2) + "\n"
+                           : f.format == "markdown" ? replay::render_coverage_markdown(report)
+                           : f.format == "junit"    ? replay::render_coverage_junit(report)
+                           : f.format == "html"
+                               ? replay::render_coverage_html(report)
                                : replay::render_coverage_text(
                                      report, f.output.empty() && isatty(STDOUT_FILENO));
   if (f.output.empty()) {
@@ -270,7 +225,8 @@ int run_coverage(const CoverageFlags& f, bool take_lock) {
     o << text;
     if (!o.good())
       return report_error(Status::error(fmt::format("{}: cannot write the report", f.output)));
-    fmt::print(stderr, "detaudit coverage: {} verified nondeterministic, {} deterministic, {} "
+    fmt::print(stderr,
+               "detaudit coverage: {} verified nondeterministic, {} deterministic, {} "
                "unverified (report: {})\n",
                report.nondeterministic, report.deterministic, report.unverified, f.output);
   }

@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "catalog/catalog.h"
+#include "cli/capture_run.h"
 #include "cli/verbs.h"
 #include "config/config.h"
 #include "diff/diff.h"
@@ -36,19 +37,6 @@ struct ReplayFlags {
   bool force = false;
 };
 
-Status read_json(const fs::path& path, json* out) {
-  std::ifstream in(path);
-  if (!in)
-    return Status::error(fmt::format("{}: cannot read it", path.string()), ExitCode::kBadInput);
-  try {
-    *out = json::parse(in);
-  } catch (const std::exception& e) {
-    return Status::error(fmt::format("{}: not JSON ({})", path.string(), e.what()),
-                         ExitCode::kBadInput);
-  }
-  return Status();
-}
-
 // The op the reports named first, in run A's numbering.
 Status first_divergence_of(const std::string& run_a, const std::string& run_b, std::string* stream,
                            uint64_t* index) {
@@ -67,35 +55,31 @@ Status first_divergence_of(const std::string& run_a, const std::string& run_b, s
 
 // One series: the replayer in a fresh process, under the program's environment without the
 // interposer.
-Status replay_series(const std::string& replayer, const std::string& setting, int threads,
-                     bool deterministic, bool busy, const ReplayFlags& f, const Config& config,
+Status replay_series(const CaptureRun& c, const std::string& setting, int threads,
+                     bool deterministic, bool busy, const ReplayFlags& f,
                      replay::ReplayReport* report) {
   std::vector<std::string> argv = {
-      replayer,    report->inputs_file,       report->target.op, "",
+      c.replayer,  report->inputs_file,       report->target.op, "",
       "--replays", std::to_string(f.replays), "--deterministic", deterministic ? "on" : "off",
       "--digest",  report->target.digest};
   std::ifstream capture(fs::path(report->inputs_file).parent_path() / "capture.json");
-  json c = json::parse(capture, nullptr, false);
-  if (c.is_object()) {
-    argv[3] = c.value("overload", "");
-    if (std::string rng = c.value("rng_file", ""); !rng.empty())
+  json cap = json::parse(capture, nullptr, false);
+  if (cap.is_object()) {
+    argv[3] = cap.value("overload", "");
+    if (std::string rng = cap.value("rng_file", ""); !rng.empty())
       argv.insert(argv.end(), {"--rng", rng});
   }
   if (threads > 0) argv.insert(argv.end(), {"--threads", std::to_string(threads)});
   if (busy) argv.push_back("--busy-thread");
-  std::vector<std::string> env;
-  for (const std::string& kv : run::current_environment())
-    if (kv.rfind("LD_PRELOAD=", 0) != 0) env.push_back(kv);
-  for (const auto& [k, v] : config.target.env) env.push_back(k + "=" + v);
   std::string out;
   int exit_code = 0;
-  if (Status s = run::capture_output(argv, env, "", &out, &exit_code); !s.ok()) return s;
+  if (Status s = run::capture_output(argv, c.replayer_env, "", &out, &exit_code); !s.ok()) return s;
   const size_t brace = out.rfind("\n{");
   const std::string line = out.substr(brace == std::string::npos ? 0 : brace + 1);
   json j = json::parse(line, nullptr, false);
   if (exit_code != 0 || !j.is_object())
     return Status::error(
-        fmt::format("{} failed (exit {}) on {}", replayer, exit_code, report->inputs_file),
+        fmt::format("{} failed (exit {}) on {}", c.replayer, exit_code, report->inputs_file),
         ExitCode::kBadInput);
   return replay::add_series(setting, j, report);
 }
@@ -110,22 +94,16 @@ int run_replay(const ReplayFlags& f) {
         fmt::format("--format: expected text, json, markdown, junit or html, got '{}'", f.format)));
   if (f.replays < 2) return report_error(Status::error("--replays must be at least 2"));
   if (f.capture_runs < 1) return report_error(Status::error("--capture-runs must be at least 1"));
-  // RUN is an audit directory (run-0, run-1) or one run.
-  const fs::path root = f.run;
+  CaptureRun c;
+  if (Status s = find_recorded_run(f.run, &c); !s.ok()) return report_error(s);
+  const fs::path& root = c.root;
+  const std::string& run_a = c.run;
   std::error_code ec;
-  const bool audit = fs::exists(root / "run-0" / layout::kRunJson, ec);
-  const std::string run_a = audit ? (root / "run-0").string() : root.string();
-  if (!fs::exists(fs::path(run_a) / layout::kRunJson, ec))
-    return report_error(Status::error(
-        fmt::format("{}: not a run directory (no {}); give `detaudit run --out`'s directory or one "
-                    "of its run-<i>",
-                    f.run, layout::kRunJson),
-        ExitCode::kBadInput));
 
   std::string stream;
   uint64_t index = 0;
   if (f.first_divergence) {
-    if (!audit || !fs::exists(root / "run-1" / layout::kRunJson, ec))
+    if (!c.audit || !fs::exists(root / "run-1" / layout::kRunJson, ec))
       return report_error(Status::error(fmt::format(
           "--first-divergence: {} has no run-0 and run-1 to diff; record two runs with `detaudit "
           "run --runs 2 --out {}`, or name the op with --op",
@@ -140,37 +118,11 @@ int run_replay(const ReplayFlags& f) {
   if (Status s = replay::find_replay_target(run_a, stream, index, &report.target); !s.ok())
     return report_error(s);
 
-  // The recorded command again, as recorded, with the capture asked of the interposer.
-  json run_json;
-  if (Status s = read_json(fs::path(run_a) / layout::kRunJson, &run_json); !s.ok())
-    return report_error(s);
-  Config config;
-  if (Status s = load_config((fs::path(run_a) / layout::kConfigJson).string(), &config); !s.ok())
-    return report_error(s);
-  const std::string out = f.out.empty() ? (root / "replay").string() : f.out;
-  // The audit it reads and writes beside is ours alone meanwhile (a `detaudit run --force` into
-  // it would replace the run being replayed).
-  run::OutLock lock;
-  if (Status s = lock.acquire(audit ? root.string() : fs::absolute(out).parent_path().string(),
-                              "detaudit replay");
+  if (Status s = prepare_capture_run(f.out, "replay", f.force, "detaudit replay", true, &c);
       !s.ok())
     return report_error(s);
-  if (Status s = run::check_run_dir(out, f.force); !s.ok()) return report_error(s);
-  if (Status s = run::prepare_run_dir(out, f.force); !s.ok()) return report_error(s);
-  const std::string out_abs = fs::absolute(out).lexically_normal().string();
-  const std::string capture_dir = out_abs + "/capture";
-  fs::create_directories(capture_dir, ec);
-  const std::string spec_path = out_abs + "/capture-spec.json";
-  std::ofstream(spec_path) << replay::capture_spec_json(report.target, capture_dir).dump(2) << "\n";
-  config.out = out_abs;
-  config.runs = 1;
-  config.target.env["DETAUDIT_CAPTURE"] = spec_path;
-  if (run_json.contains("cwd")) config.target.cwd = run_json["cwd"].get<std::string>();
-  run::RunOptions options;
-  options.hooks_library = run_json.value("hooks_library", "");
-  options.version = DETAUDIT_VERSION;
-  options.force = true;
-  options.echo = false;
+  const std::string& capture_dir = c.capture_dir;
+  set_capture_spec(replay::capture_spec_json(report.target, capture_dir), &c);
   // A nondeterministic op upstream sends some runs down another path: those are run again.
   for (int attempt = 1; attempt <= f.capture_runs; ++attempt) {
     fmt::print(stderr, "detaudit: running the recorded command again to capture {} #{} {}{}\n",
@@ -178,7 +130,8 @@ int run_replay(const ReplayFlags& f) {
                attempt > 1 ? fmt::format(" (run {} of at most {})", attempt, f.capture_runs) : "");
     fs::remove(fs::path(capture_dir) / "capture.json", ec);
     run::RunOutcome outcome;
-    if (Status s = run::execute_run(config, options, 0, &outcome); !s.ok()) return report_error(s);
+    if (Status s = run::execute_run(c.config, c.options, 0, &outcome); !s.ok())
+      return report_error(s);
     replay::read_capture(capture_dir, &report);
     report.capture_runs = attempt;
     if (!replay::capture_may_succeed_again(report)) break;
@@ -186,8 +139,6 @@ int run_replay(const ReplayFlags& f) {
                report.capture_why);
   }
   if (report.capture_status == "saved") {
-    const std::string replayer =
-        (fs::path(options.hooks_library).parent_path() / "detaudit_replay").string();
     const int threads = report.target.intra_op_threads;
     struct Setting {
       const char* name;
@@ -198,8 +149,7 @@ int run_replay(const ReplayFlags& f) {
          {Setting{"as recorded", threads, report.target.deterministic, false},
           Setting{"under contention", std::max(2, 2 * threads), report.target.deterministic, true},
           Setting{"under the remedy", threads, true, false}})
-      if (Status st = replay_series(replayer, s.name, s.threads, s.deterministic, s.busy, f, config,
-                                    &report);
+      if (Status st = replay_series(c, s.name, s.threads, s.deterministic, s.busy, f, &report);
           !st.ok())
         return report_error(st);
   }

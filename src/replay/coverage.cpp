@@ -138,8 +138,8 @@ Status plan_coverage(const std::string& run_dir, const Catalog& catalog, Coverag
       OpTypeRow probe;
       probe.op = std::string(name);
       probe.dtype = first_tensor ? std::string(trace::dtype_name(first_tensor->dtype)) : "-";
-      probe.device =
-          first_tensor ? std::string(trace::device_type_name(first_tensor->device_type)) : "cpu";
+      probe.device = first_tensor ? std::string(trace::device_type_name(first_tensor->device_type))
+                                  : "cpu";
       probe.shape_class = largest ? shape_class(*largest) : "no tensors";
       auto [it, added] = by_key.try_emplace(probe.key(), plan.rows.size());
       if (added) {
@@ -185,15 +185,14 @@ Status plan_coverage(const std::string& run_dir, const Catalog& catalog, Coverag
       for (int64_t id : op.output_tensors) t.recorded_outputs.push_back(hex_of(r.tensor(id)));
       chosen_here[it->second] = {op.name, op.order};
     }
-    if (res == trace::ReadResult::kCorrupt)
-      return Status::error(r.error(), ExitCode::kBadInput);
+    if (res == trace::ReadResult::kCorrupt) return Status::error(r.error(), ExitCode::kBadInput);
     // A cut stream is planned up to its cut: its ops ran as recorded.
     for (const auto& [row, chosen] : chosen_here) {
       if (plan.rows[row].target.stream != stream) continue;  // a larger one came later elsewhere
       std::vector<uint64_t>& same = orders[chosen.first];
       std::sort(same.begin(), same.end());
-      plan.rows[row].target.occurrence =
-          uint64_t(std::lower_bound(same.begin(), same.end(), chosen.second) - same.begin());
+      plan.rows[row].target.occurrence = uint64_t(
+          std::lower_bound(same.begin(), same.end(), chosen.second) - same.begin());
     }
   }
   for (OpTypeRow& row : plan.rows) read_fingerprint(run_dir, &row.target);
@@ -257,8 +256,8 @@ json replay_manifest(const CoveragePlan& plan, const std::vector<size_t>& rows, 
                    {"outputs", row.compared_outputs},
                    {"settings", settings}});
   }
-  return {{"digest", plan.digest}, {"replays", replays}, {"deadline_ms", deadline_ms},
-          {"ops", ops}};
+  return {
+      {"digest", plan.digest}, {"replays", replays}, {"deadline_ms", deadline_ms}, {"ops", ops}};
 }
 
 bool add_replay_line(const std::string& line, CoveragePlan* plan) {

@@ -28,9 +28,9 @@ const char* coverage_name(Coverage c);  // "verified-nondeterministic", "determi
 struct OpTypeRow {
   std::string op, dtype, device, shape_class;
   uint64_t occurrences = 0;
-  uint64_t bytes = 0;    // read by the occurrence replayed
-  bool random = false;   // takes a generator: replayed from the state it had
-  ReplayTarget target;   // that occurrence
+  uint64_t bytes = 0;                 // read by the occurrence replayed
+  bool random = false;                // takes a generator: replayed from the state it had
+  ReplayTarget target;                // that occurrence
   std::vector<int> compared_outputs;  // outputs the record hashed (others: shape only)
   std::string unverifiable;           // why it cannot be replayed, found from the record alone
   // The catalog's entries for the op ("" when it has none), and their remedy.

@@ -43,11 +43,10 @@ json coverage_to_json(const CoverageReport& r) {
   for (const OpTypeRow& row : r.rows) {
     json series = json::array();
     for (const ReplaySeries& s : row.series) {
-      json j = {{"setting", s.setting},         {"replays", s.replays},
-                {"threads", s.threads},         {"deterministic", s.deterministic},
-                {"busy_thread", s.busy_thread}, {"distinct", s.distinct},
-                {"max_abs_diff", s.max_abs_diff},
-                {"matching_recorded", s.matching_recorded}};
+      json j = {{"setting", s.setting},           {"replays", s.replays},
+                {"threads", s.threads},           {"deterministic", s.deterministic},
+                {"busy_thread", s.busy_thread},   {"distinct", s.distinct},
+                {"max_abs_diff", s.max_abs_diff}, {"matching_recorded", s.matching_recorded}};
       if (!s.error.empty()) j["error"] = s.error;
       series.push_back(std::move(j));
     }
@@ -61,10 +60,11 @@ json coverage_to_json(const CoverageReport& r) {
                     {"verdict", coverage_name(row.verdict)},
                     {"why", row.why},
                     {"distinct", max_distinct(row)},
-                    {"replayed", {{"stream", row.target.stream},
-                                  {"index", row.target.index},
-                                  {"step", row.target.step},
-                                  {"phase", row.target.phase}}},
+                    {"replayed",
+                     {{"stream", row.target.stream},
+                      {"index", row.target.index},
+                      {"step", row.target.step},
+                      {"phase", row.target.phase}}},
                     {"capture", row.capture_status},
                     {"catalog", row.catalog_ids},
                     {"remedy", row.remedy},
@@ -95,8 +95,8 @@ std::string render_coverage_text(const CoverageReport& r, bool color) {
     return fmt::format("{} [{}, {}, {}] x{}", row.op, row.dtype, row.device, row.shape_class,
                        row.occurrences);
   };
-  std::string out = fmt::format("detaudit coverage of {}\n{}\n({})\n", r.run_dir,
-                                summary_line(r), budget_line(r));
+  std::string out = fmt::format("detaudit coverage of {}\n{}\n({})\n", r.run_dir, summary_line(r),
+                                budget_line(r));
   if (r.nondeterministic) out += "\n" + paint("VERIFIED NONDETERMINISTIC", "1;31") + "\n";
   for (const OpTypeRow& row : r.rows) {
     if (row.verdict != Coverage::kNondeterministic) continue;
@@ -119,10 +119,12 @@ std::string render_coverage_text(const CoverageReport& r, bool color) {
     out += fmt::format("  {}:\n    {}\n", why, fmt::join(rows, "\n    "));
   if (r.deterministic)
     out += "\n" +
-           paint(fmt::format("DETERMINISTIC in {} replays ({})", r.replays, r.deterministic), "32") +
+           paint(fmt::format("DETERMINISTIC in {} replays ({})", r.replays, r.deterministic),
+                 "32") +
            "\n";
   for (const OpTypeRow& row : r.rows)
-    if (row.verdict == Coverage::kDeterministic) out += fmt::format("  {}\n    {}\n", label(row), row.why);
+    if (row.verdict == Coverage::kDeterministic)
+      out += fmt::format("  {}\n    {}\n", label(row), row.why);
   return out;
 }
 
@@ -188,8 +190,8 @@ std::string render_coverage_html(const CoverageReport& r) {
         "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\"><title>{}</title></rect>"
         "<text x=\"{}\" y=\"{}\" font-size=\"12\">{}</text>",
         label_w - 6, y + 13, escape_markup(row.key()), label_w, y + 2, w, bar - 4,
-        row.verdict == Coverage::kNondeterministic ? "#c62828" : "#2e7d32",
-        escape_markup(row.why), label_w + w + 4, y + 13, k);
+        row.verdict == Coverage::kNondeterministic ? "#c62828" : "#2e7d32", escape_markup(row.why),
+        label_w + w + 4, y + 13, k);
   }
   svg += fmt::format(
       "<text x=\"{}\" y=\"{}\" font-size=\"12\">distinct outputs in {} replays (1: the same "

@@ -26,11 +26,14 @@ const OpTypeRow* row_of(const CoveragePlan& p, const std::string& op, size_t nth
 
 std::string line(size_t row, const std::string& setting, int distinct, int threads = 2,
                  const std::string& error = "") {
-  nlohmann::json j = {{"id", std::to_string(row)}, {"setting", setting},
-                      {"replays", error.empty() ? 8 : 0}, {"threads", threads},
+  nlohmann::json j = {{"id", std::to_string(row)},
+                      {"setting", setting},
+                      {"replays", error.empty() ? 8 : 0},
+                      {"threads", threads},
                       {"deterministic", setting == "under the remedy"},
                       {"busy_thread", setting == "under contention"},
-                      {"distinct", distinct}, {"max_abs_diff", distinct > 1 ? 2e-9 : 0.0}};
+                      {"distinct", distinct},
+                      {"max_abs_diff", distinct > 1 ? 2e-9 : 0.0}};
   if (!error.empty()) j["error"] = error;
   return j.dump();
 }
@@ -46,7 +49,11 @@ CoveragePlan planned(RunDir* run) {
       .in_new(tensor(3, {3000}))
       .out_ref(0)
       .done();
-  b.op("aten::mm", Phase::kForward, 0, 11).in_new(tensor(4, {8, 8})).in_ref(3).out_new(tensor(5, {8, 8})).done();
+  b.op("aten::mm", Phase::kForward, 0, 11)
+      .in_new(tensor(4, {8, 8}))
+      .in_ref(3)
+      .out_new(tensor(5, {8, 8}))
+      .done();
   b.op("aten::_index_put_impl_", Phase::kBackward, 0, 12)
       .in_new(tensor(6, {1024}))
       .in_new(tensor(7, {4096}, Provenance::kOutput, 4))
@@ -97,8 +104,7 @@ TEST(CoverageTest, ATypeIsReplayedAtItsLargestOccurrenceCountedInStartOrder) {
 TEST(CoverageTest, WhatCannotBeReplayedOnItsOwnIsUnverifiedWithItsReason) {
   RunDir run("coverage_unverifiable");
   const CoveragePlan plan = planned(&run);
-  EXPECT_NE(row_of(plan, "c10d::allreduce_")->unverifiable.find("a collective"),
-            std::string::npos);
+  EXPECT_NE(row_of(plan, "c10d::allreduce_")->unverifiable.find("a collective"), std::string::npos);
   EXPECT_NE(row_of(plan, "aten::empty")->unverifiable.find("uninitialized"), std::string::npos);
   EXPECT_NE(row_of(plan, "MmBackward0")->unverifiable.find("not a dispatcher op"),
             std::string::npos);
@@ -121,17 +127,17 @@ TEST(CoverageTest, EachTypeGetsOneVerdictFromItsReplays) {
   const size_t mm = size_t(row_of(plan, "aten::mm") - plan.rows.data());
   for (const auto& [setting, k] : std::vector<std::pair<std::string, int>>{
            {"as recorded", 1}, {"under contention", 5}, {"under the remedy", 1}})
-    ASSERT_TRUE(add_replay_line(line(put, setting, k, setting == "under contention" ? 4 : 2),
-                                &plan));
+    ASSERT_TRUE(
+        add_replay_line(line(put, setting, k, setting == "under contention" ? 4 : 2), &plan));
   ASSERT_TRUE(add_replay_line(line(mm, "as recorded", 1), &plan));
-  ASSERT_TRUE(add_replay_line(line(mm, "under the remedy", 0, 2, "no deterministic kernel"),
-                              &plan));
+  ASSERT_TRUE(
+      add_replay_line(line(mm, "under the remedy", 0, 2, "no deterministic kernel"), &plan));
   // A replay that gave the recorded bits counts as matching (tensor(5)'s digest: 16 bytes of 5).
   std::string recorded;
   for (int i = 0; i < 16; ++i) recorded += "05";
   nlohmann::json again = nlohmann::json::parse(line(mm, "under contention", 1));
-  again["outputs"] =
-      nlohmann::json::array({nlohmann::json::array({recorded}), nlohmann::json::array({"0505"})});
+  again["outputs"] = nlohmann::json::array(
+      {nlohmann::json::array({recorded}), nlohmann::json::array({"0505"})});
   ASSERT_TRUE(add_replay_line(again.dump(), &plan));
   EXPECT_EQ(plan.rows[mm].series.back().matching_recorded, 1);
   EXPECT_FALSE(add_replay_line("not json", &plan));
@@ -169,10 +175,11 @@ TEST(CoverageTest, TheBudgetAndTheCaptureLeaveTypesUnverifiedSayingWhy) {
   const CoverageReport r = judge_coverage(plan, 8, 10, 10.5, 1);
   EXPECT_EQ(r.nondeterministic + r.deterministic, 0);
   for (const OpTypeRow& row : r.rows) {
-    if (row.op == "aten::_index_put_impl_")
+    if (row.op == "aten::_index_put_impl_") {
       EXPECT_EQ(row.why, "the time budget ran out before its replays");
-    if (row.op == "aten::mm")
+    } else if (row.op == "aten::mm") {
       EXPECT_EQ(row.why, "not captured (other-path): its inputs differ from the record's");
+    }
   }
 }
 
