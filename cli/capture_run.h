@@ -14,11 +14,11 @@
 namespace detaudit::cli {
 
 struct CaptureRun {
-  std::filesystem::path root;  // RUN as given
-  bool audit = false;          // RUN holds run-0, run-1, ...
-  std::string run;             // the run whose command runs again: RUN/run-0, or RUN
-  Config config;               // its config, set to run once into `out` with the spec
-  run::RunOptions options;     // its interposer, run quietly
+  std::filesystem::path root;               // RUN as given
+  bool audit = false;                       // RUN holds run-0, run-1, ...
+  std::string run;                          // the run whose command runs again: RUN/run-0, or RUN
+  Config config;                            // its config, set to run once into `out` with the spec
+  run::RunOptions options;                  // its interposer, run quietly
   std::string out, capture_dir, spec_path;  // absolute
   std::string replayer;                     // detaudit_replay, beside the interposer
   std::vector<std::string> replayer_env;    // ours and the target's, without the interposer

@@ -39,14 +39,15 @@ using Clock = std::chrono::steady_clock;
 // A replayer process whose JSON lines go to a file, read as they come.
 struct Worker {
   pid_t pid = -1;
-  std::string out_path;
+  std::vector<size_t> share;  // the rows it replays, in order
+  std::string manifest, out_path;
   size_t lines_read = 0;
   bool done = false;
+  int starts = 0;
 };
 
-Status spawn_worker(const std::string& replayer, const std::string& manifest,
-                    const std::vector<std::string>& env, Worker* w) {
-  std::vector<std::string> argv = {replayer, "--batch", manifest};
+Status spawn_worker(const std::string& replayer, const std::vector<std::string>& env, Worker* w) {
+  std::vector<std::string> argv = {replayer, "--batch", w->manifest};
   std::vector<char*> args, envp;
   for (std::string& a : argv) args.push_back(a.data());
   args.push_back(nullptr);
@@ -56,7 +57,7 @@ Status spawn_worker(const std::string& replayer, const std::string& manifest,
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, w->out_path.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+                                   O_WRONLY | O_CREAT | O_APPEND, 0644);
   const std::string err_path = w->out_path + ".stderr";
   posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path.c_str(),
                                    O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -66,7 +67,30 @@ Status spawn_worker(const std::string& replayer, const std::string& manifest,
   if (rc != 0)
     return Status::error(fmt::format("{}: cannot start it ({})", replayer, std::strerror(rc)),
                          ExitCode::kBadInput);
+  ++w->starts;
   return Status();
+}
+
+bool replayed(const replay::OpTypeRow& row) { return row.series.size() >= 3; }
+
+// A replayer that died mid-share (an op that crashes it): the row it was on is unverified with
+// how it died, and a new replayer takes the rest of the share.
+void restart_after_death(int status, const std::string& replayer,
+                         const std::vector<std::string>& env, int replays, int64_t deadline_ms,
+                         replay::CoveragePlan* plan, Worker* w) {
+  auto on = std::find_if(w->share.begin(), w->share.end(),
+                         [&](size_t i) { return !replayed(plan->rows[i]); });
+  if (on == w->share.end()) return;
+  plan->rows[*on].replay_died = WIFSIGNALED(status)
+                                    ? fmt::format("the replayer died on it ({})",
+                                                  run::signal_name(WTERMSIG(status)))
+                                    : fmt::format("the replayer exited {} on it",
+                                                  WEXITSTATUS(status));
+  w->share.erase(w->share.begin(), on + 1);
+  if (w->share.empty()) return;
+  std::ofstream(w->manifest) << replay::replay_manifest(*plan, w->share, replays, deadline_ms)
+                             << "\n";
+  if (Status s = spawn_worker(replayer, env, w); s.ok()) w->done = false;
 }
 
 // New complete lines of a worker's output, into the plan.
@@ -87,7 +111,7 @@ int read_new_lines(Worker* w, replay::CoveragePlan* plan) {
 int count_settled(const replay::CoveragePlan& plan, const std::vector<size_t>& rows) {
   int n = 0;
   for (size_t i : rows)
-    if (plan.rows[i].series.size() >= 3) ++n;
+    if (replayed(plan.rows[i]) || !plan.rows[i].replay_died.empty()) ++n;
   return n;
 }
 
@@ -107,15 +131,16 @@ void replay_rows(const std::string& replayer, const std::string& out_dir, int wo
           .count();
   std::vector<Worker> pool(static_cast<size_t>(workers));
   for (int k = 0; k < workers; ++k) {
-    std::vector<size_t> share;  // round robin: each worker starts with one of the largest
-    for (size_t j = size_t(k); j < rows.size(); j += size_t(workers)) share.push_back(rows[j]);
-    const std::string manifest = fmt::format("{}/replay-{}.json", out_dir, k);
-    std::ofstream(manifest) << replay::replay_manifest(*plan, share, replays, deadline_ms).dump(1)
-                            << "\n";
-    pool[size_t(k)].out_path = fmt::format("{}/replay-{}.jsonl", out_dir, k);
-    if (Status s = spawn_worker(replayer, manifest, env, &pool[size_t(k)]); !s.ok()) {
+    Worker& w = pool[size_t(k)];
+    // Round robin: each worker starts with one of the largest.
+    for (size_t j = size_t(k); j < rows.size(); j += size_t(workers)) w.share.push_back(rows[j]);
+    w.manifest = fmt::format("{}/replay-{}.json", out_dir, k);
+    w.out_path = fmt::format("{}/replay-{}.jsonl", out_dir, k);
+    std::ofstream(w.manifest) << replay::replay_manifest(*plan, w.share, replays, deadline_ms)
+                              << "\n";
+    if (Status s = spawn_worker(replayer, env, &w); !s.ok()) {
       report_error(s);
-      pool[size_t(k)].done = true;
+      w.done = true;
     }
   }
   const auto grace = std::chrono::seconds(30);
@@ -125,8 +150,13 @@ void replay_rows(const std::string& replayer, const std::string& out_dir, int wo
     for (Worker& w : pool) {
       if (w.done) continue;
       int status = 0;
-      if (waitpid(w.pid, &status, WNOHANG) == w.pid) w.done = true;
+      const bool ended = waitpid(w.pid, &status, WNOHANG) == w.pid;
       read_new_lines(&w, plan);
+      if (ended) {
+        w.done = true;
+        if (!stopped && !(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+          restart_after_death(status, replayer, env, replays, deadline_ms, plan, &w);
+      }
       all_done = all_done && w.done;
     }
     if (progress) {
@@ -151,12 +181,15 @@ void replay_rows(const std::string& replayer, const std::string& out_dir, int wo
   if (progress) fmt::print(stderr, "\n");
 }
 
+// As many replayers as the cores hold at their busiest setting (under contention: twice the
+// threads, at least 2, and a busy one). More would share cores, and a race needs its threads
+// to run at once: two replayers on 2 cores hid the index_put race in 1 series of 4.
 int worker_count(const replay::CoveragePlan& plan) {
   int threads = 1;
   for (const replay::OpTypeRow& row : plan.rows)
     threads = std::max(threads, row.target.intra_op_threads);
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, cores / threads);
+  return std::max(1, cores / (std::max(2, 2 * threads) + 1));
 }
 
 }  // namespace
@@ -244,8 +277,9 @@ void add_coverage_flags(CLI::App* cmd, CoverageFlags* f) {
       ->capture_default_str();
   cmd->add_option("--replays", f->replays, "calls of each op type per setting")
       ->capture_default_str();
-  cmd->add_option("--workers", f->workers,
-                  "replayer processes at once (default: the cores over the run's threads)");
+  cmd->add_option(
+      "--workers", f->workers,
+      "replayer processes at once (default: as many as the cores hold under contention)");
   cmd->add_option("--fail-on", f->fail_on,
                   "none, or nondeterministic: exit 1 when an op type is verified nondeterministic")
       ->capture_default_str();

@@ -13,7 +13,7 @@ struct CoverageFlags {
   std::string run;
   double budget_s = 300;
   int replays = 20;
-  int workers = 0;  // 0: the cores over the run's intra-op threads
+  int workers = 0;  // 0: as many as the cores hold at the busiest setting
   std::string fail_on = "none";
   std::string out;
   std::string format = "text";

@@ -328,6 +328,11 @@ void judge_row(OpTypeRow* row, bool budget_left) {
                            worst->max_abs_diff);
     return;
   }
+  if (!row->replay_died.empty() && ran.size() < 3) {
+    row->verdict = Coverage::kUnverified;
+    row->why = row->replay_died;
+    return;
+  }
   if (ran.empty()) {
     row->verdict = Coverage::kUnverified;
     row->why = !refused.empty() ? refused.front()

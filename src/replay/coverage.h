@@ -40,6 +40,7 @@ struct OpTypeRow {
   std::string capture_status, capture_why;
   std::string overload, inputs_file, rng_file;
   std::vector<ReplaySeries> series;
+  std::string replay_died;  // how the replayer died on this type ("" if it did not)
   // Filled by judge_coverage.
   Coverage verdict = Coverage::kUnverified;
   std::string why;  // the evidence, or the reason it is unverified

@@ -9,14 +9,18 @@ and replayed by the real replayer, under the real interposer.
 - A deterministic CNN: no op type verified nondeterministic; the gate passes.
 - A DDP program over gloo: its collectives unverified, saying why.
 - A budget of 1 s: kept to, and what it left out unverified, saying so.
+- A replayer killed mid-share: the type it was on is unverified, saying how it died; a new
+  replayer replays the rest.
 
     cd build && ctest -R e2e.*test_coverage --output-on-failure
 """
 import os
+import subprocess
+import time
 import unittest
 
-from detaudit_testlib import (PYTHON, TmpDirCase, example, parse_json_output, program, read_json,
-                              record, run_detaudit)
+from detaudit_testlib import (BIN, PYTHON, TmpDirCase, example, parse_json_output, program,
+                              read_json, record, run_detaudit)
 
 INDEX_PUT = [PYTHON, example("nondet_index_put.py"), "--steps", "2", "--threads", "1"]
 BUDGET_LEFT_OUT = "the time budget ran out before its replays"
@@ -123,6 +127,33 @@ class DeterministicPrograms(TmpDirCase):
         left_out = [r for r in report["op_types"] if r["why"] == BUDGET_LEFT_OUT]
         self.assertTrue(left_out, report["summary"])
         self.assertGreater(len(left_out), len(report["op_types"]) // 3, report["summary"])
+
+    def test_a_replayer_that_dies_loses_only_the_type_it_was_on(self):
+        _, run = record(os.path.join(self.tmp, "killed"), [*INDEX_PUT[:2], "--steps", "1",
+                                                           "--threads", "1"])
+        out = os.path.join(self.tmp, "killed_coverage")
+        proc = subprocess.Popen([BIN, "coverage", run, "--format", "json", "--replays", "300",
+                                 "--workers", "1", "--budget", "15", "--out", out, "-q"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        lines = os.path.join(out, "replay-0.jsonl")
+        deadline = time.time() + 120
+        while time.time() < deadline and not (os.path.exists(lines) and
+                                              os.path.getsize(lines) > 0):
+            time.sleep(0.05)
+        # As an op that crashes the replayer would: SIGKILL, mid-share.
+        subprocess.run(["pkill", "-KILL", "-f", "detaudit_replay --batch " + out], check=True)
+        stdout, stderr = proc.communicate(timeout=300)
+        self.assertEqual(proc.returncode, 0, stderr)
+        report = parse_json_output(stdout)
+        died = [r for r in report["op_types"] if r["why"].startswith("the replayer died on it")]
+        self.assertEqual(len(died), 1, report["summary"])
+        self.assertEqual(died[0]["why"], "the replayer died on it (SIGKILL)")
+        # The rest of its share went to a new replayer (largest first: the types after it have
+        # fewer bytes), for what the budget left.
+        self.assertFalse([r for r in report["op_types"]
+                          if r["why"] == "the replayer gave no result for it"], report["summary"])
+        self.assertTrue([r for r in report["op_types"] if r["verdict"] == "deterministic" and
+                         r["bytes"] <= died[0]["bytes"] and r is not died[0]], report["summary"])
 
     def test_bad_input_is_one_line_naming_the_file(self):
         proc = run_detaudit(["coverage", os.path.join(self.tmp, "nowhere")], check=3)

@@ -172,6 +172,17 @@ TEST(CoverageTest, TheBudgetAndTheCaptureLeaveTypesUnverifiedSayingWhy) {
   plan.rows[put].capture_status = "saved";  // but never replayed: the budget ran out
   plan.rows[mm].capture_status = "other-path";
   plan.rows[mm].capture_why = "its inputs differ from the record's";
+  RunDir died_run("coverage_died");
+  CoveragePlan died = planned(&died_run);
+  const size_t died_put = size_t(row_of(died, "aten::_index_put_impl_") - died.rows.data());
+  died.rows[died_put].capture_status = "saved";
+  ASSERT_TRUE(add_replay_line(line(died_put, "as recorded", 1), &died));
+  died.rows[died_put].replay_died = "the replayer died on it (SIGSEGV)";
+  for (const OpTypeRow& row : judge_coverage(died, 8, 300, 5, 1).rows) {
+    if (row.op == "aten::_index_put_impl_") {
+      EXPECT_EQ(row.why, "the replayer died on it (SIGSEGV)");
+    }
+  }
   const CoverageReport r = judge_coverage(plan, 8, 10, 10.5, 1);
   EXPECT_EQ(r.nondeterministic + r.deterministic, 0);
   for (const OpTypeRow& row : r.rows) {
