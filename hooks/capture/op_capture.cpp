@@ -105,11 +105,15 @@ void capture_op(CaptureSpec& spec, size_t k, const at::RecordFunction& fn,
         args.emplace_back();
         continue;
       }
+      // An undefined tensor (nll_loss_backward's absent weight) cannot be pickled: saved as
+      // None, which the replayer turns back into one where the schema wants a Tensor.
+      if (v.isTensor() && !v.toTensor().defined()) {
+        args.emplace_back();
+        continue;
+      }
       // The bytes as the op received them, where they lay, not a later version of the tensor.
       bool compact = false;
-      args.push_back(v.isTensor() && v.toTensor().defined()
-                         ? c10::IValue(copy_with_layout(v.toTensor(), &compact))
-                         : v);
+      args.push_back(v.isTensor() ? c10::IValue(copy_with_layout(v.toTensor(), &compact)) : v);
       if (compact) compacted.push_back(int(args.size()) - 1);
     }
     if (!compacted.empty()) j["compacted"] = compacted;

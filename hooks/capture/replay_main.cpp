@@ -113,6 +113,11 @@ Captured load_captured(const std::string& inputs_path, const std::string& rng_pa
     throw std::runtime_error("this torch has no op " + op_name +
                              (overload.empty() ? "" : "." + overload));
   Captured c{load_pickle(inputs_path).toTupleRef().elements().vec(), *handle, {}, {}, {}};
+  // None where the schema wants a Tensor was an undefined tensor (op_capture.cpp).
+  const auto& params = handle->schema().arguments();
+  for (size_t i = 0; i < c.inputs.size() && i < params.size(); ++i)
+    if (c.inputs[i].isNone() && params[i].type()->kind() == c10::TypeKind::TensorType)
+      c.inputs[i] = at::Tensor();
   if (!rng_path.empty()) {
     const auto saved = load_pickle(rng_path).toTupleRef().elements();
     c.generator = at::globalContext().defaultGenerator(c10::Device(saved.at(0).toStringRef()));

@@ -102,6 +102,11 @@ class DeterministicPrograms(TmpDirCase):
         [conv] = [r for r in report["op_types"] if r["op"] == "aten::convolution"][:1]
         self.assertEqual(conv["verdict"], "deterministic", conv)
         self.assertEqual(len(conv["series"]), 3)
+        # Every type was captured: nll_loss_backward's undefined weight travels as None.
+        self.assertFalse([r for r in report["op_types"] if r["why"].startswith("not captured")],
+                         report["summary"])
+        [nll] = [r for r in report["op_types"] if r["op"] == "aten::nll_loss_backward"]
+        self.assertEqual(nll["verdict"], "deterministic", nll)
 
     def test_a_ddp_programs_collectives_are_unverified_saying_why(self):
         _, run = record(os.path.join(self.tmp, "ddp"),
