@@ -45,18 +45,6 @@ std::string hex_of(const trace::TensorDesc* t) {
   return t && t->has_contents() && t->digest_len ? t->digest_hex() : "";
 }
 
-// The process's intra-op threads and determinism flag, from its environment fingerprint.
-void read_fingerprint(const std::string& run_dir, ReplayTarget* t) {
-  std::ifstream in(fs::path(run_dir) / layout::kStreamsDir / (t->process + layout::kEnvExt));
-  json e = json::parse(in, nullptr, false);
-  if (!e.is_object()) return;
-  if (e.contains("intra_op_threads") && e["intra_op_threads"].is_number_integer())
-    t->intra_op_threads = e["intra_op_threads"].get<int>();
-  if (e.contains("determinism") && e["determinism"].is_object() &&
-      e["determinism"].value("deterministic_algorithms", json()).is_boolean())
-    t->deterministic = e["determinism"]["deterministic_algorithms"].get<bool>();
-}
-
 std::string plural(uint64_t n, const char* one, const char* many) {
   return fmt::format("{} {}", n, n == 1 ? one : many);
 }

@@ -21,6 +21,18 @@ std::string hex_of(const trace::TensorDesc* t) {
   return t && t->has_contents() && t->digest_len ? t->digest_hex() : "";
 }
 
+std::string series_result(const ReplaySeries& s) {
+  if (!s.error.empty()) return "the op refused: " + s.error;
+  return fmt::format("{} distinct output{}{}", s.distinct, s.distinct == 1 ? "" : "s",
+                     s.distinct > 1 ? fmt::format(" (max |diff| {:.3g})", s.max_abs_diff) : "");
+}
+
+std::string plural(int n, const char* one, const char* many) {
+  return fmt::format("{} {}", n, n == 1 ? one : many);
+}
+
+}  // namespace
+
 // The process's intra-op threads and determinism flag, from its environment fingerprint.
 void read_fingerprint(const std::string& run_dir, ReplayTarget* t) {
   std::ifstream in(fs::path(run_dir) / layout::kStreamsDir / (t->process + layout::kEnvExt));
@@ -35,18 +47,6 @@ void read_fingerprint(const std::string& run_dir, ReplayTarget* t) {
     // An unreadable fingerprint: replay with the replayer's defaults, said in the report.
   }
 }
-
-std::string series_result(const ReplaySeries& s) {
-  if (!s.error.empty()) return "the op refused: " + s.error;
-  return fmt::format("{} distinct output{}{}", s.distinct, s.distinct == 1 ? "" : "s",
-                     s.distinct > 1 ? fmt::format(" (max |diff| {:.3g})", s.max_abs_diff) : "");
-}
-
-std::string plural(int n, const char* one, const char* many) {
-  return fmt::format("{} {}", n, n == 1 ? one : many);
-}
-
-}  // namespace
 
 Status parse_op_ref(const std::string& text, std::string* stream, uint64_t* index) {
   const size_t colon = text.rfind(':');

@@ -36,6 +36,9 @@ struct ReplayTarget {
 // that is not there is a usage error naming what exists.
 Status find_replay_target(const std::string& run_dir, const std::string& stream, uint64_t index,
                           ReplayTarget* out);
+// The process's intra-op threads and determinism flag, from its environment fingerprint; left
+// as they are when it cannot be read.
+void read_fingerprint(const std::string& run_dir, ReplayTarget* t);
 // "STREAM:N" (as `--op` takes it).
 Status parse_op_ref(const std::string& text, std::string* stream, uint64_t* index);
 
