@@ -101,6 +101,21 @@ std::atomic<uint64_t> g_abandoned_in_capture{0};  // their stream began capturin
 std::atomic<uint64_t> g_launches[size_t(Launch::kCount)];
 std::atomic<uint64_t> g_cap_bytes{uint64_t(256) << 20};
 
+// What a launch let go of inside the caching allocator's free (its trace callback): the last
+// reference to another block dropped there would free that block re-entrantly, merging it with
+// the block being freed while that free still uses it. Let go at the next add instead.
+std::mutex g_deferred_mu;
+std::vector<c10::Storage> g_deferred;
+std::atomic<bool> g_any_deferred{false};
+
+void release_deferred() {
+  if (!g_any_deferred.load(std::memory_order_relaxed)) return;
+  std::vector<c10::Storage> now;  // let go after the lock (declared before it)
+  std::lock_guard<std::mutex> lock(g_deferred_mu);
+  now.swap(g_deferred);
+  g_any_deferred.store(false, std::memory_order_relaxed);
+}
+
 // A forked child's counters start at zero while its thread's batch still holds the parent's
 // tensors: never below zero.
 void take_away(std::atomic<uint64_t>* counter, uint64_t n) {
@@ -268,6 +283,9 @@ bool any_device_batch_open() { return g_held_tensors.load(std::memory_order_rela
 void forget_open_batches_after_fork() {
   new (&g_open_mu) std::mutex();  // another thread may have held it at fork time
   g_open.clear();
+  new (&g_deferred_mu) std::mutex();
+  g_deferred.clear();
+  g_any_deferred.store(false);
   g_held_tensors.store(0);
   g_held_bytes.store(0);
 }
@@ -300,6 +318,7 @@ bool DeviceBatch::holds_locked(const void* storage) const {
 }
 
 std::shared_ptr<PendingDigest> DeviceBatch::add(const at::Tensor& tensor, bool with_stats) {
+  release_deferred();
   at::Tensor t = tensor;
   // The guards cost more than the add itself: set only when a copy is made.
   if (t.is_conj() || t.is_neg() || !t.is_contiguous()) {
@@ -440,20 +459,27 @@ void launch_batches_holding(const at::Tensor& written) {
 
 void launch_batches_holding_memory(uintptr_t begin, uintptr_t end) {
   std::vector<c10::Storage> released;
-  std::lock_guard<std::mutex> open(g_open_mu);
-  for (DeviceBatch* b : g_open) {
-    std::lock_guard<std::mutex> lock(b->mu_);
-    for (const device::DigestJob& job : b->jobs_) {
-      const auto data = reinterpret_cast<uintptr_t>(job.data);
-      if (data < end && begin < data + job.bytes) {
-        b->launch_locked(Launch::kFreed, &released);
-        break;
+  {
+    std::lock_guard<std::mutex> open(g_open_mu);
+    for (DeviceBatch* b : g_open) {
+      std::lock_guard<std::mutex> lock(b->mu_);
+      for (const device::DigestJob& job : b->jobs_) {
+        const auto data = reinterpret_cast<uintptr_t>(job.data);
+        if (data < end && begin < data + job.bytes) {
+          b->launch_locked(Launch::kFreed, &released);
+          break;
+        }
       }
     }
   }
+  if (released.empty()) return;
+  std::lock_guard<std::mutex> lock(g_deferred_mu);  // nothing is let go under it
+  std::move(released.begin(), released.end(), std::back_inserter(g_deferred));
+  g_any_deferred.store(true, std::memory_order_relaxed);
 }
 
 void launch_open_batches(Launch why, long max_wait_ms) {
+  if (max_wait_ms < 0) release_deferred();
   if (!any_device_batch_open()) return;
   std::vector<c10::Storage> released;
   if (max_wait_ms < 0) {
