@@ -20,14 +20,22 @@ struct DigestJob {
   uint8_t dtype;
 };
 
-// Device memory the launch needs for its leaves' partial results: a hash and statistics a leaf.
+// Leaves a block of the tree kernel folds into one entry: an aligned group of 2^k leaves folds
+// to the entry the tensor's tree has k levels up, so groups fold side by side, then their entries.
+inline constexpr uint32_t kGroupLeaves = 256;
+
+// Device memory the launch needs: a hash and statistics a leaf, then a sum and statistics a
+// group of leaves, and a counter a tensor.
 inline size_t lane_scratch_bytes(const DigestJob* jobs, int n) {
-  uint64_t leaves = 0;
+  uint64_t leaves = 0, groups = 0;
   for (int j = 0; j < n; ++j) {
     const uint64_t words = (jobs[j].bytes + 7) / 8;
-    leaves += (words + lanes::kLeafWords - 1) / lanes::kLeafWords;
+    const uint64_t l = (words + lanes::kLeafWords - 1) / lanes::kLeafWords;
+    leaves += l;
+    groups += l > kGroupLeaves ? (l + kGroupLeaves - 1) / kGroupLeaves : 1;
   }
-  return size_t(leaves) * (sizeof(uint64_t) + sizeof(lanes::LaneStats));
+  const size_t entry = sizeof(uint64_t) + sizeof(lanes::LaneStats);
+  return size_t(leaves + groups) * entry + size_t(n) * sizeof(uint32_t);
 }
 
 // Enqueues the digest of jobs[0..n) (n <= kMaxBatch) on `stream` (a cudaStream_t); writes n

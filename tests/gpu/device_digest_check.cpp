@@ -183,15 +183,15 @@ void report_throughput() {
   at::Tensor big = at::randn({int64_t(1) << 28}, cuda);  // 1 GiB of float32
   at::Tensor dst = at::empty_like(big);
   const double copy_ms = time_ms([&] { dst.copy_(big); });
-  std::vector<at::Tensor> small;  // a batch of 32 activations of 64 KiB
+  std::vector<at::Tensor> small;  // a full batch of activations of 64 KiB
   for (int i = 0; i < device::kMaxBatch; ++i) small.push_back(at::randn({16384}, cuda));
-  std::vector<at::Tensor> tiny;  // a batch of 32 biases of 1 KiB
+  std::vector<at::Tensor> tiny;  // a full batch of biases of 1 KiB
   for (int i = 0; i < device::kMaxBatch; ++i) tiny.push_back(at::randn({256}, cuda));
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
   std::printf(
       "THROUGHPUT {\"device\": \"%s\", \"digest_1gib_gbs\": %.1f, "
-      "\"digest_batch_32x64kib_gbs\": %.2f, \"digest_batch_32x1kib_gbs\": %.3f, "
+      "\"digest_batch_256x64kib_gbs\": %.2f, \"digest_batch_256x1kib_gbs\": %.3f, "
       "\"copy_1gib_read_write_gbs\": %.1f}\n",
       prop.name, digest_gbs({big}), digest_gbs(small), digest_gbs(tiny),
       2.0 * double(big.nbytes()) / (copy_ms * 1e-3) / 1e9);
@@ -230,6 +230,9 @@ int main() {
             {"finite values", (at::randn(shape, cuda.dtype(at::kDouble)) *
                                at::exp2(at::randint(-10, 10, shape, cuda.dtype(at::kDouble))))
                                   .to(dtype)});
+      // Contiguous, so read in place, from an address that is not 8-byte aligned.
+      if (shape.size() == 1 && numel > 1)
+        cases.push_back({"contiguous at an offset", t.slice(0, 1)});
       if (shape.size() == 2) {
         cases.push_back({"transposed", t.t()});
         cases.push_back({"sliced with an offset", t.slice(1, 1)});
@@ -250,6 +253,10 @@ int main() {
           std::string(c10::toString(dtype)) + " in a batch of " + std::to_string(batch.size()),
           together[i], reference(batch[i]));
   }
+  // More than 256 groups of leaves: the tree's last block folds their entries in two rounds.
+  const at::Tensor big = at::randn({(int64_t(1) << 26) + 5}, cuda);  // 256 MiB, 65,537 leaves
+  expect_same("float 256 MiB + 20 bytes", on_device({big})[0], reference(big));
+  ++checked;
   check_pipeline({at::randn({1000, 3}, cuda), at::randn({4097}, cuda).to(at::kHalf),
                   at::randint(0, 100, {70000}, cuda.dtype(at::kLong))});
   std::printf("%d tensors checked, then 100 batches through the pipeline; %d mismatches\n", checked,
