@@ -14,11 +14,15 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--steps", type=int, default=4)
 ap.add_argument("--mode", choices=["graph", "compile"], default="graph")
 ap.add_argument("--capture-on-current-stream", action="store_true",
-                help="capture on the stream the program runs on, not torch.cuda.graph's own")
+                help="run on a stream of the program's own and capture on it, not on "
+                     "torch.cuda.graph's own stream")
 args = ap.parse_args()
 if not torch.cuda.is_available():
     raise SystemExit("needs a CUDA device")
 torch.manual_seed(0)
+if args.capture_on_current_stream:
+    # CUDA cannot capture the legacy default stream: the whole program runs on another one.
+    torch.cuda.set_stream(torch.cuda.Stream())
 
 model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),
                             torch.nn.Linear(128, 10)).cuda()
@@ -37,9 +41,16 @@ def train_step(x, y):
 
 
 if args.mode == "compile":
-    step = torch.compile(train_step, mode="reduce-overhead")
+    # The model's forward and backward become CUDA graphs; the optimizer runs eagerly on the
+    # gradients the backward graph wrote (a step compiled whole reads them after the next
+    # replay has overwritten them).
+    compiled = torch.compile(model, mode="reduce-overhead")
     for i, (x, y) in enumerate(batches):
-        loss = step(x, y)
+        torch.compiler.cudagraph_mark_step_begin()
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(compiled(x), y)
+        loss.backward()
+        opt.step()
         print(f"step {i} loss {loss.item():.9e} params {gpu_common.checksum(model[0].weight)}",
               flush=True)
 else:
