@@ -98,6 +98,8 @@ std::atomic<uint64_t> g_held_tensors{0}, g_held_bytes{0}, g_peak_held_bytes{0};
 std::atomic<uint64_t> g_tensors_launched{0};
 std::atomic<uint64_t> g_abandoned{0};  // given up at a signal (DeviceBatch::abandon_locked)
 std::atomic<uint64_t> g_abandoned_in_capture{0};  // their stream began capturing a CUDA graph
+// Tensors not contiguous in the digest's order (a transpose, channels_last) copied by add().
+std::atomic<uint64_t> g_copies{0}, g_copied_bytes{0};
 std::atomic<uint64_t> g_launches[size_t(Launch::kCount)];
 std::atomic<uint64_t> g_cap_bytes{uint64_t(256) << 20};
 
@@ -245,6 +247,10 @@ std::string device_digest_status() {
          (calls ? "; " + std::to_string(calls) + " CUDA calls to launch them" +
                       (host_queue_requested() ? " (what CudaQueue would make)" : "")
                 : "") +
+         (g_copies.load() ? "; " + std::to_string(g_copies.load()) + " tensors (" +
+                                std::to_string(g_copied_bytes.load()) +
+                                " bytes) copied to the digest's order first"
+                          : "") +
          (g_abandoned.load() ? "; " + std::to_string(g_abandoned.load()) +
                                    " tensors of open batches not read at a signal"
                              : "") +
@@ -330,6 +336,8 @@ std::shared_ptr<PendingDigest> DeviceBatch::add(const at::Tensor& tensor, bool w
     if (t.is_conj()) t = t.resolve_conj();
     if (t.is_neg()) t = t.resolve_neg();
     if (!t.is_contiguous()) t = t.contiguous();
+    g_copies.fetch_add(1, std::memory_order_relaxed);
+    g_copied_bytes.fetch_add(uint64_t(t.nbytes()), std::memory_order_relaxed);
   }
   int device = kHostQueue;
   void* stream = nullptr;

@@ -74,9 +74,10 @@ def device_digests(run_dir):
     for part in m.group(5).split(", "):
         reason, n = part.rsplit(" ", 1)
         why[reason] = int(n)
+    copies = re.search(r"; (\d+) tensors \((\d+) bytes\) copied to the digest's order first", line)
     return {"launches": int(m.group(1)), "tensors": int(m.group(2)), "failed": int(m.group(3)),
             "peak": int(m.group(4)), "why": why, "cuda_calls": int(m.group(6) or 0),
-            "line": line}
+            "copies": int(copies.group(1)) if copies else 0, "line": line}
 
 
 class HeldRecordsCase(unittest.TestCase):
@@ -145,6 +146,8 @@ class HeldRecords(HeldRecordsCase):
         self.assertGreater(d["tensors"], len(ops(b)) // 2, d["line"])
         self.assertLess(d["launches"], len(ops(b)) // 4, d["line"])
         self.assertEqual(d["failed"], 0, d["line"])
+        # Linear's transposed weight is not in the digest's order: copied first, and counted.
+        self.assertGreater(d["copies"], 0, d["line"])
         self.assertNotIn("device digests:", status(self.runs["direct"][1]))
 
     def test_dataloader_workers_with_held_records_are_identical_twice(self):
