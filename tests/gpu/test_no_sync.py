@@ -1,5 +1,6 @@
 """Recording with the device digest never synchronizes: with a ~200 ms kernel enqueued, 100
-recorded ops are issued while the stream is still busy (programs/no_sync.py).
+recorded ops are issued while the stream is still busy (programs/no_sync.py), and so is each kind
+of op a training step of ResNet-50 or GPT-2 runs (--kinds), one kind behind each long kernel.
 
 The same probe is run twice more, so that the test shows it can tell: without detaudit (the
 stream must be busy, or the probe itself is broken), and recorded with MD5, whose copy path
@@ -62,3 +63,23 @@ def test_probe_detects_the_synchronizing_copy_path(gpu):
         _, res = recorded(tmp, "md5")
         print(res)
         assert not res["busy"], f"the copy path left the stream busy: the probe sees no sync {res}"
+
+
+KIND = re.compile(r"^kind (.+) busy=(True|False)$", re.M)
+
+
+def test_each_kind_of_a_steps_ops_leaves_the_stream_busy(gpu):
+    argv = [gpulib.PYTHON, PROBE, "--kinds"]
+    plain = gpulib.run_plain(argv)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    want = dict(KIND.findall(plain.stdout))
+    assert want and all(b == "True" for b in want.values()), \
+        f"without detaudit some kind already waited for the GPU (the probe is broken): {want}"
+    with gpulib.TempDir() as tmp:
+        proc, run_dir = gpulib.record_one(tmp, argv, flags=["--digest", "device"])
+        assert proc.returncode == 0, gpulib.describe(proc)
+        got = dict(KIND.findall(gpulib.output_log(run_dir)))
+        print(got)
+        assert got.keys() == want.keys(), got
+        waited = [k for k, b in got.items() if b != "True"]
+        assert not waited, f"recorded, these waited for the GPU: {waited}"
