@@ -19,6 +19,7 @@
 #include "run/launcher.h"
 #include "run/session.h"
 #include "run_layout.h"
+#include "trace/format.h"
 
 namespace detaudit::cli {
 namespace {
@@ -117,6 +118,12 @@ int run_replay(const ReplayFlags& f) {
   replay::ReplayReport report;
   if (Status s = replay::find_replay_target(run_a, stream, index, &report.target); !s.ok())
     return report_error(s);
+  if (trace::is_compiled_kernel(report.target.op))
+    return report_error(Status::error(fmt::format(
+        "{} is a kernel torch.compile generated: its code lives in the program's compile cache, "
+        "where no other process can call it, so it cannot be replayed alone; check the remedy "
+        "with `detaudit run --runs 2 --verify-remedy` instead",
+        report.target.op)));
 
   if (Status s = prepare_capture_run(f.out, "replay", f.force, "detaudit replay", true, &c);
       !s.ok())

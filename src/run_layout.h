@@ -30,6 +30,8 @@ inline constexpr const char* kEnvConfig = "DETAUDIT_CONFIG";   // path of the re
 // processes that can run torch; the shim lies in the folder above the interposers' torch/.
 inline constexpr const char* kEnvInterposer = "DETAUDIT_INTERPOSER";
 inline constexpr const char* kPreloadLibrary = "libdetaudit_preload.so";
+// <lib>/detaudit/python: the interposer's Python side (hooks/python/), first on PYTHONPATH.
+inline constexpr const char* kPythonHooksDir = "python";
 // Set by a recorded process for the children it starts: its name, and its RANK ("" if none).
 inline constexpr const char* kEnvParentProcess = "DETAUDIT_PARENT_PROCESS";
 inline constexpr const char* kEnvParentRank = "DETAUDIT_PARENT_RANK";

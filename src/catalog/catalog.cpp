@@ -72,6 +72,7 @@ Status parse_condition(const json& j, const std::string& where, CatalogCondition
   c->arg = int(arg);
   c->name = str_or(j, "name");
   if (j.contains("equals")) c->equals = j.at("equals");
+  c->contains = str_or(j, "contains");
   if (j.contains("given")) c->given = j.at("given").get<bool>();
   c->dtype = str_or(j, "dtype");
   c->environment = str_or(j, "environment");
@@ -80,13 +81,14 @@ Status parse_condition(const json& j, const std::string& where, CatalogCondition
   if (Status s = read_strings(j, "applies_to", where, &c->applies_to); !s.ok()) return s;
   if (!c->environment.empty() && (!c->equals || c->arg >= 0))
     return field_error(where, "an environment condition needs \"equals\" and no \"arg\"");
-  int tests = int(c->equals.has_value()) + int(c->given.has_value()) + int(!c->dtype.empty()) +
-              int(c->min_numel > 0) + int(c->min_intra_op_threads > 0);
+  int tests = int(c->equals.has_value()) + int(!c->contains.empty()) + int(c->given.has_value()) +
+              int(!c->dtype.empty()) + int(c->min_numel > 0) + int(c->min_intra_op_threads > 0);
   if (tests != 1)
     return field_error(where,
-                       "needs exactly one of equals, given, dtype, min_numel, "
+                       "needs exactly one of equals, contains, given, dtype, min_numel, "
                        "min_intra_op_threads");
-  if ((c->equals || c->given || c->min_numel) && c->arg < 0 && c->environment.empty())
+  if ((c->equals || !c->contains.empty() || c->given || c->min_numel) && c->arg < 0 &&
+      c->environment.empty())
     return field_error(where, "an argument condition needs \"arg\" (positional index)");
   std::string who = c->arg >= 0
                         ? fmt::format("{} (input {})", c->name.empty() ? "arg" : c->name, c->arg)
@@ -95,6 +97,8 @@ Status parse_condition(const json& j, const std::string& where, CatalogCondition
     c->text = fmt::format("fingerprint {} == {}", c->environment, c->equals->dump());
   else if (c->equals)
     c->text = fmt::format("{} == {}", who, c->equals->dump());
+  else if (!c->contains.empty())
+    c->text = fmt::format("{} contains \"{}\"", who, c->contains);
   else if (c->given)
     c->text = fmt::format("{} {}", who, *c->given ? "given" : "not given");
   else if (!c->dtype.empty())
@@ -230,7 +234,12 @@ Status Catalog::parse_unchecked(const json& j, Catalog* out) {
     c.entries_.push_back(std::move(e));
   }
   for (size_t i = 0; i < c.entries_.size(); ++i)
-    for (const std::string& op : c.entries_[i].ops) c.by_op_[op].push_back(i);
+    for (const std::string& op : c.entries_[i].ops) {
+      if (op.size() > 3 && op.compare(op.size() - 3, 3, "::*") == 0)
+        c.by_namespace_.emplace_back(op.substr(0, op.size() - 1), i);
+      else
+        c.by_op_[op].push_back(i);
+    }
   *out = std::move(c);
   return Status();
 }
@@ -240,6 +249,8 @@ std::vector<const CatalogEntry*> Catalog::lookup(std::string_view op_name) const
   auto it = by_op_.find(std::string(op_name));
   if (it != by_op_.end())
     for (size_t i : it->second) r.push_back(&entries_[i]);
+  for (const auto& [ns, i] : by_namespace_)
+    if (op_name.substr(0, ns.size()) == ns) r.push_back(&entries_[i]);
   return r;
 }
 
@@ -320,6 +331,12 @@ ConditionResult check_condition(const CatalogCondition& c, const OpFacts& f) {
                                                                         : ConditionResult::kNotMet;
     }
     return ConditionResult::kUnknown;
+  }
+  if (!c.contains.empty()) {
+    if (v.type != ValueType::kString || !f.reader) return ConditionResult::kUnknown;
+    return f.reader->string(uint64_t(v.i)).find(c.contains) != std::string_view::npos
+               ? ConditionResult::kMet
+               : ConditionResult::kNotMet;
   }
   // The recorder skips quantized tensors, saying why: that reason is their dtype's kind.
   if (v.type == ValueType::kTensorSkipped && c.dtype == "quantized" && f.reader)

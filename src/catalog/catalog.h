@@ -22,13 +22,14 @@
 
 namespace detaudit {
 
-// One condition of an entry. Exactly one test is set: equals, given, dtype, min_numel or
+// One condition of an entry. Exactly one test is set: equals, contains, given, dtype, min_numel or
 // min_intra_op_threads. Argument conditions name the positional input index and its name; an
 // environment condition names a fingerprint key and tests it with equals.
 struct CatalogCondition {
   int arg = -1;                          // positional input index; -1 when not about an argument
   std::string name;                      // argument name, for people
   std::optional<nlohmann::json> equals;  // bool, int or string
+  std::string contains;                  // a string argument holds this text
   std::optional<bool> given;             // the argument is not None
   std::string dtype;                     // "float32", "floating", ...: of the tensor argument
   uint64_t min_numel = 0;                // of the tensor argument
@@ -40,9 +41,11 @@ struct CatalogCondition {
 
 struct CatalogEntry {
   std::string id;
-  std::string kind;                  // "op" or "environment"
-  std::vector<int> rows;             // rows of shared/reference/nondeterministic-ops.md
-  std::vector<std::string> ops;      // dispatcher and autograd node names
+  std::string kind;       // "op" or "environment"
+  std::vector<int> rows;  // rows of shared/reference/nondeterministic-ops.md
+  // Dispatcher and autograd node names; "ns::*" is every op of namespace ns (the kernels
+  // torch.compile generates are recorded as inductor_kernel::<kernel>).
+  std::vector<std::string> ops;
   std::vector<std::string> devices;  // "cpu", "cuda", "xpu", "any"
   std::vector<std::string> phases;   // "forward", "backward", "optimizer", "any"
   std::string signature;  // e.g. "_index_put_impl_(self, indices, values, accumulate, unsafe)"
@@ -91,6 +94,7 @@ class Catalog {
   static Status parse_unchecked(const nlohmann::json& j, Catalog* out);
   std::vector<CatalogEntry> entries_;
   std::unordered_map<std::string, std::vector<size_t>> by_op_;
+  std::vector<std::pair<std::string, size_t>> by_namespace_;  // "ns::", entry
 };
 
 ConditionResult check_condition(const CatalogCondition& c, const OpFacts& facts);

@@ -390,9 +390,9 @@ Status parse_config(const json& j, Config* out) {
   }
   if (j.contains("record")) {
     const json& r = j["record"];
-    if (Status s = check_object(
-            r, "record",
-            {"stats", "inputs", "rehash_inputs", "device_batch_mib", "sentinel", "full_steps"});
+    if (Status s = check_object(r, "record",
+                                {"stats", "inputs", "rehash_inputs", "device_batch_mib",
+                                 "compiled_kernels", "sentinel", "full_steps"});
         !s.ok())
       return s;
     if (r.contains("device_batch_mib"))
@@ -402,6 +402,11 @@ Status parse_config(const json& j, Config* out) {
         return s;
     if (r.contains("stats"))
       if (Status s = get_bool(r["stats"], "record.stats", &c.stats); !s.ok()) return s;
+    if (r.contains("compiled_kernels"))
+      if (Status s = get_bool(r["compiled_kernels"], "record.compiled_kernels",
+                              &c.compiled_kernels);
+          !s.ok())
+        return s;
     if (r.contains("rehash_inputs"))
       if (Status s = get_bool(r["rehash_inputs"], "record.rehash_inputs", &c.rehash_inputs);
           !s.ok())
@@ -494,6 +499,7 @@ json config_to_json(const Config& c) {
                  {"inputs", c.inputs},
                  {"rehash_inputs", c.rehash_inputs},
                  {"device_batch_mib", c.device_batch_mib},
+                 {"compiled_kernels", c.compiled_kernels},
                  {"sentinel", c.sentinel},
                  {"full_steps", c.full_steps ? c.full_steps->to_json() : json(nullptr)}};
   json det;

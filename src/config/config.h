@@ -79,6 +79,8 @@ struct Config {
   std::optional<RangeSet> full_steps;
   // The bytes (MiB) a thread's open batch of device digests may hold; 0: a batch per op.
   int64_t device_batch_mib = 256;
+  // Each kernel torch.compile generates recorded as an op (hooks/python/), not only its region.
+  bool compiled_kernels = true;
   DeterminismConfig determinism;
   GateConfig gate;
   std::string format = "text";  // report format when runs >= 2

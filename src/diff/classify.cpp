@@ -444,6 +444,13 @@ void classify_divergence(const BufferedOp& a, const OpSource& sa, const Buffered
                               : "identical inputs and arguments, different outputs";
 }
 
+std::string kernel_origin(const trace::OpRecord& op, const trace::TraceReader& r) {
+  if (!trace::is_compiled_kernel(r.string(op.name))) return "";
+  for (const trace::Value& v : op.inputs)
+    if (v.type == trace::ValueType::kString) return std::string(r.string(uint64_t(v.i)));
+  return "";
+}
+
 std::optional<CatalogRef> catalog_ref(const Catalog* catalog, const OpFacts& facts,
                                       std::vector<std::string>* rejected) {
   if (!catalog) return std::nullopt;

@@ -75,6 +75,10 @@ bool output_deltas(const trace::OpRecord& a, const trace::TraceReader& ra, const
 // `rejected` (unmet by an inner op of the same chain, e.g. accumulate=false seen on
 // aten::_index_put_impl_) are skipped for outer ops such as IndexBackward0, whose arguments
 // cannot be checked; entries found unmet here are added to it.
+// A torch.compile kernel's origin argument ("aten::index_put, aten::mul; atomic adds"); "" for
+// any other op.
+std::string kernel_origin(const trace::OpRecord& op, const trace::TraceReader& r);
+
 std::optional<CatalogRef> catalog_ref(const Catalog* catalog, const OpFacts& facts,
                                       std::vector<std::string>* rejected);
 

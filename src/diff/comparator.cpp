@@ -326,6 +326,7 @@ class StreamComparator {
     }
     if (a.rec.scope_path != UINT32_MAX)
       fd.scope_path = std::string(a_->reader().string(a.rec.scope_path));
+    fd.kernel_origin = kernel_origin(a.rec, a_->reader());
     fd.chain = {fd.op};
     // Not the op that read the region's output, nor one handed other tensors: the catalog
     // would explain the wrong kernel.
@@ -745,6 +746,7 @@ class StreamComparator {
         if (std::find(regions.begin(), regions.end(), name) == regions.end())
           regions.push_back(std::move(name));
       }
+    out_->summary.compiled_kernels = a.compiled_kernels();
     out_->summary.ops_a = a.ops_read();
     out_->summary.ops_b = b.ops_read();
     out_->records_a = a.records_read();

@@ -133,6 +133,7 @@ bool OpSource::read_one() {
         compiled_regions_.push_back(b.rec.name);
     }
     b.compiled_region = last_region_step_ == b.rec.step ? last_region_ : BufferedOp::kNoRegion;
+    if (trace::is_compiled_kernel(reader_->string(b.rec.name))) ++compiled_kernels_;
     copy_output_digests(&b);
     for (int64_t id : b.rec.output_tensors) {
       const trace::TensorDesc* t = reader_->tensor(id);

@@ -84,6 +84,8 @@ class OpSource {
   const trace::StepInfo* step_info(uint64_t step) const;
   // The distinct torch.compile regions read so far (string ids): opaque to the recorder.
   const std::vector<uint32_t>& compiled_regions() const { return compiled_regions_; }
+  // Ops of torch.compile's generated kernels (inductor_kernel::<kernel>, hooks/python/).
+  uint64_t compiled_kernels() const { return compiled_kernels_; }
   // Ends the stream before its first op of a later step: a DataLoader worker's batches that no
   // step consumed (prefetched when the loop stopped) depend on timing, not on the program.
   void stop_after_step(uint64_t step) { last_step_ = step; }
@@ -134,6 +136,7 @@ class OpSource {
   uint32_t last_region_ = BufferedOp::kNoRegion;
   uint64_t last_region_step_ = 0;
   std::vector<uint32_t> compiled_regions_;
+  uint64_t compiled_kernels_ = 0;
 };
 
 }  // namespace detaudit

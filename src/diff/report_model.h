@@ -113,7 +113,10 @@ struct FirstDivergence {
   std::string op;                  // innermost divergent op
   std::vector<std::string> chain;  // outermost first, ending with op
   std::string scope_path;          // the user scopes around it ("train/backward_block"), or ""
-  uint64_t index = 0;              // position of the op in run A's stream (0-based)
+  // A torch.compile kernel (inductor_kernel::<kernel>): the aten ops it was generated from, and
+  // "; atomic adds" when its code adds with atomics. "" for any other op.
+  std::string kernel_origin;
+  uint64_t index = 0;  // position of the op in run A's stream (0-based)
   uint64_t order_a = 0, order_b = 0;
   uint64_t offset_a = 0, offset_b = 0;
   std::string divergence_class;  // nondeterministic-op | rng-state | external-input |
@@ -214,6 +217,8 @@ struct StreamSummary {
   // torch.compile regions that ran (either run): opaque, a difference inside one shows only at
   // its outputs.
   std::vector<std::string> compiled_regions;
+  // Of them, the generated kernels recorded as ops (inductor_kernel::<kernel>), run A's.
+  uint64_t compiled_kernels = 0;
 };
 
 // How one recorded process of a run ended, when that was not a plain exit, or its run failed.

@@ -26,7 +26,11 @@ std::string unverifiable_by_name(std::string_view name) {
     return "a collective: its result is what the other ranks sent, not one process's kernel";
   if (starts_with(name, "Torch-Compiled Region") || name == "CompiledFunction" ||
       name == "CompiledFunctionBackward")
-    return "a torch.compile region: its generated kernels are not recorded one by one";
+    return "a torch.compile region: its generated kernels are rows of their own where recorded "
+           "(inductor_kernel::*)";
+  if (trace::is_compiled_kernel(name))
+    return "a kernel torch.compile generated: its code lives in the program's compile cache, "
+           "where the replayer cannot call it (run --verify-remedy checks its remedy)";
   if (name.find("::") == std::string_view::npos)
     return "not a dispatcher op (an autograd node or a scope of the program's): the ops it ran "
            "are rows of their own";

@@ -243,6 +243,7 @@ json report_to_json(const DiffReport& r) {
         {"op", f.op},
         {"chain", f.chain},
         {"scope_path", f.scope_path},
+        {"kernel_origin", f.kernel_origin.empty() ? json(nullptr) : json(f.kernel_origin)},
         {"batch_read_by", f.batch_read_by.empty() ? json(nullptr) : json(f.batch_read_by)},
         {"received_through", f.received_through.empty() ? json(nullptr) : json(f.received_through)},
         {"propagated_through", f.propagated_through},
@@ -372,6 +373,7 @@ json report_to_json(const DiffReport& r) {
                        {"truncated", s.truncated},
                        {"alignment_lost", s.alignment_lost},
                        {"compiled_regions", s.compiled_regions},
+                       {"compiled_kernels", s.compiled_kernels},
                        {"consumer_last_step",
                         s.consumer_last_step ? json(*s.consumer_last_step) : json(nullptr)}});
   j["streams"] = streams;

@@ -282,6 +282,15 @@ std::vector<std::string> target_environment(const Config& c, const std::string& 
   }
   if (vars.count("LD_PRELOAD") && !vars["LD_PRELOAD"].empty()) preload += ":" + vars["LD_PRELOAD"];
   set("LD_PRELOAD", preload);
+  // A Python program imports the interposer's Python side at start (its sitecustomize runs any
+  // it shadows): torch.compile's kernels become ops the recorder sees.
+  const fs::path python_hooks = fs::path(hooks_library).parent_path().parent_path().parent_path() /
+                                layout::kPythonHooksDir;
+  if (c.compiled_kernels && !hooks_library.empty() &&
+      fs::exists(python_hooks / "sitecustomize.py", ec)) {
+    const std::string old = vars.count("PYTHONPATH") ? vars["PYTHONPATH"] : "";
+    set("PYTHONPATH", python_hooks.string() + (old.empty() ? "" : ":" + old));
+  }
   // torch.compile does real work on a cache miss only: a fresh cache per run makes every run
   // compile alike, so the runs' op sequences match. A cache the user chose is kept.
   for (const auto& [var, sub] : {std::pair{"TORCHINDUCTOR_CACHE_DIR", "torchinductor"},

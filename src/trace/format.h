@@ -103,8 +103,14 @@ inline constexpr uint8_t kOpHasSeqNr = 1u << 4;
 inline constexpr uint8_t kOpHasRng = 1u << 5;
 inline constexpr uint8_t kOpIsRandom = 1u << 6;  // the op takes a Generator argument
 // A torch.compile region (dynamo frame, CompiledFunction, CompiledFunctionBackward): inductor's
-// kernels inside it run below the dispatcher and are not recorded.
+// kernels inside it run below the dispatcher, recorded only as the ops below.
 inline constexpr uint8_t kOpCompiledRegion = 1u << 7;
+// A kernel inductor generated, recorded as an op of this namespace by the interposer's Python
+// side (hooks/python/): inductor_kernel::<kernel>(str origin, Tensor[] inputs) -> Tensor[].
+inline constexpr std::string_view kCompiledKernelNamespace = "inductor_kernel::";
+inline bool is_compiled_kernel(std::string_view op_name) {
+  return op_name.substr(0, kCompiledKernelNamespace.size()) == kCompiledKernelNamespace;
+}
 
 // tensor-bits, with the provenance in bits 5-6.
 inline constexpr uint8_t kTensorContiguous = 1u << 0;

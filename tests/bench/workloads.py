@@ -131,9 +131,10 @@ class Gpt2Block(nn.Module):
         return x + F.dropout(self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh")), 0.1)
 
 
-def gpt2():
+def gpt2(compiled=False):
     """The shape of issue 49's Hugging Face Trainer run: 4 layers of 128, 4 heads, vocabulary
-    1,024, sequence 64, batch 8, AdamW; activations and attention scores of 256 KB to 2 MB."""
+    1,024, sequence 64, batch 8, AdamW; activations and attention scores of 256 KB to 2 MB.
+    compiled: the forward and the loss through torch.compile (inductor's C++ kernels)."""
     torch.manual_seed(0)
     vocab, d, seq, batch = 1024, 128, 64, 8
     wte, wpe = nn.Embedding(vocab, d), nn.Embedding(seq, d)
@@ -145,13 +146,19 @@ def gpt2():
     tokens = torch.randint(0, vocab, (batch, seq + 1))
     positions = torch.arange(seq)
 
-    def step():
-        opt.zero_grad()
+    def loss_fn(tokens):
         x = F.dropout(wte(tokens[:, :-1]) + wpe(positions), 0.1)
         for block in blocks:
             x = block(x, mask)
         logits = ln_f(x) @ wte.weight.t()  # tied, as GPT-2's lm_head
-        F.cross_entropy(logits.view(-1, vocab), tokens[:, 1:].reshape(-1)).backward()
+        return F.cross_entropy(logits.view(-1, vocab), tokens[:, 1:].reshape(-1))
+
+    if compiled:
+        loss_fn = torch.compile(loss_fn)
+
+    def step():
+        opt.zero_grad()
+        loss_fn(tokens).backward()
         opt.step()
     return step
 
@@ -164,14 +171,16 @@ def cpu_seconds():
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--workload", choices=["cnn", "embed", "lstm", "gpt2"], required=True)
+    p.add_argument("--workload", choices=["cnn", "embed", "lstm", "gpt2", "gpt2-compiled"],
+                   required=True)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--peer", nargs="?", const="md5", choices=["md5", "debugmode", "debugmode-norm"])
     a = p.parse_args()
     torch.set_num_threads(a.threads)
-    step = {"cnn": cnn, "embed": embed, "lstm": lstm, "gpt2": gpt2}[a.workload]()
+    step = {"cnn": cnn, "embed": embed, "lstm": lstm, "gpt2": gpt2,
+            "gpt2-compiled": lambda: gpt2(compiled=True)}[a.workload]()
     for _ in range(a.warmup):
         step()
     mode, stack = None, contextlib.ExitStack()

@@ -13,6 +13,7 @@ import fnmatch
 import glob
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -57,6 +58,13 @@ def interposer_for_python():
 
 HOOKS = interposer_for_python()
 TORCH_VERSION = python_torch()[0]
+HAS_COMPILE = int(TORCH_VERSION.split(".")[0]) >= 2  # torch.compile (inductor)
+
+
+def params_sha(text):
+    """The `params sha256 <hex>` a program printed of its final parameters, or None."""
+    m = re.search(r"params sha256 ([0-9a-f]{64})", text)
+    return m.group(1) if m else None
 
 
 def example(name):

@@ -72,6 +72,10 @@ class InstalledCommand(TmpDirCase):
         version = run([VENV_PYTHON, "-c", "import torch;print(torch.__version__)"]).stdout.strip()
         self.assertTrue(os.path.exists(os.path.join(package, "lib", "detaudit", "torch", version,
                                                     "libdetaudit_hooks.so")))
+        # And its Python side, which records torch.compile's kernels.
+        for py in ("sitecustomize.py", "detaudit_compiled_kernels.py"):
+            self.assertTrue(os.path.exists(os.path.join(package, "lib", "detaudit", "python", py)),
+                            py)
 
     def test_run_twice_on_the_index_put_race_gives_the_verdict_the_program_shows(self):
         first = index_put_verdict(self, os.path.join(VENV, "bin", "detaudit"), VENV_PYTHON)

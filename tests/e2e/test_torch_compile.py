@@ -7,20 +7,13 @@ an unseeded generator is still rng-state. Skipped where torch has no torch.compi
 """
 import json
 import os
-import re
 import unittest
 
-from detaudit_testlib import (PYTHON, TORCH_VERSION, export_records, in_parallel, load_report,
-                              make_temp_dir, ops, program, remove_dir, run_detaudit,
-                              run_program)
+from detaudit_testlib import (HAS_COMPILE, PYTHON, TORCH_VERSION, export_records, in_parallel,
+                              load_report, make_temp_dir, ops, params_sha, program, remove_dir,
+                              run_detaudit, run_program)
 
 SCRIPT = program("compiled_model.py")
-HAS_COMPILE = int(TORCH_VERSION.split(".")[0]) >= 2
-
-
-def params_sha(text):
-    m = re.search(r"params sha256 ([0-9a-f]{64})", text)
-    return m.group(1) if m else None
 
 
 @unittest.skipUnless(HAS_COMPILE, f"torch {TORCH_VERSION} has no torch.compile")

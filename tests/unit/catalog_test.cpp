@@ -11,6 +11,7 @@
 #include <set>
 #include <vector>
 
+#include "diff/classify.h"
 #include "diff/risk.h"
 #include "test_files.h"
 #include "trace_builder.h"
@@ -279,6 +280,61 @@ TEST(CatalogTest, MklVmlFirstCallNeedsFloatOrDoubleOnSeveralThreads) {
   EXPECT_TRUE(m.applies);
   ASSERT_EQ(m.unknown.size(), 1u);
   EXPECT_EQ(m.unknown[0], "fingerprint determinism.mkl_vml_warm_up == false");
+}
+
+// A kernel torch.compile generated, as hooks/python/ records it: inductor_kernel::<kernel>(str
+// origin, Tensor[] inputs) -> Tensor[].
+struct CompiledKernelOp {
+  trace::TraceReader reader;
+  CompiledKernelOp(const std::string& file, const std::string& origin) {
+    TraceBuilder b;
+    b.step(0, 1, 2);
+    b.op("inductor_kernel::cpp_fused_expand_index_put_mul_new_zeros_0")
+        .in_string(origin)
+        .in_list(1)
+        .in_new(tensor(1, {4096}))
+        .out_new(tensor(2, {64, 16}))
+        .done();
+    std::string path = std::string(::testing::TempDir()) + "/catalog_kernel_" + file + ".dtr";
+    RunDir::write(path, b.bytes());
+    EXPECT_TRUE(reader.open(path).ok());
+    while (reader.next() == trace::ReadResult::kRecord && reader.kind() != trace::RecordKind::kOp) {
+    }
+  }
+  OpFacts facts(uint64_t threads) {
+    OpFacts f;
+    f.name = "inductor_kernel::cpp_fused_expand_index_put_mul_new_zeros_0";
+    f.op = &reader.op();
+    f.reader = &reader;
+    f.intra_op_threads = threads;
+    return f;
+  }
+};
+
+// Generated kernels are keyed on their namespace ("inductor_kernel::*"), and the entry for the
+// CPU's atomic adds needs the origin to say so and more than one thread.
+TEST(CatalogTest, CompiledKernelsMatchOnTheirNamespaceAndOrigin) {
+  std::vector<const CatalogEntry*> hits = shipped_catalog().lookup(
+      "inductor_kernel::cpp_fused_expand_index_put_mul_new_zeros_0");
+  ASSERT_EQ(hits.size(), 2u);
+  EXPECT_TRUE(shipped_catalog().lookup("inductor_kernels::x").empty());
+  EXPECT_TRUE(shipped_catalog().lookup("inductor_kernel").empty());
+  const CatalogEntry* e = shipped_catalog().find("inductor-cpu-atomic-add");
+  ASSERT_NE(e, nullptr);
+  CompiledKernelOp atomic("atomic", "aten::expand, aten::index_put, aten::mul; atomic adds");
+  CompiledKernelOp plain("plain", "aten::expand, aten::index_put, aten::mul");
+  CatalogMatch m = evaluate(*e, atomic.facts(2));
+  EXPECT_TRUE(m.applies);
+  EXPECT_NE(std::find(m.met.begin(), m.met.end(), "origin (input 0) contains \"atomic adds\""),
+            m.met.end());
+  EXPECT_FALSE(evaluate(*e, atomic.facts(1)).applies);
+  EXPECT_FALSE(evaluate(*e, plain.facts(2)).applies);
+  // The CUDA entry does not apply to a CPU kernel.
+  EXPECT_FALSE(
+      evaluate(*shipped_catalog().find("inductor-cuda-atomic-add"), atomic.facts(2)).applies);
+  // The diff's report names the origin of a generated kernel, and of no other op.
+  EXPECT_EQ(kernel_origin(atomic.reader.op(), atomic.reader),
+            "aten::expand, aten::index_put, aten::mul; atomic adds");
 }
 
 // resize_ is nondeterministic on quantized CPU tensors only: a float buffer's resize_ (every

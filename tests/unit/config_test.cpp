@@ -195,6 +195,9 @@ TEST(ConfigTest, Record) {
   EXPECT_EQ(parse_ok(R"({"record": {"device_batch_mib": 0}})").device_batch_mib, 0);
   parse_error(R"({"record": {"device_batch_mib": -1}})", "record.device_batch_mib");
   parse_error(R"({"record": {"device_batch_mib": "64"}})", "record.device_batch_mib");
+  EXPECT_TRUE(parse_ok("{}").compiled_kernels);
+  EXPECT_FALSE(parse_ok(R"({"record": {"compiled_kernels": false}})").compiled_kernels);
+  parse_error(R"({"record": {"compiled_kernels": 1}})", "record.compiled_kernels");
   EXPECT_FALSE(parse_ok("{}").sentinel);
   EXPECT_TRUE(parse_ok(R"({"record": {"sentinel": true}})").sentinel);
   parse_error(R"({"record": {"sentinel": 1}})", "record.sentinel");

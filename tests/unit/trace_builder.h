@@ -87,6 +87,10 @@ class TraceBuilder {
       uint32_t id = b_->intern(reason);
       return scalar(&in_, ValueType::kTensorSkipped, [id](ByteWriter& w) { w.varint(id); });
     }
+    Op& in_string(const std::string& s) {
+      uint32_t id = b_->intern(s);
+      return scalar(&in_, ValueType::kString, [id](ByteWriter& w) { w.varint(id); });
+    }
     Op& in_double(double v) {
       return scalar(&in_, ValueType::kDouble, [&](ByteWriter& w) { w.f64(v); });
     }
