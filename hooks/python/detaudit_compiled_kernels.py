@@ -56,13 +56,22 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 class _PatchingLoader(importlib.abc.Loader):
+    """The module's own loader, which patches the module once it ran; then the module's loader
+    is its own again (inspect and tracebacks ask it for the source)."""
+
     def __init__(self, loader):
         self._loader = loader
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
 
     def exec_module(self, module):
+        module.__loader__ = self._loader
+        if getattr(module, "__spec__", None) is not None:
+            module.__spec__.loader = self._loader
         self._loader.exec_module(module)
         _patch(module)
 
