@@ -28,6 +28,7 @@
 #include "run/interposer.h"
 #include "run/remedy.h"
 #include "run/session.h"
+#include "run_layout.h"
 
 namespace detaudit::cli {
 namespace {
@@ -61,6 +62,17 @@ std::optional<uint64_t> launcher_rank() {
   return std::nullopt;
 }
 
+// The interposer's own words when it was loaded but would not record ("detaudit: error: ...;
+// recording is off for this process": a config it cannot read), from the run's output.log.
+std::string interposer_refusal(const std::string& run_dir) {
+  std::ifstream in(std::filesystem::path(run_dir) / layout::kOutputLog);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("detaudit: error: ", 0) == 0 &&
+        line.find("recording is off for this process") != std::string::npos)
+      return line.substr(17);
+  return "";
+}
+
 void print_run_problem(const run::RunOutcome& o, int index, const RangeSet& selected_ranks) {
   if (!o.result.succeeded()) {
     fmt::print(stderr, "detaudit: run-{} failed ({}): {}; what it recorded is kept\n", index,
@@ -86,6 +98,12 @@ void print_run_problem(const run::RunOutcome& o, int index, const RangeSet& sele
     return;
   }
   if (o.statuses.empty()) {
+    if (std::string refusal = interposer_refusal(o.dir); !refusal.empty()) {
+      fmt::print(stderr,
+                 "detaudit: run-{} recorded no trace: the interposer was loaded, and said: {}\n",
+                 index, refusal);
+      return;
+    }
     fmt::print(stderr,
                "detaudit: run-{} recorded no trace and the interposer left no status in "
                "{}/streams: it was not loaded (static binary, or LD_PRELOAD cleared?)\n",

@@ -284,6 +284,17 @@ class Faults(TmpDirCase):
             self.assertIn("choose a directory you can write", lines[0])
             self.assertFalse(os.path.exists(marker), "the program started")
 
+    def test_an_interposer_that_cannot_read_its_config_is_quoted_not_called_missing(self):
+        # The config vanishes between the launch and the interpreter's start: the interposer is
+        # loaded, refuses to record, and says why; the run's message must say that, not that
+        # it was not loaded.
+        out = os.path.join(self.tmp, "no-config")
+        script = f'rm -f "$DETAUDIT_CONFIG"; exec {PYTHON} -c "import torch; torch.ones(2).sum()"'
+        r = run_detaudit(["run", "--out", out, "--", "/bin/sh", "-c", script])
+        self.assertIn("the interposer was loaded, and said:", r.stderr)
+        self.assertIn("recording is off for this process", r.stderr)
+        self.assertNotIn("it was not loaded", r.stderr)
+
     def test_two_runs_into_one_out_the_second_refuses_and_neither_is_damaged(self):
         out = os.path.join(self.tmp, "shared-out")
         first = subprocess.Popen([BIN, "run", "--runs", "2", "--out", out, "-q", "--", PYTHON,
