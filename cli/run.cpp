@@ -65,11 +65,12 @@ std::optional<uint64_t> launcher_rank() {
 // The interposer's own words when it was loaded but would not record ("detaudit: error: ...;
 // recording is off for this process": a config it cannot read), from the run's output.log.
 std::string interposer_refusal(const std::string& run_dir) {
+  constexpr std::string_view kPrefix = "detaudit: error: ";
   std::ifstream in(std::filesystem::path(run_dir) / layout::kOutputLog);
   for (std::string line; std::getline(in, line);)
-    if (line.rfind("detaudit: error: ", 0) == 0 &&
+    if (line.rfind(kPrefix, 0) == 0 &&
         line.find("recording is off for this process") != std::string::npos)
-      return line.substr(17);
+      return line.substr(kPrefix.size());
   return "";
 }
 

@@ -71,14 +71,14 @@ bool output_deltas(const trace::OpRecord& a, const trace::TraceReader& ra, const
                    const trace::TraceReader& rb, const GateConfig& gate,
                    std::vector<StatsDelta>* out);
 
-// The first catalog entry for this op whose conditions are not known to be unmet. Entries in
-// `rejected` (unmet by an inner op of the same chain, e.g. accumulate=false seen on
-// aten::_index_put_impl_) are skipped for outer ops such as IndexBackward0, whose arguments
-// cannot be checked; entries found unmet here are added to it.
 // A torch.compile kernel's origin argument ("aten::index_put, aten::mul; atomic adds"); "" for
 // any other op.
 std::string kernel_origin(const trace::OpRecord& op, const trace::TraceReader& r);
 
+// The first catalog entry for this op whose conditions are not known to be unmet. Entries in
+// `rejected` (unmet by an inner op of the same chain, e.g. accumulate=false seen on
+// aten::_index_put_impl_) are skipped for outer ops such as IndexBackward0, whose arguments
+// cannot be checked; entries found unmet here are added to it.
 std::optional<CatalogRef> catalog_ref(const Catalog* catalog, const OpFacts& facts,
                                       std::vector<std::string>* rejected);
 
