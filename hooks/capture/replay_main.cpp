@@ -14,11 +14,14 @@
 // The manifest: {"digest": "md5", "replays": 20, "deadline_ms": <Unix time>, "ops": [{"id": "7",
 // "inputs": "...inputs.pt", "rng": "...rng.pt" or "", "op": "aten::mm", "overload": "",
 // "outputs": [0, 2] (those compared; absent: all), "settings": [{"setting": "as recorded",
-// "threads": 2, "deterministic": false, "busy": false}, ...]}, ...]}. A series that would start
-// after the deadline is not run.
+// "threads": 2, "deterministic": false, "busy": false, "until_differs": 180}, ...]}, ...]}. A
+// series that would start after the deadline is not run. Each line says how many cores the op's
+// threads got on average ("cores_used").
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <pthread.h>
+#include <time.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <atomic>
@@ -130,10 +133,27 @@ struct Setting {
   std::string name;
   int threads = 0;
   bool deterministic = false, busy = false;
+  // Up to this many replays more while every output is the same: a known racy op on a loaded
+  // machine can run its threads one after the other for many replays.
+  int until_differs = 0;
 };
 
-// The op called `replays` times under one setting.
-json replay_series(const Captured& c, const Setting& setting, int replays, Hasher* hasher) {
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+double cpu_seconds(clockid_t clock) {
+  timespec ts{};
+  clock_gettime(clock, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+// The op called `replays` times under one setting (and up to `until_differs` more while the
+// outputs agree, before `deadline_ms`).
+json replay_series(const Captured& c, const Setting& setting, int replays, int64_t deadline_ms,
+                   Hasher* hasher) {
   if (setting.threads > 0) at::set_num_threads(setting.threads);
   at::globalContext().setDeterministicAlgorithms(setting.deterministic, /*warn_only=*/false);
   std::vector<at::Tensor> input_tensors;
@@ -150,12 +170,22 @@ json replay_series(const Captured& c, const Setting& setting, int replays, Hashe
       while (!stop.load(std::memory_order_relaxed)) x = x * 1.0000001 + 1e-9;
     });
 
+  // The cores the op's threads got: the process's CPU time less the spinner's, over the wall
+  // time of the calls. Under 1 when other programs took the machine's cores.
+  clockid_t spinner_clock = 0;
+  const bool spinner_timed = spinner.joinable() &&
+                             pthread_getcpuclockid(spinner.native_handle(), &spinner_clock) == 0;
+  double op_cpu_s = 0, op_wall_s = 0;
+
   std::map<std::string, int> distinct;  // digests of one replay's outputs -> count
   std::vector<at::Tensor> first;
   double max_abs_diff = 0;
   json per_replay = json::array();
   std::string error;
-  for (int r = 0; r < replays && error.empty(); ++r) {
+  for (int r = 0; error.empty(); ++r) {
+    const bool more = r >= replays && r < replays + setting.until_differs && distinct.size() == 1 &&
+                      (deadline_ms == 0 || now_ms() < deadline_ms);
+    if (r >= replays && !more) break;
     torch::jit::Stack stack;
     for (const c10::IValue& v : c.inputs) stack.push_back(fresh_copy(v));
     try {
@@ -164,7 +194,13 @@ json replay_series(const Captured& c, const Setting& setting, int replays, Hashe
         std::lock_guard<std::mutex> lock(gen.mutex());
         gen.set_state(c.generator_state);
       }
+      const double cpu0 = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID);
+      const double spin0 = spinner_timed ? cpu_seconds(spinner_clock) : 0;
+      const auto wall0 = std::chrono::steady_clock::now();
       c.handle.callBoxed(&stack);
+      op_wall_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+      op_cpu_s += cpu_seconds(CLOCK_PROCESS_CPUTIME_ID) - cpu0 -
+                  (spinner_timed ? cpu_seconds(spinner_clock) - spin0 : 0);
     } catch (const std::exception& e) {
       error = e.what();
       break;
@@ -208,15 +244,10 @@ json replay_series(const Captured& c, const Setting& setting, int replays, Hashe
               {"input_digests", input_digests},
               {"outputs", per_replay},
               {"distinct", distinct.size()},
-              {"max_abs_diff", max_abs_diff}};
+              {"max_abs_diff", max_abs_diff},
+              {"cores_used", op_wall_s > 0 ? op_cpu_s / op_wall_s : 0.0}};
   if (!error.empty()) out["error"] = error;
   return out;
-}
-
-int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
 }
 
 // --batch: each op of the manifest under each of its settings, a line as each series ends, so a
@@ -246,10 +277,11 @@ int run_batch(const std::string& manifest_path) {
     for (const json& s : op.at("settings")) {
       if (deadline > 0 && now_ms() > deadline) return 0;
       Setting setting{s.value("setting", ""), s.value("threads", 0),
-                      s.value("deterministic", false), s.value("busy", false)};
+                      s.value("deterministic", false), s.value("busy", false),
+                      s.value("until_differs", 0)};
       json out;
       try {
-        out = replay_series(*c, setting, replays, &hasher);
+        out = replay_series(*c, setting, replays, deadline, &hasher);
       } catch (const std::exception& e) {
         out = {{"error", e.what()}, {"setting", setting.name}};
       }
@@ -268,7 +300,7 @@ int main(int argc, char** argv) {
   if (argc < 4) return fail("usage: detaudit_replay INPUTS.pt OP OVERLOAD [options]");
   const std::string inputs_path = argv[1], op_name = argv[2], overload = argv[3];
   int replays = 20;
-  Setting setting{"", 0, false, false};
+  Setting setting;
   std::string digest = "xxh3", rng;
   for (int i = 4; i < argc; ++i) {
     const std::string a = argv[i];
@@ -295,7 +327,7 @@ int main(int argc, char** argv) {
   try {
     Hasher hasher(algo);
     out = replay_series(load_captured(inputs_path, rng, op_name, overload), setting, replays,
-                        &hasher);
+                        /*deadline_ms=*/0, &hasher);
   } catch (const std::exception& e) {
     return fail(inputs_path + ": " + e.what());
   }

@@ -46,7 +46,8 @@ json coverage_to_json(const CoverageReport& r) {
       json j = {{"setting", s.setting},           {"replays", s.replays},
                 {"threads", s.threads},           {"deterministic", s.deterministic},
                 {"busy_thread", s.busy_thread},   {"distinct", s.distinct},
-                {"max_abs_diff", s.max_abs_diff}, {"matching_recorded", s.matching_recorded}};
+                {"max_abs_diff", s.max_abs_diff}, {"matching_recorded", s.matching_recorded},
+                {"cores_used", s.cores_used}};
       if (!s.error.empty()) j["error"] = s.error;
       series.push_back(std::move(j));
     }

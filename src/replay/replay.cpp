@@ -171,6 +171,7 @@ Status add_series(const std::string& setting, const json& j, ReplayReport* r) {
     s.busy_thread = j.at("busy_thread").get<bool>();
     s.distinct = j.at("distinct").get<int>();
     s.max_abs_diff = j.at("max_abs_diff").get<double>();
+    s.cores_used = j.value("cores_used", 0.0);
     s.error = j.value("error", "");
     for (const json& outs : j.at("outputs"))
       if (outs.get<std::vector<std::string>>() == r->target.recorded_outputs) ++s.matching_recorded;
@@ -258,6 +259,7 @@ json report_to_json(const ReplayReport& r) {
                       {"busy_thread", s.busy_thread},
                       {"distinct", s.distinct},
                       {"max_abs_diff", s.max_abs_diff},
+                      {"cores_used", s.cores_used},
                       {"matching_recorded", s.matching_recorded},
                       {"error", s.error.empty() ? json(nullptr) : json(s.error)}});
   return {{"schema", "detaudit.replay/1"},

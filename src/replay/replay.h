@@ -52,6 +52,7 @@ struct ReplaySeries {
   bool deterministic = false, busy_thread = false;
   int distinct = 0;
   double max_abs_diff = 0;
+  double cores_used = 0;      // the op's CPU time over its wall time (0: not measured)
   int matching_recorded = 0;  // replays whose outputs are the recorded run's
   std::string error;          // the op refused (no deterministic implementation, ...)
 };

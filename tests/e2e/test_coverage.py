@@ -2,8 +2,9 @@
 and replayed by the real replayer, under the real interposer.
 
 - The CPU index_put_(accumulate=True) race, in a pair that agreed (the program's 1 intra-op
-  thread): coverage names _index_put_impl_ verified nondeterministic under contention, with its
-  catalog entry; `--fail-on nondeterministic` and `run --coverage` fail on it (exit 1).
+  thread): coverage names _index_put_impl_ verified nondeterministic under contention (replayed
+  up to 10 times as often there, as the catalog lists it), with its catalog entry;
+  `--fail-on nondeterministic` and `run --coverage` fail on it (exit 1).
 - Random ops (randn, randint, normal_, random_) replay from their captured generator state:
   deterministic, every replay the recorded bits.
 - A deterministic CNN: no op type verified nondeterministic; the gate passes.
@@ -56,10 +57,12 @@ class IndexPutRaceInAnAgreeingPair(TmpDirCase):
         self.assertEqual(put["verdict"], "verified-nondeterministic", put)
         self.assertEqual(put["dtype"], "float32")
         self.assertIn("index-put-accumulate-cpu", put["catalog"])
-        self.assertRegex(put["why"], r"^\d+ distinct outputs in 20 replays under contention "
+        # 20 replays, or up to 200 while a loaded machine runs its threads in the same order.
+        self.assertRegex(put["why"], r"^\d+ distinct outputs in \d+ replays under contention "
                                      r"\(2 threads, a busy core\)")
-        self.assertGreater(put["distinct"], 1)
         by_setting = {s["setting"]: s for s in put["series"]}
+        self.assertGreater(by_setting["under contention"]["cores_used"], 0, put["series"])
+        self.assertGreater(put["distinct"], 1)
         self.assertEqual(by_setting["as recorded"]["distinct"], 1, put["series"])  # 1 thread
         self.assertEqual(by_setting["under the remedy"]["distinct"], 1, put["series"])
         self.assertEqual(self.report["counts"]["verified_nondeterministic"], 1,

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "test_files.h"
 #include "trace_builder.h"
 
@@ -162,6 +164,44 @@ TEST(CoverageTest, EachTypeGetsOneVerdictFromItsReplays) {
             std::string::npos);
   EXPECT_NE(mm_row.why.find("under the remedy: the op refused (no deterministic kernel)"),
             std::string::npos);
+}
+
+// A loaded machine can run a race's threads in the same order for a whole series: an op the
+// catalog lists is replayed more under contention, and its verdict says how many cores its
+// threads got.
+TEST(CoverageTest, AListedRaceThatNeverShowedIsReplayedMoreAndSaysWhatCoresItsThreadsGot) {
+  RunDir run("coverage_suspect");
+  CoveragePlan plan = planned(&run);
+  for (OpTypeRow& r : plan.rows)
+    if (r.unverifiable.empty()) r.capture_status = "saved";
+  const size_t put = size_t(row_of(plan, "aten::_index_put_impl_") - plan.rows.data());
+  const size_t mm = size_t(row_of(plan, "aten::mm") - plan.rows.data());
+  const nlohmann::json manifest = replay_manifest(plan, {put, mm}, 20, 0);
+  auto until_differs = [&](size_t op) {
+    return manifest["ops"][op]["settings"][1].value("until_differs", -1);
+  };
+  EXPECT_EQ(manifest["ops"][0]["settings"][1]["setting"], "under contention");
+  EXPECT_EQ(until_differs(0), 180);  // listed: up to 200 replays in all
+  EXPECT_EQ(until_differs(1), 0);    // mm: not listed
+  for (const std::string setting : {"as recorded", "under contention", "under the remedy"}) {
+    nlohmann::json j = nlohmann::json::parse(line(put, setting, 1));
+    if (setting == "under contention") {
+      j["replays"] = 200;
+      j["cores_used"] = 1.04;
+    }
+    ASSERT_TRUE(add_replay_line(j.dump(), &plan));
+  }
+  const CoverageReport r = judge_coverage(plan, 8, 300, 12, 1);
+  const auto row = std::find_if(r.rows.begin(), r.rows.end(), [](const OpTypeRow& x) {
+    return x.op == "aten::_index_put_impl_" && !x.series.empty();
+  });
+  ASSERT_NE(row, r.rows.end());
+  EXPECT_EQ(row->verdict, Coverage::kDeterministic);
+  EXPECT_EQ(row->series[1].cores_used, 1.04);
+  EXPECT_NE(row->why.find("identical in every replay: as recorded (2 threads): 8; under "
+                          "contention (2 threads, a busy core): 200, using 1.0 cores"),
+            std::string::npos)
+      << row->why;
 }
 
 TEST(CoverageTest, TheBudgetAndTheCaptureLeaveTypesUnverifiedSayingWhy) {
