@@ -1,12 +1,16 @@
 #include <cuda_runtime.h>
 
+#include <cstring>
+
+#include "device/completion_word.h"
 #include "device/cuda_queue.h"
 
 namespace detaudit::device {
 
-std::unique_ptr<CudaQueue> CudaQueue::create(int slots, std::string* error) {
+std::unique_ptr<CudaQueue> CudaQueue::create(int slots, Kernel kernel, std::string* error) {
   std::unique_ptr<CudaQueue> q(new CudaQueue());
   q->slots_ = slots;
+  q->kernel_ = kernel;
   const size_t bytes = size_t(slots) * kMaxBatch * sizeof(lanes::LaneResult);
   cudaError_t rc = cudaGetDevice(&q->device_);
   // Made once, at the first CUDA tensor: these calls may synchronize, the ones per op never do.
@@ -16,8 +20,23 @@ std::unique_ptr<CudaQueue> CudaQueue::create(int slots, std::string* error) {
     rc = cudaHostGetDevicePointer(reinterpret_cast<void**>(&q->results_), q->host_, 0);
   if (rc == cudaSuccess)
     rc = cudaMalloc(reinterpret_cast<void**>(&q->scratch_), size_t(slots) * kSlotScratchBytes);
+  // The fused kernel's counters start at zero, and every launch leaves them there.
+  if (rc == cudaSuccess && kernel == Kernel::kFused)
+    rc = cudaMemset(q->scratch_, 0, size_t(slots) * kSlotScratchBytes);
+  if (rc == cudaSuccess && kernel == Kernel::kFused) {
+    const size_t words = size_t(slots) * kWordStride * sizeof(uint64_t);
+    void* host = nullptr;
+    rc = cudaHostAlloc(&host, words, cudaHostAllocMapped);
+    if (rc == cudaSuccess) {
+      std::memset(host, 0, words);
+      q->done_host_ = static_cast<volatile uint64_t*>(host);
+      rc = cudaHostGetDevicePointer(reinterpret_cast<void**>(&q->done_device_), host, 0);
+    }
+    q->seq_ = new uint64_t[size_t(slots)]();
+    q->streams_ = new void*[size_t(slots)]();
+  }
   if (rc == cudaSuccess) q->events_ = new void*[size_t(slots)]();
-  for (int s = 0; rc == cudaSuccess && s < slots; ++s) {
+  for (int s = 0; rc == cudaSuccess && kernel == Kernel::kTwoPass && s < slots; ++s) {
     // Blocking sync: the collector sleeps on an event rather than spinning a core.
     rc = cudaEventCreateWithFlags(reinterpret_cast<cudaEvent_t*>(&q->events_[s]),
                                   cudaEventDisableTiming | cudaEventBlockingSync);
@@ -40,20 +59,37 @@ CudaQueue::~CudaQueue() {
   if (order_event_) cudaEventDestroy(static_cast<cudaEvent_t>(order_event_));
   if (scratch_) cudaFree(scratch_);
   if (host_) cudaFreeHost(host_);
+  if (done_host_) cudaFreeHost(const_cast<uint64_t*>(done_host_));
+  delete[] seq_;
+  delete[] streams_;
 }
 
 bool CudaQueue::enqueue(const DigestJob* jobs, int n, void* stream, int slot) {
   auto s = static_cast<cudaStream_t>(stream);
-  const size_t scratch_bytes = lane_scratch_bytes(jobs, n);
-  calls_.fetch_add(uint64_t(calls_for(scratch_bytes)), std::memory_order_relaxed);
+  calls_.fetch_add(uint64_t(calls_for(kernel_, jobs, n)), std::memory_order_relaxed);
+  const bool fused = kernel_ == Kernel::kFused;
+  const size_t scratch_bytes = fused ? fused_scratch_bytes(jobs, n) : lane_scratch_bytes(jobs, n);
   // The slot's own scratch (free again once its launch completed, when the ring hands the slot
   // out anew); a larger launch's from the stream-ordered allocator, with no synchronization.
   void* scratch = scratch_ + size_t(slot) * kSlotScratchBytes;
   const bool own_scratch = scratch_bytes > kSlotScratchBytes;
   if (own_scratch && cudaMallocAsync(&scratch, scratch_bytes, s) != cudaSuccess) return false;
+  if (own_scratch && fused && cudaMemsetAsync(scratch, 0, kCounterBytes, s) != cudaSuccess) {
+    cudaFreeAsync(scratch, s);
+    return false;
+  }
   // The kernels write the results where the host reads them (mapped pinned memory): no copy.
-  bool ok = launch_lane_digest(jobs, n, scratch, results_ + size_t(slot) * kMaxBatch, stream) == 0;
+  lanes::LaneResult* results = results_ + size_t(slot) * kMaxBatch;
+  bool ok;
+  if (fused) {
+    streams_[slot] = stream;
+    ok = launch_fused_digest(jobs, n, scratch, results, done_device_ + size_t(slot) * kWordStride,
+                             ++seq_[slot], stream) == 0;
+  } else {
+    ok = launch_lane_digest(jobs, n, scratch, results, stream) == 0;
+  }
   if (own_scratch) cudaFreeAsync(scratch, s);
+  if (fused) return ok;
   // Recorded even when something failed, so that wait() never waits on a stale event.
   ok = cudaEventRecord(static_cast<cudaEvent_t>(events_[slot]), s) == cudaSuccess && ok;
   return ok;
@@ -76,7 +112,19 @@ bool CudaQueue::wait(int slot) {
     return cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
   }();
   (void)relaxed;
-  return cudaEventSynchronize(static_cast<cudaEvent_t>(events_[slot])) == cudaSuccess;
+  if (kernel_ == Kernel::kTwoPass)
+    return cudaEventSynchronize(static_cast<cudaEvent_t>(events_[slot])) == cudaSuccess;
+  auto stream = static_cast<cudaStream_t>(streams_[slot]);
+  auto ask = [stream] {
+    const cudaError_t rc = cudaStreamQuery(stream);
+    // A stream the program destroyed still runs what it was given: the word will come.
+    if (rc == cudaErrorNotReady || rc == cudaErrorInvalidResourceHandle) {
+      if (rc == cudaErrorInvalidResourceHandle) cudaGetLastError();  // not sticky: cleared
+      return StreamState::kBusy;
+    }
+    return rc == cudaSuccess ? StreamState::kIdle : StreamState::kFailed;
+  };
+  return wait_for_word(done_host_ + size_t(slot) * kWordStride, seq_[slot], ask);
 }
 
 }  // namespace detaudit::device

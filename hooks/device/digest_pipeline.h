@@ -38,6 +38,9 @@ class DeviceQueue {
   virtual const lanes::LaneResult* results(int slot) = 0;
   // The device API calls enqueue() made so far (CUDA calls on a GPU; none on the host).
   virtual uint64_t device_calls() const { return 0; }
+  // Whether it digests strided jobs in place (DigestJob::strided); else a view is made
+  // contiguous first.
+  virtual bool reads_strided() const { return false; }
   // Makes `waiting` (a cudaStream_t) wait for what `stream` holds so far: a write on another
   // stream than a digest's must come after it. Nothing to do where there is one queue order.
   virtual bool make_wait(void* waiting, void* stream) {

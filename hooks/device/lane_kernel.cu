@@ -13,8 +13,17 @@ namespace {
 
 using namespace lanes;
 
+// A job as the kernel takes it: the strided ones' geometry apart, so that the argument stays small.
+struct KernelJob {
+  const void* data;
+  uint64_t bytes;
+  uint8_t dtype;
+  int8_t geometry;  // -1: contiguous; else an entry of Batch::geometry
+};
+
 struct Batch {
-  DigestJob jobs[kMaxBatch];
+  KernelJob jobs[kMaxBatch];
+  JobGeometry geometry[kMaxStridedJobs];
   // Prefix sums: job j's leaves are [first_leaf[j], first_leaf[j+1]), its groups of leaves
   // [first_group[j], first_group[j+1]) (at least one, for an empty tensor too).
   uint64_t first_leaf[kMaxBatch + 1];
@@ -62,6 +71,34 @@ __device__ int job_of(const T* first, int n, uint64_t i) {
       hi = mid - 1;
   }
   return lo;
+}
+
+// Word `k` of a strided view's logical bytes, gathered element by element (its elements are
+// aligned to their size, as a tensor's are), zero-padded past the end.
+__device__ uint64_t load_strided_word(const uint8_t* p, const JobGeometry& g, uint64_t k,
+                                      uint64_t bytes) {
+  const uint32_t size = g.elem_size;
+  uint64_t w = 0;
+  uint64_t element = 8 * k / size;
+  for (uint32_t m = 0; m < 8 / size && (element + 1) * size <= bytes; ++m, ++element) {
+    int64_t at = 0;
+    uint64_t rest = element;
+    for (int d = int(g.dims) - 1; d >= 0; --d) {
+      const uint64_t n = uint64_t(g.sizes[d]);
+      at += int64_t(rest % n) * g.strides[d];
+      rest /= n;
+    }
+    const uint8_t* e = p + at * int64_t(size);
+    uint64_t v;
+    switch (size) {
+      case 1: v = *e; break;
+      case 2: v = *reinterpret_cast<const uint16_t*>(e); break;
+      case 4: v = *reinterpret_cast<const uint32_t*>(e); break;
+      default: v = *reinterpret_cast<const uint64_t*>(e); break;
+    }
+    w |= v << (8 * size * m);  // m is 0 for 8-byte elements
+  }
+  return w;
 }
 
 // The elements of a word as K, `Size` bytes each: the reference's add_word with the type known
@@ -113,8 +150,43 @@ __device__ void whole_leaf_of(ElementType t, const uint64_t* words, uint64_t* ac
   }
 }
 
-// One warp per leaf, over every leaf of the batch. A whole aligned leaf is read at once; the
-// group kernel's counters are zeroed here (it runs next on the stream).
+// The warp's digest of leaf `leaf` of `job`: its hash and statistics, in lane 0. A whole aligned
+// leaf of a contiguous tensor is read at once.
+__device__ void digest_leaf(const Batch& batch, const KernelJob& job, uint64_t leaf, uint32_t lane,
+                            uint64_t* hash, LaneStats* stats) {
+  const uint64_t words = (job.bytes + 7) / 8;
+  const uint64_t first = leaf * kLeafWords;
+  const uint32_t count = uint32_t(min(uint64_t(kLeafWords), words - first));
+  const ElementType type = element_type(job.dtype);
+  const auto* p = static_cast<const uint8_t*>(job.data);
+  uint64_t acc = lane_seed(leaf, lane);
+  LaneStats st = empty_stats();
+  if (job.geometry < 0 && count == kLeafWords && 8 * (first + kLeafWords) <= job.bytes &&
+      (reinterpret_cast<uintptr_t>(p) & 7) == 0) {
+    whole_leaf_of(type, reinterpret_cast<const uint64_t*>(p) + first + lane, &acc, &st);
+  } else {
+    for (uint32_t k = lane; k < count; k += kLanes) {
+      const uint64_t w = job.geometry < 0 ? load_word(p, first + k, job.bytes)
+                                          : load_strided_word(p, batch.geometry[job.geometry],
+                                                              first + k, job.bytes);
+      acc = xxh64_round(acc, w);
+      if (type.kind != ElementKind::kNone) {
+        const uint64_t left = job.bytes - 8 * (first + k);
+        add_word(&st, w, type, uint32_t(min(uint64_t(8), left) / type.size));
+      }
+    }
+  }
+  for (unsigned width = kLanes / 2; width >= 1; width /= 2) {
+    const uint64_t other = __shfl_down_sync(0xffffffffu, acc, width);
+    if (lane < width) acc = fold_hash(acc, other);
+    shfl_down_stats(&st, width);
+  }
+  *hash = leaf_hash(acc, count);
+  *stats = st;
+}
+
+// Two-pass: one warp per leaf, over every leaf of the batch; the group kernel's counters are
+// zeroed here (it runs next on the stream).
 __global__ void leaf_kernel(Batch batch, uint64_t* leaf_hashes, LaneStats* leaf_stats,
                             uint32_t* counters) {
   if (blockIdx.x == 0 && threadIdx.x < unsigned(batch.n)) counters[threadIdx.x] = 0;
@@ -124,35 +196,11 @@ __global__ void leaf_kernel(Batch batch, uint64_t* leaf_hashes, LaneStats* leaf_
   for (uint64_t g = (uint64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kLanes; g < total;
        g += warps) {
     const int j = job_of(batch.first_leaf, batch.n, g);
-    const DigestJob& job = batch.jobs[j];
-    const uint64_t leaf = g - batch.first_leaf[j];
-    const uint64_t words = (job.bytes + 7) / 8;
-    const uint64_t first = leaf * kLeafWords;
-    const uint32_t count = uint32_t(min(uint64_t(kLeafWords), words - first));
-    const ElementType type = element_type(job.dtype);
-    const auto* p = static_cast<const uint8_t*>(job.data);
-    uint64_t acc = lane_seed(leaf, lane);
-    LaneStats st = empty_stats();
-    if (count == kLeafWords && 8 * (first + kLeafWords) <= job.bytes &&
-        (reinterpret_cast<uintptr_t>(p) & 7) == 0) {
-      whole_leaf_of(type, reinterpret_cast<const uint64_t*>(p) + first + lane, &acc, &st);
-    } else {
-      for (uint32_t k = lane; k < count; k += kLanes) {
-        const uint64_t w = load_word(p, first + k, job.bytes);
-        acc = xxh64_round(acc, w);
-        if (type.kind != ElementKind::kNone) {
-          const uint64_t left = job.bytes - 8 * (first + k);
-          add_word(&st, w, type, uint32_t(min(uint64_t(8), left) / type.size));
-        }
-      }
-    }
-    for (unsigned width = kLanes / 2; width >= 1; width /= 2) {
-      const uint64_t other = __shfl_down_sync(0xffffffffu, acc, width);
-      if (lane < width) acc = fold_hash(acc, other);
-      shfl_down_stats(&st, width);
-    }
+    uint64_t hash;
+    LaneStats st;
+    digest_leaf(batch, batch.jobs[j], g - batch.first_leaf[j], lane, &hash, &st);
     if (lane == 0) {
-      leaf_hashes[g] = leaf_hash(acc, count);
+      leaf_hashes[g] = hash;
       leaf_stats[g] = st;
     }
   }
@@ -192,43 +240,55 @@ __device__ LaneStats load_stats_cg(const LaneStats* p) {
   return s;
 }
 
-// A block per group of kGroupLeaves leaves: the group's hash sum and folded statistics. A tensor
-// of one group is finished there; otherwise the last of its groups to finish folds the groups'
-// entries (a counter a tensor), so that a large tensor's tree is folded by many blocks.
-__global__ void group_kernel(Batch batch, const uint64_t* leaf_hashes, const LaneStats* leaf_stats,
-                             uint64_t* group_sums, LaneStats* group_stats, uint32_t* counters,
-                             LaneResult* results) {
-  __shared__ LaneStats v[kTreeThreads];
-  __shared__ uint64_t sums[kTreeThreads];
-  __shared__ bool last;
-  const int j = job_of(batch.first_group, batch.n, blockIdx.x);
-  const uint32_t groups = batch.first_group[j + 1] - batch.first_group[j];
-  const uint32_t group = blockIdx.x - batch.first_group[j];
-  const uint64_t leaves = batch.first_leaf[j + 1] - batch.first_leaf[j];
-  const uint64_t begin = batch.first_leaf[j] + uint64_t(group) * kGroupLeaves;
-  const uint32_t n = uint32_t(
-      min(uint64_t(kGroupLeaves), leaves - min(leaves, uint64_t(group) * kGroupLeaves)));
-  sums[threadIdx.x] = threadIdx.x < n ? leaf_hashes[begin + threadIdx.x] : 0;
-  if (threadIdx.x < n) v[threadIdx.x] = leaf_stats[begin + threadIdx.x];
+// Where a block's group lies: tensor j, its group of groups, and its n leaves.
+struct GroupPlace {
+  int j;
+  uint32_t groups, group, n;
+  uint64_t first_leaf;  // the group's first leaf in the batch
+};
+
+__device__ GroupPlace group_place(const Batch& batch) {
+  GroupPlace g;
+  g.j = job_of(batch.first_group, batch.n, blockIdx.x);
+  g.groups = batch.first_group[g.j + 1] - batch.first_group[g.j];
+  g.group = blockIdx.x - batch.first_group[g.j];
+  const uint64_t leaves = batch.first_leaf[g.j + 1] - batch.first_leaf[g.j];
+  g.first_leaf = batch.first_leaf[g.j] + uint64_t(g.group) * kGroupLeaves;
+  g.n = uint32_t(
+      min(uint64_t(kGroupLeaves), leaves - min(leaves, uint64_t(g.group) * kGroupLeaves)));
+  return g;
+}
+
+// The block's group, its leaves' hashes in sums[0..kTreeThreads) (zero past n) and statistics in
+// v[0..n): the group's hash sum and folded statistics. A tensor of one group is finished here;
+// otherwise the last of its groups to finish folds the groups' entries (`counter`, the tensor's,
+// counts them; set back to zero after when `reset_counter`), so that a large tensor's tree is
+// folded by many blocks.
+__device__ void fold_group(const Batch& batch, const GroupPlace& g, uint64_t* sums, LaneStats* v,
+                           bool* last, uint64_t* group_sums, LaneStats* group_stats,
+                           uint32_t* counter, bool reset_counter, LaneResult* results) {
   __syncthreads();
   for (int s = kTreeThreads / 2; s >= 1; s /= 2) {
     if (threadIdx.x < s) sums[threadIdx.x] += sums[threadIdx.x + s];
     __syncthreads();
   }
-  const LaneStats folded = fold_in_block(v, n);
+  const int j = g.j;
+  const uint32_t groups = g.groups;
+  const LaneStats folded = fold_in_block(v, g.n);
   if (groups == 1) {
     if (threadIdx.x == 0) results[j] = LaneResult{root_hash(sums[0], batch.jobs[j].bytes), folded};
     return;
   }
-  const uint32_t at = batch.first_group[j] + group;
+  const uint32_t at = batch.first_group[j] + g.group;
   if (threadIdx.x == 0) {
     group_sums[at] = sums[0];
     group_stats[at] = folded;
     __threadfence();  // the entry before the count: the last block reads it
-    last = atomicAdd(&counters[j], 1u) == groups - 1;
+    *last = atomicAdd(counter, 1u) == groups - 1;
+    if (*last && reset_counter) *counter = 0;  // every group has counted
   }
   __syncthreads();
-  if (!last) return;
+  if (!*last) return;
   __threadfence();
   // The groups' entries, kTreeThreads at a time into shared memory, each chunk an aligned group
   // of groups folded to its entry, the chunks' entries then folded in the same way.
@@ -262,13 +322,69 @@ __global__ void group_kernel(Batch batch, const uint64_t* leaf_hashes, const Lan
   if (threadIdx.x == 0) results[j] = LaneResult{root_hash(sums[0], batch.jobs[j].bytes), all};
 }
 
-Batch make_batch(const DigestJob* jobs, int n) {
-  Batch b{};
+// Two-pass: a block per group, from the leaf kernel's entries.
+__global__ void group_kernel(Batch batch, const uint64_t* leaf_hashes, const LaneStats* leaf_stats,
+                             uint64_t* group_sums, LaneStats* group_stats, uint32_t* counters,
+                             LaneResult* results) {
+  __shared__ LaneStats v[kTreeThreads];
+  __shared__ uint64_t sums[kTreeThreads];
+  __shared__ bool last;
+  const GroupPlace g = group_place(batch);
+  sums[threadIdx.x] = threadIdx.x < g.n ? leaf_hashes[g.first_leaf + threadIdx.x] : 0;
+  if (threadIdx.x < g.n) v[threadIdx.x] = leaf_stats[g.first_leaf + threadIdx.x];
+  fold_group(batch, g, sums, v, &last, group_sums, group_stats, &counters[g.j],
+             /*reset_counter=*/false, results);
+}
+
+// Fused: a block per group, its warps digesting its leaves into shared memory, then folding as
+// the group kernel does; the launch's last block writes `seq` to `done` (mapped pinned memory)
+// after every block's results. One launch, no scratch for leaves, and counters that every
+// launch leaves at zero (counters[0] the launch's, counters[1 + j] tensor j's).
+__global__ void fused_kernel(Batch batch, uint64_t* group_sums, LaneStats* group_stats,
+                             uint32_t* counters, LaneResult* results, volatile uint64_t* done,
+                             uint64_t seq) {
+  __shared__ LaneStats v[kTreeThreads];
+  __shared__ uint64_t sums[kTreeThreads];
+  __shared__ bool last;
+  const GroupPlace g = group_place(batch);
+  const KernelJob& job = batch.jobs[g.j];
+  const uint32_t lane = threadIdx.x % kLanes;
+  if (threadIdx.x >= g.n) sums[threadIdx.x] = 0;
+  // Warp-uniform: every lane of a warp takes the same leaves (the digest shuffles across them).
+  for (uint32_t i = threadIdx.x / kLanes; i < g.n; i += kTreeThreads / kLanes) {
+    uint64_t hash;
+    LaneStats st;
+    digest_leaf(batch, job, uint64_t(g.group) * kGroupLeaves + i, lane, &hash, &st);
+    if (lane == 0) {
+      sums[i] = hash;
+      v[i] = st;
+    }
+  }
+  fold_group(batch, g, sums, v, &last, group_sums, group_stats, &counters[1 + g.j],
+             /*reset_counter=*/true, results);
+  if (threadIdx.x != 0) return;
+  // This block's result (written by this thread) seen by the host before it counts.
+  __threadfence_system();
+  if (atomicAdd(&counters[0], 1u) != gridDim.x - 1) return;
+  counters[0] = 0;
+  __threadfence_system();  // every block's results before the word
+  *done = seq;
+}
+
+// False when the batch has more strided jobs than the kernel's argument has room for.
+bool make_batch(const DigestJob* jobs, int n, Batch* batch) {
+  Batch& b = *batch;
   b.n = n;
   b.first_leaf[0] = 0;
   b.first_group[0] = 0;
+  int strided = 0;
   for (int j = 0; j < n; ++j) {
-    b.jobs[j] = jobs[j];
+    b.jobs[j] = {jobs[j].data, jobs[j].bytes, jobs[j].dtype, -1};
+    if (jobs[j].strided) {
+      if (strided == kMaxStridedJobs) return false;
+      b.geometry[strided] = jobs[j].geometry;
+      b.jobs[j].geometry = int8_t(strided++);
+    }
     const uint64_t leaves = leaves_of(jobs[j].bytes);
     b.first_leaf[j + 1] = b.first_leaf[j] + leaves;
     b.first_group[j + 1] = b.first_group[j] +
@@ -276,19 +392,29 @@ Batch make_batch(const DigestJob* jobs, int n) {
                                         ? (leaves + kGroupLeaves - 1) / kGroupLeaves
                                         : 1);
   }
-  return b;
+  return true;
+}
+
+}  // namespace
+
+namespace {
+
+// The batch of jobs[0..n), or false when a tensor has more leaves than the last block can fold
+// (kTreeThreads chunks of kTreeThreads groups: 2^24 leaves, 64 GiB).
+bool batch_of(const DigestJob* jobs, int n, Batch* batch) {
+  if (n <= 0 || n > kMaxBatch || !make_batch(jobs, n, batch)) return false;
+  for (int j = 0; j < n; ++j)
+    if (batch->first_group[j + 1] - batch->first_group[j] > uint32_t(kTreeThreads * kTreeThreads))
+      return false;
+  return true;
 }
 
 }  // namespace
 
 int launch_lane_digest(const DigestJob* jobs, int n, void* scratch, LaneResult* results,
                        void* stream) {
-  if (n <= 0 || n > kMaxBatch) return int(cudaErrorInvalidValue);
-  const Batch batch = make_batch(jobs, n);
-  // The last block folds at most kTreeThreads chunks of kTreeThreads groups: 2^24 leaves, 64 GiB.
-  for (int j = 0; j < n; ++j)
-    if (batch.first_group[j + 1] - batch.first_group[j] > uint32_t(kTreeThreads * kTreeThreads))
-      return int(cudaErrorInvalidValue);
+  Batch batch{};
+  if (!batch_of(jobs, n, &batch)) return int(cudaErrorInvalidValue);
   const uint64_t leaves = batch.first_leaf[n];
   auto* hashes = static_cast<uint64_t*>(scratch);
   auto* stats = reinterpret_cast<LaneStats*>(hashes + leaves);
@@ -305,6 +431,19 @@ int launch_lane_digest(const DigestJob* jobs, int n, void* scratch, LaneResult* 
   if (leaves > 0) leaf_kernel<<<grid, kThreads, 0, s>>>(batch, hashes, stats, counters);
   group_kernel<<<groups, kTreeThreads, 0, s>>>(batch, hashes, stats, group_sums, group_stats,
                                                counters, results);
+  return int(cudaGetLastError());
+}
+
+int launch_fused_digest(const DigestJob* jobs, int n, void* scratch, LaneResult* results,
+                        volatile uint64_t* done, uint64_t seq, void* stream) {
+  Batch batch{};
+  if (!batch_of(jobs, n, &batch)) return int(cudaErrorInvalidValue);
+  const uint32_t groups = batch.first_group[n];
+  auto* counters = static_cast<uint32_t*>(scratch);
+  auto* group_sums = reinterpret_cast<uint64_t*>(static_cast<uint8_t*>(scratch) + kCounterBytes);
+  auto* group_stats = reinterpret_cast<LaneStats*>(group_sums + groups);
+  fused_kernel<<<groups, kTreeThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      batch, group_sums, group_stats, counters, results, done, seq);
   return int(cudaGetLastError());
 }
 

@@ -19,6 +19,7 @@
 #include "device/cuda_queue.h"
 #include "device/digest_pipeline.h"
 #include "digest/device_digest.h"
+#include "digest/strided.h"
 #include "tensors/cuda_graphs.h"
 
 #ifdef DETAUDIT_DEVICE_DIGEST
@@ -44,20 +45,34 @@ constexpr int kSlots = 64;
 // The pipeline's device part on the CPU, for tests of the recorder's path without a GPU
 // (DETAUDIT_DEVICE_QUEUE=host): each batch is digested when it is enqueued, as the kernel reads
 // it on the op's stream, and completes late, so that records are really held. A small ring, so
-// that it fills.
+// that it fills. It takes what CudaQueue takes with DETAUDIT_DEVICE_KERNEL's kernel (strided
+// views with the fused one) and counts the CUDA calls CudaQueue would make.
 class HostQueue : public device::DeviceQueue {
  public:
   int slots() const override { return int(results_.size()); }
   bool enqueue(const device::DigestJob* jobs, int n, void*, int slot) override {
     // What CudaQueue would call for this launch, so that the host queue's figures show it.
-    calls_ += uint64_t(device::CudaQueue::calls_for(device::lane_scratch_bytes(jobs, n)));
+    calls_ += uint64_t(device::CudaQueue::calls_for(kernel_, jobs, n));
     for (int j = 0; j < n; ++j) {
-      DeviceDigester d(jobs[j].dtype);
-      d.update(jobs[j].data, jobs[j].bytes);
+      const device::DigestJob& job = jobs[j];
+      DeviceDigester d(job.dtype);
+      if (job.strided) {
+        // The logical bytes, as the kernel gathers them.
+        staging_.resize(job.bytes);
+        const device::JobGeometry& g = job.geometry;
+        if (!gather_view(job.data, g.elem_size, g.sizes, g.strides, g.dims, staging_.data(),
+                         staging_.size()))
+          return false;
+        d.update(staging_.data(), job.bytes);
+      } else {
+        d.update(job.data, job.bytes);
+      }
       results_[size_t(slot)][size_t(j)] = d.finish();
     }
     return true;
   }
+  // As CudaQueue with the same kernel.
+  bool reads_strided() const override { return kernel_ == device::CudaQueue::Kernel::kFused; }
   bool wait(int) override {
     std::this_thread::sleep_for(std::chrono::microseconds(100));
     return true;
@@ -66,6 +81,8 @@ class HostQueue : public device::DeviceQueue {
   uint64_t device_calls() const override { return calls_.load(std::memory_order_relaxed); }
 
  private:
+  const device::CudaQueue::Kernel kernel_ = device::CudaQueue::kernel_from_env();
+  std::vector<uint8_t> staging_;  // enqueue runs under the pipeline's lock: one at a time
   std::atomic<uint64_t> calls_{0};
   std::array<std::array<lanes::LaneResult, device::kMaxBatch>, 4> results_{};
 };
@@ -87,8 +104,9 @@ struct DevicePipeline {
 // ends, and CUDA may be gone before static destructors run.
 std::mutex g_make_mu;
 std::atomic<DevicePipeline*> g_pipelines[kMaxDevices + 1];
-std::atomic<int8_t> g_state[kMaxDevices + 1];  // 0 not tried, 1 ready, -1 unavailable
-std::atomic<pid_t> g_owner{0};                 // a forked child has no collector threads
+std::atomic<int8_t> g_state[kMaxDevices + 1];        // 0 not tried, 1 ready, -1 unavailable
+std::atomic<bool> g_reads_strided[kMaxDevices + 1];  // its queue's, set before g_state is 1
+std::atomic<pid_t> g_owner{0};                       // a forked child has no collector threads
 std::atomic<uint64_t> g_failed{0};
 
 // The open batches (DeviceBatch), what they hold, and why they were launched.
@@ -98,8 +116,9 @@ std::atomic<uint64_t> g_held_tensors{0}, g_held_bytes{0}, g_peak_held_bytes{0};
 std::atomic<uint64_t> g_tensors_launched{0};
 std::atomic<uint64_t> g_abandoned{0};  // given up at a signal (DeviceBatch::abandon_locked)
 std::atomic<uint64_t> g_abandoned_in_capture{0};  // their stream began capturing a CUDA graph
-// Tensors not contiguous in the digest's order (a transpose, channels_last) copied by add().
-std::atomic<uint64_t> g_copies{0}, g_copied_bytes{0};
+// Tensors not contiguous in the digest's order (a transpose, channels_last): copied by add(), or
+// read in place through their strides where the queue can.
+std::atomic<uint64_t> g_copies{0}, g_copied_bytes{0}, g_strided_reads{0};
 std::atomic<uint64_t> g_launches[size_t(Launch::kCount)];
 std::atomic<uint64_t> g_cap_bytes{uint64_t(256) << 20};
 
@@ -157,7 +176,8 @@ std::unique_ptr<device::DeviceQueue> make_queue(int index) {
   watch_frees_once();
   c10::cuda::CUDAGuard on_device(static_cast<c10::DeviceIndex>(index));
   std::string error;
-  std::unique_ptr<device::CudaQueue> q = device::CudaQueue::create(kSlots, &error);
+  std::unique_ptr<device::CudaQueue> q = device::CudaQueue::create(
+      kSlots, device::CudaQueue::kernel_from_env(), &error);
   if (!q)
     std::fprintf(stderr, "detaudit: %s; CUDA tensors of device %d are copied to the host\n",
                  error.c_str(), index);
@@ -186,6 +206,7 @@ DevicePipeline* pipeline_of(int index) {
       made->queue = std::move(queue);
       made->pipeline = std::make_unique<device::DigestPipeline>(made->queue.get());
       g_owner.store(pid);
+      g_reads_strided[index].store(made->queue->reads_strided(), std::memory_order_relaxed);
       g_pipelines[index].store(made.release());
       g_state[index].store(1, std::memory_order_release);
     }
@@ -194,6 +215,34 @@ DevicePipeline* pipeline_of(int index) {
   // A forked child inherits the registry, not the collector threads.
   return g_owner.load(std::memory_order_relaxed) == ::getpid() ? g_pipelines[index].load()
                                                                : nullptr;
+}
+
+// Whether the device's queue reads strided views in place: a relaxed load once its pipeline is
+// made (pipeline_of asks the OS for the pid: not per tensor).
+bool reads_strided(int device) {
+  if (g_state[device].load(std::memory_order_acquire) == 0) pipeline_of(device);
+  return g_state[device].load(std::memory_order_acquire) == 1 &&
+         g_reads_strided[device].load(std::memory_order_relaxed);
+}
+
+// t's layout as a job reads it in place: dimensions merged, at most kMaxJobDims of them, elements
+// of 1, 2, 4 or 8 bytes aligned to their size. False where it must be copied instead.
+bool strided_job(const at::Tensor& t, device::JobGeometry* g) {
+  const size_t size = t.element_size();
+  if ((size != 1 && size != 2 && size != 4 && size != 8) ||
+      reinterpret_cast<uintptr_t>(t.data_ptr()) % size != 0)
+    return false;
+  trace::Dims sizes, strides;
+  if (!normalize_view(t.sizes().data(), t.strides().data(), size_t(t.dim()), &sizes, &strides) ||
+      sizes.size() > size_t(device::kMaxJobDims))
+    return false;
+  g->dims = uint8_t(sizes.size());
+  g->elem_size = uint8_t(size);
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    g->sizes[d] = sizes[d];
+    g->strides[d] = strides[d];
+  }
+  return true;
 }
 
 template <typename Fn>
@@ -251,6 +300,9 @@ std::string device_digest_status() {
                                 std::to_string(g_copied_bytes.load()) +
                                 " bytes) copied to the digest's order first"
                           : "") +
+         (g_strided_reads.load() ? "; " + std::to_string(g_strided_reads.load()) +
+                                       " tensors read in place through their strides"
+                                 : "") +
          (g_abandoned.load() ? "; " + std::to_string(g_abandoned.load()) +
                                    " tensors of open batches not read at a signal"
                              : "") +
@@ -326,8 +378,21 @@ bool DeviceBatch::holds_locked(const void* storage) const {
 std::shared_ptr<PendingDigest> DeviceBatch::add(const at::Tensor& tensor, bool with_stats) {
   release_deferred();
   at::Tensor t = tensor;
-  // The guards cost more than the add itself: set only when a copy is made.
-  if (t.is_conj() || t.is_neg() || !t.is_contiguous()) {
+  int device = kHostQueue;
+  void* stream = nullptr;
+#ifdef DETAUDIT_DEVICE_DIGEST
+  if (t.is_cuda()) {
+    device = t.device().index();
+    stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+  }
+#endif
+  device::DigestJob job{nullptr, 0, uint8_t(tensor.scalar_type())};
+  if (!t.is_conj() && !t.is_neg() && !t.is_contiguous() && t.numel() > 0 && reads_strided(device) &&
+      strided_job(t, &job.geometry)) {
+    job.strided = true;
+    g_strided_reads.fetch_add(1, std::memory_order_relaxed);
+  } else if (t.is_conj() || t.is_neg() || !t.is_contiguous()) {
+    // The guards cost more than the add itself: set only when a copy is made.
     // Our copies, not the program's ops: no callback should see them, and no autograd node
     // (it would take a sequence number from the program's). On the tensor's device's current
     // stream, behind the op, like the digest that reads them.
@@ -339,22 +404,20 @@ std::shared_ptr<PendingDigest> DeviceBatch::add(const at::Tensor& tensor, bool w
     g_copies.fetch_add(1, std::memory_order_relaxed);
     g_copied_bytes.fetch_add(uint64_t(t.nbytes()), std::memory_order_relaxed);
   }
-  int device = kHostQueue;
-  void* stream = nullptr;
-#ifdef DETAUDIT_DEVICE_DIGEST
-  if (t.is_cuda()) {
-    device = t.device().index();
-    stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
-  }
-#endif
-  const uint64_t bytes = uint64_t(t.nbytes());
+  // Logical bytes: a strided view's elements, gathered by the kernel.
+  const uint64_t bytes = uint64_t(t.numel()) * uint64_t(t.element_size());
+  job.data = t.data_ptr();
+  job.bytes = bytes;
   std::vector<c10::Storage> released;  // let go after the lock (declared before it)
   std::lock_guard<std::mutex> lock(mu_);
   if (!jobs_.empty() && (device != device_ || stream != stream_))
     launch_locked(Launch::kStream, &released);
+  if (job.strided && strided_jobs_ == device::kMaxStridedJobs)
+    launch_locked(Launch::kFull, &released);
   device_ = device;
   stream_ = stream;
-  jobs_.push_back({t.data_ptr(), bytes, uint8_t(t.scalar_type())});
+  jobs_.push_back(job);
+  strided_jobs_ += job.strided ? 1 : 0;
   // The program's own storage: a later write to it must launch this batch first.
   const void* storage = t.storage().unsafeGetStorageImpl();
   if (storage == tensor.storage().unsafeGetStorageImpl()) {
@@ -432,6 +495,7 @@ void DeviceBatch::abandon_locked(std::vector<c10::Storage>* released) {
 
 void DeviceBatch::clear_locked(std::vector<c10::Storage>* released) {
   jobs_.clear();
+  strided_jobs_ = 0;
   std::move(held_.begin(), held_.end(), std::back_inserter(*released));
   held_.clear();  // keeps its capacity: a warm thread's batches allocate nothing to hold
   held_count_.store(0, std::memory_order_relaxed);

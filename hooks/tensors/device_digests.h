@@ -62,7 +62,8 @@ class DeviceBatch {
   DeviceBatch& operator=(const DeviceBatch&) = delete;
 
   // t's digest, computed on its device on the current stream when the batch is launched. A
-  // non-contiguous t is made contiguous on that stream now.
+  // non-contiguous t is read in place through its strides where the queue can (a view of up to
+  // kMaxJobDims merged dimensions), else made contiguous on that stream now.
   std::shared_ptr<PendingDigest> add(const at::Tensor& t, bool with_stats);
   // Enqueues the batch behind what its stream holds. Never waits for the device.
   void launch(Launch why);
@@ -93,6 +94,7 @@ class DeviceBatch {
   void* stream_ = nullptr;
   uint64_t bytes_ = 0;
   std::vector<device::DigestJob> jobs_;
+  int strided_jobs_ = 0;  // of jobs_: at most device::kMaxStridedJobs a launch
   // Storages, not tensors: a tensor's reference count is the program's to read (AccumulateGrad
   // steals a gradient no one else refers to, and copies one that someone does).
   std::vector<c10::Storage> held_;

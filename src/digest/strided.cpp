@@ -151,8 +151,25 @@ bool gather_all_elements(const char* base, size_t esize, const int64_t* sizes,
 
 void serially(size_t n, const std::function<void(size_t, size_t)>& fn) { fn(0, n); }
 
-// Drops size-1 dimensions and merges dimensions that are contiguous with each other. False for
-// a view with no element.
+// A normalized view of `total` bytes gathered whole into out, if its layout is one we gather.
+bool gather_whole(const char* base, size_t esize, const trace::Dims& sizes,
+                  const trace::Dims& strides, char* out) {
+  if (sizes.empty()) {
+    std::memcpy(out, base, esize);
+    return true;
+  }
+  return sizes.size() <= trace::Dims::kInline &&
+         gather_all_elements(base, esize, sizes.data(), strides.data(), sizes.size(), out);
+}
+
+size_t view_bytes(size_t esize, const trace::Dims& sizes) {
+  size_t total = esize;
+  for (int64_t s : sizes) total *= size_t(s);
+  return total;
+}
+
+}  // namespace
+
 bool normalize_view(const int64_t* view_sizes, const int64_t* view_strides, size_t dims,
                     trace::Dims* sizes, trace::Dims* strides) {
   sizes->resize(dims);
@@ -174,25 +191,6 @@ bool normalize_view(const int64_t* view_sizes, const int64_t* view_strides, size
   strides->resize(ndim);
   return true;
 }
-
-// A normalized view of `total` bytes gathered whole into out, if its layout is one we gather.
-bool gather_whole(const char* base, size_t esize, const trace::Dims& sizes,
-                  const trace::Dims& strides, char* out) {
-  if (sizes.empty()) {
-    std::memcpy(out, base, esize);
-    return true;
-  }
-  return sizes.size() <= trace::Dims::kInline &&
-         gather_all_elements(base, esize, sizes.data(), strides.data(), sizes.size(), out);
-}
-
-size_t view_bytes(size_t esize, const trace::Dims& sizes) {
-  size_t total = esize;
-  for (int64_t s : sizes) total *= size_t(s);
-  return total;
-}
-
-}  // namespace
 
 bool gather_view(const void* data, size_t esize, const int64_t* view_sizes,
                  const int64_t* view_strides, size_t dims, void* out, size_t capacity) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "digest/tensor_digester.h"
+#include "trace/dims.h"
 
 namespace detaudit {
 
@@ -13,6 +14,11 @@ namespace detaudit {
 // be zero (expanded) or negative. Gathers into a staging buffer so the hash sees large updates.
 void feed_strided(const void* data, size_t elem_size, const int64_t* sizes, const int64_t* strides,
                   size_t dims, TensorDigester* digester);
+
+// The view's dimensions with size-1 ones dropped and those contiguous with each other merged (a
+// transpose stays 2-D, channels_last 3-D). False for a view with no element.
+bool normalize_view(const int64_t* view_sizes, const int64_t* view_strides, size_t dims,
+                    trace::Dims* sizes, trace::Dims* strides);
 
 // The same elements copied into out, in logical order, when they fit its capacity (bytes) and
 // the element size is one the gather handles (1, 2, 4, 8 or 16 bytes); false otherwise, out

@@ -43,6 +43,10 @@ MODES = [
     ("device, host queue", {"digest": "device", "_env": {"DETAUDIT_DEVICE_QUEUE": "host"}}),
     ("device, host queue, a batch per op", {"digest": "device", "record": {"device_batch_mib": 0},
                                             "_env": {"DETAUDIT_DEVICE_QUEUE": "host"}}),
+    # As CudaQueue's fused kernel: strided views read in place, one CUDA call a launch.
+    ("device, host queue, fused kernel",
+     {"digest": "device", "_env": {"DETAUDIT_DEVICE_QUEUE": "host",
+                                   "DETAUDIT_DEVICE_KERNEL": "fused"}}),
     # libtorch's own cost of a callback that needs every op's inputs and outputs: no recorder
     # on RecordFunction goes below it (callback_floor.cpp).
     ("floor: empty callback (inputs + outputs)", "floor"),

@@ -21,6 +21,8 @@ from detaudit_testlib import (PYTHON, example, export_records, in_parallel, make
                               record, remove_dir, run_detaudit, signal_mid_run, tensors)
 
 HELD = {"DETAUDIT_DEVICE_QUEUE": "host"}
+# As CudaQueue's fused kernel takes them: strided views read in place, one CUDA call a launch.
+HELD_FUSED = dict(HELD, DETAUDIT_DEVICE_KERNEL="fused")
 SERIAL_MD5 = {"DETAUDIT_MD5_BATCH": "off"}
 SGD = [PYTHON, example("train_sgd.py"), "--steps", "3"]
 HAZARDS = [PYTHON, program("batch_hazards.py"), "--steps", "3"]
@@ -75,9 +77,11 @@ def device_digests(run_dir):
         reason, n = part.rsplit(" ", 1)
         why[reason] = int(n)
     copies = re.search(r"; (\d+) tensors \((\d+) bytes\) copied to the digest's order first", line)
+    strided = re.search(r"; (\d+) tensors read in place through their strides", line)
     return {"launches": int(m.group(1)), "tensors": int(m.group(2)), "failed": int(m.group(3)),
             "peak": int(m.group(4)), "why": why, "cuda_calls": int(m.group(6) or 0),
-            "copies": int(copies.group(1)) if copies else 0, "line": line}
+            "copies": int(copies.group(1)) if copies else 0,
+            "strided": int(strided.group(1)) if strided else 0, "line": line}
 
 
 class HeldRecordsCase(unittest.TestCase):
@@ -132,6 +136,7 @@ class HeldRecords(HeldRecordsCase):
     JOBS = {
         "direct": (["--digest", "device"], SGD, None),
         "held": (["--digest", "device"], SGD, HELD),
+        "held-fused": (["--digest", "device"], SGD, HELD_FUSED),
         "workers": (["--runs", "2", "--digest", "device"],
                     [PYTHON, example("dataloader_workers.py"), "--steps", "3"], HELD),
         "threads": (["--runs", "2", "--digest", "device"], [PYTHON, program("python_threads.py")],
@@ -148,7 +153,16 @@ class HeldRecords(HeldRecordsCase):
         self.assertEqual(d["failed"], 0, d["line"])
         # Linear's transposed weight is not in the digest's order: copied first, and counted.
         self.assertGreater(d["copies"], 0, d["line"])
+        self.assertEqual(d["strided"], 0, d["line"])
         self.assertNotIn("device digests:", status(self.runs["direct"][1]))
+
+    def test_the_fused_kernels_strided_reads_give_the_direct_paths_bytes(self):
+        self.same_trace("direct", "held-fused")
+        d = device_digests(self.runs["held-fused"][1])
+        # The transposed weight read through its strides, with no copy, one call a launch.
+        self.assertGreater(d["strided"], 0, d["line"])
+        self.assertEqual(d["copies"], 0, d["line"])
+        self.assertEqual(d["cuda_calls"], d["launches"], d["line"])
 
     def test_dataloader_workers_with_held_records_are_identical_twice(self):
         r, run0 = self.runs["workers"]
@@ -176,6 +190,7 @@ class BatchesAcrossOps(HeldRecordsCase):
         "direct": (["--digest", "device"], HAZARDS, None),
         "held": (["--digest", "device"], HAZARDS, HELD),
         "per-op": (["--digest", "device", "--device-batch-mib", "0"], HAZARDS, HELD),
+        "fused": (["--digest", "device"], HAZARDS, HELD_FUSED),
         "direct-big": (["--digest", "device"], HAZARDS + ["--big-mb", "1"], None),
         "capped": (["--digest", "device", "--device-batch-mib", "2"], HAZARDS + ["--big-mb", "1"],
                    HELD),
@@ -192,6 +207,13 @@ class BatchesAcrossOps(HeldRecordsCase):
         self.assertLess(d["launches"], len(ops(b)) // 2, d["line"])
         # What CudaQueue would call: the two kernels and the event, nothing allocated or copied.
         self.assertEqual(d["cuda_calls"], 3 * d["launches"], d["line"])
+
+    def test_the_fused_kernels_batches_record_the_same(self):
+        # Views written through and read in place: each still digested as its op left it.
+        self.same_trace("direct", "fused")
+        d = device_digests(self.runs["fused"][1])
+        self.assertGreater(d["strided"], 0, d["line"])
+        self.assertEqual(d["cuda_calls"], d["launches"], d["line"])
 
     def test_a_batch_per_op_records_the_same(self):
         self.same_trace("direct", "per-op")

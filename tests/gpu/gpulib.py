@@ -76,9 +76,9 @@ def record_pair(out, command, flags=()):
     return r, (read_json(report) if os.path.exists(report) else None)
 
 
-def record_one(out, command, flags=()):
+def record_one(out, command, flags=(), env=None):
     """`detaudit run --runs 1 --out OUT -q FLAGS -- COMMAND`; (CompletedProcess, run-0 path)."""
-    r = run_detaudit(["run", "--runs", "1", "--out", out, "-q", *flags, "--", *command])
+    r = run_detaudit(["run", "--runs", "1", "--out", out, "-q", *flags, "--", *command], env=env)
     return r, os.path.join(out, "run-0")
 
 

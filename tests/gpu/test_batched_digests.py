@@ -1,7 +1,8 @@
 """One launch for many ops (record.device_batch_mib) against a launch per op, on a GPU: every
 write the recorder must launch a batch before (programs/batch_hazards_cuda.py) leaves the two
 recordings' digests identical, and the .status says why batches were launched, including the
-caching allocator's free of a resized storage."""
+caching allocator's free of a resized storage. The fused kernel (DETAUDIT_DEVICE_KERNEL=fused:
+one CUDA call a launch, completion from a word it writes) records the same digests again."""
 import os
 import re
 
@@ -29,4 +30,15 @@ def test_batched_digests_are_the_per_op_digests(gpu):
         diff = gpulib.run_detaudit(["diff", run_a, run_b])
         assert diff.returncode == 0 and "IDENTICAL" in diff.stdout, (
             f"one launch for many ops recorded other digests than a launch per op:\n"
+            f"{diff.stdout[-4000:]}")
+        fused, run_c = gpulib.record_one(os.path.join(tmp, "fused"), argv,
+                                         flags=["--digest", "device"],
+                                         env={"DETAUDIT_DEVICE_KERNEL": "fused"})
+        assert fused.returncode == 0, gpulib.describe(fused)
+        line = gpulib.device_digest_status(run_c)
+        print(line)
+        assert " 0 tensors failed" in line, line
+        diff = gpulib.run_detaudit(["diff", run_c, run_b])
+        assert diff.returncode == 0 and "IDENTICAL" in diff.stdout, (
+            f"the fused kernel recorded other digests than the two-pass one:\n"
             f"{diff.stdout[-4000:]}")

@@ -1,6 +1,7 @@
 """Step time of a small CUDA CNN and a small transformer, and of two of real size (ResNet-50 and a
 GPT-2-small-shaped transformer, bf16 autocast): plain, recorded with the device digest,
-and loaded but recording step 0 only (the callbacks' floor), written as JSON to
+with the fused kernel (DETAUDIT_DEVICE_KERNEL=fused), and loaded but recording step 0 only
+(the callbacks' floor), written as JSON to
 DETAUDIT_GPU_BENCH_OUT (default <results>/gpu-bench.json; run.sh's results are $OUT on the
 device). A benchmark, not a timed test: nothing is asserted about speed, only that the runs ran
 and produced figures.
@@ -71,6 +72,12 @@ def test_step_time(model, gpu):
         assert any(s.endswith(".dtr") for s in streams), f"no trace was written: {streams}"
         trace_bytes = sum(os.path.getsize(os.path.join(run_dir, "streams", s)) for s in streams)
         pipeline = status_lines(run_dir, "device digests:")
+        # The fused kernel: one CUDA call a launch, completion read from a word it writes.
+        proc, run_dir = gpulib.record_one(os.path.join(tmp, "fused"), argv,
+                                          flags=["--digest", "device"],
+                                          env={"DETAUDIT_DEVICE_KERNEL": "fused"})
+        assert proc.returncode == 0, f"recorded {model}, fused kernel: {gpulib.describe(proc)}"
+        fused = bench_line(gpulib.output_log(run_dir), f"recorded {model}, fused kernel")
         # Loaded, recording step 0 only: the timed steps pay the callbacks, not the recording.
         proc, run_dir = gpulib.record_one(os.path.join(tmp, "floor"), argv,
                                           flags=["--digest", "device", "--steps", "0"])
@@ -83,6 +90,8 @@ def test_step_time(model, gpu):
         "model": model, "device": a["device"], "torch": a["torch"], "steps_timed": a["steps"],
         "plain_median_ms": a["median_ms"], "recorded_median_ms": b["median_ms"],
         "ratio": b["median_ms"] / a["median_ms"], "overhead_ms_per_step": overhead_ms,
+        "recorded_fused_median_ms": fused["median_ms"],
+        "fused_ratio": fused["median_ms"] / a["median_ms"],
         "loaded_not_recording_median_ms": c["median_ms"],
         "loaded_not_recording_ratio": c["median_ms"] / a["median_ms"],
         "device_digest_pipeline": pipeline,

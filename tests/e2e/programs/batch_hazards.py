@@ -1,7 +1,7 @@
 """Writes, in every way an op can, bytes that an open device batch is still to digest: the very
 next op in place, through a view, through `out=`, a collective in place, a nested op's output
-that its enclosing kernel writes after (sum's fill_), and an autograd step whose optimizer writes
-every parameter. Run with DETAUDIT_DEVICE_QUEUE=host, the batch holds CPU tensors across ops;
+that its enclosing kernel writes after (sum's fill_), a matrix whose strided column was read,
+and an autograd step whose optimizer writes every parameter. Run with DETAUDIT_DEVICE_QUEUE=host, the batch holds CPU tensors across ops;
 each recorded digest must be that of the bytes the op produced, as the direct path records them.
 
     python batch_hazards.py [--steps 3] [--big-mb 0]
@@ -27,7 +27,12 @@ def step(k, big_mb):
     torch.add(x, y, out=z)       # out= on a fresh buffer
     torch.mul(x, 0.5, out=z)     # out= on one the batch holds
     dist.all_reduce(z)           # a collective, in place
+    m = torch.arange(2048, dtype=torch.float32).view(64, 32) * (k + 1)
+    col = m[:, 3] * 2            # a strided view read (in place, by the fused kernel)...
+    m.add_(1)                    # ...then its storage written
+    mt = m.t() * 0.5             # a transpose read
     s = z.sum() + y.sum()        # sum fills its output with a nested fill_, then adds into it
+    s = s + col.sum() + mt.sum()
     if big_mb:
         n = big_mb * (1 << 20) // 4
         # New tensors only, none written again: the batch grows until its cap launches it.
