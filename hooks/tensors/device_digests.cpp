@@ -18,6 +18,7 @@
 
 #include "device/cuda_queue.h"
 #include "device/digest_pipeline.h"
+#include "device/strided_job.h"
 #include "digest/device_digest.h"
 #include "digest/strided.h"
 #include "tensors/cuda_graphs.h"
@@ -225,26 +226,6 @@ bool reads_strided(int device) {
          g_reads_strided[device].load(std::memory_order_relaxed);
 }
 
-// t's layout as a job reads it in place: dimensions merged, at most kMaxJobDims of them, elements
-// of 1, 2, 4 or 8 bytes aligned to their size. False where it must be copied instead.
-bool strided_job(const at::Tensor& t, device::JobGeometry* g) {
-  const size_t size = t.element_size();
-  if ((size != 1 && size != 2 && size != 4 && size != 8) ||
-      reinterpret_cast<uintptr_t>(t.data_ptr()) % size != 0)
-    return false;
-  trace::Dims sizes, strides;
-  if (!normalize_view(t.sizes().data(), t.strides().data(), size_t(t.dim()), &sizes, &strides) ||
-      sizes.size() > size_t(device::kMaxJobDims))
-    return false;
-  g->dims = uint8_t(sizes.size());
-  g->elem_size = uint8_t(size);
-  for (size_t d = 0; d < sizes.size(); ++d) {
-    g->sizes[d] = sizes[d];
-    g->strides[d] = strides[d];
-  }
-  return true;
-}
-
 template <typename Fn>
 void for_each_pipeline(Fn fn) {
   if (g_owner.load() != ::getpid()) return;
@@ -388,7 +369,8 @@ std::shared_ptr<PendingDigest> DeviceBatch::add(const at::Tensor& tensor, bool w
 #endif
   device::DigestJob job{nullptr, 0, uint8_t(tensor.scalar_type())};
   if (!t.is_conj() && !t.is_neg() && !t.is_contiguous() && t.numel() > 0 && reads_strided(device) &&
-      strided_job(t, &job.geometry)) {
+      device::strided_geometry(t.data_ptr(), t.element_size(), t.sizes().data(), t.strides().data(),
+                               size_t(t.dim()), &job.geometry)) {
     job.strided = true;
     g_strided_reads.fetch_add(1, std::memory_order_relaxed);
   } else if (t.is_conj() || t.is_neg() || !t.is_contiguous()) {

@@ -21,8 +21,8 @@
 
 #include "device/cuda_queue.h"
 #include "device/lane_kernel.h"
+#include "device/strided_job.h"
 #include "digest/device_digest.h"
-#include "digest/strided.h"
 
 using namespace detaudit;
 
@@ -89,24 +89,15 @@ lanes::LaneResult reference(const at::Tensor& t) {
 
 int strided_checked = 0;
 
-// t as the recorder hands it to the kernel: the fused kernel reads a view of up to kMaxJobDims
-// merged dimensions through its strides, as hooks/tensors/device_digests.cpp decides; anything
-// else is made contiguous on the stream first. What the job reads goes to *held.
+// t as the recorder hands it to the kernel: the fused kernel reads a view through its strides
+// where device::strided_geometry says it can; anything else is made contiguous on the stream
+// first. What the job reads goes to *held.
 device::DigestJob job_of(const at::Tensor& t, std::vector<at::Tensor>* held) {
   device::DigestJob job{nullptr, uint64_t(t.numel()) * t.element_size(), uint8_t(t.scalar_type())};
-  const size_t size = t.element_size();
-  trace::Dims sizes, strides;
   if (g_kernel == Kernel::kFused && !t.is_contiguous() && t.numel() > 0 &&
-      (size == 1 || size == 2 || size == 4 || size == 8) &&
-      normalize_view(t.sizes().data(), t.strides().data(), size_t(t.dim()), &sizes, &strides) &&
-      sizes.size() <= size_t(device::kMaxJobDims)) {
+      device::strided_geometry(t.data_ptr(), t.element_size(), t.sizes().data(), t.strides().data(),
+                               size_t(t.dim()), &job.geometry)) {
     job.strided = true;
-    job.geometry.dims = uint8_t(sizes.size());
-    job.geometry.elem_size = uint8_t(size);
-    for (size_t d = 0; d < sizes.size(); ++d) {
-      job.geometry.sizes[d] = sizes[d];
-      job.geometry.strides[d] = strides[d];
-    }
     held->push_back(t);
     ++strided_checked;
   } else {

@@ -55,8 +55,10 @@ TEST(CompletionWordTest, ALateWordIsWaitedForWhileTheStreamIsBusy) {
 
 TEST(CompletionWordTest, AFailedOrIdleStreamWithoutTheWordIsAFailedLaunch) {
   std::atomic<uint64_t> word{3};
-  EXPECT_FALSE(wait_for_word(&word, 4, [] { return StreamState::kFailed; }, milliseconds(1)));
-  EXPECT_FALSE(wait_for_word(&word, 4, [] { return StreamState::kIdle; }, milliseconds(1)));
+  EXPECT_FALSE(wait_for_word(
+      &word, 4, [] { return StreamState::kFailed; }, milliseconds(1)));
+  EXPECT_FALSE(wait_for_word(
+      &word, 4, [] { return StreamState::kIdle; }, milliseconds(1)));
   // The word came just before the stream emptied: read once more, a success.
   int asks = 0;
   EXPECT_TRUE(wait_for_word(
