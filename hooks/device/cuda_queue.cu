@@ -116,6 +116,14 @@ bool CudaQueue::wait(int slot) {
     return cudaEventSynchronize(static_cast<cudaEvent_t>(events_[slot])) == cudaSuccess;
   auto stream = static_cast<cudaStream_t>(streams_[slot]);
   auto ask = [stream] {
+    // Never a query of a stream the program has begun capturing since (or, for the legacy
+    // stream, while a blocking stream captures): it would invalidate the program's capture.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
+      cudaGetLastError();  // not sticky: cleared
+      return StreamState::kBusy;
+    }
+    if (capture != cudaStreamCaptureStatusNone) return StreamState::kBusy;
     const cudaError_t rc = cudaStreamQuery(stream);
     // A stream the program destroyed still runs what it was given: the word will come.
     if (rc == cudaErrorNotReady || rc == cudaErrorInvalidResourceHandle) {
@@ -124,7 +132,10 @@ bool CudaQueue::wait(int slot) {
     }
     return rc == cudaSuccess ? StreamState::kIdle : StreamState::kFailed;
   };
-  return wait_for_word(done_host_ + size_t(slot) * kWordStride, seq_[slot], ask);
+  // A launch is microseconds behind; the stream is asked only when its word is long late (a
+  // kernel that faulted never writes it).
+  return wait_for_word(done_host_ + size_t(slot) * kWordStride, seq_[slot], ask,
+                       std::chrono::milliseconds(100));
 }
 
 }  // namespace detaudit::device
