@@ -183,9 +183,10 @@ json replay_series(const Captured& c, const Setting& setting, int replays, int64
   json per_replay = json::array();
   std::string error;
   for (int r = 0; error.empty(); ++r) {
-    const bool more = r >= replays && r < replays + setting.until_differs && distinct.size() == 1 &&
-                      (deadline_ms == 0 || now_ms() < deadline_ms);
-    if (r >= replays && !more) break;
+    // Past `replays`: up to until_differs more while every output agreed, before the deadline.
+    if (r >= replays && (r >= replays + setting.until_differs || distinct.size() != 1 ||
+                         (deadline_ms != 0 && now_ms() >= deadline_ms)))
+      break;
     torch::jit::Stack stack;
     for (const c10::IValue& v : c.inputs) stack.push_back(fresh_copy(v));
     try {

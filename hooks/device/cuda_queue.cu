@@ -66,9 +66,9 @@ CudaQueue::~CudaQueue() {
 
 bool CudaQueue::enqueue(const DigestJob* jobs, int n, void* stream, int slot) {
   auto s = static_cast<cudaStream_t>(stream);
-  calls_.fetch_add(uint64_t(calls_for(kernel_, jobs, n)), std::memory_order_relaxed);
   const bool fused = kernel_ == Kernel::kFused;
-  const size_t scratch_bytes = fused ? fused_scratch_bytes(jobs, n) : lane_scratch_bytes(jobs, n);
+  const size_t scratch_bytes = CudaQueue::scratch_bytes(kernel_, jobs, n);
+  calls_.fetch_add(uint64_t(calls_for(kernel_, scratch_bytes)), std::memory_order_relaxed);
   // The slot's own scratch (free again once its launch completed, when the ring hands the slot
   // out anew); a larger launch's from the stream-ordered allocator, with no synchronization.
   void* scratch = scratch_ + size_t(slot) * kSlotScratchBytes;

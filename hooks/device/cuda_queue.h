@@ -35,14 +35,20 @@ class CudaQueue : public DeviceQueue {
   // CUDA calls (three fused: its counters are zeroed).
   static constexpr size_t kSlotScratchBytes = size_t(256) << 10;
 
-  // The CUDA calls enqueue() makes for a launch of jobs[0..n).
-  static int calls_for(Kernel kernel, const DigestJob* jobs, int n) {
-    if (kernel == Kernel::kFused)
-      return 1 + (fused_scratch_bytes(jobs, n) > kSlotScratchBytes ? 3 : 0);
+  static size_t scratch_bytes(Kernel kernel, const DigestJob* jobs, int n) {
+    return kernel == Kernel::kFused ? fused_scratch_bytes(jobs, n) : lane_scratch_bytes(jobs, n);
+  }
+  // The CUDA calls enqueue() makes for a launch that needs `scratch` bytes of scratch.
+  static int calls_for(Kernel kernel, size_t scratch) {
+    const bool own = scratch > kSlotScratchBytes;
+    // Fused: the kernel, and beyond the slot's scratch its allocation, zeroing and free.
+    if (kernel == Kernel::kFused) return 1 + (own ? 3 : 0);
     // The leaf and tensor kernels (the tensor kernel alone without leaves), the event, and the
     // stream-ordered allocation and free of scratch beyond the slot's.
-    const size_t scratch_bytes = lane_scratch_bytes(jobs, n);
-    return (scratch_bytes ? 2 : 1) + 1 + (scratch_bytes > kSlotScratchBytes ? 2 : 0);
+    return (scratch ? 2 : 1) + 1 + (own ? 2 : 0);
+  }
+  static int calls_for(Kernel kernel, const DigestJob* jobs, int n) {
+    return calls_for(kernel, scratch_bytes(kernel, jobs, n));
   }
 
   int slots() const override { return slots_; }

@@ -31,11 +31,6 @@ struct Batch {
   int n;
 };
 
-__host__ __device__ uint64_t leaves_of(uint64_t bytes) {
-  const uint64_t words = (bytes + 7) / 8;
-  return (words + kLeafWords - 1) / kLeafWords;
-}
-
 // Word `k` of a tensor of `bytes` bytes: zero-padded past the end, read bytewise when the data is
 // not 8-byte aligned (a view's offset).
 __device__ uint64_t load_word(const uint8_t* p, uint64_t k, uint64_t bytes) {
@@ -387,10 +382,7 @@ bool make_batch(const DigestJob* jobs, int n, Batch* batch) {
     }
     const uint64_t leaves = leaves_of(jobs[j].bytes);
     b.first_leaf[j + 1] = b.first_leaf[j] + leaves;
-    b.first_group[j + 1] = b.first_group[j] +
-                           uint32_t(leaves > kGroupLeaves
-                                        ? (leaves + kGroupLeaves - 1) / kGroupLeaves
-                                        : 1);
+    b.first_group[j + 1] = b.first_group[j] + uint32_t(groups_of(leaves));
   }
   return true;
 }

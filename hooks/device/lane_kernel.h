@@ -39,15 +39,24 @@ struct DigestJob {
 // to the entry the tensor's tree has k levels up, so groups fold side by side, then their entries.
 inline constexpr uint32_t kGroupLeaves = 256;
 
+// The leaves of a tensor of `bytes` bytes, and their groups (at least one, for an empty tensor
+// too): the kernels' layout, and their scratch's.
+inline uint64_t leaves_of(uint64_t bytes) {
+  const uint64_t words = (bytes + 7) / 8;
+  return (words + lanes::kLeafWords - 1) / lanes::kLeafWords;
+}
+inline uint64_t groups_of(uint64_t leaves) {
+  return leaves > kGroupLeaves ? (leaves + kGroupLeaves - 1) / kGroupLeaves : 1;
+}
+
 // Device memory the launch needs: a hash and statistics a leaf, then a sum and statistics a
 // group of leaves, and a counter a tensor.
 inline size_t lane_scratch_bytes(const DigestJob* jobs, int n) {
   uint64_t leaves = 0, groups = 0;
   for (int j = 0; j < n; ++j) {
-    const uint64_t words = (jobs[j].bytes + 7) / 8;
-    const uint64_t l = (words + lanes::kLeafWords - 1) / lanes::kLeafWords;
+    const uint64_t l = leaves_of(jobs[j].bytes);
     leaves += l;
-    groups += l > kGroupLeaves ? (l + kGroupLeaves - 1) / kGroupLeaves : 1;
+    groups += groups_of(l);
   }
   const size_t entry = sizeof(uint64_t) + sizeof(lanes::LaneStats);
   return size_t(leaves + groups) * entry + size_t(n) * sizeof(uint32_t);
@@ -67,10 +76,7 @@ static_assert(kCounterBytes >= (kMaxBatch + 1) * sizeof(uint32_t), "a counter a 
 
 inline size_t fused_scratch_bytes(const DigestJob* jobs, int n) {
   uint64_t groups = 0;
-  for (int j = 0; j < n; ++j) {
-    const uint64_t l = (jobs[j].bytes + 8 * lanes::kLeafWords - 1) / (8 * lanes::kLeafWords);
-    groups += l > kGroupLeaves ? (l + kGroupLeaves - 1) / kGroupLeaves : 1;
-  }
+  for (int j = 0; j < n; ++j) groups += groups_of(leaves_of(jobs[j].bytes));
   return kCounterBytes + size_t(groups) * (sizeof(uint64_t) + sizeof(lanes::LaneStats));
 }
 

@@ -368,26 +368,29 @@ std::shared_ptr<PendingDigest> DeviceBatch::add(const at::Tensor& tensor, bool w
   }
 #endif
   device::DigestJob job{nullptr, 0, uint8_t(tensor.scalar_type())};
-  if (!t.is_conj() && !t.is_neg() && !t.is_contiguous() && t.numel() > 0 && reads_strided(device) &&
-      device::strided_geometry(t.data_ptr(), t.element_size(), t.sizes().data(), t.strides().data(),
-                               size_t(t.dim()), &job.geometry)) {
-    job.strided = true;
-    g_strided_reads.fetch_add(1, std::memory_order_relaxed);
-  } else if (t.is_conj() || t.is_neg() || !t.is_contiguous()) {
-    // The guards cost more than the add itself: set only when a copy is made.
-    // Our copies, not the program's ops: no callback should see them, and no autograd node
-    // (it would take a sequence number from the program's). On the tensor's device's current
-    // stream, behind the op, like the digest that reads them.
-    at::RecordFunctionGuard no_recording(false);
-    c10::AutoGradMode no_autograd(false);
-    if (t.is_conj()) t = t.resolve_conj();
-    if (t.is_neg()) t = t.resolve_neg();
-    if (!t.is_contiguous()) t = t.contiguous();
-    g_copies.fetch_add(1, std::memory_order_relaxed);
-    g_copied_bytes.fetch_add(uint64_t(t.nbytes()), std::memory_order_relaxed);
+  // Not in the digest's order (a transpose, channels_last, a conjugate view): read in place
+  // through its strides where the queue can, else copied.
+  if (t.is_conj() || t.is_neg() || !t.is_contiguous()) {
+    if (!t.is_conj() && !t.is_neg() && t.numel() > 0 && reads_strided(device) &&
+        device::strided_geometry(t.data_ptr(), t.element_size(), t.sizes().data(),
+                                 t.strides().data(), size_t(t.dim()), &job.geometry)) {
+      job.strided = true;
+      g_strided_reads.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      // The guards cost more than the add itself: set only when a copy is made.
+      // Our copies, not the program's ops: no callback should see them, and no autograd node
+      // (it would take a sequence number from the program's). On the tensor's device's current
+      // stream, behind the op, like the digest that reads them.
+      at::RecordFunctionGuard no_recording(false);
+      c10::AutoGradMode no_autograd(false);
+      if (t.is_conj()) t = t.resolve_conj();
+      if (t.is_neg()) t = t.resolve_neg();
+      if (!t.is_contiguous()) t = t.contiguous();
+      g_copies.fetch_add(1, std::memory_order_relaxed);
+      g_copied_bytes.fetch_add(uint64_t(t.nbytes()), std::memory_order_relaxed);
+    }
   }
-  // Logical bytes: a strided view's elements, gathered by the kernel.
-  const uint64_t bytes = uint64_t(t.numel()) * uint64_t(t.element_size());
+  const uint64_t bytes = uint64_t(t.nbytes());  // a strided view's: its elements', gathered
   job.data = t.data_ptr();
   job.bytes = bytes;
   std::vector<c10::Storage> released;  // let go after the lock (declared before it)
