@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,8 @@ TORCH_BIN = os.environ.get("DETAUDIT_TORCH_BIN") or next(
 DEFAULT_TIMEOUT = 300
 EXAMPLES = os.path.join(SOURCE_DIR, "examples")
 PROGRAMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs")
+sys.path.insert(0, PROGRAMS)
+from ports import free_port  # noqa: E402  (one rule for the tests and the programs they start)
 
 _TORCH_PROBE = ("import torch;print(torch.__version__);print(next((l.split()[-1] for l in "
                 "open('/proc/self/maps') if '/libtorch_cpu' in l), ''))")
@@ -339,13 +340,6 @@ def outputs_of_pair(out, lines=40):
         said.append(f"--- run-{i}/output.log, last {lines} lines:\n"
                     + "\n".join(text.splitlines()[-lines:]))
     return "\n".join(said)
-
-
-def free_port():
-    """A TCP port no one listens on now, for a launcher's --master-port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def trace_files(run_dir):

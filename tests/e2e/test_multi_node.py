@@ -48,7 +48,10 @@ def finish(procs, timeout=300, logs=None):
     program's last line, then the C++ runtime's abort."""
     out = []
     for i, p in enumerate(procs):
-        _, err = p.communicate(timeout=timeout)
+        try:
+            _, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(hung(procs, timeout, logs)) from None
         code = p.returncode
         ends = re.findall(r"^detaudit: run-\d+: (r\d+\.main) (.*)$", err, re.M)
         if code == 4 and ends and all(
@@ -69,6 +72,24 @@ def finish(procs, timeout=300, logs=None):
                 err += f"\n{logs[i]}:\n{log[-2000:]}"
         out.append((code, err))
     return out
+
+
+def hung(procs, timeout, logs):
+    """Every launcher's tree killed, so that nothing hung runs on beside the next test, and what
+    each node printed: the failure's evidence."""
+    for p in procs:
+        kill_node(p)
+    text = f"a launcher did not end in {timeout} s; killed them all"
+    for i, p in enumerate(procs):
+        _, err = p.communicate()
+        log = logs[i] if logs else getattr(p, "node_log", "")
+        try:
+            with open(log, errors="replace") as f:
+                printed = f.read()[-3000:]
+        except OSError as e:
+            printed = f"({e})"
+        text += f"\n--- {' '.join(p.args[:6])} ...: stderr\n{err[-2000:]}\n--- {log}\n{printed}"
+    return text
 
 
 def kill_node(launcher):

@@ -23,12 +23,13 @@ sum is a0 + a1, computed here from both ranks' seeded inputs before the call.
 import argparse
 import hashlib
 import os
-import socket
 import subprocess
 import sys
 
 import torch
 import torch.distributed as dist
+
+from ports import free_port
 
 MODES = ["work", "future", "then", "sync", "numpy"]
 
@@ -78,12 +79,6 @@ def main_rank(rank, world, calls, n, functional):
     sys.stdout.write("\n".join(lines) + "\n")
     sys.stdout.flush()
     dist.destroy_process_group()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main():

@@ -27,7 +27,6 @@ import argparse
 import hashlib
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -35,6 +34,8 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+
+from ports import free_port
 
 
 def say(line):
@@ -138,14 +139,6 @@ def leave_a_callback_running(mine):
         started.wait()
     else:
         work.wait()
-
-
-def free_port():
-    """A port no one listens on now. A fixed formula (29500 + pid) clashed with a concurrent
-    test's store now and then; the kernel's pick does not."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main():

@@ -23,7 +23,6 @@ full parameters at the end.
 import argparse
 import hashlib
 import os
-import socket
 import subprocess
 import sys
 
@@ -31,6 +30,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+
+from ports import free_port
 
 
 def say(line):
@@ -123,14 +124,6 @@ def train(rank, args):
     params = torch.cat([full(p).detach().flatten() for p in model.parameters()])
     say(f"rank {rank} final {md5(params)}")
     dist.destroy_process_group()
-
-
-def free_port():
-    """A port no one listens on now. A fixed formula (29500 + pid) clashed with a concurrent
-    test's store now and then; the kernel's pick does not."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main():
