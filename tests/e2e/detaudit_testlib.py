@@ -10,6 +10,7 @@ built against that torch). Run by hand from tests/e2e/, the defaults point at <s
 """
 import concurrent.futures
 import fnmatch
+import functools
 import glob
 import json
 import os
@@ -39,8 +40,10 @@ _TORCH_PROBE = ("import torch;print(torch.__version__);print(next((l.split()[-1]
                 "open('/proc/self/maps') if '/libtorch_cpu' in l), ''))")
 
 
+@functools.lru_cache(maxsize=None)
 def python_torch():
-    """(torch.__version__, real path of its libtorch_cpu) of PYTHON."""
+    """(torch.__version__, real path of its libtorch_cpu) of PYTHON, asked once: importing torch
+    is most of a test process's CPU (2 s on pip's torch, 2 cores)."""
     out = subprocess.run([PYTHON, "-c", _TORCH_PROBE], capture_output=True, text=True,
                          check=True).stdout.split("\n")
     return out[0], os.path.realpath(out[1])
