@@ -103,9 +103,11 @@ class LateRace(TmpDirCase):
             self.skipTest(f"the index_put race did not fire twice at one step in "
                           f"{RACE_ATTEMPTS} audits")
         self.assertEqual(proc.returncode, 1, proc.stderr)
-        # The race starts at step 900 and fires in nearly every step from there.
+        # The race starts at step 900 and fires in most steps from there, not in every one: with
+        # another test on the cores, its first change to the bits came at step 912 once. Never
+        # before 900: the steps before the race are identical.
         self.assertGreaterEqual(sentinel["step"], 900, sentinel)
-        self.assertLessEqual(sentinel["step"], 905, sentinel)
+        self.assertLess(sentinel["step"], 1000, sentinel)
         k = sentinel["step"]
         # Steps k-1 and k in full; if the race fired earlier in those runs, the window moved.
         lo, hi = (int(x) for x in sentinel["full_steps"].split("-"))
@@ -128,7 +130,7 @@ class LateRace(TmpDirCase):
         # The spread stays the whole run's: from step k on, nearly every step, none before.
         steps = [p["step"] for p in report["spread"]["per_step"]]
         self.assertEqual(min(steps), k)
-        self.assertGreater(len(steps), 50)
+        self.assertGreaterEqual(len(steps), (1000 - k) // 2, steps)
 
 
 class DifferenceThatDoesNotComeBack(TmpDirCase):
