@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -96,8 +97,7 @@ def run_detaudit(args, env=None, cwd=None, timeout=DEFAULT_TIMEOUT, check=None):
             full_env.pop(k, None)
         else:
             full_env[k] = v
-    r = subprocess.run([BIN] + [str(a) for a in args], capture_output=True, text=True,
-                       env=full_env, cwd=cwd, timeout=timeout)
+    r = run_as_group([BIN] + [str(a) for a in args], full_env, cwd, timeout)
     if check is not None and r.returncode != check:
         raise AssertionError(
             f"detaudit {' '.join(map(str, args))}: exit {r.returncode}, expected {check}\n"
@@ -145,8 +145,25 @@ def run_program(argv, env=None, cwd=None, timeout=300):
     """Runs a program directly (no detaudit); returns the CompletedProcess."""
     full_env = dict(os.environ)
     full_env.update(env or {})
-    return subprocess.run(list(argv), capture_output=True, text=True, env=full_env, cwd=cwd,
-                          timeout=timeout)
+    return run_as_group(list(argv), full_env, cwd, timeout)
+
+
+def run_as_group(argv, env, cwd, timeout):
+    """subprocess.run in a session of its own: on a timeout every process it started is killed,
+    not only the first (detaudit's program, a launcher's ranks), so nothing hung runs on beside
+    the next test."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=cwd, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 def record(out_dir, command, flags=(), env=None, cwd=None, timeout=300):
