@@ -81,7 +81,8 @@ def hung(procs, timeout, logs):
         kill_node(p)
     text = f"a launcher did not end in {timeout} s; killed them all"
     for i, p in enumerate(procs):
-        _, err = p.communicate()
+        _, err = p.communicate()  # None for a launcher already read to its end
+        err = err or ""
         log = logs[i] if logs else getattr(p, "node_log", "")
         try:
             with open(log, errors="replace") as f:
