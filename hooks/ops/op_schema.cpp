@@ -50,6 +50,13 @@ bool returns_uninitialized(std::string_view name) {
          name == "aten::empty_permuted" || name == "aten::resize_" || name == "aten::resize_as_";
 }
 
+KnownOutput known_output(std::string_view name, std::string_view overload) {
+  if (name == "aten::fill_" && overload == "Scalar") return KnownOutput::kFill;
+  if (name == "aten::zero_" && overload.empty()) return KnownOutput::kZero;
+  if (name == "aten::copy_" && overload.empty()) return KnownOutput::kCopy;
+  return KnownOutput::kNone;
+}
+
 }  // namespace
 
 bool is_compiled_region(std::string_view name) {
@@ -75,6 +82,7 @@ OpInfo describe_op(const char* name, const OptionalOperatorName& op_name, bool s
     info.written_args |= uint64_t(1) << info.collective.recv_arg;
   }
   if (!op_name) return info;
+  info.known_output = known_output(name, op_name->overload_name);
   auto handle = c10::Dispatcher::singleton().findOp(*op_name);
   if (!handle) return info;
   info.composite = handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||

@@ -14,6 +14,10 @@
 
 namespace detaudit::hooks {
 
+// What an op's output holds, known from its arguments without reading it: a fill's bytes are its
+// value repeated, a copy's those of its source (same dtype, device and shape).
+enum class KnownOutput : uint8_t { kNone, kFill, kZero, kCopy };
+
 struct OpInfo {
   std::string name;
   uint32_t name_id = 0;  // in the stream's string table; UINT32_MAX: not interned yet
@@ -46,6 +50,9 @@ struct OpInfo {
   // The `layout` argument of the empty family: given explicitly (not None) by the tensor
   // constructors (torch.tensor, as_tensor), which fill the buffer outside the dispatcher.
   int8_t layout_arg = -1;  // a c10d collective's send and receive arguments
+  // fill_.Scalar, zero_, copy_: their self, as they return it (the device digest's batches need
+  // not hold what it says).
+  KnownOutput known_output = KnownOutput::kNone;
 
   bool recorded() const { return !is_view && !metadata_only && !scope_bookkeeping && selected; }
 };

@@ -3,6 +3,7 @@
 #include "recorder/recorder.h"
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -346,13 +347,64 @@ void ThreadRecorder::on_start(const at::RecordFunction& fn) {
   }
 }
 
-bool ThreadRecorder::enclosing_kernel_may_write_batch(size_t frame) const {
+bool ThreadRecorder::enclosing_kernel_may_write_batch(size_t frame) {
   for (size_t k = frame; k-- > 0;) {
     const Frame& e = frames_[k];
     if (e.mark != Mark::kOp) continue;
-    return (!e.info || e.info->own_kernel) && device_batch_.adds() > e.batch_adds;
+    if ((e.info && !e.info->own_kernel) || device_batch_.adds() <= e.batch_adds) return false;
+    // Its kernel writes what it returns and what it may write by its schema; addmm's nested
+    // copy_ of the bias reads its `self`, which it may not.
+    read_only_storages_.clear();
+    if (e.recorded && e.info && !e.info->mutable_args)
+      for (size_t i = e.items_begin; i < e.items_end; ++i)
+        if (items_[i].is_tensor) {
+          // unsafe_: a wrapper subclass's storage throws where read; its impl is null.
+          const c10::StorageImpl* storage =
+              snaps_[items_[i].begin].key->unsafe_storage().unsafeGetStorageImpl();
+          if (storage) read_only_storages_.push_back(storage);
+        }
+    return !device_batch_.added_since_reads_only(e.batch_adds, read_only_storages_);
   }
   return false;
+}
+
+const ThreadRecorder::Snapshot* ThreadRecorder::tensor_input(const Frame& f, size_t n) const {
+  for (size_t i = f.items_begin; i < items_.size(); ++i)
+    if (items_[i].is_tensor && n-- == 0) return &snaps_[items_[i].begin];
+  return nullptr;
+}
+
+void ThreadRecorder::know_output(const at::RecordFunction& fn, Frame& f) {
+  auto inputs = fn.inputs();
+  if (inputs.empty() || !inputs[0].isTensor()) return;
+  const at::Tensor& self = inputs[0].toTensor();
+  const bool stats = ProcessRecorder::instance().config().stats;
+  switch (f.info->known_output) {
+    case KnownOutput::kNone: return;
+    case KnownOutput::kZero: f.known_output = digest_of_fill(self, c10::Scalar(0), stats); break;
+    case KnownOutput::kFill:
+      if (inputs.size() > 1 && inputs[1].isScalar())
+        f.known_output = digest_of_fill(self, inputs[1].toScalar(), stats);
+      break;
+    case KnownOutput::kCopy: {
+      // The same bytes in the same logical order: the source's digest, as this op read it.
+      if (inputs.size() < 2 || !inputs[1].isTensor()) return;
+      const at::Tensor& src = inputs[1].toTensor();
+      if (!src.defined() || self.numel() == 0 || src.scalar_type() != self.scalar_type() ||
+          src.device() != self.device() || !src.sizes().equals(self.sizes()) || self.is_conj() ||
+          src.is_conj() || self.is_neg() || src.is_neg() ||
+          at::has_internal_overlap(self) != at::MemOverlap::No || !digests_on_device(self))
+        return;
+      const Snapshot* read = tensor_input(f, 1);
+      if (!read || read->key != src.unsafeGetTensorImpl() || !read->pending ||
+          read->desc.not_read())
+        return;
+      f.known_output = read->pending;
+      note_copy_described_by_source();
+      break;
+    }
+  }
+  if (f.known_output) f.known_output_of = self.unsafeGetTensorImpl();
 }
 
 bool ThreadRecorder::recording_wanted(const OpInfo& info, trace::Phase* phase) {
@@ -491,6 +543,7 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f, trace::Pha
     }
     flush_bytes_item();
     f.items_end = items_.size();
+    if (device_digest_ && info.known_output != KnownOutput::kNone) know_output(fn, f);
   } catch (const std::exception& e) {
     // Never throw into libtorch: an op we cannot describe goes unrecorded.
     report_swallowed(fn.name(), e);

@@ -233,6 +233,10 @@ class ThreadRecorder {
     const OpInfo* info = nullptr;
     size_t items_begin = 0, items_end = 0, bytes_begin = 0, snaps_begin = 0;
     uint64_t batch_adds = 0;  // the device batch's adds() once the op's inputs were added
+    // The digest of what this op returns as known_output_of, known from its arguments
+    // (OpInfo::known_output): that output is not read.
+    std::shared_ptr<const PendingDigest> known_output;
+    const c10::TensorImpl* known_output_of = nullptr;
     // Sentinel mode: a top-level forward op, kept only if it returns what a loss looks like.
     bool loss_candidate = false;
   };
@@ -251,8 +255,13 @@ class ThreadRecorder {
   // This op's step is watched by the sentinel, not recorded in full (Config::full_steps).
   bool sentinel_step(const ProcessRecorder& proc) const;
   // Whether the op enclosing frames_[frame] runs a kernel of its own (unknown: yes) and its
-  // nested ops added tensors to the device batch: that kernel may write them once they end.
-  bool enclosing_kernel_may_write_batch(size_t frame) const;
+  // nested ops added tensors to the device batch that this kernel may write once they end: all
+  // but copies the batch made, and the inputs of an op that writes none of its arguments.
+  bool enclosing_kernel_may_write_batch(size_t frame);
+  // A fill's or a copy's output digest from its arguments, into f (OpInfo::known_output).
+  void know_output(const at::RecordFunction& fn, Frame& f);
+  // The n-th tensor among the op's captured inputs, null if none.
+  const Snapshot* tensor_input(const Frame& f, size_t n) const;
   // Launches the open device batches this op could change the bytes of (Launch).
   void launch_device_batches_before(const at::RecordFunction& fn, const OpInfo& info);
   // `detaudit replay`: saves this op's inputs if it is the one the capture names.
@@ -363,6 +372,7 @@ class ThreadRecorder {
   size_t depth_ = 0;  // open frames, marks included
   std::vector<Item> items_;
   std::vector<Snapshot> snaps_;
+  std::vector<const void*> read_only_storages_;  // enclosing_kernel_may_write_batch's, reused
   size_t snaps_top_ = 0;
   std::string bytes_;  // non-tensor input bytes of open frames
   size_t bytes_item_start_ = 0;

@@ -408,7 +408,14 @@ void ThreadRecorder::emit_output_tensor(const at::Tensor& t, ByteWriter& w, cons
       desc.bits |= trace::kTensorUninitialized;
     } else {
       const bool shared = in_shared_memory(t);
-      totals_.bytes_hashed += describe_contents(t, &desc, &pending, /*may_wait=*/!shared);
+      if (f.known_output && impl == f.known_output_of && t.numel() > 0) {
+        // Known from the op's arguments (a fill's value, a copy's source): not read.
+        describe_geometry(t, hasher_->length(), &desc);
+        pending = f.known_output;
+        totals_.bytes_hashed += uint64_t(t.numel()) * uint64_t(t.element_size());
+      } else {
+        totals_.bytes_hashed += describe_contents(t, &desc, &pending, /*may_wait=*/!shared);
+      }
       ++totals_.tensors_hashed;
       if (shared) desc.sharing = trace::Sharing::kSharedMemory;  // this op wrote it
     }

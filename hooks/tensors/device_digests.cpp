@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iterator>
 #include <mutex>
 #include <optional>
@@ -120,6 +121,8 @@ std::atomic<uint64_t> g_abandoned_in_capture{0};  // their stream began capturin
 // Tensors not contiguous in the digest's order (a transpose, channels_last): copied by add(), or
 // read in place through their strides where the queue can.
 std::atomic<uint64_t> g_copies{0}, g_copied_bytes{0}, g_strided_reads{0};
+// Outputs described from their op's arguments, never read (digest_of_fill, a copy's source).
+std::atomic<uint64_t> g_fills_known{0}, g_copies_by_source{0};
 std::atomic<uint64_t> g_launches[size_t(Launch::kCount)];
 std::atomic<uint64_t> g_cap_bytes{uint64_t(256) << 20};
 
@@ -284,6 +287,11 @@ std::string device_digest_status() {
          (g_strided_reads.load() ? "; " + std::to_string(g_strided_reads.load()) +
                                        " tensors read in place through their strides"
                                  : "") +
+         (g_fills_known.load() + g_copies_by_source.load()
+              ? "; outputs known from their arguments, not read: " +
+                    std::to_string(g_fills_known.load()) + " fills, " +
+                    std::to_string(g_copies_by_source.load()) + " copies"
+              : "") +
          (g_abandoned.load() ? "; " + std::to_string(g_abandoned.load()) +
                                    " tensors of open batches not read at a signal"
                              : "") +
@@ -316,6 +324,61 @@ const char* launch_name(Launch why) {
 
 void set_device_batch_cap(uint64_t bytes) { g_cap_bytes.store(bytes); }
 uint64_t device_batch_cap() { return g_cap_bytes.load(std::memory_order_relaxed); }
+
+namespace {
+
+// A fill's element as the kernels store it: `value.to<T>()` (fill_'s CPU and CUDA kernels).
+template <typename T>
+size_t element_of(const c10::Scalar& value, uint8_t* out) {
+  const T v = value.to<T>();
+  std::memcpy(out, &v, sizeof v);
+  return sizeof v;
+}
+
+size_t fill_element(const c10::Scalar& value, at::ScalarType type, uint8_t* out) {
+  switch (type) {
+    case at::kByte: return element_of<uint8_t>(value, out);
+    case at::kChar: return element_of<int8_t>(value, out);
+    case at::kShort: return element_of<int16_t>(value, out);
+    case at::kInt: return element_of<int32_t>(value, out);
+    case at::kLong: return element_of<int64_t>(value, out);
+    case at::kHalf: return element_of<at::Half>(value, out);
+    case at::kFloat: return element_of<float>(value, out);
+    case at::kDouble: return element_of<double>(value, out);
+    case at::kComplexFloat: return element_of<c10::complex<float>>(value, out);
+    case at::kComplexDouble: return element_of<c10::complex<double>>(value, out);
+    case at::kBool: return element_of<bool>(value, out);
+    case at::kBFloat16: return element_of<at::BFloat16>(value, out);
+    default: return 0;
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<PendingDigest> digest_of_fill(const at::Tensor& self, const c10::Scalar& value,
+                                              bool with_stats) {
+  // A leaf: on the op's thread a fill of more costs more than the kernel's read of it.
+  constexpr uint64_t kMaxBytes = uint64_t(lanes::kLeafWords) * 8;
+  if (!self.defined() || self.numel() == 0 || uint64_t(self.nbytes()) > kMaxBytes ||
+      self.is_conj() || self.is_neg() || !digests_on_device(self))
+    return nullptr;
+  uint8_t element[16];
+  size_t size = 0;
+  try {
+    size = fill_element(value, self.scalar_type(), element);
+  } catch (const std::exception&) {
+    return nullptr;  // out of the dtype's range: the fill itself fails
+  }
+  if (size != size_t(self.element_size())) return nullptr;
+  const uint8_t dtype = uint8_t(self.scalar_type());
+  const lanes::LaneResult r = device_digest_of_fill(dtype, element, size, uint64_t(self.numel()));
+  auto digest = std::make_shared<PendingDigest>(dtype, with_stats);
+  digest->complete(&r);
+  g_fills_known.fetch_add(1, std::memory_order_relaxed);
+  return digest;
+}
+
+void note_copy_described_by_source() { g_copies_by_source.fetch_add(1, std::memory_order_relaxed); }
 
 bool any_device_batch_open() { return g_held_tensors.load(std::memory_order_relaxed) > 0; }
 
@@ -408,6 +471,8 @@ std::shared_ptr<PendingDigest> DeviceBatch::add(const at::Tensor& tensor, bool w
   if (storage == tensor.storage().unsafeGetStorageImpl()) {
     storages_.push_back(storage);
     storage_filter_ |= filter_bit(storage);
+  } else {
+    storages_.push_back(nullptr);
   }
   held_.push_back(t.storage());
   held_count_.store(uint32_t(held_.size()), std::memory_order_relaxed);
@@ -425,6 +490,16 @@ std::shared_ptr<PendingDigest> DeviceBatch::add(const at::Tensor& tensor, bool w
   else if (device_batch_cap() > 0 && bytes_ >= device_batch_cap())
     launch_locked(Launch::kBytes, &released);
   return digest;
+}
+
+bool DeviceBatch::added_since_reads_only(uint64_t since, const std::vector<const void*>& storages) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // The first of them may have been launched since: no longer held.
+  const size_t n = size_t(std::min<uint64_t>(adds_ - since, storages_.size()));
+  for (size_t i = storages_.size() - n; i < storages_.size(); ++i)
+    if (storages_[i] && std::find(storages.begin(), storages.end(), storages_[i]) == storages.end())
+      return false;
+  return true;
 }
 
 void DeviceBatch::launch(Launch why) {

@@ -71,6 +71,9 @@ class DeviceBatch {
   bool empty() const { return held_count_.load(std::memory_order_relaxed) == 0; }
   // Tensors added since the thread began, launched or not (the owner's thread reads it).
   uint64_t adds() const { return adds_; }
+  // Whether every tensor still held of those added since adds() was `since` reads memory no
+  // one else writes (a copy made here) or one of `storages` (StorageImpl pointers).
+  bool added_since_reads_only(uint64_t since, const std::vector<const void*>& storages);
   // A forked child's: the parent's tensors, whose digests the child never computes.
   void forget_after_fork();
 
@@ -101,11 +104,21 @@ class DeviceBatch {
   std::atomic<uint32_t> held_count_{0};
   uint64_t adds_ = 0;
   std::vector<std::shared_ptr<PendingDigest>> digests_;
-  // The program's storages among held_ (a copy made here is no one else's), and a 64-bit filter
-  // of them: most writes are to storages no batch holds, and are told so in one test.
+  // The program's storage each job reads, null for a copy made here (no one else's), and a
+  // 64-bit filter of them: most writes are to storages no batch holds, and are told so in one
+  // test.
   std::vector<const void*> storages_;
   uint64_t storage_filter_ = 0;
 };
+
+// What `self.fill_(value)` writes (zero_: value 0), digested now from the value alone: no batch
+// holds or reads it. Null where that is not worth it (more than a leaf's bytes: the kernel reads
+// it faster) or not known (a dtype the fill converts to apart, a value out of its range); the
+// output is then digested as found.
+std::shared_ptr<PendingDigest> digest_of_fill(const at::Tensor& self, const c10::Scalar& value,
+                                              bool with_stats);
+// A copy's output described by its source's digest (the same bytes): counted for `.status`.
+void note_copy_described_by_source();
 
 // Whether any batch holds anything: the checks below cost nothing while none does.
 bool any_device_batch_open();

@@ -1,5 +1,6 @@
 #include "digest/device_digest.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "digest/stats.h"
@@ -124,6 +125,23 @@ uint64_t device_digest(const void* data, size_t nbytes) {
   DeviceDigester d(/*dtype=*/0, /*with_stats=*/false);
   d.update(data, nbytes);
   return d.finish().root;
+}
+
+LaneResult device_digest_of_fill(uint8_t dtype, const void* element, size_t element_size,
+                                 uint64_t count) {
+  // The element repeated over a chunk that holds whole elements, fed chunk by chunk.
+  constexpr size_t kChunk = 4096;
+  uint8_t chunk[kChunk];
+  const size_t per_chunk = element_size ? kChunk / element_size : 0;
+  for (size_t i = 0; i < per_chunk; ++i)
+    std::memcpy(chunk + i * element_size, element, element_size);
+  DeviceDigester d(dtype);
+  for (uint64_t left = count; left > 0 && per_chunk > 0;) {
+    const uint64_t n = std::min<uint64_t>(left, per_chunk);
+    d.update(chunk, size_t(n) * element_size);
+    left -= n;
+  }
+  return d.finish();
 }
 
 void lane_result_to_desc(const LaneResult& r, uint8_t dtype, bool with_stats,

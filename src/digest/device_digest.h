@@ -42,6 +42,11 @@ class DeviceDigester {
 // The device digest of `nbytes` contiguous bytes, without statistics.
 uint64_t device_digest(const void* data, size_t nbytes);
 
+// The device digest and statistics of `count` elements that are each `element`
+// (`element_size` bytes, at most 16): a fill's bytes, digested without being there.
+lanes::LaneResult device_digest_of_fill(uint8_t dtype, const void* element, size_t element_size,
+                                        uint64_t count);
+
 // Fills the digest (8 bytes, little-endian), the statistics and their bits of `out`.
 void lane_result_to_desc(const lanes::LaneResult& r, uint8_t dtype, bool with_stats,
                          trace::TensorDesc* out);

@@ -78,10 +78,14 @@ def device_digests(run_dir):
         why[reason] = int(n)
     copies = re.search(r"; (\d+) tensors \((\d+) bytes\) copied to the digest's order first", line)
     strided = re.search(r"; (\d+) tensors read in place through their strides", line)
+    known = re.search(r"; outputs known from their arguments, not read: (\d+) fills, (\d+) copies",
+                      line)
     return {"launches": int(m.group(1)), "tensors": int(m.group(2)), "failed": int(m.group(3)),
             "peak": int(m.group(4)), "why": why, "cuda_calls": int(m.group(6) or 0),
             "copies": int(copies.group(1)) if copies else 0,
-            "strided": int(strided.group(1)) if strided else 0, "line": line}
+            "strided": int(strided.group(1)) if strided else 0,
+            "known_fills": int(known.group(1)) if known else 0,
+            "known_copies": int(known.group(2)) if known else 0, "line": line}
 
 
 class HeldRecordsCase(unittest.TestCase):
@@ -203,6 +207,10 @@ class BatchesAcrossOps(HeldRecordsCase):
         # collective, the enclosing kernel; and at each step's end.
         for reason in ("in place", "collective", "enclosing kernel", "step"):
             self.assertGreater(d["why"].get(reason, 0), 0, d["line"])
+        # Fills digested from their value, copies from their source's digest: each step's seven
+        # dtypes, zero_, the small sums' nested fill_; copy_ into buf and half, addmm's bias.
+        self.assertGreaterEqual(d["known_fills"], 3 * 9, d["line"])
+        self.assertGreaterEqual(d["known_copies"], 3 * 3, d["line"])
         self.assertEqual(d["why"].get("op", 0), 0, d["line"])
         self.assertLess(d["launches"], len(ops(b)) // 2, d["line"])
         # What CudaQueue would call: the two kernels and the event, nothing allocated or copied.
@@ -213,6 +221,7 @@ class BatchesAcrossOps(HeldRecordsCase):
         self.same_trace("direct", "fused")
         d = device_digests(self.runs["fused"][1])
         self.assertGreater(d["strided"], 0, d["line"])
+        self.assertGreater(d["known_copies"], 0, d["line"])
         self.assertEqual(d["cuda_calls"], d["launches"], d["line"])
 
     def test_a_batch_per_op_records_the_same(self):

@@ -226,6 +226,26 @@ TEST(DeviceDigestTest, EveryByteAndItsPositionCount) {
   EXPECT_NE(reference({}, 0, 1).root, reference({0}, 0, 1).root);
 }
 
+// A fill's digest, computed from its value alone (a fill_ or zero_ the batches never read), is
+// the digest of the bytes the fill writes, statistics included.
+TEST(DeviceDigestTest, AFillIsDigestedAsItsBytes) {
+  for (uint8_t dtype : kDtypes) {
+    const size_t esize = trace::dtype_size(dtype);
+    const auto element = random_bytes(esize, dtype);
+    // Within a word, a ragged word, a leaf, across a chunk of the fill's and several leaves.
+    for (uint64_t count :
+         {uint64_t(1), uint64_t(3), 4096 / esize, 4096 / esize + 1, uint64_t(5000)}) {
+      std::vector<uint8_t> bytes(size_t(count) * esize);
+      for (uint64_t i = 0; i < count; ++i) std::memcpy(&bytes[i * esize], element.data(), esize);
+      const LaneResult want = reference(bytes, dtype, bytes.size());
+      const LaneResult got = device_digest_of_fill(dtype, element.data(), esize, count);
+      EXPECT_EQ(got.root, want.root) << "dtype " << int(dtype) << " count " << count;
+      EXPECT_TRUE(same_stats(got.stats, want.stats))
+          << "dtype " << int(dtype) << " count " << count;
+    }
+  }
+}
+
 TEST(DeviceDigestTest, HasherAndDigesterAgree) {
   const auto bytes = random_bytes(10000, 5);
   Hasher h(trace::DigestAlgo::kDevice);

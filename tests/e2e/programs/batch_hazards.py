@@ -1,7 +1,8 @@
 """Writes, in every way an op can, bytes that an open device batch is still to digest: the very
 next op in place, through a view, through `out=`, a collective in place, a nested op's output
-that its enclosing kernel writes after (sum's fill_), a matrix whose strided column was read,
-and an autograd step whose optimizer writes every parameter. Run with DETAUDIT_DEVICE_QUEUE=host, the batch holds CPU tensors across ops;
+that its enclosing kernel writes after (sum's fill_, addmm's copy_ of the bias), a matrix whose
+strided column was read, fills and copies whose digests come from their value and source, and
+an autograd step whose optimizer writes every parameter. Run with DETAUDIT_DEVICE_QUEUE=host, the batch holds CPU tensors across ops;
 each recorded digest must be that of the bytes the op produced, as the direct path records them.
 
     python batch_hazards.py [--steps 3] [--big-mb 0]
@@ -33,6 +34,31 @@ def step(k, big_mb):
     mt = m.t() * 0.5             # a transpose read
     s = z.sum() + y.sum()        # sum fills its output with a nested fill_, then adds into it
     s = s + col.sum() + mt.sum()
+    # A fill's output is digested from its value, a copy's from its source, and no batch holds
+    # them: what writes them next, and what writes the source, must not change their digests.
+    wide = m.view(8, 256).sum(0)  # a nested fill_ of a leaf: its value digested, not read
+    tall = torch.ones(4, 4096).sum(0) * (k + 1)  # of more: read, the batch launched first
+    for dtype in (torch.float16, torch.bfloat16, torch.int32, torch.int8, torch.bool,
+                  torch.complex64, torch.float64):
+        f = torch.empty(37, dtype=dtype).fill_(k + 1)
+        if dtype == torch.bool:
+            f.logical_not_()
+        else:
+            f.add_(1)
+        s = s + (f.real if f.is_complex() else f).double().sum().float()
+    zeroed = torch.empty(100).zero_()
+    zeroed.add_(k)               # the zeros' digest stands, whatever comes next
+    buf = torch.empty(64, 32)
+    buf.copy_(m)                 # the source's digest, as copy_ read it
+    m.mul_(2)                    # the source written after: the copy's bytes were before it
+    buf.add_(1)                  # the copy written after
+    half = torch.empty(64, 32).copy_(m.t().t().contiguous())  # a contiguous source
+    wider = torch.empty(64, 32, dtype=torch.float64).copy_(m)  # converted: read as written
+    rows = torch.empty(4, 32).copy_(m[0])  # broadcast: read as written
+    half = half + wider.float() + rows.sum()
+    bias = torch.arange(32, dtype=torch.float32) * (k + 1)
+    lin = torch.addmm(bias, m[:4], torch.eye(32))  # the bias copied by a nested copy_
+    s = s + wide.sum() + tall.sum() + zeroed.sum() + buf.sum() + half.sum() + lin.sum()
     if big_mb:
         n = big_mb * (1 << 20) // 4
         # New tensors only, none written again: the batch grows until its cap launches it.
