@@ -355,8 +355,9 @@ size_t fill_element(const c10::Scalar& value, at::ScalarType type, uint8_t* out)
 
 }  // namespace
 
-std::shared_ptr<PendingDigest> digest_of_fill(const at::Tensor& self, const c10::Scalar& value,
-                                              bool with_stats) {
+std::shared_ptr<PendingDigest> DeviceBatch::digest_of_fill(const at::Tensor& self,
+                                                           const c10::Scalar& value,
+                                                           bool with_stats) {
   // A leaf: on the op's thread a fill of more costs more than the kernel's read of it.
   constexpr uint64_t kMaxBytes = uint64_t(lanes::kLeafWords) * 8;
   if (!self.defined() || self.numel() == 0 || uint64_t(self.nbytes()) > kMaxBytes ||
@@ -371,9 +372,21 @@ std::shared_ptr<PendingDigest> digest_of_fill(const at::Tensor& self, const c10:
   }
   if (size != size_t(self.element_size())) return nullptr;
   const uint8_t dtype = uint8_t(self.scalar_type());
-  const lanes::LaneResult r = device_digest_of_fill(dtype, element, size, uint64_t(self.numel()));
+  const uint64_t count = uint64_t(self.numel());
+  // Programs fill alike again and again (sum's zeros, each step): remembered, the reference's
+  // 650 MB/s with statistics runs once for each.
+  if (fills_.empty()) fills_.resize(kRememberedFills);
+  uint64_t key = count * 0x9E3779B97F4A7C15ull ^ dtype;
+  for (size_t i = 0; i < size; ++i) key = (key ^ element[i]) * 0x100000001B3ull;
+  RememberedFill& r = fills_[size_t(key % kRememberedFills)];
+  if (r.count != count || r.dtype != dtype || std::memcmp(r.element, element, size) != 0) {
+    r.result = device_digest_of_fill(dtype, element, size, count);
+    r.dtype = dtype;
+    std::memcpy(r.element, element, size);
+    r.count = count;
+  }
   auto digest = std::make_shared<PendingDigest>(dtype, with_stats);
-  digest->complete(&r);
+  digest->complete(&r.result);
   g_fills_known.fetch_add(1, std::memory_order_relaxed);
   return digest;
 }

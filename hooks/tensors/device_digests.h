@@ -65,6 +65,12 @@ class DeviceBatch {
   // non-contiguous t is read in place through its strides where the queue can (a view of up to
   // kMaxJobDims merged dimensions), else made contiguous on that stream now.
   std::shared_ptr<PendingDigest> add(const at::Tensor& t, bool with_stats);
+  // What `self.fill_(value)` writes (zero_: value 0), digested now from the value alone: no
+  // batch holds or reads it. Null where that is not worth it (more than a leaf's bytes: the
+  // kernel reads it faster) or not known (a dtype the fill converts to apart, a value out of its
+  // range); the output is then digested as found.
+  std::shared_ptr<PendingDigest> digest_of_fill(const at::Tensor& self, const c10::Scalar& value,
+                                                bool with_stats);
   // Enqueues the batch behind what its stream holds. Never waits for the device.
   void launch(Launch why);
   // Holds nothing (read without the lock: the owner's test before a launch).
@@ -92,6 +98,17 @@ class DeviceBatch {
   friend void launch_open_batches(Launch why, long max_wait_ms);
   friend void launch_batches_holding_memory(uintptr_t begin, uintptr_t end);
 
+  // The thread's last fills, by dtype, element and count (digest_of_fill), allocated at its
+  // first: a thread_local array would not fit the static TLS block of a preloaded library.
+  struct RememberedFill {
+    uint8_t dtype = 0;
+    uint8_t element[16] = {};
+    uint64_t count = 0;  // 0: empty
+    lanes::LaneResult result{};
+  };
+  static constexpr size_t kRememberedFills = 64;
+  std::vector<RememberedFill> fills_;
+
   std::mutex mu_;
   int device_ = -1;
   void* stream_ = nullptr;
@@ -111,12 +128,6 @@ class DeviceBatch {
   uint64_t storage_filter_ = 0;
 };
 
-// What `self.fill_(value)` writes (zero_: value 0), digested now from the value alone: no batch
-// holds or reads it. Null where that is not worth it (more than a leaf's bytes: the kernel reads
-// it faster) or not known (a dtype the fill converts to apart, a value out of its range); the
-// output is then digested as found.
-std::shared_ptr<PendingDigest> digest_of_fill(const at::Tensor& self, const c10::Scalar& value,
-                                              bool with_stats);
 // A copy's output described by its source's digest (the same bytes): counted for `.status`.
 void note_copy_described_by_source();
 

@@ -40,7 +40,7 @@ def step(k, big_mb):
     tall = torch.ones(4, 4096).sum(0) * (k + 1)  # of more: read, the batch launched first
     for dtype in (torch.float16, torch.bfloat16, torch.int32, torch.int8, torch.bool,
                   torch.complex64, torch.float64):
-        f = torch.empty(37, dtype=dtype).fill_(k + 1)
+        f = torch.empty(37, dtype=dtype).fill_(k + 1.3)  # converted as the kernel converts it
         if dtype == torch.bool:
             f.logical_not_()
         else:

@@ -1,7 +1,8 @@
 """Writes, on a GPU, bytes that an open device batch is still to digest, in every way the recorder
 must see before it launches the batch: the very next op in place, through a view, out=, another
 stream after wait_stream, a storage resized to 0 (FSDP's way of freeing, outside any op) whose
-memory the caching allocator hands to the next tensor, and an optimizer's in-place step.
+memory the caching allocator hands to the next tensor, an optimizer's in-place step, and fills
+and copies whose digests come from their value and source (Linear's addmm copies its bias).
 Deterministic: recorded with one launch for many ops and with a launch per op, the two runs'
 digests must be identical (tests/gpu/test_batched_digests.py).
 
@@ -28,7 +29,18 @@ def step(k):
     w = x + 3                          # held; its memory is then freed under the batch
     w.untyped_storage().resize_(0)
     fresh = torch.full((1 << 16,), 7.0, device="cuda")  # may reuse w's memory at once
-    return (z.sum() + y.sum() + fresh.sum()) * 1e-9
+    # Digested from their value or source, not read: the same bits as the kernel's read.
+    known = torch.zeros((), device="cuda")
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.bool):
+        f = torch.empty(300, dtype=dtype, device="cuda").fill_(k + 1.3)
+        known = known + f.double().sum().float()
+    zeroed = torch.empty(1000, device="cuda").zero_()
+    zeroed.add_(k)
+    src = torch.arange(512, dtype=torch.float32, device="cuda").view(16, 32) * (k + 1)
+    dst = torch.empty(16, 32, device="cuda").copy_(src)
+    src.mul_(2)                        # the source written after the copy
+    known = known + zeroed.sum() + dst.sum() + src.sum()
+    return (z.sum() + y.sum() + fresh.sum() + known) * 1e-9
 
 
 def main():
