@@ -378,6 +378,11 @@ void ThreadRecorder::know_output(const at::RecordFunction& fn, Frame& f) {
   auto inputs = fn.inputs();
   if (inputs.empty() || !inputs[0].isTensor()) return;
   const at::Tensor& self = inputs[0].toTensor();
+  // Dense tensors only: a sparse, nested or quantized one's bytes are not its elements.
+  auto plain = [](const at::Tensor& t) {
+    return t.defined() && t.layout() == at::kStrided && !t.is_nested() && !t.is_quantized();
+  };
+  if (!plain(self)) return;
   const bool stats = ProcessRecorder::instance().config().stats;
   switch (f.info->known_output) {
     case KnownOutput::kNone: return;
@@ -392,7 +397,7 @@ void ThreadRecorder::know_output(const at::RecordFunction& fn, Frame& f) {
       // The same bytes in the same logical order: the source's digest, as this op read it.
       if (inputs.size() < 2 || !inputs[1].isTensor()) return;
       const at::Tensor& src = inputs[1].toTensor();
-      if (!src.defined() || self.numel() == 0 || src.scalar_type() != self.scalar_type() ||
+      if (!plain(src) || self.numel() == 0 || src.scalar_type() != self.scalar_type() ||
           src.device() != self.device() || !src.sizes().equals(self.sizes()) || self.is_conj() ||
           src.is_conj() || self.is_neg() || src.is_neg() ||
           at::has_internal_overlap(self) != at::MemOverlap::No || !digests_on_device(self))

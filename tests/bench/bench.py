@@ -287,6 +287,8 @@ def callgrind_instructions(args, workload, name, mode_config, run_dir, steps):
     os.makedirs(os.path.dirname(out), exist_ok=True)
     cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no",
            f"--toggle-collect=*{workload}()::{{lambda()#1}}::operator()*", f"--callgrind-out-file={out}",
+           # A launch inside an add is told apart by who added (callgrind_stages.py).
+           "--separate-callers3=*DeviceBatch::add*",
            os.path.join(args.torch_bin, "bench_workloads"), "--workload", workload,
            "--steps", str(steps), "--warmup", "1", "--threads", "2"]
     return subprocess.Popen(cmd, env=mode_env(args, mode_config, run_dir, name), stdout=subprocess.DEVNULL,
