@@ -369,7 +369,7 @@ bool ThreadRecorder::enclosing_kernel_may_write_batch(size_t frame) {
 }
 
 const ThreadRecorder::Snapshot* ThreadRecorder::tensor_input(const Frame& f, size_t n) const {
-  for (size_t i = f.items_begin; i < items_.size(); ++i)
+  for (size_t i = f.items_begin; i < f.items_end; ++i)
     if (items_[i].is_tensor && n-- == 0) return &snaps_[items_[i].begin];
   return nullptr;
 }
@@ -378,11 +378,13 @@ void ThreadRecorder::know_output(const at::RecordFunction& fn, Frame& f) {
   auto inputs = fn.inputs();
   if (inputs.empty() || !inputs[0].isTensor()) return;
   const at::Tensor& self = inputs[0].toTensor();
-  // Dense tensors only: a sparse, nested or quantized one's bytes are not its elements.
+  // Dense tensors only: a sparse, nested or quantized one's bytes are not its elements, and a
+  // conjugate or negative view's are not its values.
   auto plain = [](const at::Tensor& t) {
-    return t.defined() && t.layout() == at::kStrided && !t.is_nested() && !t.is_quantized();
+    return t.defined() && t.layout() == at::kStrided && !t.is_nested() && !t.is_quantized() &&
+           !t.is_conj() && !t.is_neg();
   };
-  if (!plain(self)) return;
+  if (!plain(self) || self.numel() == 0 || !digests_on_device(self)) return;
   const bool stats = ProcessRecorder::instance().config().stats;
   switch (f.info->known_output) {
     case KnownOutput::kNone: return;
@@ -397,10 +399,8 @@ void ThreadRecorder::know_output(const at::RecordFunction& fn, Frame& f) {
       // The same bytes in the same logical order: the source's digest, as this op read it.
       if (inputs.size() < 2 || !inputs[1].isTensor()) return;
       const at::Tensor& src = inputs[1].toTensor();
-      if (!plain(src) || self.numel() == 0 || src.scalar_type() != self.scalar_type() ||
-          src.device() != self.device() || !src.sizes().equals(self.sizes()) || self.is_conj() ||
-          src.is_conj() || self.is_neg() || src.is_neg() ||
-          at::has_internal_overlap(self) != at::MemOverlap::No || !digests_on_device(self))
+      if (!plain(src) || src.scalar_type() != self.scalar_type() || src.device() != self.device() ||
+          !src.sizes().equals(self.sizes()) || at::has_internal_overlap(self) != at::MemOverlap::No)
         return;
       const Snapshot* read = tensor_input(f, 1);
       if (!read || read->key != src.unsafeGetTensorImpl() || !read->pending ||

@@ -360,9 +360,7 @@ std::shared_ptr<PendingDigest> DeviceBatch::digest_of_fill(const at::Tensor& sel
                                                            bool with_stats) {
   // A leaf: on the op's thread a fill of more costs more than the kernel's read of it.
   constexpr uint64_t kMaxBytes = uint64_t(lanes::kLeafWords) * 8;
-  if (!self.defined() || self.numel() == 0 || uint64_t(self.nbytes()) > kMaxBytes ||
-      self.is_conj() || self.is_neg() || !digests_on_device(self))
-    return nullptr;
+  if (uint64_t(self.nbytes()) > kMaxBytes) return nullptr;
   uint8_t element[16];
   size_t size = 0;
   try {

@@ -66,9 +66,10 @@ class DeviceBatch {
   // kMaxJobDims merged dimensions), else made contiguous on that stream now.
   std::shared_ptr<PendingDigest> add(const at::Tensor& t, bool with_stats);
   // What `self.fill_(value)` writes (zero_: value 0), digested now from the value alone: no
-  // batch holds or reads it. Null where that is not worth it (more than a leaf's bytes: the
-  // kernel reads it faster) or not known (a dtype the fill converts to apart, a value out of its
-  // range); the output is then digested as found.
+  // batch holds or reads it. self is a dense tensor of this thread's device digest. Null where
+  // that is not worth it (more than a leaf's bytes: the kernel reads it faster) or not known (a
+  // dtype the fill converts to apart, a value out of its range); the output is then digested as
+  // found.
   std::shared_ptr<PendingDigest> digest_of_fill(const at::Tensor& self, const c10::Scalar& value,
                                                 bool with_stats);
   // Enqueues the batch behind what its stream holds. Never waits for the device.

@@ -94,7 +94,6 @@ class Profile:
                    if rc.search(own(a)) and re_.search(own(b)) and (not rx or rx.search(context(a))))
 
 
-
 R = r"detaudit::hooks::ThreadRecorder::"
 
 
