@@ -30,7 +30,7 @@ void describe_first(const FirstDivergence& f, SentinelFinding* s) {
   for (const auto* side : {&f.inputs, &f.outputs})
     for (const TensorPair& t : *side)
       if (t.differs)
-        s->tensors.push_back(fmt::format("{} {} {} {}: {}", t.role, t.index, t.a.dtype,
+        s->tensors.push_back(fmt::format("{} {} {}: {}", t.label(), t.a.dtype,
                                          shape_string(t.a.sizes), l2_change(t)));
 }
 
@@ -224,7 +224,7 @@ void localize_divergent_step(const Config& config, const run::RunOptions& option
   std::string which = "an output";
   for (const auto* side : {&f.inputs, &f.outputs})
     for (const TensorPair& t : *side)
-      if (t.differs && which == "an output") which = fmt::format("{} {}", t.role, t.index);
+      if (t.differs && which == "an output") which = t.label();
   f.detail = fmt::format("{} differs in the sentinel runs, not in the full recording", which);
   f.remedy = remedy;
   f.catalog.reset();

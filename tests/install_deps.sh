@@ -4,14 +4,19 @@
 # - a virtual environment, <source>/.venv, with pip's torch 2.13.0 (CPU), the torch users have;
 # - with --debian-torch, Debian's libtorch 1.13 and its python3-torch: the other end of the
 #   supported range, which the tests cover too.
-#   tests/install_deps.sh [--debian-torch] [extra-debian-package...]   (the benchmark adds valgrind)
+# - with --training-loops, the training loops users run, in that environment: Hugging Face's
+#   transformers with accelerate (Trainer), for the tests that audit them.
+#   tests/install_deps.sh [--debian-torch] [--training-loops] [extra-debian-package...]
+#   (the benchmark adds valgrind)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 packages=(build-essential cmake ninja-build pkg-config python3 python3-venv
           nlohmann-json3-dev libcli11-dev libfmt-dev libssl-dev libxxhash-dev libgtest-dev)
+loops=0
 for a in "$@"; do
   case $a in
     --debian-torch) packages+=(libtorch-dev python3-torch python3-numpy);;
+    --training-loops) loops=1;;
     *) packages+=("$a");;
   esac
 done
@@ -36,4 +41,9 @@ if ! "$venv/bin/python" -c 'import torch, numpy, scikit_build_core, pytest; asse
   python3 -m venv "$venv" 2>/dev/null || /usr/bin/python3 -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check torch==2.13.0 numpy==2.4.6 \
     scikit-build-core==1.1.2 pytest==8.3.3
+fi
+# Pinned, beside torch 2.13.0, which they keep (about 40 s and 150 MB).
+if ((loops)) && ! "$venv/bin/python" -c 'import transformers, accelerate' 2>/dev/null; then
+  echo "detaudit: installing transformers and accelerate into $venv" >&2
+  "$venv/bin/pip" install -q --disable-pip-version-check transformers==5.24.0 accelerate==1.15.0
 fi

@@ -9,7 +9,8 @@ python3 "$root/tests/check_layers.py" --self-test
 "$root/tests/check_format.sh"
 # chromium renders the HTML report for its test; python3-jsonschema checks the timeline's schema;
 # clang-14 and its runtimes build the sanitizers and libFuzzer.
-"$root/tests/build.sh" --debian-torch chromium python3-jsonschema clang-14 libclang-rt-14-dev
+"$root/tests/build.sh" --debian-torch --training-loops chromium python3-jsonschema clang-14 \
+  libclang-rt-14-dev
 (cd "$root/build" && ctest --output-on-failure -j "$(nproc)" --timeout 900)
 # ASan + UBSan: the unit tests, one end-to-end recording, 20 s of each fuzzer (docs/fuzzing.md).
 "$root/tests/sanitize.sh"

@@ -5,6 +5,8 @@
 //   detaudit_replay INPUTS.pt OP OVERLOAD --replays 20 --threads 2 --deterministic off
 //                   [--busy-thread] [--rng RNG.pt] --digest xxh3
 //   detaudit_replay --batch MANIFEST.json     (one JSON line per op and setting, as each ends)
+//   detaudit_replay --write-sets < SCHEMAS    (what the recorder takes each schema, one a line,
+//                                              to write: tests/e2e/test_write_sets.py)
 //
 // Every replay gets fresh copies of the inputs, laid out as the op received them, so an in-place
 // op starts from the captured bytes each time, and the generator the op drew from is set back to
@@ -22,6 +24,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <pthread.h>
 #include <time.h>
+#include <torch/csrc/jit/frontend/function_schema_parser.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <atomic>
@@ -30,6 +33,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <iterator>
 #include <map>
 #include <mutex>
@@ -41,6 +45,7 @@
 #include <vector>
 
 #include "digest/digest.h"
+#include "ops/op_schema.h"
 #include "tensors/tensor_copy.h"
 #include "tensors/tensor_digest.h"
 
@@ -294,10 +299,27 @@ int run_batch(const std::string& manifest_path) {
   return 0;
 }
 
+// Each schema read from stdin, parsed as torch parses its registry's, and its write set; a schema
+// naming a class this process has not registered (a Python library's) is said to be unparsed.
+int write_sets() {
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    if (line.empty()) continue;
+    try {
+      std::printf("%s\n",
+                  detaudit::hooks::describe_write_set(torch::jit::parseSchema(line)).c_str());
+    } catch (const std::exception&) {
+      std::printf("%s\tunparsed\n", line.c_str());
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc == 3 && std::string(argv[1]) == "--batch") return run_batch(argv[2]);
+  if (argc == 2 && std::string(argv[1]) == "--write-sets") return write_sets();
   if (argc < 4) return fail("usage: detaudit_replay INPUTS.pt OP OVERLOAD [options]");
   const std::string inputs_path = argv[1], op_name = argv[2], overload = argv[3];
   int replays = 20;

@@ -2,6 +2,10 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <algorithm>
+
+#include "trace/format.h"
+
 namespace detaudit::hooks {
 namespace {
 
@@ -50,6 +54,12 @@ bool returns_uninitialized(std::string_view name) {
          name == "aten::empty_permuted" || name == "aten::resize_" || name == "aten::resize_as_";
 }
 
+// In-place by schema, yet they write no bytes: a stream noted for the caching allocator.
+bool writes_no_bytes(std::string_view name) { return name == "aten::record_stream"; }
+
+// Whether an argument of this type is a list (Tensor[], Tensor?[]), else one tensor.
+bool is_list(const c10::TypePtr& type) { return type->kind() == c10::TypeKind::ListType; }
+
 KnownOutput known_output(std::string_view name, std::string_view overload) {
   if (name == "aten::fill_" && overload == "Scalar") return KnownOutput::kFill;
   if (name == "aten::zero_" && overload.empty()) return KnownOutput::kZero;
@@ -64,10 +74,12 @@ bool is_compiled_region(std::string_view name) {
          name == "CompiledFunctionBackward";
 }
 
-OpInfo describe_op(const char* name, const OptionalOperatorName& op_name, bool selected) {
+namespace {
+
+// What the op's name alone says.
+OpInfo describe_by_name(const char* name) {
   OpInfo info;
   info.name = name;
-  info.selected = selected;
   info.returns_uninitialized = returns_uninitialized(name);
   info.metadata_only = is_metadata_only(name);
   info.compiled_region = is_compiled_region(name);
@@ -81,27 +93,60 @@ OpInfo describe_op(const char* name, const OptionalOperatorName& op_name, bool s
     info.overwritten_args |= uint64_t(1) << info.collective.recv_arg;
     info.written_args |= uint64_t(1) << info.collective.recv_arg;
   }
+  return info;
+}
+
+// What its schema says: views, writes (the write set), generators, layout.
+void read_schema(const c10::FunctionSchema& schema, OpInfo* out);
+
+}  // namespace
+
+OpInfo describe_op(const char* name, const OptionalOperatorName& op_name, bool selected) {
+  OpInfo info = describe_by_name(name);
+  info.selected = selected;
   if (!op_name) return info;
   info.known_output = known_output(name, op_name->overload_name);
   auto handle = c10::Dispatcher::singleton().findOp(*op_name);
   if (!handle) return info;
   info.composite = handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
                    handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd);
+  // A kernel inductor generated runs from a Python implementation registered Composite, yet it
+  // writes raw memory the dispatcher never sees: its outputs are always read.
+  if (trace::is_compiled_kernel(name)) info.composite = false;
   info.own_kernel = !info.composite;
   // Random ops without a Generator argument (native_dropout, rand, randperm, the RNN and
   // attention kernels with dropout) carry the tag; on CUDA they draw from the device's generator.
   info.is_random = handle->hasTag(at::Tag::nondeterministic_seeded);
-  const c10::FunctionSchema& schema = handle->schema();
+  read_schema(handle->schema(), &info);
+  return info;
+}
+
+namespace {
+
+void read_schema(const c10::FunctionSchema& schema, OpInfo* out) {
+  OpInfo& info = *out;
+  const std::string_view name = info.name;
   for (const auto& ret : schema.returns()) {
     const auto* alias = ret.alias_info();
     if (alias && !alias->isWrite()) info.is_view = true;
   }
+  // The alias sets the op returns written: `add_(Tensor(a!) self) -> Tensor(a!)`.
+  std::vector<c10::Symbol> returned;
+  for (const auto& ret : schema.returns())
+    if (ret.alias_info() && ret.alias_info()->isWrite())
+      for (const c10::Symbol& set : ret.alias_info()->beforeSets()) returned.push_back(set);
   const auto& args = schema.arguments();
   for (size_t i = 0; i < args.size(); ++i) {
     const c10::Argument& arg = args[i];
     if (arg.alias_info() && arg.alias_info()->isWrite()) {
       info.writes = true;
       if (i < 64) info.mutable_args |= uint64_t(1) << i;
+      bool is_returned = false;
+      for (const c10::Symbol& set : arg.alias_info()->beforeSets())
+        is_returned |= std::find(returned.begin(), returned.end(), set) != returned.end();
+      if (!is_returned && i < 64 && !info.metadata_only && !writes_no_bytes(name) &&
+          !info.collective.defined())
+        info.unreturned_writes.push_back({uint8_t(i), is_list(arg.type()), arg.name()});
       const bool self = arg.name() == "self";
       const bool written = arg.is_out() || (self && writes_all_of_self(name));
       if (i < 64 && written) info.written_args |= uint64_t(1) << i;
@@ -113,7 +158,27 @@ OpInfo describe_op(const char* name, const OptionalOperatorName& op_name, bool s
     if (type->kind() == c10::TypeKind::OptionalType) type = type->containedType(0);
     if (type->kind() == c10::TypeKind::GeneratorType) info.is_random = true;
   }
-  return info;
+}
+
+}  // namespace
+
+std::string describe_write_set(const c10::FunctionSchema& schema) {
+  OpInfo info = describe_by_name(schema.name().c_str());
+  read_schema(schema, &info);
+  std::string line = schema.name() + "." + schema.overload_name() + "\t";
+  const char* sep = "";
+  for (size_t i = 0; i < 64; ++i)
+    if (info.mutable_args >> i & 1) {
+      line += sep + std::to_string(i);
+      sep = ",";
+    }
+  line += "\t";
+  sep = "";
+  for (const UnreturnedWrite& w : info.unreturned_writes) {
+    line += sep + std::to_string(w.index);
+    sep = ",";
+  }
+  return line;
 }
 
 }  // namespace detaudit::hooks

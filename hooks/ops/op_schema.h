@@ -6,8 +6,11 @@
 // outputs hold bytes no kernel wrote. The rules for what a schema does not say are listed here.
 #pragma once
 
+#include <ATen/core/function_schema.h>
+
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "collectives/collectives.h"
 #include "ops/torch_compat.h"
@@ -17,6 +20,16 @@ namespace detaudit::hooks {
 // What an op's output holds, known from its arguments without reading it: a fill's bytes are its
 // value repeated, a copy's those of its source (same dtype, device and shape).
 enum class KnownOutput : uint8_t { kNone, kFill, kZero, kCopy };
+
+// An argument an op may write and does not return: a list (`Tensor(a!)[]` of the foreach and
+// fused optimizers, an out= list), or a tensor beside what it returns (batch norm's running
+// statistics). Its bytes after the op are recorded as if returned (the OP record's written
+// section, docs/trace-format.md), so a write no return shows is still compared.
+struct UnreturnedWrite {
+  uint8_t index = 0;  // among the op's arguments
+  bool list = false;  // a list of tensors, else one (optional) tensor
+  std::string name;   // the schema's name for it: "exp_avgs"
+};
 
 struct OpInfo {
   std::string name;
@@ -44,8 +57,12 @@ struct OpInfo {
   // Those it writes in full (all but self of resize_, resize_as_ and set_): their old bytes
   // reach no one after this op (TENSOR_WRITTEN).
   uint64_t written_args = 0;
-  // Every argument it may write (`Tensor(a!)`, `Tensor(a!)[]`), by index, up to 64.
+  // Every argument it may write (`Tensor(a!)`, `Tensor(a!)[]`), by index, up to 64: the one
+  // answer to "what does this op write", for the device batch's write guards, the tensor cache
+  // and the written section. Empty for c10d collectives, whose schemas say nothing of it.
   uint64_t mutable_args = 0;
+  // Those it does not return (a return in the same alias set, `-> Tensor(a!)`, returns it).
+  std::vector<UnreturnedWrite> unreturned_writes;
   CollectiveShape collective;
   // The `layout` argument of the empty family: given explicitly (not None) by the tensor
   // constructors (torch.tensor, as_tensor), which fill the buffer outside the dispatcher.
@@ -62,5 +79,10 @@ OpInfo describe_op(const char* name, const OptionalOperatorName& op_name, bool s
 
 // torch.compile's regions: the dynamo frame, and the AOT autograd function forward and backward.
 bool is_compiled_region(std::string_view name);
+
+// A schema's write set, as describe_op reads it: "name.overload<TAB>mutable args<TAB>unreturned
+// ones", argument indices joined by ",". For the property test over the operator registry
+// (`detaudit_replay --write-sets`, tests/e2e/test_write_sets.py).
+std::string describe_write_set(const c10::FunctionSchema& schema);
 
 }  // namespace detaudit::hooks

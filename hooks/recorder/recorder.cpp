@@ -314,6 +314,7 @@ void ThreadRecorder::on_start(const at::RecordFunction& fn) {
   f.items_begin = f.items_end = items_.size();
   f.bytes_begin = bytes_.size();
   f.snaps_begin = snaps_top_;
+  f.written_begin = f.written_end = written_.size();
   ++depth_;
 
   f.mark = PhaseTracker::classify(fn);
@@ -337,6 +338,8 @@ void ThreadRecorder::on_start(const at::RecordFunction& fn) {
   }
   const OpInfo& info = op_info(fn);
   f.info = &info;
+  // Recorded or not, what it writes beside its returns must be seen when it ends.
+  if (!info.unreturned_writes.empty()) take_written_args(fn, f);
   trace::Phase phase;
   if (recording_wanted(info, &phase) && (!sentinel_step(proc) || sentinel_wants(f, phase)))
     begin_op(fn, f, phase);
@@ -623,6 +626,52 @@ std::vector<std::string> ThreadRecorder::input_digests_now(const Frame& f) {
   return digests;
 }
 
+void ThreadRecorder::take_written_args(const at::RecordFunction& fn, Frame& f) {
+  auto inputs = fn.inputs();
+  const std::vector<UnreturnedWrite>& writes = f.info->unreturned_writes;
+  auto take = [&](const at::Tensor& t, size_t k) {
+    WrittenTensor& w = written_.emplace_back();
+    if (t.defined()) w.impl = TensorCache::WeakImpl(t.getIntrusivePtr());
+    w.write = uint8_t(k);
+  };
+  for (size_t k = 0; k < writes.size(); ++k) {
+    if (writes[k].index >= inputs.size()) continue;
+    const c10::IValue& v = inputs[writes[k].index];
+    if (v.isTensor()) {
+      take(v.toTensor(), k);
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList().vec()) take(t, k);
+    } else if (v.isList()) {  // Tensor?[]
+      for (const c10::IValue& e : v.toListRef())
+        take(e.isTensor() ? e.toTensor() : at::Tensor(), k);
+    }
+  }
+  f.written_end = written_.size();
+}
+
+void ThreadRecorder::emit_written_args(const Frame& f, ByteWriter& w) {
+  const std::vector<UnreturnedWrite>& writes = f.info->unreturned_writes;
+  w.varint(writes.size());
+  size_t next = f.written_begin;
+  for (size_t k = 0; k < writes.size(); ++k) {
+    w.varint(intern(writes[k].name));
+    size_t end = next;
+    while (end < f.written_end && written_[end].write == k) ++end;
+    if (writes[k].list) {
+      w.u8(uint8_t(ValueType::kList));
+      w.varint(end - next);
+    } else if (end == next) {
+      w.u8(uint8_t(ValueType::kNone));  // an optional tensor not given
+    }
+    for (; next < end; ++next) emit_output(at::Tensor(written_[next].impl.lock()), w, f);
+  }
+}
+
+void ThreadRecorder::forget_written_args(const Frame& f) {
+  for (size_t k = f.written_begin; k < f.written_end; ++k)
+    if (at::Tensor t(written_[k].impl.lock()); t.defined()) cache_.wrote_unseen(t);
+}
+
 void ThreadRecorder::emit_string_records() {
   for (const std::string& s : pending_strings_) string_encoder_.string(s, sink());
   pending_strings_.clear();
@@ -667,6 +716,7 @@ void ThreadRecorder::write_record(const Frame& f, const at::RecordFunction& fn) 
     else
       emit_output(outputs[i], w, f, i < 64 && (f.info->scratch_outputs >> i) & 1);
   }
+  if (!f.info->unreturned_writes.empty()) emit_written_args(f, w);
 
   // Strings interned while encoding this op must precede it in the file.
   emit_string_records();
@@ -770,6 +820,7 @@ void ThreadRecorder::on_end(const at::RecordFunction& fn) {
     // A write we do not record still changes bytes the cache describes.
     for (const c10::IValue& v : fn.outputs())
       if (v.isTensor() && v.toTensor().defined()) cache_.wrote_unseen(v.toTensor());
+    forget_written_args(f);
   }
   if (f.recorded && produced_fake_tensor(fn.outputs())) f.recorded = false;
   // The only place this thread changes its stream buffer while the process runs: a stop
@@ -796,6 +847,10 @@ void ThreadRecorder::on_end(const at::RecordFunction& fn) {
       device_batch_.launch(Launch::kEnclosing);
   }
   if (f.collective) starting_collective_.reset();  // not recorded after all
+  // A compiled region's kernels may have written any tensor, unseen (a C++ program's, torch 1.x,
+  // record.compiled_kernels off, an extern fallback): nothing described before it is trusted.
+  if (f.info && f.info->compiled_region) cache_.clear();
+  written_.resize(f.written_begin);
   items_.resize(f.items_begin);
   bytes_.resize(f.bytes_begin);
   bytes_item_start_ = bytes_.size();

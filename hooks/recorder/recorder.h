@@ -239,6 +239,15 @@ class ThreadRecorder {
     const c10::TensorImpl* known_output_of = nullptr;
     // Sentinel mode: a top-level forward op, kept only if it returns what a loss looks like.
     bool loss_candidate = false;
+    // Its arguments it may write and does not return (OpInfo::unreturned_writes), in written_.
+    size_t written_begin = 0, written_end = 0;
+  };
+
+  // A tensor an op may write and does not return, taken when it starts (its inputs are gone
+  // when it ends), and described when it ends. Weak: the program's reference count is its own.
+  struct WrittenTensor {
+    TensorCache::WeakImpl impl{c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>()};
+    uint8_t write = 0;  // its OpInfo::unreturned_writes entry
   };
 
   ThreadRecorder();
@@ -320,6 +329,12 @@ class ThreadRecorder {
   // every one, "not completed" if it has not.
   void write_completed_collectives(bool at_end);
 
+  // Takes the op's unreturned written arguments into written_ (Frame::written_begin/end).
+  void take_written_args(const at::RecordFunction& fn, Frame& f);
+  // The written section of its record: each one's bytes now that the op has run.
+  void emit_written_args(const Frame& f, trace::ByteWriter& w);
+  // An op not recorded wrote them: what the cache holds over their storages is void.
+  void forget_written_args(const Frame& f);
   void emit_string_records();
   void write_record(const Frame& f, const at::RecordFunction& fn);
   // Where the stream's records go now: its buffer, or behind a record still held.
@@ -372,6 +387,7 @@ class ThreadRecorder {
   size_t depth_ = 0;  // open frames, marks included
   std::vector<Item> items_;
   std::vector<Snapshot> snaps_;
+  std::vector<WrittenTensor> written_;           // of open frames
   std::vector<const void*> read_only_storages_;  // enclosing_kernel_may_write_batch's, reused
   size_t snaps_top_ = 0;
   std::string bytes_;  // non-tensor input bytes of open frames

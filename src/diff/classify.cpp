@@ -195,7 +195,9 @@ bool output_deltas(const trace::OpRecord& a, const trace::TraceReader& ra, const
     const TensorDesc* ta = ra.tensor(a.output_tensors[i]);
     const TensorDesc* tb = rb.tensor(b.output_tensors[i]);
     if (!ta || !tb || !ta->has_contents() || !tb->has_contents() || ta->same_digest(*tb)) continue;
-    StatsDelta d = delta_of(*ta, *tb, gate, fmt::format("output {}", i));
+    const std::string written = trace::written_argument(a, ra, i);
+    StatsDelta d = delta_of(*ta, *tb, gate,
+                            written.empty() ? fmt::format("output {}", i) : "written " + written);
     all_within = all_within && d.within_tolerance;
     if (out) out->push_back(std::move(d));
   }
@@ -268,8 +270,8 @@ void classify_divergence(const BufferedOp& a, const OpSource& sa, const Buffered
     const TensorDesc* tb = i < ob.input_tensors.size() ? rb.tensor(ob.input_tensors[i]) : nullptr;
     // An input the op overwrites without reading: its old bytes reach nothing.
     const bool written = oa.input_written(i) || ob.input_written(i);
-    TensorPair p{"input", int(i), !written && digests_differ(ta, tb), side_of(ta, ra),
-                 side_of(tb, rb)};
+    TensorPair p{"input",         int(i),          !written && digests_differ(ta, tb),
+                 side_of(ta, ra), side_of(tb, rb), ""};
     if (written) p.a.origin = p.b.origin = "not read: the op overwrites it";
     if (p.differs && first_diff_input < 0) first_diff_input = int(i);
     fd->inputs.push_back(std::move(p));
@@ -278,7 +280,9 @@ void classify_divergence(const BufferedOp& a, const OpSource& sa, const Buffered
     const TensorDesc* ta = i < oa.output_tensors.size() ? ra.tensor(oa.output_tensors[i]) : nullptr;
     const TensorDesc* tb = i < ob.output_tensors.size() ? rb.tensor(ob.output_tensors[i]) : nullptr;
     bool differs = digests_differ(ta, tb) && !ta->uninitialized() && !tb->uninitialized();
-    TensorPair p{"output", int(i), differs, side_of(ta, ra), side_of(tb, rb)};
+    TensorPair p{"output", int(i), differs, side_of(ta, ra), side_of(tb, rb), ""};
+    p.written_argument = trace::written_argument(i < oa.output_tensors.size() ? oa : ob,
+                                                 i < oa.output_tensors.size() ? ra : rb, i);
     // An output's origin is the op itself; only say so when it is not plain.
     for (TensorSide* side : {&p.a, &p.b})
       if (side->origin == "output of an earlier op") side->origin.clear();

@@ -200,7 +200,7 @@ class StreamComparator {
     uint64_t step = 0, order = 0;
     double relative = 0;
     bool beyond_tolerance = false;
-    std::optional<uint64_t> parameter;  // its position, if it updates a parameter
+    std::vector<uint64_t> parameters;  // the positions of the parameters it wrote that differ
     std::string name;
   };
 
@@ -221,7 +221,7 @@ class StreamComparator {
     const trace::TraceReader& rb = b_->reader();
     ++out_->summary.compared;
     bool differ = !a.outputs.same_as(b.outputs) && outputs_differ(a.rec, ra, b.rec, rb);
-    const std::optional<uint64_t> parameter = parameter_position(a);
+    std::vector<uint64_t> parameters = parameter_positions(a, b, differ);
     track_loss(a, b);
     std::optional<DivergentOp> op;
     if (differ) {
@@ -230,7 +230,7 @@ class StreamComparator {
       op->order = a.rec.order;
       op->relative = largest_relative_difference(a.rec, ra, b.rec, rb);
       op->beyond_tolerance = !output_deltas(a.rec, ra, b.rec, rb, options_.gate, nullptr);
-      op->parameter = parameter;
+      op->parameters = std::move(parameters);
       op->name = std::string(a_->name_of(a.rec));
     }
     if (first_done_) {
@@ -429,11 +429,11 @@ class StreamComparator {
     StepPoint& p = out_->curve[op.step];
     ++p.divergent_ops;
     p.max_relative = std::max(p.max_relative, op.relative);
-    if (op.parameter) {
-      bool& diverged = params_[*op.parameter];
+    for (uint64_t position : op.parameters) {
+      bool& diverged = params_[position];
       if (!diverged) {
         diverged = true;
-        out_->parameters.push_back({name_, *op.parameter, op.name, op.step});
+        out_->parameters.push_back({name_, position, op.name, op.step});
       }
     }
   }
@@ -489,20 +489,31 @@ class StreamComparator {
     }
   }
 
-  // Parameters, approximately: the k-th in-place op of a step's optimizer phase.
-  std::optional<uint64_t> parameter_position(const BufferedOp& a) {
+  // Parameters, approximately: the tensors a step's optimizer-phase ops write in place, the k-th
+  // of the step at position k (a foreach or fused op writes lists: a position a tensor, its
+  // written section's). Returns the positions among a's that differ from b's.
+  std::vector<uint64_t> parameter_positions(const BufferedOp& a, const BufferedOp& b, bool differ) {
     if (a.rec.step != param_step_) {
       param_step_ = a.rec.step;
       param_pos_ = 0;
     }
     if (a.rec.phase != trace::Phase::kOptimizer || a.rec.scope != trace::Scope::kFunction)
-      return std::nullopt;
+      return {};
     std::string_view name = a_->name_of(a.rec);
-    if (!ends_with_underscore(name) || name == "aten::zero_") return std::nullopt;
-    uint64_t pos = param_pos_++;
-    if (pos >= kMaxParameters) return std::nullopt;
-    if (params_.try_emplace(pos, false).second) ++out_->parameters_tracked;
-    return pos;
+    if (!ends_with_underscore(name) || name == "aten::zero_" || name == "aten::_foreach_zero_")
+      return {};
+    std::vector<uint64_t> diverged;
+    for (size_t i = 0; i < a.rec.output_tensors.size() && param_pos_ < kMaxParameters; ++i) {
+      const uint64_t pos = param_pos_++;
+      if (params_.try_emplace(pos, false).second) ++out_->parameters_tracked;
+      if (differ && i < b.rec.output_tensors.size()) {
+        const trace::TensorDesc* ta = a_->reader().tensor(a.rec.output_tensors[i]);
+        const trace::TensorDesc* tb = b_->reader().tensor(b.rec.output_tensors[i]);
+        if (ta && tb && ta->has_contents() && tb->has_contents() && !ta->same_digest(*tb))
+          diverged.push_back(pos);
+      }
+    }
+    return diverged;
   }
 
   // Where a run of skipped ops sits: the chain of its first op within the run (outermost

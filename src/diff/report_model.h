@@ -35,6 +35,14 @@ struct TensorPair {
   int index = 0;     // among the op's tensors of that role
   bool differs = false;
   TensorSide a, b;
+  // An output that is an argument the op wrote and did not return: "exp_avgs[2]".
+  std::string written_argument;
+
+  // "input 1", "output 0", "written exp_avgs[2]".
+  std::string label() const {
+    return written_argument.empty() ? role + " " + std::to_string(index)
+                                    : "written " + written_argument;
+  }
 };
 
 // Statistics deltas (b - a) of one differing tensor.
@@ -180,7 +188,7 @@ struct LossPoint {
 
 struct ParameterDivergence {
   std::string stream;
-  uint64_t position = 0;  // k-th in-place optimizer-phase op of the step
+  uint64_t position = 0;  // k-th tensor the step's optimizer-phase ops wrote in place
   std::string op;
   uint64_t first_step = 0;
 };

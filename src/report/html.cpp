@@ -284,11 +284,11 @@ std::string side_cell(const TensorSide& t) {
   return s + "</td>";
 }
 
-std::string tensor_rows(const char* role, const std::vector<TensorPair>& pairs) {
+std::string tensor_rows(const std::vector<TensorPair>& pairs) {
   std::string s;
   for (const TensorPair& p : pairs)
     s += fmt::format(
-        "<tr><td>{} {}{}</td><td class=\"{}\">{}</td>{}{}</tr>", role, p.index,
+        "<tr><td>{}{}</td><td class=\"{}\">{}</td>{}{}</tr>", esc(p.label()),
         p.a.origin.empty() ? "" : " <span class=\"muted\">(" + esc(p.a.origin) + ")</span>",
         p.differs ? "differs" : "same", p.differs ? "differs" : "same", side_cell(p.a),
         side_cell(p.b));
@@ -332,8 +332,8 @@ std::string first_divergence_card(const FirstDivergence& f) {
   s += "</table>";
   if (!f.inputs.empty() || !f.outputs.empty()) {
     s += "<h2>Tensors</h2><table><tr><th>tensor</th><th></th><th>run A</th><th>run B</th></tr>";
-    s += tensor_rows("input", f.inputs);
-    s += tensor_rows("output", f.outputs);
+    s += tensor_rows(f.inputs);
+    s += tensor_rows(f.outputs);
     s += "</table>";
   }
   if (!f.magnitude.empty()) {

@@ -39,9 +39,12 @@ json side_json(const TensorSide& s) {
 
 json pairs_json(const std::vector<TensorPair>& ps) {
   json a = json::array();
-  for (const TensorPair& p : ps)
-    a.push_back(
-        {{"index", p.index}, {"differs", p.differs}, {"a", side_json(p.a)}, {"b", side_json(p.b)}});
+  for (const TensorPair& p : ps) {
+    json e = {
+        {"index", p.index}, {"differs", p.differs}, {"a", side_json(p.a)}, {"b", side_json(p.b)}};
+    if (!p.written_argument.empty()) e["written_argument"] = p.written_argument;
+    a.push_back(std::move(e));
+  }
   return a;
 }
 

@@ -82,8 +82,8 @@ std::string render_markdown(const DiffReport& r) {
       out += "| tensor | differs | run A | run B |\n|---|---|---|---|\n";
       for (const auto* ps : {&f.inputs, &f.outputs})
         for (const TensorPair& p : *ps)
-          out += fmt::format("| {} {} | {} | {} | {} |\n", p.role, p.index,
-                             p.differs ? "**yes**" : "no", cell(p.a), cell(p.b));
+          out += fmt::format("| {} | {} | {} | {} |\n", p.label(), p.differs ? "**yes**" : "no",
+                             cell(p.a), cell(p.b));
       out += "\n";
     }
   }
@@ -101,8 +101,10 @@ std::string render_markdown(const DiffReport& r) {
     out += "\n";
   }
   if (r.divergent_ops) {
-    out += fmt::format("### Spread\n\n{} divergent ops; {} of {} tracked parameters diverged.\n\n",
-                       r.divergent_ops, r.parameters.size(), r.parameters_tracked);
+    out += fmt::format(
+        "### Spread\n\n{} divergent ops; {} of {} tensors the optimizer writes in a step "
+        "(parameters and their state) diverged.\n\n",
+        r.divergent_ops, r.parameters.size(), r.parameters_tracked);
     out += "| step | divergent ops |\n|---|---|\n";
     size_t k = 0;
     for (const auto& [step, n] : r.divergent_ops_per_step) {

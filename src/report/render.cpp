@@ -42,11 +42,18 @@ namespace detaudit {
 std::pair<std::string, std::vector<std::string>> sentinel_lines(const DiffReport& r) {
   if (!r.sentinel) return {};
   const SentinelFinding& s = *r.sentinel;
-  if (!s.divergent)
-    return {fmt::format("sentinel: every step's parameters, gradients, optimizer state and loss "
-                        "agree ({})",
-                        s.runs),
+  if (!s.divergent) {
+    // Claimed only for what was compared: the tensors the optimizer's ops wrote, and the loss.
+    const std::string loss = r.loss.empty() ? "" : " and loss";
+    if (r.parameters_tracked == 0)
+      return {fmt::format("sentinel: no optimizer op wrote a tensor it could compare; {} ({})",
+                          r.loss.empty() ? "nothing was compared" : "only the loss agrees", s.runs),
+              {}};
+    return {fmt::format("sentinel: every step's optimizer writes ({} tensors a step: parameters "
+                        "and their state){} agree ({})",
+                        r.parameters_tracked, loss, s.runs),
             {}};
+  }
   if (s.first.empty())
     return {fmt::format("sentinel: the runs differ ({}), at no op to name a step by", s.runs), {}};
   std::vector<std::string> lines;

@@ -29,11 +29,10 @@ std::string side_line(const TensorSide& s) {
   return line;
 }
 
-void tensors(std::string* out, const Style& st, const char* title,
-             const std::vector<TensorPair>& ps) {
+void tensors(std::string* out, const Style& st, const std::vector<TensorPair>& ps) {
   for (const TensorPair& p : ps) {
     std::string mark = p.differs ? st("31", "differs") : "same";
-    *out += fmt::format("    {} {} [{}]{}:\n", title, p.index, mark,
+    *out += fmt::format("    {} [{}]{}:\n", p.label(), mark,
                         p.a.origin.empty() ? "" : " (" + p.a.origin + ")");
     *out += fmt::format("      A {}\n", side_line(p.a));
     if (p.differs || !p.b.present || !p.a.present)
@@ -144,8 +143,8 @@ std::string render_text(const DiffReport& r, bool color) {
     if (f.is_random) out += fmt::format("  rng:   {:016x} vs {:016x}\n", f.rng_a, f.rng_b);
     if (!f.inputs.empty() || !f.outputs.empty()) {
       out += "  tensors (A, then B where it differs):\n";
-      tensors(&out, st, "input", f.inputs);
-      tensors(&out, st, "output", f.outputs);
+      tensors(&out, st, f.inputs);
+      tensors(&out, st, f.outputs);
     }
     for (const StatsDelta& d : f.magnitude) {
       if (!d.has_stats) {
@@ -189,11 +188,13 @@ std::string render_text(const DiffReport& r, bool color) {
     }
     out += "\n";
     if (r.parameters_tracked)
-      out += fmt::format("  parameters (optimizer in-place ops): {} of {} diverged{}\n",
-                         r.parameters.size(), r.parameters_tracked,
-                         r.parameters.empty()
-                             ? ""
-                             : fmt::format(", first at step {}", r.parameters.front().first_step));
+      out += fmt::format(
+          "  optimizer writes (parameters and their state, a position a tensor): {} of {} "
+          "diverged{}\n",
+          r.parameters.size(), r.parameters_tracked,
+          r.parameters.empty()
+              ? ""
+              : fmt::format(", first at step {}", r.parameters.front().first_step));
   }
   const std::string digests = digests_used(r);
   out += fmt::format("\n{} ops compared in {:.2f}s{}\n", r.ops_compared, r.seconds,

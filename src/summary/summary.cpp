@@ -127,7 +127,17 @@ json op_json(const TraceReader& r) {
             {"random", op.is_random()},
             {"compiled_region", (op.bits & trace::kOpCompiledRegion) != 0}};
   j["inputs"] = values_to_json(r, op.inputs);
-  j["outputs"] = values_to_json(r, op.outputs);
+  const auto returned = op.outputs.begin() + std::ptrdiff_t(op.returned_values);
+  j["outputs"] = values_to_json(r, std::vector<Value>(op.outputs.begin(), returned));
+  if (!op.written_args.empty()) {
+    // The written section: each argument the op wrote and did not return, as it ended.
+    json written = json::object();
+    size_t i = 0;
+    const std::vector<Value> values(returned, op.outputs.end());
+    for (const trace::OpRecord::WrittenArg& arg : op.written_args)
+      written[std::string(r.string(arg.name))] = value_json(r, values, &i);
+    j["written"] = std::move(written);
+  }
   return j;
 }
 

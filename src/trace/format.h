@@ -18,6 +18,10 @@
 //                   [<seq-nr:zvarint>]              ; if op-bits has kOpHasSeqNr
 //                   [<rng:u64le>]                   ; if op-bits has kOpHasRng
 //                   <n-in:varint> <value>{n-in} <n-out:varint> <value>{n-out}
+//                   [<n-written:varint> (<arg-name:varint string id> <value>){n-written}]
+//                   ; the written section (format 8): the arguments the op may write and does
+//                   ; not return (`Tensor(a!)[]` of the foreach and fused optimizers, batch
+//                   ; norm's running statistics), each as it was when the op ended
 //   END body    ::= <ops:varint> <tensors-hashed:varint> <bytes-hashed:varint>
 //                   [<signal:varint> <ending-bits:varint> <open-op:str>]
 //                   ; the tail when a signal ended the stream (format 7): kEnd* in records.h
@@ -55,7 +59,8 @@
 //                   ; the doubles computed, in the host-independent order of digest.cpp
 //   <str>       ::= <n:varint> <byte>{n}
 //
-// Every TENSOR_NEW takes the next tensor id (0, 1, ...) of its stream, inputs before outputs.
+// Every TENSOR_NEW takes the next tensor id (0, 1, ...) of its stream, inputs before outputs,
+// outputs before the written section.
 #pragma once
 
 #include <array>
@@ -69,7 +74,8 @@
 namespace detaudit::trace {
 
 inline constexpr char kMagic[3] = {'D', 'T', 'R'};
-inline constexpr uint32_t kFormatVersion = 7;  // 6: TENSOR_NEW_SHARED; 7: END by a signal
+// 6: TENSOR_NEW_SHARED; 7: END by a signal; 8: the OP record's written section
+inline constexpr uint32_t kFormatVersion = 8;
 // Format 4 lacks only TENSOR_WRITTEN: its overwrites read as reads, which can only confirm more.
 inline constexpr uint32_t kOldestReadableFormat = 4;
 inline constexpr size_t kMaxRecordBytes = 64u << 20;  // a larger length is corruption

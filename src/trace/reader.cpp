@@ -198,6 +198,19 @@ bool TraceReader::decode(ByteReader& r, OpRecord* op) {
   return false;
 }
 
+std::string written_argument(const OpRecord& op, const TraceReader& reader, size_t i) {
+  if (!op.output_is_written_arg(i)) return "";
+  size_t k = i - op.returned_tensors;
+  for (const OpRecord::WrittenArg& arg : op.written_args) {
+    if (k < arg.tensors) {
+      std::string name(reader.string(arg.name));
+      return arg.list ? fmt::format("{}[{}]", name, k) : name;
+    }
+    k -= arg.tensors;
+  }
+  return "";
+}
+
 bool TraceReader::decode_op(ByteReader& r, OpRecord* out) {
   OpRecord& op = *out;
   op.offset = record_offset_;
@@ -232,6 +245,24 @@ bool TraceReader::decode_op(ByteReader& r, OpRecord* out) {
   op.results_hash = 0;
   for (uint64_t i = 0; i < n_out; ++i)
     if (!decode_values(r, &op.outputs, &op.output_tensors, &op.results_hash, 0)) return false;
+  op.returned_tensors = op.output_tensors.size();
+  op.returned_values = op.outputs.size();
+  op.written_args.clear();
+  if (r.remaining() > 0) {  // format 8: the written section
+    uint64_t n_written = r.varint();
+    if (n_written > r.remaining()) return false;
+    for (uint64_t i = 0; i < n_written; ++i) {
+      OpRecord::WrittenArg arg;
+      arg.name = uint32_t(r.varint());
+      if (arg.name >= strings_.size()) return false;
+      const size_t before = op.output_tensors.size(), values_before = op.outputs.size();
+      uint64_t ignored = 0;
+      if (!decode_values(r, &op.outputs, &op.output_tensors, &ignored, 0)) return false;
+      arg.tensors = uint32_t(op.output_tensors.size() - before);
+      arg.list = op.outputs[values_before].type == ValueType::kList;
+      op.written_args.push_back(arg);
+    }
+  }
   if (op.name >= strings_.size()) return false;
   return !r.failed();
 }

@@ -49,16 +49,29 @@ struct OpRecord {
   int64_t seq_nr = -1;
   uint64_t rng = 0;
   std::vector<Value> inputs, outputs;
-  std::vector<int64_t> input_tensors, output_tensors;  // ids in argument order, lists expanded
+  // Ids in argument order, lists expanded. output_tensors holds what the op returned, then
+  // what its written section holds: the arguments it wrote and did not return, after it ran.
+  std::vector<int64_t> input_tensors, output_tensors;
+  size_t returned_tensors = 0;  // output_tensors before the written ones
+  // The written section: each argument's name (string id) and how many tensors it holds.
+  struct WrittenArg {
+    uint32_t name = 0;
+    uint32_t tensors = 0;
+    bool list = false;  // a list of tensors, else one
+  };
+  std::vector<WrittenArg> written_args;
   // Bit i: input_tensors[i] is written in full and not read (TENSOR_WRITTEN); the first 64.
   uint64_t written_inputs = 0;
-  uint64_t args_hash = 0;     // of the non-tensor inputs, by content
-  uint64_t results_hash = 0;  // of the non-tensor outputs (item()'s scalar), by content
+  size_t returned_values = 0;  // outputs before the written section's values
+  uint64_t args_hash = 0;      // of the non-tensor inputs, by content
+  uint64_t results_hash = 0;   // of the non-tensor outputs (item()'s scalar), by content
 
   bool has_rng() const { return bits & kOpHasRng; }
   bool is_random() const { return bits & kOpIsRandom; }
   bool has_seq_nr() const { return bits & kOpHasSeqNr; }
   bool input_written(size_t i) const { return i < 64 && (written_inputs >> i & 1); }
+  // output_tensors[i] is an argument the op wrote (the written section), not a return.
+  bool output_is_written_arg(size_t i) const { return i >= returned_tensors; }
 };
 
 // A COLLECTIVE record: where the collective stands in its group, and its receive buffers as
@@ -68,6 +81,12 @@ struct CollectiveRecord {
   std::vector<Value> values;
   std::vector<int64_t> tensors;
 };
+
+class TraceReader;
+
+// The argument output_tensors[i] is when it is in the written section: "exp_avgs[2]" (a list's
+// element) or "running_mean"; "" for what the op returned.
+std::string written_argument(const OpRecord& op, const TraceReader& reader, size_t i);
 
 class TraceReader {
  public:

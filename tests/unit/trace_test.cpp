@@ -299,6 +299,60 @@ TEST(TraceTest, WrittenInputsAreMarkedAndFormat4StillReads) {
   }
 }
 
+// _fused_adamw_(Tensor(a!)[] self, ..., Tensor(c!)[] exp_avgs, ...) -> (): its written section
+// holds the lists after the op, read as outputs after the returns, each named by its argument.
+TEST(TraceTest, TheWrittenSectionReadsAsOutputsAfterTheReturns) {
+  std::string out;
+  RecordEncoder enc;
+  enc.header(StreamHeader{}, &out);
+  enc.string("aten::_fused_adamw_", &out);  // 0
+  enc.string("self", &out);                 // 1
+  enc.string("max_exp_avg_sqs", &out);      // 2
+  enc.string("running_mean", &out);         // 3
+  ByteWriter& w = enc.begin(RecordKind::kOp);
+  w.zvarint(1);
+  w.varint(0);
+  w.u8(uint8_t(Phase::kOptimizer));
+  w.varint(0);
+  w.varint(1);  // one input: a list of one new tensor
+  w.u8(uint8_t(ValueType::kList));
+  w.varint(1);
+  w.u8(uint8_t(ValueType::kTensorNew));
+  write_tensor(w, sample_tensor(1), 0);
+  w.varint(0);  // returns nothing
+  w.varint(3);  // written: self (2 tensors), max_exp_avg_sqs (an empty list), running_mean
+  w.varint(1);
+  w.u8(uint8_t(ValueType::kList));
+  w.varint(2);
+  w.u8(uint8_t(ValueType::kTensorNew));
+  write_tensor(w, sample_tensor(2), 0);
+  w.u8(uint8_t(ValueType::kTensorNew));
+  write_tensor(w, sample_tensor(3), 0);
+  w.varint(2);
+  w.u8(uint8_t(ValueType::kList));
+  w.varint(0);
+  w.varint(3);
+  w.u8(uint8_t(ValueType::kTensorNew));
+  write_tensor(w, sample_tensor(4), 0);
+  enc.finish(&out);
+  const std::string path = temp_path("written_section.dtr");
+  write_file(path, out);
+  TraceReader r;
+  ASSERT_TRUE(r.open(path).ok()) << r.error();
+  do ASSERT_EQ(r.next(), ReadResult::kRecord);
+  while (r.kind() != RecordKind::kOp);
+  const OpRecord& op = r.op();
+  EXPECT_EQ(op.input_tensors, (std::vector<int64_t>{0}));
+  EXPECT_EQ(op.output_tensors, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(op.returned_tensors, 0u);
+  ASSERT_EQ(op.written_args.size(), 3u);
+  EXPECT_EQ(written_argument(op, r, 0), "self[0]");
+  EXPECT_EQ(written_argument(op, r, 1), "self[1]");
+  EXPECT_EQ(written_argument(op, r, 2), "running_mean");
+  EXPECT_EQ(r.tensor(3)->digest[0], 4);
+  EXPECT_EQ(r.next(), ReadResult::kEof);
+}
+
 TEST(TraceTest, NotATraceIsRejectedAtOpen) {
   std::string path = temp_path("garbage.dtr");
   write_file(path, "hello, this is not a trace at all");
