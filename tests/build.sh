@@ -4,16 +4,20 @@
 # --no-build-isolation .` into that environment (pyproject.toml), keeping CMake's build tree in
 # ./build, with the tests, for ctest. .venv/bin/detaudit is then the installed CLI.
 # --no-tests (quickstart.sh) leaves out the tests and the C++ examples: what a user needs only.
-#   tests/build.sh [--debian-torch] [--no-tests] [extra-debian-package...]
+# --no-bench (run_all.sh) leaves out the benchmark's programs, which no test runs.
+#   tests/build.sh [--debian-torch] [--training-loops] [--no-tests] [--no-bench]
+#                  [extra-debian-package...]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 torches="$root/.venv/bin/python"
 tests=ON
+bench=ON
 deps=()
 for a in "$@"; do
   case $a in
     --debian-torch) torches="$torches;system"; deps+=("$a");;
-    --no-tests) tests=OFF;;
+    --no-tests) tests=OFF; bench=OFF;;
+    --no-bench) bench=OFF;;
     *) deps+=("$a");;
   esac
 done
@@ -21,4 +25,4 @@ done
 "$root/.venv/bin/pip" install --no-build-isolation --disable-pip-version-check -v "$root" \
   -C build-dir="$root/build" -C cmake.build-type=RelWithDebInfo \
   -C "cmake.define.DETAUDIT_TORCH=$torches" -C "cmake.define.DETAUDIT_BUILD_TESTS=$tests" \
-  -C "cmake.define.DETAUDIT_BUILD_EXAMPLES=$tests"
+  -C "cmake.define.DETAUDIT_BUILD_EXAMPLES=$tests" -C "cmake.define.DETAUDIT_BUILD_BENCH=$bench"

@@ -33,7 +33,8 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:exitcode=86
 start=$SECONDS
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
       -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=$opt -gline-tables-only" \
-      -DDETAUDIT_BUILD_HOOKS=OFF -DDETAUDIT_SANITIZE=address,undefined -DDETAUDIT_FUZZ=ON >/dev/null
+      -DDETAUDIT_BUILD_HOOKS=OFF -DDETAUDIT_BUILD_BENCH=OFF -DDETAUDIT_SANITIZE=address,undefined \
+      -DDETAUDIT_FUZZ=ON >/dev/null
 cmake --build "$build" -j "$jobs"
 echo "sanitize: built in $((SECONDS - start)) s"
 
