@@ -12,6 +12,7 @@ import concurrent.futures
 import fnmatch
 import functools
 import glob
+import hashlib
 import json
 import os
 import re
@@ -42,11 +43,36 @@ _TORCH_PROBE = ("import torch;print(torch.__version__);print(next((l.split()[-1]
 
 
 @functools.lru_cache(maxsize=None)
+def python_answer(code):
+    """What `PYTHON -c CODE` prints (None if it fails), asked once per build and kept in
+    BUILD_DIR/e2e-probes: each ask imports torch, 2 s of CPU on pip's torch, and every test file
+    of both torches asks. A build (a torch.txt newer than the answer) asks again."""
+    key = hashlib.sha1(f"{os.path.realpath(PYTHON)}\0{code}".encode()).hexdigest()[:16]
+    path = os.path.join(BUILD_DIR, "e2e-probes", key + ".json")
+    built = max((os.path.getmtime(t) for t in glob.glob(
+        os.path.join(BUILD_DIR, "lib", "detaudit", "torch", "*", "torch.txt"))), default=0)
+    try:
+        if os.path.getmtime(path) > built:
+            with open(path) as f:
+                return json.load(f)["stdout"]
+    except (OSError, ValueError, KeyError):
+        pass
+    r = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True)
+    answer = r.stdout if r.returncode == 0 else None
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump({"python": PYTHON, "code": code, "stdout": answer}, f)
+    os.replace(tmp, path)  # atomic: test files of one torch ask at once
+    return answer
+
+
 def python_torch():
-    """(torch.__version__, real path of its libtorch_cpu) of PYTHON, asked once: importing torch
-    is most of a test process's CPU (2 s on pip's torch, 2 cores)."""
-    out = subprocess.run([PYTHON, "-c", _TORCH_PROBE], capture_output=True, text=True,
-                         check=True).stdout.split("\n")
+    """(torch.__version__, real path of its libtorch_cpu) of PYTHON."""
+    answer = python_answer(_TORCH_PROBE)
+    if answer is None:
+        raise AssertionError(f"{PYTHON} cannot import torch")
+    out = answer.split("\n")
     return out[0], os.path.realpath(out[1])
 
 
@@ -64,6 +90,13 @@ def interposer_for_python():
 HOOKS = interposer_for_python()
 TORCH_VERSION = python_torch()[0]
 HAS_COMPILE = int(TORCH_VERSION.split(".")[0]) >= 2  # torch.compile (inductor)
+
+
+def comparator_only(cls):
+    """For a test class whose subject is the comparator, a report or the CLI, not how a torch is
+    recorded: it runs under pip's torch (2.x) only, once, not again under Debian's 1.13."""
+    return unittest.skipIf(TORCH_VERSION.startswith("1."),
+                           "the comparator's, reports' and CLI's case: run under pip's torch")(cls)
 
 
 def params_sha(text):

@@ -27,9 +27,10 @@ INDEX_PUT = [PYTHON, example("nondet_index_put.py"), "--steps", "2", "--threads"
 BUDGET_LEFT_OUT = "the time budget ran out before its replays"
 
 
-def coverage(run, *flags, check=None):
-    proc = run_detaudit(["coverage", run, "--format", "json", "--force", "-q", *flags],
-                        check=check)
+def coverage(run, *flags, check=None, out=None):
+    """`detaudit coverage RUN` as JSON; OUT (default RUN/../coverage) holds its captures."""
+    proc = run_detaudit(["coverage", run, "--format", "json", "--force", "-q", *flags,
+                         *(["--out", out] if out else [])], check=check)
     return proc, parse_json_output(proc.stdout) if proc.stdout.strip() else None
 
 
@@ -38,21 +39,25 @@ def rows(report, op):
 
 
 class IndexPutRaceInAnAgreeingPair(TmpDirCase):
+    """`run --coverage`: the pair, then coverage of run-0 with the gate on (as `coverage
+    --replays 20 --fail-on nondeterministic` would, through the same code), in one command."""
+
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
         cls.out = os.path.join(cls.tmp, "pair")
-        cls.pair = run_detaudit(["run", "--runs", "2", "--out", cls.out, "--format", "json",
-                                 "-q", "--", *INDEX_PUT])
-        cls.proc, cls.report = coverage(cls.out, "--replays", "20", "--fail-on",
-                                        "nondeterministic")
+        cls.proc = run_detaudit(["run", "--runs", "2", "--out", cls.out, "--format", "json",
+                                 "-q", "--coverage", "--coverage-budget", "120", "--",
+                                 *INDEX_PUT])
+        cls.report = read_json(os.path.join(cls.out, "coverage.json"))
 
     def test_the_pair_agreed(self):
-        self.assertEqual(self.pair.returncode, 0, self.pair.stderr)
-        self.assertEqual(parse_json_output(self.pair.stdout)["verdict"], "identical")
+        self.assertEqual(parse_json_output(self.proc.stdout)["verdict"], "identical")
 
     def test_the_race_is_verified_with_its_catalog_entry_and_the_gate_fails(self):
+        # Identical, yet the gate fails: a race that did not fire in these runs.
         self.assertEqual(self.proc.returncode, 1, self.proc.stderr)
+        self.assertEqual(self.report["replays"], 20)
         [put] = rows(self.report, "aten::_index_put_impl_")
         self.assertEqual(put["verdict"], "verified-nondeterministic", put)
         self.assertEqual(put["dtype"], "float32")
@@ -79,21 +84,18 @@ class IndexPutRaceInAnAgreeingPair(TmpDirCase):
             for s in r["series"]:
                 self.assertEqual(s["matching_recorded"], s["replays"], (r["op"], s))
 
-    def test_run_coverage_fails_the_pair_and_writes_its_report(self):
-        out = os.path.join(self.tmp, "run_coverage")
-        proc = run_detaudit(["run", "--runs", "2", "--out", out, "--format", "json", "-q",
-                             "--coverage", "--coverage-budget", "120", "--", *INDEX_PUT])
-        self.assertEqual(proc.returncode, 1, proc.stderr)
-        self.assertEqual(parse_json_output(proc.stdout)["verdict"], "identical")
-        report = read_json(os.path.join(out, "coverage.json"))
-        [put] = rows(report, "aten::_index_put_impl_")
-        self.assertEqual(put["verdict"], "verified-nondeterministic", put)
 
 
 class DeterministicPrograms(TmpDirCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        # One recording of the CNN for the tests that cover it (each coverage captures anew).
+        _, cls.cnn = record(os.path.join(cls.tmp, "cnn"),
+                            [PYTHON, example("train_sgd.py"), "--steps", "2"])
+
     def test_a_cnn_has_no_nondeterministic_op_type_and_passes_the_gate(self):
-        _, run = record(os.path.join(self.tmp, "cnn"),
-                        [PYTHON, example("train_sgd.py"), "--steps", "2"])
+        run = self.cnn
         html = os.path.join(self.tmp, "cnn.html")
         run_detaudit(["coverage", run, "--replays", "8", "--fail-on", "nondeterministic",
                       "--format", "html", "--output", html, "-q"], check=0)
@@ -126,9 +128,8 @@ class DeterministicPrograms(TmpDirCase):
         self.assertEqual(report["counts"]["verified_nondeterministic"], 0, report["summary"])
 
     def test_the_budget_is_kept_and_what_it_left_out_is_unverified(self):
-        _, run = record(os.path.join(self.tmp, "budget"),
-                        [PYTHON, example("train_sgd.py"), "--steps", "2"])
-        proc, report = coverage(run, "--replays", "200", "--budget", "1", check=0)
+        proc, report = coverage(self.cnn, "--replays", "200", "--budget", "1", check=0,
+                                out=os.path.join(self.tmp, "budget"))
         self.assertEqual(report["budget_s"], 1)
         # The replayer finishes the series it is in (at most a 30 s grace), starts no other.
         self.assertLess(report["spent_s"], 31, report["summary"])
@@ -140,8 +141,10 @@ class DeterministicPrograms(TmpDirCase):
         _, run = record(os.path.join(self.tmp, "killed"), [*INDEX_PUT[:2], "--steps", "1",
                                                            "--threads", "1"])
         out = os.path.join(self.tmp, "killed_coverage")
-        proc = subprocess.Popen([BIN, "coverage", run, "--format", "json", "--replays", "300",
-                                 "--workers", "1", "--budget", "15", "--out", out, "-q"],
+        # A budget a loaded machine still replays the rest in (15 s replayed nothing under
+        # `stress`); 100 replays a type keep the replayer busy when it is killed.
+        proc = subprocess.Popen([BIN, "coverage", run, "--format", "json", "--replays", "100",
+                                 "--workers", "1", "--budget", "90", "--out", out, "-q"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         lines = os.path.join(out, "replay-0.jsonl")
         deadline = time.time() + 120

@@ -1,5 +1,6 @@
 """`detaudit diff` on real recorded runs: the report formats on a divergent pair, truncated and
-corrupt traces, bad run directories and the exit codes of docs/exit-codes.md.
+corrupt traces, bad run directories and the exit codes of docs/exit-codes.md. Their subject is
+the comparator and its reports, not how a torch is recorded: they run under pip's torch only.
 
     cd build && ctest -R e2e.test_diff_reports --output-on-failure
 """
@@ -10,8 +11,8 @@ import shutil
 import unittest
 import xml.etree.ElementTree as ET
 
-from detaudit_testlib import (PYTHON, error_lines, example, export_ops, load_report,
-                              make_tmpdir, remove_tmpdir, run_detaudit, trace_files)
+from detaudit_testlib import (PYTHON, comparator_only, error_lines, example, export_ops,
+                              load_report, make_tmpdir, remove_tmpdir, run_detaudit, trace_files)
 
 
 def flip_byte(path, offset):
@@ -27,6 +28,7 @@ def truncate(path, size):
         f.truncate(size)
 
 
+@comparator_only
 class DiffReports(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

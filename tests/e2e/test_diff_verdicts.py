@@ -13,12 +13,16 @@ import re
 import sys
 import unittest
 
-from detaudit_testlib import (PYTHON, build_binary, example, export_ops, load_report,
-                              output_log, record_pair, run_detaudit, TmpDirCase)
+from detaudit_testlib import (PYTHON, build_binary, comparator_only, example, export_ops,
+                              in_parallel, output_log, record_pair, run_detaudit,
+                              TmpDirCase)
 
-# The index_put race is real: two runs may happen to agree. Record up to this many pairs.
+# The index_put race is real: two runs may happen to agree. Each command's first run is diffed
+# with up to this many more until one differs from it; when none did, the race tests fail.
 RACE_ATTEMPTS = 4
 INDEX_PUT_OPS = ("aten::_index_put_impl_", "aten::index_put_")
+# Steps of nondet_index_put.py: each one's gradient is a chance for the race to show.
+INDEX_PUT_STEPS = 4
 
 
 def record_one(out, command, extra=()):
@@ -58,13 +62,12 @@ class DeterministicRunsAreIdentical(VerdictCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.pairs = {}
-        for name, command in (
-                ("train_sgd", [PYTHON, example("train_sgd.py"), "--steps", "3"]),
-                ("uninitialized", [PYTHON, example("uninitialized.py"), "--steps", "3"]),
-                ("train_cnn", [build_binary("train_cnn"), "--steps", "3"])):
-            out = os.path.join(cls.tmp, name)
-            cls.pairs[name] = (out,) + record_pair(out, command)
+        commands = {"train_sgd": [PYTHON, example("train_sgd.py"), "--steps", "3"],
+                    "uninitialized": [PYTHON, example("uninitialized.py"), "--steps", "3"],
+                    "train_cnn": [build_binary("train_cnn"), "--steps", "3"]}
+        outs = {name: os.path.join(cls.tmp, name) for name in commands}
+        pairs = in_parallel([lambda n=n: record_pair(outs[n], commands[n]) for n in commands])
+        cls.pairs = {n: (outs[n],) + pair for n, pair in zip(commands, pairs)}
 
     def check(self, name, result_pattern):
         out, proc, report = self.pairs[name]
@@ -119,50 +122,58 @@ def first_index_put_difference(run_a, run_b):
     return None
 
 
-# 2. The CPU index_put_(accumulate=True) race.
+# 2. The CPU index_put_(accumulate=True) race, and (7, 8) the risk report of a single run.
 class IndexPutRace(VerdictCase):
+    """Each command is recorded as single runs: the first is the risk report's run (Python) and
+    run A of the pair, diffed with each further run until the race showed between them."""
+
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.python = cls.record_until_different(
-            "py", [PYTHON, example("nondet_index_put.py"), "--steps", "4"], cls.python_truth)
-        cls.cpp = cls.record_until_different(
-            "cpp", [build_binary("train_cnn"), "--race", "--threads", "2", "--steps", "3"],
-            cls.trace_truth)
+        python = [PYTHON, example("nondet_index_put.py"), "--steps", str(INDEX_PUT_STEPS)]
+        cpp = [build_binary("train_cnn"), "--race", "--threads", "2", "--steps", "3"]
+        cls.python, cls.cpp = in_parallel([
+            lambda: cls.record_until_different("py", python, cls.python_truth),
+            lambda: cls.record_until_different("cpp", cpp, cls.trace_truth)])
 
     @staticmethod
-    def python_truth(out):
+    def python_truth(run_a, run_b):
         """The first step whose gradient (printed by the program) differs, or None."""
-        grads = [dict(re.findall(r"step (\d+) grad sha256 (\w+)",
-                                 output_log(os.path.join(out, f"run-{i}")))) for i in (0, 1)]
+        grads = [dict(re.findall(r"step (\d+) grad sha256 (\w+)", output_log(run)))
+                 for run in (run_a, run_b)]
         if not grads[0] or grads[0].keys() != grads[1].keys():
-            raise AssertionError(f"unexpected program output in {out}: {grads}")
+            raise AssertionError(f"unexpected program output in {run_a}, {run_b}: {grads}")
         steps = sorted(int(k) for k in grads[0] if grads[0][k] != grads[1][k])
         return steps[0] if steps else None
 
     @staticmethod
-    def trace_truth(out):
-        return first_index_put_difference(os.path.join(out, "run-0"), os.path.join(out, "run-1"))
+    def trace_truth(run_a, run_b):
+        return first_index_put_difference(run_a, run_b)
 
     @classmethod
     def record_until_different(cls, name, command, truth):
-        for attempt in range(RACE_ATTEMPTS):
-            out = os.path.join(cls.tmp, f"{name}-{attempt}")
-            proc, report = record_pair(out, command)
-            step = truth(out)
-            if step is not None or attempt == RACE_ATTEMPTS - 1:
-                sys.stderr.write(f"{name}: {attempt + 1} pair(s) recorded; the race "
-                                 f"{'showed at step %d' % step if step is not None else 'never showed'}\n")
-                return {"out": out, "proc": proc, "report": report, "step": step,
-                        "attempts": attempt + 1}
+        out = os.path.join(cls.tmp, f"{name}-0")
+        first = record_one(out, command)
+        run_a = os.path.join(out, "run-0")
+        for attempt in range(1, RACE_ATTEMPTS + 1):
+            run_b = os.path.join(cls.tmp, f"{name}-{attempt}", "run-0")
+            record_one(os.path.dirname(run_b), command)
+            step = truth(run_a, run_b)
+            if step is not None or attempt == RACE_ATTEMPTS:
+                showed = f"showed at step {step}" if step is not None else "never showed"
+                sys.stderr.write(f"{name}: {attempt + 1} runs recorded; the race {showed}\n")
+                proc, report = diff_json(run_a, run_b)
+                return {"a": run_a, "b": run_b, "proc": proc, "report": report, "step": step,
+                        "attempts": attempt, "first": first}
+
+    def assert_race_showed(self, pair):
+        # A race that never showed is a test that did not see its case: it fails.
+        self.assertIsNotNone(pair["step"], f"the index_put race did not show in "
+                                           f"{pair['attempts']} pairs")
 
     def check_race(self, pair):
         proc, report, step = pair["proc"], pair["report"], pair["step"]
-        if step is None:
-            # The race did not show in any attempt: the verdict must say identical, and the test
-            # did not see what it is for, so it says so instead of passing.
-            self.assert_identical(proc, report, f"race, {pair['attempts']} agreeing pairs")
-            self.skipTest(f"the index_put race did not fire in {pair['attempts']} pairs")
+        self.assert_race_showed(pair)
         self.assertEqual(report["verdict"], "divergent")
         self.assertEqual(proc.returncode, 1, proc.stderr)
         fd = report["first_divergence"]
@@ -185,7 +196,7 @@ class IndexPutRace(VerdictCase):
         self.assertIn(cat["remedy"], fd["remedy"])
         self.assertTrue(fd["cause"])
         # The op is at the position the report gives: index-th op of run A's stream.
-        ops = export_ops(os.path.join(pair["out"], "run-0"), fd["stream"])
+        ops = export_ops(pair["a"], fd["stream"])
         self.assertEqual(ops[fd["index"]]["name"], fd["op"])
         self.assertEqual(ops[fd["index"]]["step"], fd["step"])
         self.assertEqual(ops[fd["index"]]["offset"], fd["offset"]["a"])
@@ -198,15 +209,12 @@ class IndexPutRace(VerdictCase):
         self.check_race(self.cpp)
 
     # 7. The gate: tiny float noise passes --fail-on tolerance, the report still says it differs.
+    @comparator_only
     def test_tolerance_gate(self):
-        out = self.python["out"]
-        a, b = os.path.join(out, "run-0"), os.path.join(out, "run-1")
+        self.assert_race_showed(self.python)
+        a, b = self.python["a"], self.python["b"]
         r, rep = diff_json(a, b, "--fail-on", "tolerance", "--atol", "1e-3")
         strict, strict_rep = diff_json(a, b, "--fail-on", "tolerance", "--atol", "0")
-        if self.python["step"] is None:
-            self.assertEqual(r.returncode, 0, r.stderr)
-            self.assertEqual(rep["verdict"], "identical")
-            return
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(rep["verdict"], "divergent")
         self.assertEqual(rep["exit_code"], 0)
@@ -220,22 +228,38 @@ class IndexPutRace(VerdictCase):
         self.assertIn("DIVERGENT", text.stdout)
         self.assertIn("within tolerance", text.stdout)
 
+    # 8. The risk report of a single run: the race's first Python run, `detaudit run --runs 1`.
+    def test_single_run_risk_report(self):
+        r, run = self.python["first"], self.python["a"]
+        self.assertIn("RISK", r.stdout)
+        line = next((l for l in r.stdout.splitlines()
+                     if "aten::_index_put_impl_" in l and "index-put-accumulate-cpu" in l), None)
+        self.assertIsNotNone(line, r.stdout)
+        recorded = sum(1 for o in export_ops(run) if o["name"] == "aten::_index_put_impl_")
+        self.assertEqual(recorded, INDEX_PUT_STEPS)
+        self.assertIn(f" x{recorded} ", line)
+        after = r.stdout.split(line, 1)[1]
+        self.assertIn("conditions met:", after)
+        self.assertIn("accumulate (input 3) == true", after)
+        self.assertIn("intra-op threads >= 2", after)
+        self.assertIn("remedy:", after)
+        self.assertFalse(os.path.exists(os.path.join(os.path.dirname(run), "run-1")))
+
 
 # 3. Unseeded RNG, unseeded data order, and the thread count.
 class RandomnessAndEnvironment(VerdictCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.dropout = record_pair(os.path.join(cls.tmp, "dropout"),
-                                  [PYTHON, example("unseeded_dropout.py"), "--steps", "2"])
-        cls.shuffle = record_pair(os.path.join(cls.tmp, "shuffle"),
-                                  [PYTHON, example("unseeded_shuffle.py"), "--steps", "2"])
-        cls.threads = {}
-        for n in (1, 2):
-            out = os.path.join(cls.tmp, f"threads{n}")
-            record_one(out, [PYTHON, example("threads.py"), "--threads", str(n)],
-                       ["--threads", str(n)])
-            cls.threads[n] = os.path.join(out, "run-0")
+        cls.threads = {n: os.path.join(cls.tmp, f"threads{n}", "run-0") for n in (1, 2)}
+        cls.dropout, cls.shuffle, _, _ = in_parallel([
+            lambda: record_pair(os.path.join(cls.tmp, "dropout"),
+                                [PYTHON, example("unseeded_dropout.py"), "--steps", "2"]),
+            lambda: record_pair(os.path.join(cls.tmp, "shuffle"),
+                                [PYTHON, example("unseeded_shuffle.py"), "--steps", "2"])] + [
+            lambda n=n: record_one(os.path.dirname(cls.threads[n]),
+                                   [PYTHON, example("threads.py"), "--threads", str(n)],
+                                   ["--threads", str(n)]) for n in (1, 2)])
 
     def test_unseeded_dropout_is_rng_state(self):
         proc, report = self.dropout
@@ -285,17 +309,18 @@ class RandomnessAndEnvironment(VerdictCase):
         self.assertIn("intra_op_threads differs: 1 vs 2", text.stdout)
 
 
-# 4. Structural differences.
+# 4. Structural differences: how the comparator aligns traces, whichever torch recorded them.
+@comparator_only
 class StructuralDifferences(VerdictCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.runs = {}
-        for name, args in (("a3", ["--steps", "3"]), ("a4", ["--steps", "4"]),
-                           ("b3", ["--steps", "3", "--branch", "b"])):
-            out = os.path.join(cls.tmp, name)
-            record_one(out, [PYTHON, example("branchy.py"), *args])
-            cls.runs[name] = os.path.join(out, "run-0")
+        jobs = {"a3": ["--steps", "3"], "a4": ["--steps", "4"],
+                "b3": ["--steps", "3", "--branch", "b"]}
+        cls.runs = {name: os.path.join(cls.tmp, name, "run-0") for name in jobs}
+        in_parallel([lambda n=n: record_one(os.path.dirname(cls.runs[n]),
+                                            [PYTHON, example("branchy.py"), *jobs[n]])
+                     for n in jobs])
 
     def test_extra_step(self):
         a, b = self.runs["a3"], self.runs["a4"]
@@ -349,27 +374,9 @@ class StructuralDifferences(VerdictCase):
         self.assertGreater(report["spread"]["divergent_ops"], 0)
 
 
-# 7 (exit codes of `detaudit run`) and 8: the risk report of a single run, and the catalog.
-class RiskAndCatalog(VerdictCase):
-    def test_single_run_risk_report(self):
-        out = os.path.join(self.tmp, "risk")
-        steps = 2
-        r = record_one(out, [PYTHON, example("nondet_index_put.py"), "--steps", str(steps)])
-        self.assertIn("RISK", r.stdout)
-        line = next((l for l in r.stdout.splitlines()
-                     if "aten::_index_put_impl_" in l and "index-put-accumulate-cpu" in l), None)
-        self.assertIsNotNone(line, r.stdout)
-        recorded = sum(1 for o in export_ops(os.path.join(out, "run-0"))
-                       if o["name"] == "aten::_index_put_impl_")
-        self.assertEqual(recorded, steps)
-        self.assertIn(f" x{recorded} ", line)
-        after = r.stdout.split(line, 1)[1]
-        self.assertIn("conditions met:", after)
-        self.assertIn("accumulate (input 3) == true", after)
-        self.assertIn("intra-op threads >= 2", after)
-        self.assertIn("remedy:", after)
-        self.assertFalse(os.path.exists(os.path.join(out, "run-1")))
-
+# 8. The catalog (the risk report is checked with the race above, on its first run).
+@comparator_only
+class Catalog(VerdictCase):
     def test_catalog_lists_index_put(self):
         r = run_detaudit(["catalog", "index_put"], check=0)
         self.assertIn("index-put-accumulate-cpu", r.stdout)

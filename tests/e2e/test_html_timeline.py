@@ -1,6 +1,7 @@
 """The reports to look at: the HTML report of real runs, rendered in headless Chromium and checked
 in its screenshot (the verdict banner and the plots drawn, by their colours), and the Perfetto
-timeline, checked against the trace-event JSON schema and for slices that nest.
+timeline, checked against the trace-event JSON schema and for slices that nest. Their subject
+is the reports, not how a torch is recorded: they run under pip's torch only.
 
     cd build && ctest -R e2e.*test_html_timeline --output-on-failure
 """
@@ -13,8 +14,8 @@ import subprocess
 import unittest
 import zlib
 
-from detaudit_testlib import (PYTHON, example, make_tmpdir, output_log, program,
-                              remove_tmpdir, run_detaudit)
+from detaudit_testlib import (PYTHON, comparator_only, example, make_tmpdir, output_log,
+                              program, remove_tmpdir, run_detaudit)
 
 SCHEMA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "trace_event.schema.json")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -90,6 +91,7 @@ def validate_schema(path):
         raise AssertionError(f"{path} does not match {SCHEMA}:\n{r.stderr[-3000:]}")
 
 
+@comparator_only
 class HtmlAndTimeline(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

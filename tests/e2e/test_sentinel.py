@@ -1,7 +1,9 @@
 """`detaudit run --sentinel`: long runs recorded at each step's end only (parameters, gradients,
 optimizer state, loss); the first divergent step is then recorded in full and diffed to the op.
-Real programs under the real interposer: a 1,000-step loop whose CPU index_put race starts at
-step 900, the same loop without it, a difference that never comes back, and DDP over gloo.
+Real programs under the real interposer: a 160-step loop whose CPU index_put race starts at
+step 150, the same loop without it, a difference that never comes back, and DDP over gloo.
+The loops are short: what the sentinel does at step 150 of 160 it does at step 9,000 of 10,000,
+and each step costs CI its time, twice a run and once for each full recording.
 
     cd build && ctest -R e2e.*test_sentinel --output-on-failure
 """
@@ -14,6 +16,9 @@ from detaudit_testlib import (PYTHON, TmpDirCase, build_binary, export_records, 
 
 LONG_RUN = [PYTHON, program("long_run.py")]
 DDP = [PYTHON, program("ddp_train.py")]
+STEPS, RACE_FROM = 160, 150
+# The race adds for tens of milliseconds a thread, so it changes the bits in nearly every step
+# even on a loaded machine; pairs tried at most, each needing it to fire again in the window.
 RACE_ATTEMPTS = 3
 
 
@@ -28,7 +33,7 @@ def op_names_by_step(run_dir):
 class DeterministicLongRun(TmpDirCase):
     def test_identical_and_recorded_at_each_steps_end_only(self):
         out = os.path.join(self.tmp, "audit")
-        argv = LONG_RUN + ["--steps", "1000"]
+        argv = LONG_RUN + ["--steps", str(STEPS)]
         proc, report = record_pair(out, argv, flags=["--sentinel"])
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertEqual(report["verdict"], "identical", report.get("first_divergence"))
@@ -42,7 +47,7 @@ class DeterministicLongRun(TmpDirCase):
                              plain.stdout.strip())
         # Each step: the loss, then the optimizer's top-level updates, and nothing else.
         by_step = op_names_by_step(os.path.join(out, "run-0"))
-        self.assertEqual(sorted(by_step), list(range(1000)))
+        self.assertEqual(sorted(by_step), list(range(STEPS)))
         for step, seen in by_step.items():
             # torch 1.13's zero_grad zeroes the gradients (and its scope makes a handle with
             # `empty`): optimizer phase too, before the forward.
@@ -53,7 +58,7 @@ class DeterministicLongRun(TmpDirCase):
             self.assertEqual(seen.count(("aten::cross_entropy_loss", "forward", 0)), 1, step)
             self.assertEqual(seen.count(("aten::add_", "optimizer", 0)), 4, step)
         # The loss is found in every step.
-        self.assertEqual([p["step"] for p in report["spread"]["loss"]], list(range(1000)))
+        self.assertEqual([p["step"] for p in report["spread"]["loss"]], list(range(STEPS)))
 
 
     def test_a_cpp_program_alike(self):
@@ -91,23 +96,22 @@ class DeterministicLongRun(TmpDirCase):
 
 
 class LateRace(TmpDirCase):
-    def test_named_at_step_900_then_at_its_index_put(self):
+    def test_named_at_its_step_then_at_its_index_put(self):
         for attempt in range(RACE_ATTEMPTS):
             out = os.path.join(self.tmp, f"audit{attempt}")
-            proc, report = record_pair(out, LONG_RUN + ["--steps", "1000", "--race-from", "900"],
-                                       flags=["--sentinel"])
+            proc, report = record_pair(out, LONG_RUN + ["--steps", str(STEPS), "--race-from",
+                                                        str(RACE_FROM)], flags=["--sentinel"])
             sentinel = report["sentinel"]
             if sentinel["divergent"] and sentinel["came_back"]:
                 break
         else:
-            self.skipTest(f"the index_put race did not fire twice at one step in "
-                          f"{RACE_ATTEMPTS} audits")
+            self.fail(f"the index_put race did not fire twice at one step in {RACE_ATTEMPTS} "
+                      f"audits")
         self.assertEqual(proc.returncode, 1, proc.stderr)
-        # The race starts at step 900 and fires in most steps from there, not in every one: with
-        # another test on the cores, its first change to the bits came at step 912 once. Never
-        # before 900: the steps before the race are identical.
-        self.assertGreaterEqual(sentinel["step"], 900, sentinel)
-        self.assertLess(sentinel["step"], 1000, sentinel)
+        # The race fires in nearly every step from RACE_FROM, maybe not in the first. Never
+        # before it: the steps before the race are identical.
+        self.assertGreaterEqual(sentinel["step"], RACE_FROM, sentinel)
+        self.assertLess(sentinel["step"], STEPS, sentinel)
         k = sentinel["step"]
         # Steps k-1 and k in full; if the race fired earlier in those runs, the window moved.
         lo, hi = (int(x) for x in sentinel["full_steps"].split("-"))
@@ -122,22 +126,22 @@ class LateRace(TmpDirCase):
         first = report["first_divergence"]
         self.assertEqual(first["op"], "aten::_index_put_impl_", first)
         self.assertEqual(first["class"], "nondeterministic-op", first)
-        # In the full recording of the window, the race may fire at either step (from 900 on).
+        # In the full recording of the window, the race may fire at either step (RACE_FROM on).
         self.assertIn(first["step"], (lo, hi), first)
-        self.assertGreaterEqual(first["step"], 900, first)
+        self.assertGreaterEqual(first["step"], RACE_FROM, first)
         self.assertEqual(first["catalog"]["id"], "index-put-accumulate-cpu", first)
         self.assertEqual(report["run_a"], os.path.join(sentinel["full_runs"], "run-0"))
         # The spread stays the whole run's: from step k on, nearly every step, none before.
         steps = [p["step"] for p in report["spread"]["per_step"]]
         self.assertEqual(min(steps), k)
-        self.assertGreaterEqual(len(steps), (1000 - k) // 2, steps)
+        self.assertGreaterEqual(len(steps), (STEPS - k) // 2, steps)
 
 
 class DifferenceThatDoesNotComeBack(TmpDirCase):
     def test_step_level_verdict_with_the_command_to_go_on(self):
         out = os.path.join(self.tmp, "audit")
         counter = os.path.join(self.tmp, "runs.txt")
-        proc, report = record_pair(out, LONG_RUN + ["--steps", "300", "--perturb", "2:250",
+        proc, report = record_pair(out, LONG_RUN + ["--steps", "60", "--perturb", "2:50",
                                                     "--perturb-count", counter],
                                    flags=["--sentinel"])
         with open(counter) as f:
@@ -145,62 +149,62 @@ class DifferenceThatDoesNotComeBack(TmpDirCase):
         self.assertEqual(proc.returncode, 1, proc.stderr)
         self.assertEqual(report["verdict"], "divergent")
         sentinel = report["sentinel"]
-        self.assertEqual(sentinel["step"], 250, sentinel)
+        self.assertEqual(sentinel["step"], 50, sentinel)
         self.assertFalse(sentinel["came_back"], sentinel)
         self.assertIn("did not happen again", sentinel["note"])
-        self.assertIn("--steps 249-", sentinel["command"])
+        self.assertIn("--steps 49-", sentinel["command"])
         self.assertIn("long_run.py", sentinel["command"])
         first = report["first_divergence"]
-        self.assertEqual(first["step"], 250, first)
+        self.assertEqual(first["step"], 50, first)
         self.assertEqual(first["class"], "step-level", first)
         self.assertIsNone(first["catalog"], first)
         self.assertEqual(report["run_a"], os.path.join(out, "run-0"))
         self.assertEqual(sentinel["moved"], [])
 
     def test_a_difference_earlier_in_the_full_runs_moves_the_window(self):
-        # The sentinel pair parts at 250; the second full run then parts at 200, before the
+        # The sentinel pair parts at 50; the second full run then parts at 40, before the
         # window: the window moves there, and the runs after that agree.
         out = os.path.join(self.tmp, "moved")
         counter = os.path.join(self.tmp, "moved-runs.txt")
-        proc, report = record_pair(out, LONG_RUN + ["--steps", "300", "--perturb", "2:250",
-                                                    "--perturb", "4:200",
+        proc, report = record_pair(out, LONG_RUN + ["--steps", "60", "--perturb", "2:50",
+                                                    "--perturb", "4:40",
                                                     "--perturb-count", counter],
                                    flags=["--sentinel"])
         with open(counter) as f:
             self.assertEqual(f.read(), "6", "two sentinel runs, then two full ones, twice")
         self.assertEqual(proc.returncode, 1, proc.stderr)
         sentinel = report["sentinel"]
-        self.assertEqual(sentinel["step"], 250, sentinel)
+        self.assertEqual(sentinel["step"], 50, sentinel)
         self.assertEqual(len(sentinel["moved"]), 1, sentinel)
-        self.assertIn("at step 200", sentinel["moved"][0])
-        self.assertEqual(sentinel["full_steps"], "199-200")
+        self.assertIn("at step 40", sentinel["moved"][0])
+        self.assertEqual(sentinel["full_steps"], "39-40")
         self.assertEqual(sentinel["full_runs"], os.path.join(out, "full-2"))
         self.assertFalse(sentinel["came_back"], sentinel)
-        self.assertIn("--steps 199-", sentinel["command"])
+        self.assertIn("--steps 39-", sentinel["command"])
 
 
 class GeneratorDrawnOnceMore(TmpDirCase):
     def test_found_by_the_generator_state_then_the_extra_random_op(self):
-        # The second run draws once more after step 120's update (the recorder's step 121: a step
-        # ends with its optimizer step): no parameter, gradient or loss differs, but step 122
+        # The second run draws once more after step 20's update (the recorder's step 21: a step
+        # ends with its optimizer step): no parameter, gradient or loss differs, but step 22
         # starts from another generator state.
         out = os.path.join(self.tmp, "audit")
         counter = os.path.join(self.tmp, "runs.txt")
-        proc, report = record_pair(out, LONG_RUN + ["--steps", "200", "--extra-draw", "2:120",
-                                                    "--extra-draw", "4:120",
+        proc, report = record_pair(out, LONG_RUN + ["--steps", "40", "--extra-draw", "2:20",
+                                                    "--extra-draw", "4:20",
                                                     "--perturb-count", counter],
                                    flags=["--sentinel"])
         self.assertEqual(proc.returncode, 1, proc.stderr)
         sentinel = report["sentinel"]
-        self.assertEqual(sentinel["step"], 122, sentinel)
-        self.assertIn("cpu generator state of r0.main.t-main first differs at step 122",
+        self.assertEqual(sentinel["step"], 22, sentinel)
+        self.assertIn("cpu generator state of r0.main.t-main first differs at step 22",
                       sentinel["generator"])
         self.assertTrue(sentinel["came_back"], sentinel)
-        self.assertEqual(sentinel["full_steps"], "121-122")
-        # Recorded in full, run B ran one op more at step 121: the extra draw.
+        self.assertEqual(sentinel["full_steps"], "21-22")
+        # Recorded in full, run B ran one op more at step 21: the extra draw.
         self.assertEqual(report["verdict"], "divergent")
         structural = report["structural_differences"]["first"][0]
-        self.assertEqual(structural["step"], 121, structural)
+        self.assertEqual(structural["step"], 21, structural)
         self.assertIn("outermost: aten::rand", structural["detail"])
 
 
@@ -213,7 +217,7 @@ class DdpRaceOnOneRank(TmpDirCase):
             if report["sentinel"]["came_back"]:
                 break
         else:
-            self.skipTest(f"the index_put race did not fire twice in {RACE_ATTEMPTS} audits")
+            self.fail(f"the index_put race did not fire twice in {RACE_ATTEMPTS} audits")
         self.assertEqual(proc.returncode, 1, proc.stderr)
         # The race fires in most steps, not in every one: the first step it changed the bits of.
         sentinel = report["sentinel"]

@@ -19,8 +19,8 @@ import os
 import re
 import unittest
 
-from detaudit_testlib import (PYTHON, TmpDirCase, output_log, program, read_json, record_pair,
-                              run_detaudit, run_program)
+from detaudit_testlib import (PYTHON, TmpDirCase, output_log, program, python_answer, read_json,
+                              record_pair, run_detaudit)
 
 SHARDED = [PYTHON, program("sharded_train.py")]
 GARBAGE_ATTEMPTS = 3
@@ -29,7 +29,7 @@ GARBAGE_ATTEMPTS = 3
 def has(feature):
     probe = {"fsdp2": "from torch.distributed.fsdp import fully_shard",
              "dtensor": "from torch.distributed.tensor.parallel import parallelize_module"}[feature]
-    return run_program([PYTHON, "-c", probe]).returncode == 0
+    return python_answer(probe) is not None
 
 
 def printed(run, what):

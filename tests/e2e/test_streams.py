@@ -11,18 +11,37 @@ import re
 import unittest
 
 import detaudit_testlib
-from detaudit_testlib import (PYTHON, TmpDirCase, export_ops, in_parallel, output_log, program,
-                              read_json, run_detaudit, stream_files)
+from detaudit_testlib import (PYTHON, TmpDirCase, export_ops, in_parallel, load_report,
+                              make_tmpdir, output_log, program, read_json, remove_tmpdir,
+                              run_detaudit, stream_files)
 
+# Comparisons of a program's runs, all in one `detaudit run --runs N+1`: it diffs run-0 with each
+# other run, so N comparisons cost N+1 runs, not 2N.
 THREAD_PAIRS = 5
 LOADER_PAIRS = 3
+# Pairs of the scoped race recorded until its gradients differed; never: the test fails.
 RACE_ATTEMPTS = 4
+THREADS = [PYTHON, program("python_threads.py")]
 
 
 def record_pair(out, command, flags=()):
     """(proc, report, run-0, run-1) of `detaudit run --runs 2`."""
     r, report = detaudit_testlib.record_pair(out, command, flags)
     return r, report, os.path.join(out, "run-0"), os.path.join(out, "run-1")
+
+
+def record_runs(out, command, runs):
+    """(proc, {k: report of run-0 vs run-k}, [run dirs]) of `detaudit run --runs RUNS` (> 2),
+    its JSON reports written beside the runs (report.run-K.json)."""
+    r = run_detaudit(["run", "--runs", str(runs), "--out", out, "--format", "json",
+                      "--output", os.path.join(out, "report.json"), "-q", "--", *command])
+    reports = {}
+    for k in range(1, runs):
+        path = os.path.join(out, f"report.run-{k}.json")
+        if not os.path.exists(path):
+            raise AssertionError(f"no {path} from detaudit run (exit {r.returncode}):\n{r.stderr}")
+        reports[k] = load_report(path)
+    return r, reports, [os.path.join(out, f"run-{k}") for k in range(runs)]
 
 
 def record_one(out, command, flags=()):
@@ -37,6 +56,27 @@ def diff(a, b):
     return r, (json.loads(r.stdout) if r.stdout.strip() else None)
 
 
+# Recorded once on first use (each run costs seconds of CPU): PythonThreads compares the two
+# forced start orders, Scopes reads the ops of order 0,1.
+_shared = {}
+
+
+def forced_order_runs():
+    """{order: run-0} of python_threads.py --order ORDER, for "0,1" and "1,0"."""
+    if "orders" not in _shared:
+        _shared["tmp"] = make_tmpdir()
+        orders = ("0,1", "1,0")
+        runs = in_parallel([
+            lambda o=o: record_one(os.path.join(_shared["tmp"], "order" + o.replace(",", "")),
+                                   THREADS + ["--order", o]) for o in orders])
+        _shared["orders"] = dict(zip(orders, runs))
+    return _shared["orders"]
+
+
+def tearDownModule():
+    remove_tmpdir(_shared.get("tmp"))
+
+
 class StreamsCase(TmpDirCase):
     # Not test_diff_verdicts' check: a worker's stream is compared only up to its consumer's
     # last step, so its ops compared need not equal its ops recorded.
@@ -47,14 +87,10 @@ class StreamsCase(TmpDirCase):
 
 
 class PythonThreads(StreamsCase):
-    THREADS = [PYTHON, program("python_threads.py")]
-
     def test_start_order_does_not_pair_streams(self):
         # Both orders forced, so the pairing cannot pass by luck of the scheduler.
-        runs = in_parallel([
-            lambda: record_one(os.path.join(self.tmp, "order01"), self.THREADS + ["--order", "0,1"]),
-            lambda: record_one(os.path.join(self.tmp, "order10"), self.THREADS + ["--order", "1,0"]),
-        ])
+        forced = forced_order_runs()
+        runs = [forced["0,1"], forced["1,0"]]
         self.assertIn("start order [0, 1]", output_log(runs[0]))
         self.assertIn("start order [1, 0]", output_log(runs[1]))
         for run in runs:
@@ -67,15 +103,16 @@ class PythonThreads(StreamsCase):
         self.assertGreater(compared["r0.main.t-worker-1"], 0)
 
     def test_random_start_order_identical_in_every_pair(self):
-        results = in_parallel([
-            (lambda k=k: record_pair(os.path.join(self.tmp, f"threads{k}"), self.THREADS))
-            for k in range(THREAD_PAIRS)])
-        for k, (proc, report, a, b) in enumerate(results):
-            self.assert_identical(proc, report, f"pair {k} ({output_log(a).splitlines()[0]} / "
-                                                f"{output_log(b).splitlines()[0]})")
+        proc, reports, runs = record_runs(os.path.join(self.tmp, "threads"), THREADS,
+                                          THREAD_PAIRS + 1)
+        self.assertEqual(len(reports), THREAD_PAIRS)
+        for k, report in reports.items():
+            self.assert_identical(proc, report, f"run-0 vs run-{k} "
+                                                f"({output_log(runs[0]).splitlines()[0]} / "
+                                                f"{output_log(runs[k]).splitlines()[0]})")
 
     def test_a_recorded_child_process_gets_its_own_files(self):
-        run = record_one(os.path.join(self.tmp, "child"), self.THREADS + ["--spawn-child"])
+        run = record_one(os.path.join(self.tmp, "child"), THREADS + ["--spawn-child"])
         d = os.path.join(run, "streams")
         self.assertIn("r0.main.python-c.t-main.dtr", stream_files(run))
         parent = read_json(os.path.join(d, "r0.main.env.json"))
@@ -93,8 +130,7 @@ class PythonThreads(StreamsCase):
 
 class Scopes(StreamsCase):
     def test_scopes_are_labels_not_ops(self):
-        run = record_one(os.path.join(self.tmp, "scopes"),
-                         [PYTHON, program("python_threads.py"), "--order", "0,1"])
+        run = forced_order_runs()["0,1"]  # PythonThreads' run: the same command
         main = export_ops(run, "r0.main.t-main")
         self.assertFalse([o for o in main if o["name"].startswith("profiler::")])
         self.assertLess(max(o["depth"] for o in main), 32)
@@ -112,14 +148,15 @@ class Scopes(StreamsCase):
     def test_race_inside_scopes_is_found_with_its_scope_path(self):
         for attempt in range(RACE_ATTEMPTS):
             out = os.path.join(self.tmp, f"race{attempt}")
-            proc, report, a, b = record_pair(out, [PYTHON, program("scoped_race.py"), "--steps", "3"])
+            proc, report, a, b = record_pair(out, [PYTHON, program("scoped_race.py"),
+                                                   "--steps", "3"])
             truth_a = re.findall(r"grad (\S+)", output_log(a))
             truth_b = re.findall(r"grad (\S+)", output_log(b))
             if truth_a != truth_b:
                 break
             self.assert_identical(proc, report, "a race that did not fire")
         else:
-            self.skipTest(f"the index_put race did not fire in {RACE_ATTEMPTS} pairs")
+            self.fail(f"the index_put race did not fire in {RACE_ATTEMPTS} pairs")
         first = report["first_divergence"]
         self.assertEqual(first["class"], "nondeterministic-op", first)
         self.assertIn(first["op"], ("aten::_index_put_impl_", "aten::index_put_"))
@@ -138,12 +175,12 @@ class DataLoaderWorkers(StreamsCase):
     LOADER = [PYTHON, program("loader_workers.py"), "--steps", "4"]
 
     def test_seeded_loader_is_identical_in_every_pair(self):
-        results = in_parallel([
-            (lambda k=k: record_pair(os.path.join(self.tmp, f"loader{k}"), self.LOADER))
-            for k in range(LOADER_PAIRS)])
-        for k, (proc, report, a, b) in enumerate(results):
-            self.assert_identical(proc, report, f"pair {k}")
-            self.assertEqual(output_log(a), output_log(b))
+        proc, reports, runs = record_runs(os.path.join(self.tmp, "loader"), self.LOADER,
+                                          LOADER_PAIRS + 1)
+        self.assertEqual(len(reports), LOADER_PAIRS)
+        for k, report in reports.items():
+            self.assert_identical(proc, report, f"run-0 vs run-{k}")
+            self.assertEqual(output_log(runs[0]), output_log(runs[k]))
             workers = [s for s in report["streams"] if s["consumer_last_step"] is not None]
             self.assertEqual(sorted(s["name"] for s in workers),
                              ["r0.main.0.t-main", "r0.main.1.t-main"])

@@ -25,15 +25,16 @@ import unittest
 
 from detaudit_testlib import (HAS_COMPILE, HOOKS, PYTHON, TORCH_VERSION, export_records,
                               in_parallel, load_report, make_temp_dir, ops, output_log, params_sha,
-                              program, remove_dir, run_detaudit)
+                              program, python_answer, remove_dir, run_detaudit)
 
 MATRIX = program("optimizer_matrix.py")
 MODES = {"full": [], "sentinel": ["--sentinel"],
          "device": ["--digest", "device", "--env", "DETAUDIT_DEVICE_QUEUE=host"]}
 ATTEMPTS = 3  # a race on float atomics may leave the bits alone in a pair: pairs tried at most
 
-_HAS_TRANSFORMERS = subprocess.run([PYTHON, "-c", "import transformers, accelerate"],
-                                   capture_output=True).returncode == 0
+_HAS_TRANSFORMERS = python_answer(
+    "import importlib.util as u;print(all(u.find_spec(m) for m in ('transformers', 'accelerate')))"
+) == "True\n"
 
 
 def audit(out, command, flags=(), timeout=600):

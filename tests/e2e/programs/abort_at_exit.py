@@ -45,6 +45,15 @@ def abort_from_a_thread(race):
         t.join()
 
 
+def sgd_step(params, lr):
+    """SGD by hand: torch.optim's first call imports torch._dynamo, seconds of CPU on torch 2.x
+    in every run, and the optimizer is not what this program is for."""
+    with torch.no_grad():
+        for p in params:
+            p.sub_(p.grad, alpha=lr)
+            p.grad = None
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=3)
@@ -53,13 +62,11 @@ def main():
     atexit.register(abort_from_a_thread, args.race)
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
     x, y = torch.randn(32, 8), torch.randint(0, 2, (32,))
     for step in range(args.steps):
-        opt.zero_grad()
         loss = nn.functional.cross_entropy(net(x), y)
         loss.backward()
-        opt.step()
+        sgd_step(net.parameters(), lr=0.1)
         print(f"step {step} loss {loss.item():.6f}", flush=True)
     print("done; aborting at exit", flush=True)
 

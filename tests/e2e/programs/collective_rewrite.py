@@ -26,10 +26,10 @@ import os
 import subprocess
 import sys
 
-import torch
-import torch.distributed as dist
-
 from ports import free_port
+
+# Imported by the ranks only (main_rank): `--launch env`'s parent starts them, importing no torch.
+torch = dist = None
 
 MODES = ["work", "future", "then", "sync", "numpy"]
 
@@ -48,6 +48,9 @@ def contribution(call, rank, n):
 
 
 def main_rank(rank, world, calls, n, functional):
+    global torch, dist
+    import torch
+    import torch.distributed as dist
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
     lines = []

@@ -7,7 +7,8 @@
 
 Each rank trains a seeded DDP model on its own shard. Options make one rank misbehave:
   --race-rank R     rank R's model gathers its input through an embedding-like `w[idx]`, whose
-                    backward is the CPU index_put_(accumulate=True) race on 2 threads;
+                    backward is the CPU index_put_(accumulate=True) race on 2 threads (2^20
+                    values into 2,048 slots);
   --corrupt-rank R  after step --corrupt-step's optimizer step, rank R changes a parameter in
                     place with no collective: the replicas now disagree;
   --kill-rank R     rank R kills itself with SIGKILL in step --kill-step, between its forward and
@@ -31,11 +32,18 @@ import sys
 import threading
 import time
 
-import torch
-import torch.distributed as dist
-import torch.nn as nn
-
 from ports import free_port
+
+# Imported by the processes that train (import_torch): `--launch env`'s parent only starts the
+# ranks, and importing torch there would cost 2 s of CPU for nothing.
+torch = dist = nn = None
+
+
+def import_torch():
+    global torch, dist, nn
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
 
 
 def say(line):
@@ -48,30 +56,34 @@ def md5(t):
     return hashlib.md5(t.detach().contiguous().numpy().tobytes()).hexdigest()
 
 
-class Net(nn.Module):
-    def __init__(self, gather, table_size):
-        super().__init__()
-        self.gather = gather
-        n = table_size
-        self.table = nn.Parameter(torch.randn(n) * 0.01)
-        self.fc1 = nn.Linear(16, 32)
-        self.fc2 = nn.Linear(32, 2)
+def make_net(gather, table_size):
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gather = gather
+            self.table = nn.Parameter(torch.randn(table_size) * 0.01)
+            self.fc1 = nn.Linear(16, 32)
+            self.fc2 = nn.Linear(32, 2)
 
-    def forward(self, x, idx):
-        if self.gather:
-            x = x + self.table[idx].view(x.shape[0], -1, 16).mean(1)
-        else:
-            x = x + self.table[:16]
-        return self.fc2(torch.relu(self.fc1(x)))
+        def forward(self, x, idx):
+            if self.gather:
+                x = x + self.table[idx].view(x.shape[0], -1, 16).mean(1)
+            else:
+                x = x + self.table[:16]
+            return self.fc2(torch.relu(self.fc1(x)))
+
+    return Net()
 
 
 def train(rank, world, args):
+    import_torch()
     if "MASTER_ADDR" not in os.environ:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(Net(rank == args.race_rank, 1 << 17 if args.race_rank >= 0 else 16))
+    model = nn.parallel.DistributedDataParallel(
+        make_net(rank == args.race_rank, 1 << 17 if args.race_rank >= 0 else 16))
     opt = (torch.optim.Adam(model.parameters(), lr=1e-3) if args.optimizer == "adam" else
            torch.optim.SGD(model.parameters(), lr=0.1))
     gen = torch.Generator().manual_seed(1000 + rank)
@@ -79,7 +91,10 @@ def train(rank, world, args):
     for step in range(args.steps):
         x = torch.randn(8, 16, generator=gen)
         y = torch.randint(0, 2, (8,), generator=gen)
-        idx = torch.randint(0, max(n // 64, 1), (8 * 32768,), generator=gen)
+        # 2^20 indices: the racing rank's threads add for tens of milliseconds, so the scheduler
+        # interleaves them even on a loaded machine, and the bits differ in nearly every step.
+        idx = torch.randint(0, max(n // 64, 1), (8 * 131072 if args.race_rank >= 0 else 128,),
+                            generator=gen)
         opt.zero_grad()
         loss = nn.functional.cross_entropy(model(x, idx), y)
         if rank == args.kill_rank and step == args.kill_step and kill_now(args.kill_marker):
@@ -165,6 +180,7 @@ def main():
         # As SLURM users write it: the rank and world from srun's task variables.
         train(int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"]), args)
     elif args.launch == "spawn":
+        import_torch()
         torch.multiprocessing.spawn(train, args=(args.world, args), nprocs=args.world)
     else:
         import subprocess

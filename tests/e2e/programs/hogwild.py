@@ -20,6 +20,11 @@ import torch
 import torch.multiprocessing as mp
 import torch.nn as nn
 
+try:  # torch 2's optimizers import torch._dynamo (2 s of CPU): once here, not in each worker
+    import torch._dynamo  # noqa: F401
+except ImportError:
+    pass  # torch 1.x
+
 
 def md5(model):
     flat = torch.cat([p.detach().flatten() for p in model.parameters()])

@@ -4,8 +4,11 @@
     python long_run.py --steps 300 --perturb 2:250 --perturb-count counter.txt
 
 --race-from K   from step K on, the model gathers its input through `table[idx]`: its backward is
-                the CPU index_put_(accumulate=True) race on 2 threads (65,536 values into 256
-                slots), so runs differ from step K on and not before.
+                the CPU index_put_(accumulate=True) race on 2 threads (--race-size values, 2^20 by
+                default, into 256 slots), so runs differ from step K on and not before. Each
+                thread adds for tens of milliseconds: even on a loaded machine, where the two
+                rarely run at once, the scheduler interleaves them, and the bits differ in
+                nearly every step.
 --perturb N:K   with --perturb-count FILE: the program counts its runs in FILE; its N-th run scales
                 step K's batch by 1 + 1e-6 (repeatable). The difference happens once and never
                 again, as a rare race would.
@@ -48,6 +51,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--race-from", type=int, default=-1)
+    ap.add_argument("--race-size", type=int, default=1 << 20)
     ap.add_argument("--perturb", action="append", default=[], metavar="RUN:STEP")
     ap.add_argument("--extra-draw", action="append", default=[], metavar="RUN:STEP")
     ap.add_argument("--perturb-count", default="")
@@ -66,7 +70,7 @@ def main():
         y = torch.randint(0, 2, (64,), generator=gen)
         idx = None
         if 0 <= a.race_from <= step:
-            idx = torch.randint(0, 256, (64 * 64 * 16,), generator=gen)
+            idx = torch.randint(0, 256, (a.race_size,), generator=gen)
         if step in perturbed:
             x = x * (1 + 1e-6)
         opt.zero_grad()

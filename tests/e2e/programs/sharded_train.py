@@ -26,12 +26,19 @@ import os
 import subprocess
 import sys
 
-import numpy as np
-import torch
-import torch.distributed as dist
-import torch.nn as nn
-
 from ports import free_port
+
+# Imported by the ranks only (train): the parent only starts them, and importing torch there
+# would cost 2 s of CPU for nothing.
+np = torch = dist = nn = None
+
+
+def import_torch():
+    global np, torch, dist, nn
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
 
 
 def say(line):
@@ -43,15 +50,18 @@ def md5(t):
     return hashlib.md5(t.detach().contiguous().numpy().tobytes()).hexdigest()
 
 
-class Mlp(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(13, 7)
-        self.fc2 = nn.Linear(7, 5)
-        self.fc3 = nn.Linear(5, 3)
+def mlp():
+    class Mlp(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(13, 7)
+            self.fc2 = nn.Linear(7, 5)
+            self.fc3 = nn.Linear(5, 3)
 
-    def forward(self, x):
-        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+        def forward(self, x):
+            return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+
+    return Mlp()
 
 
 def leave_garbage():
@@ -64,7 +74,7 @@ def leave_garbage():
 def fsdp_model(init, mesh=None):
     from torch.distributed.fsdp import fully_shard
     with torch.device("meta"):
-        model = Mlp()
+        model = mlp()
     for layer in (model.fc1, model.fc2, model.fc3):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -98,6 +108,7 @@ def full(p):
 
 
 def train(rank, args):
+    import_torch()
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     model = {"fsdp": lambda: fsdp_model(args.init), "hsdp": hsdp_model, "tp": tp_model}[args.mode]()

@@ -23,12 +23,14 @@ def main():
     ap.add_argument("--steps", type=int, default=0, help="0: until killed")
     args = ap.parse_args()
     torch.manual_seed(0)
-    for k in range(args.spin_threads):
-        threading.Thread(target=spin, args=(k,), name=f"spin-{k}", daemon=True).start()
     net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     x = torch.randn(64, 32)
     y = torch.randn(64, 4)
+    # Started once the optimizer is built: building it imports torch._dynamo (seconds of CPU on
+    # torch 2.x), which threads spinning beside it would only slow down.
+    for k in range(args.spin_threads):
+        threading.Thread(target=spin, args=(k,), name=f"spin-{k}", daemon=True).start()
     step = 0
     while not args.steps or step < args.steps:
         opt.zero_grad()

@@ -9,11 +9,13 @@ import os
 import subprocess
 import sys
 
-import torch
-import torch.nn as nn
-
 
 def train(rank, steps):
+    # Here, not at the top: the parent only starts the ranks, and importing torch there would
+    # cost 2 s of CPU for nothing.
+    import torch
+    import torch.nn as nn
+
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.5), nn.Linear(32, 2))
     x = torch.randn(steps, 8, 16)
