@@ -6,7 +6,7 @@
 // the slots in the order they were filled and hands each batch's results to its completion. The
 // op's thread waits only when every slot is busy, for the oldest one, and that is counted.
 //
-// Torch-free and CUDA-free: a DeviceQueue does the device's part (cuda_queue.cpp on a GPU; the
+// Torch-free and CUDA-free: a DeviceQueue does the device's part (cuda_queue.cu on a GPU; the
 // unit tests drive a fake one whose completions they control).
 #pragma once
 

@@ -6,8 +6,6 @@
 
 #include <cctype>
 #include <chrono>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <tuple>
@@ -21,51 +19,18 @@
 #include "diff/world.h"
 #include "run_layout.h"
 #include "trace/reader.h"
+#include "trace/run_directory.h"
 #include "util/parallel.h"
 
 namespace detaudit {
-namespace fs = std::filesystem;
 
 namespace {
 
 Status list_streams(const std::string& run_dir, std::map<std::string, std::string>* out) {
-  fs::path dir = fs::path(run_dir) / layout::kStreamsDir;
-  std::error_code ec;
-  if (!fs::exists(run_dir, ec))
-    return Status::error(fmt::format("{}: no such run directory", run_dir), ExitCode::kBadInput);
-  if (!fs::is_directory(run_dir, ec))
-    return Status::error(fmt::format("{}: not a directory", run_dir), ExitCode::kBadInput);
-  if (!fs::is_directory(dir, ec))
-    return Status::error(
-        fmt::format("{}: not a run directory (no {}/)", run_dir, layout::kStreamsDir),
-        ExitCode::kBadInput);
-  std::string ext = layout::kTraceExt;
-  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
-    std::string name = e.path().filename().string();
-    if (name.size() > ext.size() && name.compare(name.size() - ext.size(), ext.size(), ext) == 0)
-      (*out)[name.substr(0, name.size() - ext.size())] = e.path().string();
-  }
-  if (ec)
-    return Status::error(fmt::format("{}: {}", dir.string(), ec.message()), ExitCode::kBadInput);
-  if (out->empty()) {
-    // Nothing to compare is not "identical": the interposer recorded nothing in this run.
-    std::string why;
-    for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
-      std::string name = e.path().filename().string();
-      std::string sext = layout::kStatusExt;
-      if (name.size() <= sext.size() ||
-          name.compare(name.size() - sext.size(), sext.size(), sext) != 0)
-        continue;
-      std::ifstream in(e.path());
-      std::string line;
-      std::getline(in, line);
-      why = fmt::format(" ({}: {})", name, line);
-      break;
-    }
-    return Status::error(fmt::format("{}: no trace stream in {}/ (nothing was recorded){}", run_dir,
-                                     layout::kStreamsDir, why),
-                         ExitCode::kBadInput);
-  }
+  trace::RunDirectory run;
+  if (Status s = trace::RunDirectory::open(run_dir, &run); !s.ok()) return s;
+  if (Status s = run.require_traces(); !s.ok()) return s;
+  for (const trace::RunFile& stream : run.traces()) (*out)[stream.name] = stream.path;
   return Status();
 }
 
@@ -418,7 +383,7 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
   if (!options.ranks.all())
     for (auto* streams : {&sa, &sb})
       for (auto it = streams->begin(); it != streams->end();)
-        it = options.ranks.contains(std::strtoull(it->first.c_str() + 1, nullptr, 10))
+        it = options.ranks.contains(uint64_t(trace::rank_of_name(it->first).value_or(-1)))
                  ? std::next(it)
                  : streams->erase(it);
   std::map<std::pair<std::string, std::string>,
@@ -493,7 +458,7 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
                                              const trace::OpRecord& op) { f->op(rd, op); };
       for (auto [folds, streams] : {std::pair{&fold_a, &sa}, std::pair{&fold_b, &sb}}) {
         RankFolds& f = (*folds)[i];
-        f.rank = std::strtoll(process.c_str() + 1, nullptr, 10);
+        f.rank = trace::rank_of_name(process).value_or(-1);
         f.name = batch[i];
         auto it = streams->find(batch[i]);
         f.path = it == streams->end() ? "" : it->second;

@@ -11,6 +11,7 @@
 #include "diff/world.h"
 #include "run_layout.h"
 #include "trace/process_status.h"
+#include "trace/run_directory.h"
 
 namespace detaudit {
 namespace fs = std::filesystem;
@@ -112,18 +113,15 @@ std::vector<RunEnding> collect_endings(const std::vector<std::string>& run_dirs,
       p.last_index = t.last_index;
       last_order[t.process] = t.last_order;
     }
-    std::error_code ec;
-    const fs::path streams = fs::path(run_dirs[i]) / layout::kStreamsDir;
-    for (const fs::directory_entry& e : fs::directory_iterator(streams, ec)) {
-      if (e.path().extension() != layout::kStatusExt) continue;
+    for (const trace::RunFile& f : trace::RunDirectory::list(run_dirs[i]).statuses()) {
       trace::ProcessStatus status;
-      if (!trace::read_process_status(e.path().string(), &status)) continue;
-      const std::string process = e.path().stem().string();
+      if (!trace::read_process_status(f.path, &status)) continue;
+      const std::string& process = f.name;
       auto it = by_process.find(process);
       ProcessEndingReport p = it != by_process.end() ? it->second : ProcessEndingReport{};
       p.process = process;
-      if (it == by_process.end() && process.size() > 1 && process[0] == 'r')
-        p.rank = std::strtoll(process.c_str() + 1, nullptr, 10);
+      if (it == by_process.end())
+        if (auto rank = trace::rank_of_name(process)) p.rank = *rank;
       if (status.ending) {
         const trace::ProcessEnding& end = *status.ending;
         if (end.clean()) continue;

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "run_layout.h"
+#include "trace/run_directory.h"
 
 namespace detaudit {
 namespace fs = std::filesystem;
@@ -35,22 +36,15 @@ bool volatile_env_key(const std::string& key) {
 
 Status load_environment(const std::string& run_dir,
                         std::map<std::string, std::map<std::string, std::string>>* out) {
-  fs::path dir = fs::path(run_dir) / layout::kStreamsDir;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return Status();
-  std::string ext = layout::kEnvExt;
-  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
-    std::string name = e.path().filename().string();
-    if (name.size() <= ext.size() || name.compare(name.size() - ext.size(), ext.size(), ext))
-      continue;
-    std::ifstream in(e.path());
+  for (const trace::RunFile& f : trace::RunDirectory::list(run_dir).environments()) {
+    std::ifstream in(f.path);
     nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
     if (j.is_discarded() || !j.is_object())
       return Status::error(fmt::format("{}: offset 0: not a JSON object (corrupt environment "
                                        "fingerprint)",
-                                       e.path().string()),
+                                       f.path),
                            ExitCode::kBadInput);
-    auto& flat = (*out)[name.substr(0, name.size() - ext.size())];
+    auto& flat = (*out)[f.name];
     flatten_json(j, "", &flat);
   }
   // run.json: only the outcome is comparable; the rest is paths and times.

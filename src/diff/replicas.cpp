@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
 #include <map>
 #include <optional>
 #include <unordered_map>
@@ -12,10 +11,10 @@
 
 #include "run_layout.h"
 #include "trace/reader.h"
+#include "trace/run_directory.h"
 #include "util/parallel.h"
 
 namespace detaudit {
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -214,24 +213,21 @@ void ReplicaFolder::op(const trace::TraceReader& r, const trace::OpRecord& op) {
 Status read_replica_folds(const std::string& run_dir, const RangeSet& selected, unsigned threads,
                           std::vector<RankFolds>* out) {
   out->clear();
-  fs::path dir = fs::path(run_dir) / layout::kStreamsDir;
-  std::error_code ec;
-  std::map<int64_t, std::string> mains;  // rank -> the main thread's stream of its main process
-  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
-    if (e.path().extension() != layout::kTraceExt) continue;
+  std::map<int64_t, trace::RunFile> mains;  // rank -> the main thread's stream of its main process
+  for (const trace::RunFile& f : trace::RunDirectory::list(run_dir).traces()) {
     trace::TraceReader r;
-    if (!r.open(e.path().string()).ok()) continue;  // the diff reports what is wrong with it
+    if (!r.open(f.path).ok()) continue;  // the diff reports what is wrong with it
     if (r.header().process_role == "main" && r.header().thread == "main" && r.header().rank >= 0 &&
         selected.contains(uint64_t(r.header().rank)))
-      mains.emplace(r.header().rank, e.path().string());
+      mains.emplace(r.header().rank, f);
   }
   std::vector<RankStream> read(mains.size());
   {
     size_t i = 0;
-    for (const auto& [rank, path] : mains) {
+    for (const auto& [rank, stream] : mains) {
       read[i].rank = rank;
-      read[i].path = path;
-      read[i++].name = fs::path(path).stem().string();
+      read[i].path = stream.path;
+      read[i++].name = stream.name;
     }
   }
   if (Status st = for_each_parallel(read.size(), threads,

@@ -4,15 +4,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <map>
 
 #include "diff/environment.h"
 #include "run_layout.h"
 #include "trace/reader.h"
+#include "trace/run_directory.h"
 
 namespace detaudit {
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -57,26 +56,18 @@ void environment_risks(const std::string& process, const std::map<std::string, s
 Status risk_report(const std::string& run_dir, const Catalog& catalog, RiskReport* out) {
   RiskReport r;
   r.run_dir = run_dir;
-  fs::path dir = fs::path(run_dir) / layout::kStreamsDir;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec))
-    return Status::error(
-        fmt::format("{}: not a run directory (no {}/)", run_dir, layout::kStreamsDir),
-        ExitCode::kBadInput);
-  std::vector<std::string> files;
-  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec))
-    if (e.path().extension() == layout::kTraceExt) files.push_back(e.path().string());
-  std::sort(files.begin(), files.end());
+  trace::RunDirectory run;
+  if (Status s = trace::RunDirectory::open(run_dir, &run); !s.ok()) return s;
 
   std::map<std::string, std::map<std::string, std::string>> env;
   if (Status s = load_environment(run_dir, &env); !s.ok()) return s;
   std::map<Key, RiskHit> hits;
-  for (const std::string& path : files) {
+  for (const trace::RunFile& file : run.traces()) {
     trace::TraceReader reader;
-    if (Status s = reader.open(path); !s.ok()) return s;
+    if (Status s = reader.open(file.path); !s.ok()) return s;
     auto fingerprint = env.find(
         layout::process_name(reader.header().rank, reader.header().process_role));
-    std::string stream = fs::path(path).stem().string();
+    const std::string& stream = file.name;
     // Entries per string id, looked up once per name.
     std::vector<std::vector<const CatalogEntry*>> by_name;
     std::vector<bool> looked_up;
@@ -124,7 +115,7 @@ Status risk_report(const std::string& run_dir, const Catalog& catalog, RiskRepor
       r.truncated.push_back(
           fmt::format("{}: offset {}: no END record: the process did not exit "
                       "cleanly, so its last ops may be missing",
-                      path, reader.bytes_read()));
+                      file.path, reader.bytes_read()));
   }
   for (auto& [_, h] : hits) r.hits.push_back(std::move(h));
   std::stable_sort(r.hits.begin(), r.hits.end(),

@@ -1,27 +1,24 @@
 #include "diff/step_states.h"
 
-#include <filesystem>
 #include <map>
 #include <vector>
 
 #include "run_layout.h"
 #include "trace/reader.h"
+#include "trace/run_directory.h"
 
 namespace detaudit {
-namespace fs = std::filesystem;
 
 namespace {
 
 // Main-thread streams of a run's main processes, by file name.
 std::map<std::string, std::string> main_streams(const std::string& run_dir) {
   std::map<std::string, std::string> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(fs::path(run_dir) / layout::kStreamsDir, ec)) {
-    if (e.path().extension() != layout::kTraceExt) continue;
+  for (const trace::RunFile& f : trace::RunDirectory::list(run_dir).traces()) {
     trace::TraceReader r;
-    if (!r.open(e.path().string()).ok()) continue;  // the diff says what is wrong with it
+    if (!r.open(f.path).ok()) continue;  // the diff says what is wrong with it
     if (r.header().process_role == "main" && r.header().thread == "main")
-      out.emplace(e.path().stem().string(), e.path().string());
+      out.emplace(f.name, f.path);
   }
   return out;
 }

@@ -1,5 +1,5 @@
 // The device digest and its statistics, written once for the GPU kernel (hooks/device/) and the
-// CPU reference (lane_digest.cpp). Every function here is __host__ __device__ under nvcc and
+// CPU reference (device_digest.cpp). Every function here is __host__ __device__ under nvcc and
 // plain inline C++ elsewhere; the spec is docs/trace-format.md, "The device digest".
 //
 // A tensor's bytes, in logical order, are cut into 8-byte little-endian words (the last one padded

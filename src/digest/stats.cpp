@@ -100,7 +100,7 @@ StatsAccumulator::StatsAccumulator(uint8_t dtype)
 // each against plain scalar code that follows this order. Integer sums are plain sequential
 // doubles (no compiler reorders them without -ffast-math, which this file refuses).
 #if defined(__FAST_MATH__)
-#error "digest.cpp must not be built with -ffast-math: statistics must not depend on the host"
+#error "stats.cpp must not be built with -ffast-math: statistics must not depend on the host"
 #endif
 #if defined(__clang__)
 #define DETAUDIT_NO_CONTRACT

@@ -16,7 +16,7 @@ inline constexpr size_t kStatsLanes = 16;
 
 // Statistics of a tensor's elements: min, max, mean, L2 norm, NaN and Inf counts for floating
 // dtypes; min, max and mean for integers and bool. NaNs are left out of min/max/mean/L2.
-// The sums are added in an order fixed by the elements' indices (digest.cpp), so every host
+// The sums are added in an order fixed by the elements' indices (stats.cpp), so every host
 // gives the same bits for the same bytes, whatever its vector unit.
 class StatsAccumulator {
  public:

@@ -10,6 +10,7 @@
 
 #include "run_layout.h"
 #include "trace/reader.h"
+#include "trace/run_directory.h"
 
 namespace detaudit::replay {
 namespace fs = std::filesystem;
@@ -81,23 +82,16 @@ std::string OpTypeRow::key() const {
 Status plan_coverage(const std::string& run_dir, const Catalog& catalog, CoveragePlan* out) {
   CoveragePlan plan;
   plan.run_dir = run_dir;
-  const fs::path dir = fs::path(run_dir) / layout::kStreamsDir;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec))
-    return Status::error(
-        fmt::format("{}: not a run directory (no {}/)", run_dir, layout::kStreamsDir),
-        ExitCode::kBadInput);
-  std::vector<std::string> files;
-  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec))
-    if (e.path().extension() == layout::kTraceExt) files.push_back(e.path().string());
-  std::sort(files.begin(), files.end());
+  trace::RunDirectory run;
+  if (Status s = trace::RunDirectory::open(run_dir, &run); !s.ok()) return s;
 
   std::map<std::string, size_t> by_key;  // OpTypeRow::key() -> row
-  for (const std::string& path : files) {
+  for (const trace::RunFile& file : run.traces()) {
     trace::TraceReader r;
-    if (Status s = r.open(path); !s.ok()) return Status::error(s.message(), ExitCode::kBadInput);
+    if (Status s = r.open(file.path); !s.ok())
+      return Status::error(s.message(), ExitCode::kBadInput);
     if (plan.digest.empty()) plan.digest = std::string(trace::digest_name(r.header().algo));
-    const std::string stream = fs::path(path).stem().string();
+    const std::string& stream = file.name;
     // Per op name, the orders of its records: a chosen record's occurrence is its rank in start
     // order among them, as the interposer counts.
     std::unordered_map<uint32_t, std::vector<uint64_t>> orders;

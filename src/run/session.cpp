@@ -17,6 +17,7 @@
 
 #include "run_layout.h"
 #include "trace/process_status.h"
+#include "trace/run_directory.h"
 
 namespace detaudit::run {
 namespace {
@@ -313,12 +314,10 @@ std::vector<std::string> target_environment(const Config& c, const std::string& 
 std::string full_disk_note(const std::string& dir) {
   // What the interposer said of a write the disk refused, if its .status had room for it.
   std::string refused;
-  std::error_code ec;
-  for (fs::directory_iterator it(fs::path(dir) / layout::kStreamsDir, ec), end;
-       !ec && it != end && refused.empty(); it.increment(ec)) {
-    if (it->path().extension() != layout::kStatusExt) continue;
+  for (const trace::RunFile& f : trace::RunDirectory::list(dir).statuses()) {
+    if (!refused.empty()) break;
     trace::ProcessStatus status;
-    if (!trace::read_process_status(it->path().string(), &status)) continue;
+    if (!trace::read_process_status(f.path, &status)) continue;
     for (const std::string& line : status.lines)
       if (line.rfind("trace write failed: ", 0) == 0 || line.rfind("stream not recorded: ", 0) == 0)
         refused = line;
@@ -335,22 +334,15 @@ std::string full_disk_note(const std::string& dir) {
 
 std::vector<std::string> list_stream_files(const std::string& run_dir) {
   std::vector<std::string> names;
-  std::error_code ec;
-  for (fs::directory_iterator it(fs::path(run_dir) / layout::kStreamsDir, ec), end;
-       !ec && it != end; it.increment(ec))
-    if (it->path().extension() == layout::kTraceExt) names.push_back(it->path().filename());
-  std::sort(names.begin(), names.end());
+  for (const trace::RunFile& f : trace::RunDirectory::list(run_dir).traces())
+    names.push_back(f.name + layout::kTraceExt);
   return names;
 }
 
 std::vector<std::pair<std::string, std::string>> read_stream_statuses(const std::string& run_dir) {
   std::vector<std::pair<std::string, std::string>> out;
-  std::error_code ec;
-  for (fs::directory_iterator it(fs::path(run_dir) / layout::kStreamsDir, ec), end;
-       !ec && it != end; it.increment(ec))
-    if (it->path().extension() == layout::kStatusExt)
-      out.emplace_back(it->path().stem().string(), first_line(it->path().string()));
-  std::sort(out.begin(), out.end());
+  for (const trace::RunFile& f : trace::RunDirectory::list(run_dir).statuses())
+    out.emplace_back(f.name, first_line(f.path));
   return out;
 }
 
@@ -359,17 +351,11 @@ namespace {
 // The processes a node's launcher started: those whose fingerprint names the node.
 std::set<std::string> node_processes(const std::string& run_dir, const std::string& node) {
   std::set<std::string> out;
-  std::error_code ec;
-  const std::string ext = layout::kEnvExt;
-  for (fs::directory_iterator it(fs::path(run_dir) / layout::kStreamsDir, ec), end;
-       !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name.size() <= ext.size() || name.compare(name.size() - ext.size(), ext.size(), ext))
-      continue;
-    std::ifstream in(it->path());
+  for (const trace::RunFile& f : trace::RunDirectory::list(run_dir).environments()) {
+    std::ifstream in(f.path);
     json j = json::parse(in, nullptr, false);
     if (j.is_object() && j.value("node", json()).is_string() && j["node"] == node)
-      out.insert(name.substr(0, name.size() - ext.size()));
+      out.insert(f.name);
   }
   return out;
 }

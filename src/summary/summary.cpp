@@ -9,6 +9,7 @@
 
 #include "run_layout.h"
 #include "trace/process_status.h"
+#include "trace/run_directory.h"
 
 namespace detaudit::summary {
 namespace {
@@ -155,14 +156,9 @@ json values_to_json(const TraceReader& r, const std::vector<Value>& values) {
 Status find_streams(const std::string& run_dir, const std::string& stream,
                     std::vector<std::pair<std::string, std::string>>* out) {
   out->clear();
-  std::error_code ec;
-  if (!fs::is_directory(run_dir, ec))
-    return Status::error(fmt::format("{}: not a run directory", run_dir), ExitCode::kBadInput);
-  fs::path streams = fs::path(run_dir) / layout::kStreamsDir;
-  for (fs::directory_iterator it(streams, ec), end; !ec && it != end; it.increment(ec))
-    if (it->path().extension() == layout::kTraceExt)
-      out->emplace_back(it->path().stem().string(), it->path().string());
-  std::sort(out->begin(), out->end());
+  trace::RunDirectory run;
+  if (Status s = trace::RunDirectory::open(run_dir, &run); !s.ok()) return s;
+  for (const trace::RunFile& f : run.traces()) out->emplace_back(f.name, f.path);
   if (stream.empty()) return Status();
   std::string want = stream;
   if (fs::path(want).extension() == layout::kTraceExt) want = fs::path(want).stem().string();
@@ -190,16 +186,12 @@ Status summarize_run(const std::string& run_dir, const std::string& stream, RunS
     json j = json::parse(run_json, nullptr, false);
     out->run_json = j.is_discarded() ? json(nullptr) : j;
   }
-  std::error_code ec;
-  for (fs::directory_iterator it(fs::path(run_dir) / layout::kStreamsDir, ec), end;
-       !ec && it != end; it.increment(ec)) {
-    if (it->path().extension() != layout::kStatusExt) continue;
-    std::ifstream in(it->path());
+  for (const trace::RunFile& f : trace::RunDirectory::list(run_dir).statuses()) {
+    std::ifstream in(f.path);
     std::string line;
     std::getline(in, line);
-    out->statuses.emplace_back(it->path().stem().string(), line);
+    out->statuses.emplace_back(f.name, line);
   }
-  std::sort(out->statuses.begin(), out->statuses.end());
 
   for (const auto& [name, path] : files) {
     StreamSummary s;

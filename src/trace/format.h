@@ -56,7 +56,7 @@
 //                   [<base-back:varint>]            ; if provenance is VIEW: own id - base id
 //   <float-stats> ::= <min:f64> <max:f64> <mean:f64> <l2:f64>
 //   <int-stats>   ::= <min:zvarint> <max:zvarint> <mean:f64>
-//                   ; the doubles computed, in the host-independent order of digest.cpp
+//                   ; the doubles computed, in the host-independent order of stats.cpp
 //   <str>       ::= <n:varint> <byte>{n}
 //
 // Every TENSOR_NEW takes the next tensor id (0, 1, ...) of its stream, inputs before outputs,

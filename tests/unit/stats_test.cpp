@@ -1,5 +1,5 @@
 // Tensor statistics are the same bits on every host (issue 13): the summation order is a fixed
-// function of the element index (src/digest/digest.cpp, docs/trace-format.md "Statistics"),
+// function of the element index (src/digest/stats.cpp, docs/trace-format.md "Statistics"),
 // whatever the vector path, the split of the bytes and the thread count; the trace stores the
 // doubles and the tolerance gate compares them, not float32 roundings.
 #include <gtest/gtest.h>
