@@ -10,5 +10,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 export DETAUDIT_NIGHTLY=1
 # The rare-event repeats: deterministic DDP pairs that must all be identical, and the like.
 export DETAUDIT_DDP_PAIRS=${DETAUDIT_DDP_PAIRS:-20}
+export DETAUDIT_ABORT_RACE_RUNS=${DETAUDIT_ABORT_RACE_RUNS:-3}
+export DETAUDIT_GLOO_TEARDOWN_RUNS=${DETAUDIT_GLOO_TEARDOWN_RUNS:-3}
 cd "$root/build"
 ctest --output-on-failure -j "$(nproc)" --timeout 3600 -R "${1:-e2e\.}"

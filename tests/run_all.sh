@@ -14,14 +14,14 @@ python3 "$root/tests/check_layers.py" --self-test
 # chromium renders the HTML report for its test; python3-jsonschema checks the timeline's schema;
 # clang-14 and its runtimes build the sanitizers and libFuzzer. The benchmark's programs are not
 # built: no test runs them (tests/bench/run.sh builds them).
-stage "install and build" 420 "$root/tests/build.sh" --debian-torch --training-loops --no-bench \
+stage "install and build" 960 "$root/tests/build.sh" --debian-torch --training-loops --no-bench \
   chromium python3-jsonschema clang-14 libclang-rt-14-dev
 ctest_log="$root/build/ctest.log"
-STAGE_LONGEST_FROM=$ctest_log stage ctest 600 \
+STAGE_LONGEST_FROM=$ctest_log stage ctest 3300 \
   bash -c 'set -o pipefail; cd "$1/build" && ctest --output-on-failure -j "$(nproc)" \
            --timeout 900 | tee "$2"' \
   _ "$root" "$ctest_log"
 # ASan + UBSan: the unit tests, one end-to-end recording, 20 s of each fuzzer (docs/fuzzing.md).
-stage "asan and ubsan" 180 "$root/tests/sanitize.sh"
+stage "asan and ubsan" 360 "$root/tests/sanitize.sh"
 # TSan: the unit tests, the diff's reading threads and the interposer's writer thread among them.
-stage tsan 90 "$root/tests/tsan.sh"
+stage tsan 240 "$root/tests/tsan.sh"
