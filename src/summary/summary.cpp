@@ -158,19 +158,18 @@ Status find_streams(const std::string& run_dir, const std::string& stream,
   out->clear();
   trace::RunDirectory run;
   if (Status s = trace::RunDirectory::open(run_dir, &run); !s.ok()) return s;
-  for (const trace::RunFile& f : run.traces()) out->emplace_back(f.name, f.path);
-  if (stream.empty()) return Status();
+  if (stream.empty()) {
+    for (const trace::RunFile& f : run.traces()) out->emplace_back(f.name, f.path);
+    return Status();
+  }
   std::string want = stream;
   if (fs::path(want).extension() == layout::kTraceExt) want = fs::path(want).stem().string();
-  std::string known;
-  for (const auto& s : *out) {
-    if (s.first == want) {
-      auto keep = s;
-      out->assign(1, keep);
-      return Status();
-    }
-    known += (known.empty() ? "" : ", ") + s.first;
+  if (const trace::RunFile* f = run.trace(want)) {
+    out->emplace_back(f->name, f->path);
+    return Status();
   }
+  std::string known;
+  for (const trace::RunFile& f : run.traces()) known += (known.empty() ? "" : ", ") + f.name;
   return Status::error(fmt::format("{}: no stream named {} (streams: {})", run_dir, stream,
                                    known.empty() ? "none" : known));
 }

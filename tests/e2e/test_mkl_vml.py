@@ -51,7 +51,7 @@ def tearDownModule():
     remove_tmpdir(_tmp.get("dir"))
 
 
-class RecordedRuns:
+class ProgramRuns:
     """Runs of PROGRAM with FLAGS, recorded one at a time when a test asks for more, and kept for
     the other test: [(run dir, "clean" or "raced", its risk report)]."""
 
@@ -79,8 +79,8 @@ class RecordedRuns:
         return [run for run, said, _ in self.runs if said == outcome]
 
 
-COLD = RecordedRuns("cold", "--no-mkl-vml-warm-up")
-WARM = RecordedRuns("warm")
+COLD = ProgramRuns("cold", "--no-mkl-vml-warm-up")
+WARM = ProgramRuns("warm")
 
 
 @unittest.skipUnless(has_mkl(), "this torch is built without MKL: no VML")
