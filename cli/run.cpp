@@ -210,112 +210,18 @@ int diff_pairs(const Config& config, const std::vector<std::string>& dirs,
   return worst;
 }
 
-constexpr int kMaxRemedyRounds = 3;
-
-// --verify-remedy: applies the first divergence's remedy as run's own settings, records two more
-// runs and diffs them, while a divergence with such a remedy remains. Says what it found on
-// stderr, in <out>/remedy.json and in the report; the exit code stays the first diff's.
+// `run --verify-remedy`'s verification for the report (run/remedy.h), its error said.
 RemedyVerification verify_remedies(const Config& config, const run::RunOptions& options,
-                                   DiffReport report) {
-  RemedyVerification verification;
+                                   const DiffReport& report) {
   Catalog catalog;
   const bool have_catalog = Catalog::load(catalog_path(), &catalog).ok();
-  run::RemedySettings applied;
-  nlohmann::json rounds = nlohmann::json::array();
-  std::string outcome = "not verified";
-  for (int round = 1; round <= kMaxRemedyRounds && report.verdict != "identical"; ++round) {
-    if (!report.first) {
-      outcome = fmt::format("not verified: the runs diverge ({}) with no first op to remedy",
-                            report.verdict);
-      break;
-    }
-    std::string why_not;
-    run::RemedySettings next = run::remedy_settings(*report.first,
-                                                    have_catalog ? &catalog : nullptr, &why_not);
-    if (next.empty()) {
-      outcome = "not verified: " + why_not;
-      break;
-    }
-    if (!applied.merge(next)) {
-      outcome = fmt::format("NOT verified: with {} the runs still diverge at {} ({})",
-                            applied.flags(), report.first->op, report.first->divergence_class);
-      break;
-    }
-    Config c = config;
-    applied.apply(&c);
-    c.runs = 2;
-    c.out = (std::filesystem::path(config.out) / fmt::format("remedy-{}", round)).string();
-    fmt::print(stderr, "detaudit: verifying the remedy of {} ({}): 2 runs with {} in {}\n",
-               report.first->op, report.first->divergence_class, applied.flags(), c.out);
-    std::vector<std::string> dirs;
-    bool recorded = true;
-    for (int i = 0; i < 2; ++i) {
-      run::RunOutcome o;
-      if (Status s = run::execute_run(c, options, i, &o); !s.ok()) {
-        report_error(s);
-        verification.outcome = "not verified: " + s.message();
-        return verification;
-      }
-      print_run_problem(o, i, c.select.ranks);
-      recorded = recorded && !o.streams.empty() && o.result.succeeded();
-      dirs.push_back(o.dir);
-    }
-    if (!recorded) {
-      outcome = "not verified: a run with the remedy failed or recorded nothing";
-      break;
-    }
-    DiffOptions options_diff;
-    options_diff.gate = config.gate;
-    if (have_catalog) options_diff.catalog = &catalog;
-    DiffReport next_report;
-    if (Status s = diff_runs(dirs[0], dirs[1], options_diff, &next_report); !s.ok()) {
-      report_error(s);
-      verification.outcome = "not verified: " + s.message();
-      return verification;
-    }
-    nlohmann::json r = {{"round", round},
-                        {"flags", applied.flags()},
-                        {"runs", c.out},
-                        {"verdict", next_report.verdict},
-                        {"first_divergence", nullptr}};
-    if (next_report.first)
-      r["first_divergence"] = {{"stream", next_report.first->stream},
-                               {"op", next_report.first->op},
-                               {"class", next_report.first->divergence_class},
-                               {"step", next_report.first->step}};
-    rounds.push_back(r);
-    RemedyVerification::Round k;
-    k.round = round;
-    k.flags = applied.flags();
-    k.runs = c.out;
-    k.verdict = next_report.verdict;
-    if (next_report.first)
-      k.first = fmt::format("{} step {} {} ({})", next_report.first->stream,
-                            next_report.first->step, next_report.first->op,
-                            next_report.first->divergence_class);
-    verification.rounds.push_back(std::move(k));
-    report = std::move(next_report);
-    if (report.verdict == "identical")
-      outcome = fmt::format("verified: identical with {} ({} ops compared)", applied.flags(),
-                            report.ops_compared);
-    else if (report.first)
-      fmt::print(stderr, "detaudit: with {} the runs still diverge: first at {} step {} {} ({})\n",
-                 applied.flags(), report.first->stream, report.first->step, report.first->op,
-                 report.first->divergence_class);
-  }
-  if (report.verdict != "identical" && outcome == "not verified")
-    outcome = fmt::format("not verified in {} rounds", kMaxRemedyRounds);
-  fmt::print(stderr, "detaudit: remedy {}\n", outcome);
-  const bool verified = report.verdict == "identical" && !rounds.empty();
-  nlohmann::json j = {
-      {"verified", verified},
-      {"outcome", outcome},
-      {"flags", verified ? nlohmann::json(applied.flags()) : nlohmann::json(nullptr)},
-      {"rounds", rounds}};
-  std::ofstream((std::filesystem::path(config.out) / "remedy.json").string()) << j.dump(2) << "\n";
-  verification.verified = verified;
-  verification.outcome = outcome;
-  if (verified) verification.flags = applied.flags();
+  RemedyVerification verification;
+  if (Status s = run::verify_remedies(
+          config, options, have_catalog ? &catalog : nullptr, report,
+          [&](const run::RunOutcome& o, int i) { print_run_problem(o, i, config.select.ranks); },
+          &verification);
+      !s.ok())
+    report_error(s);
   return verification;
 }
 
@@ -417,7 +323,7 @@ int run_main(const RunArgs& args) {
     // Before the report: a sentinel's divergent step recorded in full, then its remedy tried.
     auto before_render = [&](DiffReport* report) {
       if (config.sentinel && !any_failed) localize_divergent_step(config, options, report);
-      if (args.verify_remedy && !any_failed && report->verdict == "divergent")
+      if (args.verify_remedy && !any_failed && report->verdict == Verdict::kDivergent)
         report->remedy_verification = verify_remedies(config, options, *report);
     };
     code = diff_pairs(config, dirs, recorded, before_render);

@@ -8,6 +8,7 @@
 
 #include "catalog/catalog.h"
 #include "cli/verbs.h"
+#include "diff/classify.h"
 #include "diff/diff.h"
 #include "diff/risk.h"
 #include "diff/step_states.h"
@@ -100,7 +101,7 @@ void localize_divergent_step(const Config& config, const run::RunOptions& option
   SentinelFinding s;
   s.runs = config.out;
   s.steps_divergent = report->curve.size();
-  s.divergent = report->verdict == "divergent" || report->divergent_ops > 0;
+  s.divergent = report->verdict == Verdict::kDivergent || report->divergent_ops > 0;
   std::optional<uint64_t> step = earliest_step(*report);
   std::optional<GeneratorDifference> rng;
   if (Status st = first_generator_difference(report->run_a, report->run_b, &rng); !st.ok())
@@ -209,14 +210,14 @@ void localize_divergent_step(const Config& config, const run::RunOptions& option
   report->sentinel = std::move(s);
   if (!report->first) {
     // Unexplained only for want of the ops a sentinel leaves out: the step is the finding.
-    report->verdict = "divergent";
+    report->verdict = Verdict::kDivergent;
     report->unexplained.clear();
     return;
   }
   // What the sentinel's diff called the first divergence was made by ops it does not record:
   // its class and cause said so no better than "external". The step is what is known.
   FirstDivergence& f = *report->first;
-  f.divergence_class = "step-level";
+  f.divergence_class = kClassStepLevel;
   f.cause = fmt::format(
       "step {}'s {} differs, made by ops the sentinel does not record; recorded in full, that "
       "step did not differ again",

@@ -23,6 +23,8 @@ inline constexpr const char* kClassInputDiffers = "input-differs";
 inline constexpr const char* kClassRemoteInput = "remote-input";
 // An input in shared memory changed with no write of this process: another process wrote it.
 inline constexpr const char* kClassSharedMemory = "shared-memory";
+// The sentinel's: a step's end state differs, and the full recording of that step agrees.
+inline constexpr const char* kClassStepLevel = "step-level";
 
 // True when the outputs of two aligned ops differ, ignoring uninitialized outputs.
 bool outputs_differ(const trace::OpRecord& a, const trace::TraceReader& ra,

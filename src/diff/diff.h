@@ -10,6 +10,7 @@
 namespace detaudit {
 
 struct DiffReport;
+enum class Verdict;
 struct FirstDivergence;
 class Catalog;
 
@@ -28,16 +29,10 @@ struct DiffOptions {
 Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffOptions& options,
                  DiffReport* report);
 
-// The first divergence among the streams' own: one no other happened before (collectives order
-// ranks), else the earliest by step and rank; null when there is none.
-const FirstDivergence* causal_first(const std::vector<const FirstDivergence*>& candidates);
-// Adds to `first`'s spread each candidate that received its difference through a collective.
-void add_spread(const std::vector<const FirstDivergence*>& candidates, FirstDivergence* first);
-
 // "divergent" (ops, structure or replicas), "incomplete" (part not compared, unless the gate
 // allows it), "identical"; "unexplained" when divergent with no first divergence to name and the
 // replicas agree (the caller says why).
-std::string verdict_of(const DiffReport& report, bool replicas_disagree);
+Verdict verdict_of(const DiffReport& report);
 
 // 0 identical (or divergent within tolerance), 1 divergent, 5 incomplete (part of a run was
 // not compared and the gate does not allow truncation).

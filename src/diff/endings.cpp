@@ -9,7 +9,6 @@
 #include <nlohmann/json.hpp>
 
 #include "diff/world.h"
-#include "run_layout.h"
 #include "trace/process_status.h"
 #include "trace/run_directory.h"
 
@@ -20,7 +19,7 @@ namespace {
 
 // How one launch ended, from its manifest: "exit code 1", "killed by SIGABRT", "never finished";
 // "" when there is none or it says nothing.
-std::string launch_ending(const fs::path& manifest, bool* failed) {
+std::string launch_ending(const std::string& manifest, bool* failed) {
   std::ifstream in(manifest);
   if (!in) return "";
   nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
@@ -42,16 +41,15 @@ std::string launch_ending(const fs::path& manifest, bool* failed) {
 // How the program itself ended, from run.json, or from each node's manifest in a run recorded
 // across nodes ("node n0: exit code 1; node n1: never finished"); "" when the run directory has
 // neither (a copy of its streams).
-std::string program_ending(const std::string& run_dir, bool* failed) {
+std::string program_ending(const trace::RunDirectory& run, bool* failed) {
   *failed = false;
-  const fs::path whole = fs::path(run_dir) / layout::kRunJson;
-  if (fs::exists(whole)) return launch_ending(whole, failed);
+  if (fs::exists(run.run_manifest())) return launch_ending(run.run_manifest(), failed);
   std::vector<std::string> nodes;
-  for (const std::string& manifest : node_manifests(run_dir)) {
+  for (const trace::RunFile& manifest : run.node_manifests()) {
     bool failed_here = false;
-    std::string how = launch_ending(manifest, &failed_here);
+    std::string how = launch_ending(manifest.path, &failed_here);
     *failed = *failed || failed_here;
-    if (!how.empty()) nodes.push_back("node " + fs::path(manifest).stem().string() + ": " + how);
+    if (!how.empty()) nodes.push_back("node " + manifest.name + ": " + how);
   }
   std::sort(nodes.begin(), nodes.end());
   std::string out;
@@ -61,11 +59,10 @@ std::string program_ending(const std::string& run_dir, bool* failed) {
 
 }  // namespace
 
-bool process_stopped_early(const std::string& run_dir, const std::string& process) {
+bool process_stopped_early(const trace::RunDirectory& run, const std::string& process) {
   trace::ProcessStatus status;
-  if (!trace::read_process_status(
-          (fs::path(run_dir) / layout::kStreamsDir / (process + layout::kStatusExt)).string(),
-          &status))
+  const trace::RunFile* file = run.status(process);
+  if (!file || !trace::read_process_status(file->path, &status))
     return false;  // no .status: a copy of the streams, or a detaudit before it
   return !status.ending || (!status.ending->clean() && !status.ending->exiting);
 }
@@ -90,13 +87,13 @@ std::string describe_ending(const ProcessEndingReport& p) {
   return out;
 }
 
-std::vector<RunEnding> collect_endings(const std::vector<std::string>& run_dirs,
+std::vector<RunEnding> collect_endings(const std::vector<const trace::RunDirectory*>& runs,
                                        const std::vector<std::vector<StreamTail>>& tails) {
   std::vector<RunEnding> out;
-  for (size_t i = 0; i < run_dirs.size(); ++i) {
+  for (size_t i = 0; i < runs.size(); ++i) {
     RunEnding run;
     run.run = i == 0 ? "A" : "B";
-    run.program = program_ending(run_dirs[i], &run.failed);
+    run.program = program_ending(*runs[i], &run.failed);
     // The streams of each process: whether all are whole, and which op ended last.
     std::map<std::string, ProcessEndingReport> by_process;
     std::map<std::string, uint64_t> last_order;
@@ -113,7 +110,7 @@ std::vector<RunEnding> collect_endings(const std::vector<std::string>& run_dirs,
       p.last_index = t.last_index;
       last_order[t.process] = t.last_order;
     }
-    for (const trace::RunFile& f : trace::RunDirectory::list(run_dirs[i]).statuses()) {
+    for (const trace::RunFile& f : runs[i]->statuses()) {
       trace::ProcessStatus status;
       if (!trace::read_process_status(f.path, &status)) continue;
       const std::string& process = f.name;

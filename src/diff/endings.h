@@ -2,7 +2,7 @@
 // that aborted at teardown. From each run's run.json, each process's .status
 // (trace/process_status.h) and the last record of each of its streams.
 //
-//   std::vector<RunEnding> e = collect_endings({run_a, run_b}, tails);
+//   std::vector<RunEnding> e = collect_endings({&run_a, &run_b}, tails);
 #pragma once
 
 #include <map>
@@ -11,6 +11,7 @@
 
 #include "diff/report_model.h"
 #include "trace/records.h"
+#include "trace/run_directory.h"
 
 namespace detaudit {
 
@@ -28,13 +29,13 @@ struct StreamTail {
 // One RunEnding per run (run A, run B) whose program failed or whose processes did not all exit
 // cleanly; empty when every process of both runs exited. `tails[0]` and `tails[1]`: the streams
 // of run A and of run B.
-std::vector<RunEnding> collect_endings(const std::vector<std::string>& run_dirs,
+std::vector<RunEnding> collect_endings(const std::vector<const trace::RunDirectory*>& runs,
                                        const std::vector<std::vector<StreamTail>>& tails);
 
 // Whether `process` of a run stopped before its program's end: its .status says it was killed or
 // interrupted before exiting, or says nothing of its end (SIGKILL). Its streams then stop where it
 // did, whole or not. A crash while exiting (torch's teardown abort) came after the program's work.
-bool process_stopped_early(const std::string& run_dir, const std::string& process);
+bool process_stopped_early(const trace::RunDirectory& run, const std::string& process);
 
 // One line for a process that did not exit cleanly: "r1.main killed by SIGABRT after its last
 // recorded op (step 5, aten::add_, op #516 of r1.main.t-main), while exiting; its streams are

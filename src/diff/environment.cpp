@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <fstream>
 
-#include "run_layout.h"
 #include "trace/run_directory.h"
 
 namespace detaudit {
@@ -34,9 +33,9 @@ bool volatile_env_key(const std::string& key) {
   return last.find("time") != std::string::npos && last.find("threads") == std::string::npos;
 }
 
-Status load_environment(const std::string& run_dir,
+Status load_environment(const trace::RunDirectory& run,
                         std::map<std::string, std::map<std::string, std::string>>* out) {
-  for (const trace::RunFile& f : trace::RunDirectory::list(run_dir).environments()) {
+  for (const trace::RunFile& f : run.environments()) {
     std::ifstream in(f.path);
     nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
     if (j.is_discarded() || !j.is_object())
@@ -48,7 +47,7 @@ Status load_environment(const std::string& run_dir,
     flatten_json(j, "", &flat);
   }
   // run.json: only the outcome is comparable; the rest is paths and times.
-  std::ifstream rin(fs::path(run_dir) / layout::kRunJson);
+  std::ifstream rin(run.run_manifest());
   if (rin) {
     nlohmann::json j = nlohmann::json::parse(rin, nullptr, false);
     if (j.is_object())

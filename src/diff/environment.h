@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "diff/report_model.h"
+#include "trace/run_directory.h"
 #include "util/status.h"
 
 namespace detaudit {
@@ -22,7 +23,7 @@ bool volatile_env_key(const std::string& key);
 
 // Reads every <process>.env.json of a run's streams directory: process name -> flat keys.
 // A file that is not valid JSON is an error (exit 3).
-Status load_environment(const std::string& run_dir,
+Status load_environment(const trace::RunDirectory& run,
                         std::map<std::string, std::map<std::string, std::string>>* out);
 
 // The differences, process by process; run directory paths are replaced before comparing.

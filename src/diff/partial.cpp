@@ -12,10 +12,12 @@
 #include "diff/comparator.h"
 #include "diff/endings.h"
 #include "diff/environment.h"
+#include "diff/first_divergence.h"
+#include "diff/phases.h"
 #include "diff/replicas.h"
 #include "diff/report_model.h"
 #include "diff/world.h"
-#include "run_layout.h"
+#include "trace/run_directory.h"
 
 namespace detaudit {
 namespace fs = std::filesystem;
@@ -153,7 +155,7 @@ Status merge_parts(const std::vector<json>& parts, const std::vector<std::string
   r.gate = options.gate;
   std::set<std::string> streams;
   std::vector<FirstDivergence> candidates;
-  std::vector<RankFolds> folds_a, folds_b;
+  std::vector<RankFolds> folds[2];  // run A's ranks', run B's
   std::set<std::string> notes;
   try {
     for (size_t i = 0; i < parts.size(); ++i) {
@@ -197,8 +199,8 @@ Status merge_parts(const std::vector<json>& parts, const std::vector<std::string
         r.not_compared.push_back(line.get<std::string>());
       for (const json& note : p.at("notes")) notes.insert(note.get<std::string>());
       for (const json& c : p.at("candidates")) candidates.push_back(candidate_from(c));
-      folds_from(p.at("folds").at("a"), &folds_a);
-      folds_from(p.at("folds").at("b"), &folds_b);
+      folds_from(p.at("folds").at("a"), &folds[0]);
+      folds_from(p.at("folds").at("b"), &folds[1]);
     }
   } catch (const json::exception& e) {
     return Status::error(
@@ -207,19 +209,14 @@ Status merge_parts(const std::vector<json>& parts, const std::vector<std::string
   }
   r.notes.assign(notes.begin(), notes.end());
 
-  // The whole runs' environments and worlds: every part saw them, the merge says them once.
-  std::map<std::string, std::map<std::string, std::string>> ea, eb;
-  if (Status s = load_environment(r.run_a, &ea); !s.ok()) return s;
-  if (Status s = load_environment(r.run_b, &eb); !s.ok()) return s;
-  r.environment = diff_environment(ea, r.run_a, eb, r.run_b);
-  for (const auto& [run, dir, env] :
-       {std::tuple{"A", &r.run_a, &ea}, std::tuple{"B", &r.run_b, &eb}}) {
-    WorldCheck w;
-    w.run = run;
-    if (Status s = check_world(*dir, *env, &w); !s.ok()) return s;
-    for (std::string& line : describe_world(w)) r.not_compared.push_back(std::move(line));
-    r.worlds.push_back(std::move(w));
-  }
+  // The whole runs' environments, worlds and replicas: every part saw them, the merge says them
+  // once.
+  trace::RunDirectory run_a, run_b;
+  if (Status s = trace::RunDirectory::open(r.run_a, &run_a); !s.ok()) return s;
+  if (Status s = trace::RunDirectory::open(r.run_b, &run_b); !s.ok()) return s;
+  Fingerprints fingerprints[2];
+  if (Status s = check_environment_and_world(run_a, run_b, &r, fingerprints); !s.ok()) return s;
+  if (Status s = check_replicas_of_both(run_a, run_b, folds, /*part=*/false, &r); !s.ok()) return s;
 
   // The first divergence among every part's, by the whole diff's rule; its evidence from
   // comparing that one stream again.
@@ -230,13 +227,17 @@ Status merge_parts(const std::vector<json>& parts, const std::vector<std::string
     StreamLimits limits;
     limits.world_lost_a = lost_world(r.worlds[0]);
     limits.world_lost_b = lost_world(r.worlds[1]);
-    const auto stream_path = [&](const std::string& run) {
-      return (fs::path(run) / layout::kStreamsDir / (first->stream + layout::kTraceExt)).string();
-    };
-    auto fingerprint = ea.find(first->process);
-    if (Status s = compare_stream(first->stream, stream_path(r.run_a), stream_path(r.run_b),
-                                  options, r.environment, nullptr, &res, limits,
-                                  fingerprint != ea.end() ? &fingerprint->second : nullptr);
+    const trace::RunFile* stream_a = run_a.trace(first->stream);
+    const trace::RunFile* stream_b = run_b.trace(first->stream);
+    if (!stream_a || !stream_b)
+      return Status::error(fmt::format("{}: stream {} is no longer in both runs; were the runs "
+                                       "recorded again since?",
+                                       sources.front(), first->stream),
+                           ExitCode::kBadInput);
+    auto fingerprint = fingerprints[0].find(first->process);
+    if (Status s = compare_stream(
+            first->stream, stream_a->path, stream_b->path, options, r.environment, nullptr, &res,
+            limits, fingerprint != fingerprints[0].end() ? &fingerprint->second : nullptr);
         !s.ok())
       return s;
     if (!res.first)
@@ -249,18 +250,8 @@ Status merge_parts(const std::vector<json>& parts, const std::vector<std::string
     add_spread(pointers, &*r.first);
     explain_cause(r.environment, &*r.first);
   }
-  r.endings = collect_endings({r.run_a, r.run_b}, {});
-  r.incomplete = !r.not_compared.empty();
-  bool replicas_disagree = false;
-  for (auto& [run, folds] : {std::pair{&r.run_a, &folds_a}, std::pair{&r.run_b, &folds_b}}) {
-    ReplicaCheck c;
-    if (Status s = check_replicas_from(*run, std::move(*folds), &c); !s.ok()) return s;
-    replicas_disagree = replicas_disagree || c.divergence.has_value();
-    r.beyond_tolerance = r.beyond_tolerance || c.divergence.has_value();
-    r.replicas.push_back(std::move(c));
-  }
-  r.verdict = verdict_of(r, replicas_disagree);
-  if (r.verdict == "unexplained")
+  finish_report(run_a, run_b, {}, /*part=*/false, &r);
+  if (r.verdict == Verdict::kUnexplained)
     r.unexplained = "no part held an op where the divergence began (diff the whole runs for why)";
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   *report = std::move(r);

@@ -210,11 +210,11 @@ void ReplicaFolder::op(const trace::TraceReader& r, const trace::OpRecord& op) {
   ++index_;
 }
 
-Status read_replica_folds(const std::string& run_dir, const RangeSet& selected, unsigned threads,
-                          std::vector<RankFolds>* out) {
+Status read_replica_folds(const trace::RunDirectory& run, const RangeSet& selected,
+                          unsigned threads, std::vector<RankFolds>* out) {
   out->clear();
   std::map<int64_t, trace::RunFile> mains;  // rank -> the main thread's stream of its main process
-  for (const trace::RunFile& f : trace::RunDirectory::list(run_dir).traces()) {
+  for (const trace::RunFile& f : run.traces()) {
     trace::TraceReader r;
     if (!r.open(f.path).ok()) continue;  // the diff reports what is wrong with it
     if (r.header().process_role == "main" && r.header().thread == "main" && r.header().rank >= 0 &&
@@ -243,16 +243,16 @@ Status read_replica_folds(const std::string& run_dir, const RangeSet& selected, 
   return Status();
 }
 
-Status check_replicas(const std::string& run_dir, ReplicaCheck* out, unsigned threads) {
+Status check_replicas(const trace::RunDirectory& run, ReplicaCheck* out, unsigned threads) {
   std::vector<RankFolds> folds;
-  if (Status s = read_replica_folds(run_dir, RangeSet(), threads, &folds); !s.ok()) return s;
-  return check_replicas_from(run_dir, std::move(folds), out);
+  if (Status s = read_replica_folds(run, RangeSet(), threads, &folds); !s.ok()) return s;
+  return check_replicas_from(run, std::move(folds), out);
 }
 
-Status check_replicas_from(const std::string& run_dir, std::vector<RankFolds> folds,
+Status check_replicas_from(const trace::RunDirectory& run, std::vector<RankFolds> folds,
                            ReplicaCheck* out) {
   *out = ReplicaCheck{};
-  out->run_dir = run_dir;
+  out->run_dir = run.path();
   if (folds.size() < 2) return Status();  // one rank: nothing to compare, nothing to read
   std::sort(folds.begin(), folds.end(),
             [](const RankFolds& a, const RankFolds& b) { return a.rank < b.rank; });

@@ -19,6 +19,7 @@
 
 #include "config/config.h"
 #include "trace/reader.h"
+#include "trace/run_directory.h"
 #include "util/status.h"
 
 namespace detaudit {
@@ -88,13 +89,13 @@ class ReplicaFolder {
 // Reads the main-thread streams of every rank of a run once, on `threads` threads (0: one a
 // core), keeping a fold of each step's writes; the ranks that part at a step are read again for
 // it. A corrupt stream is an error.
-Status check_replicas(const std::string& run_dir, ReplicaCheck* out, unsigned threads = 0);
+Status check_replicas(const trace::RunDirectory& run, ReplicaCheck* out, unsigned threads = 0);
 
 // The two halves, for a diff split over machines (diff/partial.h): each part reads its ranks'
 // folds, and the merge checks them all.
-Status read_replica_folds(const std::string& run_dir, const RangeSet& ranks, unsigned threads,
+Status read_replica_folds(const trace::RunDirectory& run, const RangeSet& ranks, unsigned threads,
                           std::vector<RankFolds>* out);
-Status check_replicas_from(const std::string& run_dir, std::vector<RankFolds> folds,
+Status check_replicas_from(const trace::RunDirectory& run, std::vector<RankFolds> folds,
                            ReplicaCheck* out);
 
 nlohmann::json replica_check_to_json(const ReplicaCheck& c);

@@ -1,6 +1,8 @@
 // What a diff found, independent of how it is rendered (text, JSON, JUnit, Markdown).
 #pragma once
 
+#include <fmt/format.h>
+
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -13,6 +15,21 @@
 #include "trace/format.h"
 
 namespace detaudit {
+
+// What a diff concludes (diff.h's verdict_of). kUnexplained: divergent with no first divergence
+// to name and the replicas agree, which is the tool's failure, not the program's.
+enum class Verdict { kIdentical, kDivergent, kIncomplete, kUnexplained };
+
+// "identical", "divergent", "incomplete", "unexplained": the report's and the CLI's word.
+inline const char* verdict_name(Verdict v) {
+  switch (v) {
+    case Verdict::kIdentical: return "identical";
+    case Verdict::kDivergent: return "divergent";
+    case Verdict::kIncomplete: return "incomplete";
+    case Verdict::kUnexplained: return "unexplained";
+  }
+  return "unexplained";
+}
 
 // One tensor as one run recorded it.
 struct TensorSide {
@@ -81,10 +98,10 @@ struct CatalogRef {
 struct RemedyVerification {
   struct Round {
     int round = 0;
-    std::string flags;    // the settings applied so far ("--deterministic on")
-    std::string runs;     // where its two runs are
-    std::string verdict;  // of their diff
-    std::string first;    // its first divergence, "" if none
+    std::string flags;                      // the settings applied so far ("--deterministic on")
+    std::string runs;                       // where its two runs are
+    Verdict verdict = Verdict::kIdentical;  // of their diff
+    std::string first;                      // its first divergence, "" if none
   };
   bool verified = false;  // the last round's runs are identical
   std::string
@@ -270,7 +287,7 @@ struct DiffReport {
   // Data-parallel replicas within each run (run A's, then run B's): src/diff/replicas.h.
   std::vector<ReplicaCheck> replicas;
   std::string run_a, run_b;
-  std::string verdict = "identical";  // "identical" | "divergent" | "incomplete" | "unexplained"
+  Verdict verdict = Verdict::kIdentical;
   // Why a divergence could not be traced to a first divergent op (verdict "unexplained").
   std::string unexplained;
   GateConfig gate;
@@ -312,3 +329,11 @@ struct DiffReport {
 };
 
 }  // namespace detaudit
+
+// fmt::format("{}", verdict) writes its name.
+template <>
+struct fmt::formatter<detaudit::Verdict> : fmt::formatter<std::string_view> {
+  auto format(detaudit::Verdict v, fmt::format_context& ctx) const {
+    return fmt::formatter<std::string_view>::format(detaudit::verdict_name(v), ctx);
+  }
+};

@@ -60,7 +60,7 @@ Status risk_report(const std::string& run_dir, const Catalog& catalog, RiskRepor
   if (Status s = trace::RunDirectory::open(run_dir, &run); !s.ok()) return s;
 
   std::map<std::string, std::map<std::string, std::string>> env;
-  if (Status s = load_environment(run_dir, &env); !s.ok()) return s;
+  if (Status s = load_environment(run, &env); !s.ok()) return s;
   std::map<Key, RiskHit> hits;
   for (const trace::RunFile& file : run.traces()) {
     trace::TraceReader reader;
@@ -123,7 +123,7 @@ Status risk_report(const std::string& run_dir, const Catalog& catalog, RiskRepor
 
   for (const auto& [process, flat] : env)
     if (process != "run") environment_risks(process, flat, catalog, &r.environment);
-  if (Status s = check_replicas(run_dir, &r.replicas); !s.ok()) return s;
+  if (Status s = check_replicas(run, &r.replicas); !s.ok()) return s;
   *out = std::move(r);
   return Status();
 }

@@ -10,7 +10,6 @@
 #include <set>
 
 #include "config/config.h"
-#include "run_layout.h"
 
 namespace detaudit {
 namespace fs = std::filesystem;
@@ -32,18 +31,9 @@ std::string where(const std::map<std::string, std::string>& env) {
 }
 
 // The config the run's interposers read: config.json, or any node's (they are alike).
-bool load_run_config(const std::string& run_dir, Config* config) {
-  const std::string whole = layout::config_path(run_dir, "");
-  if (fs::exists(whole)) return load_config(whole, config).ok();
-  std::error_code ec;
-  for (fs::directory_iterator it(fs::path(run_dir) / layout::kNodesDir, ec), end; !ec && it != end;
-       it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    const std::string ext = layout::kNodeConfigExt;
-    if (name.size() > ext.size() && name.compare(name.size() - ext.size(), ext.size(), ext) == 0)
-      return load_config(it->path().string(), config).ok();
-  }
-  return false;
+bool load_run_config(const trace::RunDirectory& run, Config* config) {
+  if (fs::exists(run.run_config())) return load_config(run.run_config(), config).ok();
+  return !run.node_configs().empty() && load_config(run.node_configs().front().path, config).ok();
 }
 
 std::string rank_list(const std::vector<int64_t>& ranks) {
@@ -52,7 +42,8 @@ std::string rank_list(const std::vector<int64_t>& ranks) {
 
 }  // namespace
 
-Status check_world(const std::string& run_dir, const Environment& environment, WorldCheck* out) {
+Status check_world(const trace::RunDirectory& run, const Environment& environment,
+                   WorldCheck* out) {
   out->world_size = 0;
   out->missing.clear();
   out->unfinished.clear();
@@ -69,22 +60,21 @@ Status check_world(const std::string& run_dir, const Environment& environment, W
     if (!node.empty() && node != "null") ranks_of_node[node].push_back(r);
   }
   Config config;
-  const bool have_config = load_run_config(run_dir, &config);
+  const bool have_config = load_run_config(run, &config);
   for (int64_t r = 0; r < out->world_size; ++r)
     if (!present.count(r) && (!have_config || config.select.ranks.contains(uint64_t(r))))
       out->missing.push_back(r);
 
-  for (const std::string& manifest : node_manifests(run_dir)) {
-    const fs::path path(manifest);
-    std::ifstream in(path);
+  for (const trace::RunFile& manifest : run.node_manifests()) {
+    std::ifstream in(manifest.path);
     nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
     if (j.is_discarded() || !j.is_object())
       return Status::error(fmt::format("{}: offset 0: not a JSON object (a corrupt node "
                                        "manifest); record that node's part again",
-                                       manifest),
+                                       manifest.path),
                            ExitCode::kBadInput);
     if (j.value("finished", false)) continue;
-    const std::string node = path.stem().string();
+    const std::string& node = manifest.name;
     std::vector<int64_t>& ranks = ranks_of_node[node];
     std::sort(ranks.begin(), ranks.end());
     out->unfinished.push_back(
@@ -94,19 +84,6 @@ Status check_world(const std::string& run_dir, const Environment& environment, W
   }
   std::sort(out->unfinished.begin(), out->unfinished.end());
   return Status();
-}
-
-std::vector<std::string> node_manifests(const std::string& run_dir) {
-  std::vector<std::string> out;
-  std::error_code ec;
-  for (fs::directory_iterator it(fs::path(run_dir) / layout::kNodesDir, ec), end; !ec && it != end;
-       it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (it->path().extension() == ".json" && name.find(layout::kNodeConfigExt) == std::string::npos)
-      out.push_back(it->path().string());
-  }
-  std::sort(out.begin(), out.end());
-  return out;
 }
 
 std::vector<std::string> describe_world(const WorldCheck& check) {

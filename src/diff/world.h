@@ -2,7 +2,7 @@
 // each) is whole only when each rank it should hold left a trace and each node's launcher
 // finished; otherwise the comparison is incomplete, naming the ranks.
 //
-//   WorldCheck w;  check_world(run_dir, environment, &w);
+//   WorldCheck w;  check_world(run, environment, &w);
 #pragma once
 
 #include <cstdint>
@@ -11,23 +11,20 @@
 #include <vector>
 
 #include "diff/report_model.h"
+#include "trace/run_directory.h"
 #include "util/status.h"
 
 namespace detaudit {
 
 // `environment`: the run's fingerprints by process (load_environment). The config the run was
 // recorded with (config.json, or a node's) says which ranks were selected. Keeps `out->run`.
-Status check_world(const std::string& run_dir,
+Status check_world(const trace::RunDirectory& run,
                    const std::map<std::string, std::map<std::string, std::string>>& environment,
                    WorldCheck* out);
 
 inline bool lost_world(const WorldCheck& check) {
   return !check.missing.empty() || !check.unfinished.empty();
 }
-
-// The manifests of a run's nodes (nodes/<node>.json, not their configs), sorted; none for a run
-// of `detaudit run`.
-std::vector<std::string> node_manifests(const std::string& run_dir);
 
 // Lines for the report's "not compared": "run B: ranks 2, 3 of 4 left no trace ...".
 std::vector<std::string> describe_world(const WorldCheck& check);

@@ -50,10 +50,6 @@ std::string shape_class(const trace::TensorDesc& t) {
   return fmt::format("{}-D, <=2^{}", t.sizes.size(), power);
 }
 
-std::string hex_of(const trace::TensorDesc* t) {
-  return t && t->has_contents() && t->digest_len ? t->digest_hex() : "";
-}
-
 std::string plural(uint64_t n, const char* one, const char* many) {
   return fmt::format("{} {}", n, n == 1 ? one : many);
 }
@@ -171,8 +167,9 @@ Status plan_coverage(const std::string& run_dir, const Catalog& catalog, Coverag
       t.step = op.step;
       t.phase = std::string(trace::phase_name(op.phase));
       t.digest = plan.digest;
-      for (int64_t id : op.input_tensors) t.inputs.push_back(hex_of(r.tensor(id)));
-      for (int64_t id : op.output_tensors) t.recorded_outputs.push_back(hex_of(r.tensor(id)));
+      for (int64_t id : op.input_tensors) t.inputs.push_back(trace::contents_hex(r.tensor(id)));
+      for (int64_t id : op.output_tensors)
+        t.recorded_outputs.push_back(trace::contents_hex(r.tensor(id)));
       chosen_here[it->second] = {op.name, op.order};
     }
     if (res == trace::ReadResult::kCorrupt) return Status::error(r.error(), ExitCode::kBadInput);

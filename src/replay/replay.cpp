@@ -17,10 +17,6 @@ using nlohmann::json;
 
 namespace {
 
-std::string hex_of(const trace::TensorDesc* t) {
-  return t && t->has_contents() && t->digest_len ? t->digest_hex() : "";
-}
-
 std::string series_result(const ReplaySeries& s) {
   if (!s.error.empty()) return "the op refused: " + s.error;
   return fmt::format("{} distinct output{}{}", s.distinct, s.distinct == 1 ? "" : "s",
@@ -97,8 +93,9 @@ Status find_replay_target(const std::string& run_dir, const std::string& stream,
       out->step = op.step;
       out->phase = std::string(trace::phase_name(op.phase));
       target_order = op.order;
-      for (int64_t id : op.input_tensors) out->inputs.push_back(hex_of(r.tensor(id)));
-      for (int64_t id : op.output_tensors) out->recorded_outputs.push_back(hex_of(r.tensor(id)));
+      for (int64_t id : op.input_tensors) out->inputs.push_back(trace::contents_hex(r.tensor(id)));
+      for (int64_t id : op.output_tensors)
+        out->recorded_outputs.push_back(trace::contents_hex(r.tensor(id)));
     }
     orders_same_name.push_back(op.order);  // names checked below, once the target's is known
     ++i;

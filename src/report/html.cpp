@@ -358,12 +358,12 @@ std::string first_divergence_card(const FirstDivergence& f) {
 }  // namespace
 
 std::string render_html(const DiffReport& r) {
-  std::string upper = r.verdict;
+  std::string upper = verdict_name(r.verdict);
   for (char& c : upper) c = char(std::toupper(uint8_t(c)));
   std::string b = fmt::format(
       "<div class=\"banner {}\" id=\"verdict\"><strong>{}</strong> {}<small>A: {} &nbsp; B: {}"
       "</small></div><main>",
-      esc(r.verdict), esc(upper), esc(one_line_verdict(r)), esc(r.run_a), esc(r.run_b));
+      verdict_name(r.verdict), esc(upper), esc(one_line_verdict(r)), esc(r.run_a), esc(r.run_b));
   if (!r.not_compared.empty()) {
     b += "<section><h2>Not compared</h2><ul>";
     for (const std::string& n : r.not_compared) b += "<li>" + esc(n) + "</li>";

@@ -81,12 +81,12 @@ std::string digests_used(const DiffReport& r) {
 std::vector<std::pair<std::string, std::vector<std::string>>> ending_lines(const DiffReport& r) {
   std::vector<std::pair<std::string, std::vector<std::string>>> out;
   const std::string recorded =
-      r.verdict == "identical"
+      r.verdict == Verdict::kIdentical
           ? fmt::format("what both runs recorded is identical ({} ops)", r.ops_compared)
-      : r.verdict == "incomplete"
+      : r.verdict == Verdict::kIncomplete
           ? "what both runs recorded agrees, but part of it was not compared"
-      : r.verdict == "divergent" ? "what both runs recorded diverges: see below"
-                                 : "what both runs recorded could not be judged";
+      : r.verdict == Verdict::kDivergent ? "what both runs recorded diverges: see below"
+                                         : "what both runs recorded could not be judged";
   for (const RunEnding& e : r.endings) {
     std::string head = e.failed ? fmt::format("run {}'s program failed ({})", e.run,
                                               e.program.empty() ? "see run.json" : e.program)
@@ -101,19 +101,19 @@ std::vector<std::pair<std::string, std::vector<std::string>>> ending_lines(const
 }
 
 std::string one_line_verdict(const DiffReport& r) {
-  if (r.verdict == "incomplete")
+  if (r.verdict == Verdict::kIncomplete)
     return fmt::format(
         "incomplete: {} ops compared, bit for bit, but {} part(s) of the runs were "
         "not compared (exit 5; --allow-truncated passes on what both runs have)",
         r.ops_compared, r.not_compared.size());
-  if (r.verdict == "identical" && r.incomplete)
+  if (r.verdict == Verdict::kIdentical && r.incomplete)
     return fmt::format(
         "identical up to the cut: {} ops compared, bit for bit, until a trace "
         "ended early (ops after the cut were not compared)",
         r.ops_compared);
-  if (r.verdict == "identical")
+  if (r.verdict == Verdict::kIdentical)
     return fmt::format("identical: {} ops compared, bit for bit", r.ops_compared);
-  if (r.verdict == "unexplained")
+  if (r.verdict == Verdict::kUnexplained)
     return fmt::format(
         "unexplained: {} divergent ops, but detaudit could not name the first: {}. "
         "This is a detaudit bug (exit 6); please report it with both runs",
@@ -132,10 +132,24 @@ std::string one_line_verdict(const DiffReport& r) {
                      f.op, f.divergence_class);
 }
 
+json remedy_verification_to_json(const RemedyVerification& v) {
+  json rounds = json::array();
+  for (const RemedyVerification::Round& k : v.rounds)
+    rounds.push_back({{"round", k.round},
+                      {"flags", k.flags},
+                      {"runs", k.runs},
+                      {"verdict", verdict_name(k.verdict)},
+                      {"first_divergence", k.first.empty() ? json(nullptr) : json(k.first)}});
+  return {{"verified", v.verified},
+          {"outcome", v.outcome},
+          {"flags", v.flags.empty() ? json(nullptr) : json(v.flags)},
+          {"rounds", rounds}};
+}
+
 json report_to_json(const DiffReport& r) {
   json j;
   j["schema"] = "detaudit.diff/1";
-  j["verdict"] = r.verdict;
+  j["verdict"] = verdict_name(r.verdict);
   j["replicas"] = nlohmann::json::array();
   for (const ReplicaCheck& c : r.replicas) j["replicas"].push_back(replica_check_to_json(c));
   j["incomplete"] = r.incomplete;
@@ -193,19 +207,8 @@ json report_to_json(const DiffReport& r) {
                      {"command", s->command.empty() ? json(nullptr) : json(s->command)},
                      {"catalog_ops", s->catalog_ops}};
   j["remedy_verification"] = nullptr;
-  if (const auto& v = r.remedy_verification) {
-    json rounds = json::array();
-    for (const RemedyVerification::Round& k : v->rounds)
-      rounds.push_back({{"round", k.round},
-                        {"flags", k.flags},
-                        {"runs", k.runs},
-                        {"verdict", k.verdict},
-                        {"first_divergence", k.first.empty() ? json(nullptr) : json(k.first)}});
-    j["remedy_verification"] = {{"verified", v->verified},
-                                {"outcome", v->outcome},
-                                {"flags", v->flags.empty() ? json(nullptr) : json(v->flags)},
-                                {"rounds", rounds}};
-  }
+  if (r.remedy_verification)
+    j["remedy_verification"] = remedy_verification_to_json(*r.remedy_verification);
   j["library_threads"] = json::array();
   for (const PoolComparison& c : r.library_pools) {
     json p = {{"process", c.process},
@@ -222,7 +225,7 @@ json report_to_json(const DiffReport& r) {
       p["first_unmatched"] = {{"step", c.first_unmatched_step}, {"op", c.first_unmatched_op}};
     j["library_threads"].push_back(std::move(p));
   }
-  if (r.verdict == "unexplained") j["unexplained"] = r.unexplained;
+  if (r.verdict == Verdict::kUnexplained) j["unexplained"] = r.unexplained;
   j["exit_code"] = int(gate_exit_code(r));
   j["run_a"] = r.run_a;
   j["run_b"] = r.run_b;

@@ -19,6 +19,8 @@ std::string render_report(const DiffReport& report, ReportFormat format, bool co
 
 std::string render_text(const DiffReport& r, bool color);
 nlohmann::json report_to_json(const DiffReport& r);  // the schema of docs/report.md
+// Its "remedy_verification", which `run --verify-remedy` also writes as OUT/remedy.json.
+nlohmann::json remedy_verification_to_json(const RemedyVerification& v);
 std::string render_junit(const DiffReport& r);
 std::string render_markdown(const DiffReport& r);
 std::string render_html(const DiffReport& r);  // self-contained: inline CSS and SVG

@@ -45,15 +45,15 @@ void tensors(std::string* out, const Style& st, const std::vector<TensorPair>& p
 std::string render_text(const DiffReport& r, bool color) {
   Style st{color};
   std::string out;
-  bool same = r.verdict == "identical";
-  const char* word = same                         ? "IDENTICAL"
-                     : r.verdict == "incomplete"  ? "INCOMPLETE"
-                     : r.verdict == "unexplained" ? "UNEXPLAINED"
-                                                  : "DIVERGENT";
+  bool same = r.verdict == Verdict::kIdentical;
+  const char* word = same                                 ? "IDENTICAL"
+                     : r.verdict == Verdict::kIncomplete  ? "INCOMPLETE"
+                     : r.verdict == Verdict::kUnexplained ? "UNEXPLAINED"
+                                                          : "DIVERGENT";
   out += fmt::format("{} {}\n",
-                     st(same                        ? "1;32"
-                        : r.verdict == "incomplete" ? "1;33"
-                                                    : "1;31",
+                     st(same                                ? "1;32"
+                        : r.verdict == Verdict::kIncomplete ? "1;33"
+                                                            : "1;31",
                         word),
                      one_line_verdict(r));
   for (const std::string& n : r.not_compared) out += st("33", "  not compared: " + n) + "\n";

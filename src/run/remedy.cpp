@@ -3,9 +3,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 
 #include "catalog/catalog.h"
+#include "diff/diff.h"
 #include "diff/report_model.h"
+#include "report/render.h"
 
 namespace detaudit::run {
 
@@ -104,6 +108,103 @@ RemedySettings remedy_settings(const FirstDivergence& f, const Catalog* catalog,
                            f.remedy.empty() ? "see the report" : f.remedy);
   }
   return s;
+}
+
+namespace {
+
+// One round's line in the verification: its flags, runs, verdict and first divergence.
+RemedyVerification::Round round_of(int round, const RemedySettings& applied,
+                                   const std::string& runs, const DiffReport& report) {
+  RemedyVerification::Round k;
+  k.round = round;
+  k.flags = applied.flags();
+  k.runs = runs;
+  k.verdict = report.verdict;
+  if (report.first)
+    k.first = fmt::format("{} step {} {} ({})", report.first->stream, report.first->step,
+                          report.first->op, report.first->divergence_class);
+  return k;
+}
+
+// Records the two runs of a round and diffs them; *recorded is false when one failed or
+// recorded nothing.
+Status run_round(const Config& c, const RunOptions& options, const Catalog* catalog,
+                 const RemedyRunFn& on_run, bool* recorded, DiffReport* report) {
+  std::vector<std::string> dirs;
+  *recorded = true;
+  for (int i = 0; i < 2; ++i) {
+    RunOutcome o;
+    if (Status s = execute_run(c, options, i, &o); !s.ok()) return s;
+    if (on_run) on_run(o, i);
+    *recorded = *recorded && !o.streams.empty() && o.result.succeeded();
+    dirs.push_back(o.dir);
+  }
+  if (!*recorded) return Status();
+  DiffOptions diff_options;
+  diff_options.gate = c.gate;
+  diff_options.catalog = catalog;
+  return diff_runs(dirs[0], dirs[1], diff_options, report);
+}
+
+}  // namespace
+
+Status verify_remedies(const Config& config, const RunOptions& options, const Catalog* catalog,
+                       DiffReport report, const RemedyRunFn& on_run, RemedyVerification* out) {
+  *out = RemedyVerification{};
+  RemedySettings applied;
+  std::string outcome = "not verified";
+  for (int round = 1; round <= kMaxRemedyRounds && report.verdict != Verdict::kIdentical; ++round) {
+    if (!report.first) {
+      outcome = fmt::format("not verified: the runs diverge ({}) with no first op to remedy",
+                            report.verdict);
+      break;
+    }
+    std::string why_not;
+    RemedySettings next = remedy_settings(*report.first, catalog, &why_not);
+    if (next.empty()) {
+      outcome = "not verified: " + why_not;
+      break;
+    }
+    if (!applied.merge(next)) {
+      outcome = fmt::format("NOT verified: with {} the runs still diverge at {} ({})",
+                            applied.flags(), report.first->op, report.first->divergence_class);
+      break;
+    }
+    Config c = config;
+    applied.apply(&c);
+    c.runs = 2;
+    c.out = (std::filesystem::path(config.out) / fmt::format("remedy-{}", round)).string();
+    fmt::print(stderr, "detaudit: verifying the remedy of {} ({}): 2 runs with {} in {}\n",
+               report.first->op, report.first->divergence_class, applied.flags(), c.out);
+    bool recorded = false;
+    DiffReport next_report;
+    if (Status s = run_round(c, options, catalog, on_run, &recorded, &next_report); !s.ok()) {
+      out->outcome = "not verified: " + s.message();
+      return s;
+    }
+    if (!recorded) {
+      outcome = "not verified: a run with the remedy failed or recorded nothing";
+      break;
+    }
+    out->rounds.push_back(round_of(round, applied, c.out, next_report));
+    report = std::move(next_report);
+    if (report.verdict == Verdict::kIdentical)
+      outcome = fmt::format("verified: identical with {} ({} ops compared)", applied.flags(),
+                            report.ops_compared);
+    else if (report.first)
+      fmt::print(stderr, "detaudit: with {} the runs still diverge: first at {} step {} {} ({})\n",
+                 applied.flags(), report.first->stream, report.first->step, report.first->op,
+                 report.first->divergence_class);
+  }
+  if (report.verdict != Verdict::kIdentical && outcome == "not verified")
+    outcome = fmt::format("not verified in {} rounds", kMaxRemedyRounds);
+  fmt::print(stderr, "detaudit: remedy {}\n", outcome);
+  out->verified = report.verdict == Verdict::kIdentical && !out->rounds.empty();
+  out->outcome = outcome;
+  if (out->verified) out->flags = applied.flags();
+  std::ofstream((std::filesystem::path(config.out) / "remedy.json").string())
+      << remedy_verification_to_json(*out).dump(2) << "\n";
+  return Status();
 }
 
 }  // namespace detaudit::run

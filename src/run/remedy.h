@@ -3,15 +3,18 @@
 // environment variables), or nothing when the remedy is a change to the program.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
 
 #include "config/config.h"
+#include "diff/report_model.h"
+#include "run/session.h"
+#include "util/status.h"
 
 namespace detaudit {
 class Catalog;
-struct FirstDivergence;
 }  // namespace detaudit
 
 namespace detaudit::run {
@@ -35,5 +38,18 @@ struct RemedySettings {
 // alternative; without one, one intra-op thread is the setting.
 RemedySettings remedy_settings(const FirstDivergence& first, const Catalog* catalog,
                                std::string* why_not);
+
+inline constexpr int kMaxRemedyRounds = 3;
+
+// Told of each run recorded with a remedy, and its index (0, 1): the caller's warnings.
+using RemedyRunFn = std::function<void(const RunOutcome& outcome, int index)>;
+
+// `run --verify-remedy`: applies the first divergence's remedy as run's own settings, records two
+// more runs into OUT/remedy-<round> and diffs them, while a divergence with such a remedy remains
+// (kMaxRemedyRounds at most). Says what it found on stderr and in OUT/remedy.json (the report's
+// "remedy_verification"). A run or diff that fails ends it with that error; *out then says why
+// it is not verified. The catalog may be null.
+Status verify_remedies(const Config& config, const RunOptions& options, const Catalog* catalog,
+                       DiffReport report, const RemedyRunFn& on_run, RemedyVerification* out);
 
 }  // namespace detaudit::run

@@ -221,6 +221,11 @@ struct TensorDesc {
   uint64_t numel() const;
   bool same_digest(const TensorDesc& other) const;
   std::string digest_hex() const;
+  // digest_hex() when the bytes were read and digested; "" otherwise.
+  std::string contents_hex() const { return has_contents() && digest_len ? digest_hex() : ""; }
 };
+
+// A recorded tensor's contents_hex(); "" for none.
+inline std::string contents_hex(const TensorDesc* t) { return t ? t->contents_hex() : ""; }
 
 }  // namespace detaudit::trace

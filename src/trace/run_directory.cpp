@@ -24,6 +24,12 @@ void sort_by_name(std::vector<RunFile>* files) {
             [](const RunFile& a, const RunFile& b) { return a.name < b.name; });
 }
 
+const RunFile* find_by_name(const std::vector<RunFile>& files, const std::string& name) {
+  auto it = std::lower_bound(files.begin(), files.end(), name,
+                             [](const RunFile& f, const std::string& n) { return f.name < n; });
+  return it != files.end() && it->name == name ? &*it : nullptr;
+}
+
 }  // namespace
 
 Status RunDirectory::open(const std::string& dir, RunDirectory* out) {
@@ -65,7 +71,21 @@ std::error_code RunDirectory::scan(const std::string& dir) {
       break;
     }
   }
-  for (auto* files : {&traces_, &statuses_, &environments_}) sort_by_name(files);
+  // nodes/ is optional: a run of `detaudit run` has none, and a listing error there loses no
+  // stream.
+  std::error_code nodes_ec;
+  for (fs::directory_iterator it(fs::path(dir) / layout::kNodesDir, nodes_ec), end;
+       !nodes_ec && it != end; it.increment(nodes_ec)) {
+    const std::string file = it->path().filename().string();
+    if (ends_with(file, layout::kNodeConfigExt))
+      node_configs_.push_back(
+          {file.substr(0, file.size() - std::string(layout::kNodeConfigExt).size()),
+           it->path().string()});
+    else if (ends_with(file, ".json"))
+      node_manifests_.push_back({file.substr(0, file.size() - 5), it->path().string()});
+  }
+  for (auto* files : {&traces_, &statuses_, &environments_, &node_manifests_, &node_configs_})
+    sort_by_name(files);
   return ec;
 }
 
@@ -73,10 +93,16 @@ std::string RunDirectory::streams_dir() const {
   return (fs::path(path_) / layout::kStreamsDir).string();
 }
 
+std::string RunDirectory::run_manifest() const { return layout::manifest_path(path_, ""); }
+
+std::string RunDirectory::run_config() const { return layout::config_path(path_, ""); }
+
 const RunFile* RunDirectory::trace(const std::string& name) const {
-  auto it = std::lower_bound(traces_.begin(), traces_.end(), name,
-                             [](const RunFile& f, const std::string& n) { return f.name < n; });
-  return it != traces_.end() && it->name == name ? &*it : nullptr;
+  return find_by_name(traces_, name);
+}
+
+const RunFile* RunDirectory::status(const std::string& process) const {
+  return find_by_name(statuses_, process);
 }
 
 Status RunDirectory::require_traces() const {

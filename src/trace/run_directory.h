@@ -1,5 +1,5 @@
 // A run directory (run_layout.h) listed once: its trace streams, statuses and environment
-// fingerprints, by name. Every verb and phase that reads a run takes its files from here, and
+// fingerprints, by name, and its nodes' manifests and configs. Every verb and phase that reads a run takes its files from here, and
 // "not a run" is said here only.
 //
 //   RunDirectory run;
@@ -17,8 +17,8 @@
 
 namespace detaudit::trace {
 
-// One file of streams/: its name without the extension ("r0.main.t-main" for a trace,
-// "r0.main" for a status or an environment) and its path.
+// One file of streams/ or nodes/: its name without the extension ("r0.main.t-main" for a trace,
+// "r0.main" for a status or an environment, "n0" for a node's manifest or config) and its path.
 struct RunFile {
   std::string name;
   std::string path;
@@ -42,16 +42,26 @@ class RunDirectory {
   std::vector<RunFile> traces() && { return std::move(traces_); }
   std::vector<RunFile> statuses() && { return std::move(statuses_); }
   std::vector<RunFile> environments() && { return std::move(environments_); }
+  // nodes/<node>.json and nodes/<node>.config.json of a run recorded across nodes (`detaudit
+  // record`); none for a run of `detaudit run`. Sorted by node.
+  const std::vector<RunFile>& node_manifests() const& { return node_manifests_; }
+  const std::vector<RunFile>& node_configs() const& { return node_configs_; }
+  void node_manifests() && = delete;
+  void node_configs() && = delete;
+  // run.json and config.json, as paths; whether they exist is the reader's to find.
+  std::string run_manifest() const;
+  std::string run_config() const;
   const RunFile* trace(const std::string& name) const;
+  const RunFile* status(const std::string& process) const;
   // An error when no stream was recorded at all (nothing to compare is not "identical"), naming
   // the first status line, which says why.
   Status require_traces() const;
 
  private:
-  std::error_code scan(const std::string& dir);  // lists DIR's streams/ into this
+  std::error_code scan(const std::string& dir);  // lists DIR's streams/ and nodes/ into this
 
   std::string path_;
-  std::vector<RunFile> traces_, statuses_, environments_;
+  std::vector<RunFile> traces_, statuses_, environments_, node_manifests_, node_configs_;
 };
 
 // The rank of a process or stream name ("r3.main.t-main" -> 3); nullopt when it names none.

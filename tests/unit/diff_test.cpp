@@ -19,6 +19,10 @@
 #include "trace_builder.h"
 
 namespace detaudit {
+
+// A failed EXPECT_EQ on verdicts says their names.
+void PrintTo(Verdict v, std::ostream* os) { *os << verdict_name(v); }
+
 namespace {
 
 using namespace detaudit::testing;
@@ -127,7 +131,7 @@ DiffReport diff(const Case& c, GateConfig gate = {}) {
 TEST(DiffTest, IdenticalRunsWithDifferentUninitializedOutputs) {
   Case c("identical", Scenario{});
   DiffReport r = diff(c);
-  EXPECT_EQ(r.verdict, "identical");
+  EXPECT_EQ(r.verdict, Verdict::kIdentical);
   EXPECT_FALSE(r.first.has_value());
   EXPECT_GT(r.ops_compared, 20u);
   EXPECT_EQ(gate_exit_code(r), ExitCode::kIdentical);
@@ -138,7 +142,7 @@ TEST(DiffTest, NondeterministicOpWithCatalogEntry) {
   s.nondet_step = 1;
   Case c("nondet", s);
   DiffReport r = diff(c);
-  ASSERT_EQ(r.verdict, "divergent");
+  ASSERT_EQ(r.verdict, Verdict::kDivergent);
   ASSERT_TRUE(r.first);
   const FirstDivergence& f = *r.first;
   EXPECT_EQ(f.divergence_class, "nondeterministic-op");
@@ -248,7 +252,7 @@ TEST(DiffTest, ExtraStepIsStructuralAtItsPosition) {
   s.extra_steps = 1;
   Case c("extra_step", s);
   DiffReport r = diff(c);
-  EXPECT_EQ(r.verdict, "divergent");
+  EXPECT_EQ(r.verdict, Verdict::kDivergent);
   ASSERT_EQ(r.structural.size(), 1u);
   EXPECT_EQ(r.structural[0].step, 3u);
   EXPECT_GT(r.structural[0].skipped_b, 0u);
@@ -262,7 +266,7 @@ TEST(DiffTest, StreamInOneRunOnly) {
   c.b.add_stream("r0.main.t1", build(Scenario{}, false));
   DiffReport r = diff(c);
   // Nothing to compare it with: not a divergence, but not a pass either (fail closed).
-  EXPECT_EQ(r.verdict, "incomplete");
+  EXPECT_EQ(r.verdict, Verdict::kIncomplete);
   EXPECT_EQ(gate_exit_code(r), ExitCode::kIncomplete);
   EXPECT_EQ(r.structural_count, 0u);
   EXPECT_FALSE(r.first);
@@ -309,7 +313,7 @@ TEST(DiffTest, TruncatedStreamIsComparedUpToTheCut) {
   EXPECT_GT(r.truncated[0].offset, 0u);
   EXPECT_GT(r.truncated[0].ops_compared, 5u);
   // What could be compared matched, but the rest of run A was not: the gate fails closed.
-  EXPECT_EQ(r.verdict, "incomplete");
+  EXPECT_EQ(r.verdict, Verdict::kIncomplete);
   EXPECT_EQ(gate_exit_code(r), ExitCode::kIncomplete);
   ASSERT_EQ(r.not_compared.size(), 1u);
   EXPECT_NE(r.not_compared[0].find("run B stream r0.main.t0 was cut short"), std::string::npos)
@@ -324,7 +328,7 @@ TEST(DiffTest, TruncatedStreamIsComparedUpToTheCut) {
   o.catalog = &shipped_catalog();
   o.gate.allow_truncated = true;
   ASSERT_TRUE(diff_runs(c.a.path(), c.b.path(), o, &r).ok());
-  EXPECT_EQ(r.verdict, "identical");
+  EXPECT_EQ(r.verdict, Verdict::kIdentical);
   EXPECT_TRUE(r.incomplete);
   EXPECT_EQ(gate_exit_code(r), ExitCode::kIdentical);
 
@@ -348,7 +352,7 @@ TEST(DiffTest, StreamsWithoutEndRecordAreIncomplete) {
   DiffOptions o;
   DiffReport r;
   ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
-  EXPECT_EQ(r.verdict, "incomplete");
+  EXPECT_EQ(r.verdict, Verdict::kIncomplete);
   EXPECT_EQ(gate_exit_code(r), ExitCode::kIncomplete);
   ASSERT_EQ(r.not_compared.size(), 1u) << r.not_compared.size();
   EXPECT_NE(r.not_compared[0].find("no END record in run A nor B"), std::string::npos)
@@ -421,7 +425,7 @@ TEST(DiffTest, ToleranceGate) {
   Case c("tolerance", s);
   GateConfig loose{"tolerance", 0, 1e-3};
   DiffReport r = diff(c, loose);
-  EXPECT_EQ(r.verdict, "divergent");
+  EXPECT_EQ(r.verdict, Verdict::kDivergent);
   EXPECT_FALSE(r.beyond_tolerance);
   EXPECT_EQ(gate_exit_code(r), ExitCode::kIdentical);
   GateConfig tight{"tolerance", 0, 1e-9};
@@ -649,7 +653,7 @@ TEST(ReportTest, TruncatedIdenticalVerdictSaysWhereItStopped) {
   std::string bytes = build(s, true).bytes();
   c.b.add_bytes("r0.main.t0", bytes.substr(0, bytes.size() / 2));
   DiffReport r = diff(c);
-  ASSERT_EQ(r.verdict, "incomplete");
+  ASSERT_EQ(r.verdict, Verdict::kIncomplete);
   std::string text = render_report(r, ReportFormat::kText, false);
   std::string first_line = text.substr(0, text.find('\n'));
   EXPECT_NE(first_line.find("INCOMPLETE"), std::string::npos) << first_line;
@@ -777,7 +781,7 @@ TEST(DiffTest, ClashingThreadNamesPairByWhatTheyRan) {
   o.catalog = &shipped_catalog();
   DiffReport r;
   ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
-  EXPECT_EQ(r.verdict, "identical");
+  EXPECT_EQ(r.verdict, Verdict::kIdentical);
   EXPECT_EQ(r.structural_count, 0u);
   ASSERT_EQ(r.streams.size(), 2u);
   for (const StreamSummary& s : r.streams) EXPECT_GT(s.compared, 0u) << s.name;
@@ -791,7 +795,7 @@ TEST(DiffTest, ClashingThreadNamesPairByWhatTheyRan) {
   d.add_stream("r0.main.t-thread", filled_buffer(0x11, 0x21));
   d.add_stream("r0.main.t-thread~1", build(nondet, true));
   ASSERT_TRUE(diff_runs(c.path(), d.path(), o, &r).ok());
-  EXPECT_EQ(r.verdict, "divergent");
+  EXPECT_EQ(r.verdict, Verdict::kDivergent);
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->divergence_class, "nondeterministic-op");
   EXPECT_EQ(r.first->stream, "r0.main.t-thread");
@@ -803,14 +807,14 @@ TEST(DiffTest, ClashingThreadNamesPairByWhatTheyRan) {
   f.add_stream("r0.main.python-c.t-main", filled_buffer(0x11, 0x21));
   f.add_stream("r0.main.python-c~1.t-main", build(Scenario{}, false));
   ASSERT_TRUE(diff_runs(e.path(), f.path(), o, &r).ok());
-  EXPECT_EQ(r.verdict, "identical");
+  EXPECT_EQ(r.verdict, Verdict::kIdentical);
 }
 
 // Found by fuzz_trace_reader's author (docs/fuzzing.md): a divergent op whose name is not UTF-8
 // made the JSON report throw, exit 3. It is replaced instead, like the timeline's names.
 TEST(DiffTest, JsonReportReplacesInvalidUtf8InOpNames) {
   DiffReport r;
-  r.verdict = "divergent";
+  r.verdict = Verdict::kDivergent;
   r.first.emplace();
   r.first->op = std::string("scope\xff\xfe", 7);
   r.first->chain = {r.first->op};
@@ -844,7 +848,7 @@ TEST(DiffTest, ScalarReturnsAreCompared) {
   EXPECT_NE(r.first->detail.find("scalar return (0.5 vs 0.25)"), std::string::npos)
       << r.first->detail;
   ASSERT_TRUE(diff_runs(a.path(), c.path(), o, &r).ok());
-  EXPECT_EQ(r.verdict, "identical");
+  EXPECT_EQ(r.verdict, Verdict::kIdentical);
 }
 
 // Two all-reduces of one step. `late` puts both COLLECTIVE records after the step's last op,
@@ -876,7 +880,7 @@ TEST(DiffTest, CollectiveRecordsAttachToTheirOpWhereverTheWorkCompleted) {
   DiffOptions o;
   DiffReport r;
   ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
-  EXPECT_EQ(r.verdict, "identical") << (r.first ? r.first->detail : "");
+  EXPECT_EQ(r.verdict, Verdict::kIdentical) << (r.first ? r.first->detail : "");
   ASSERT_TRUE(diff_runs(a.path(), c.path(), o, &r).ok());
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->op, "c10d::allreduce_");
@@ -950,7 +954,7 @@ TEST(DiffTest, DifferencesNoOpCausedAreUnexplainedNotDivergent) {
   DiffReport r;
   ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
   EXPECT_FALSE(r.first);
-  EXPECT_EQ(r.verdict, "unexplained");
+  EXPECT_EQ(r.verdict, Verdict::kUnexplained);
   EXPECT_EQ(gate_exit_code(r), ExitCode::kUnexplained);
   EXPECT_NE(
       r.unexplained.find("rank 0 step 0 c10d::allreduce_ (remote-input at c10d::allreduce_ #1"),
@@ -1000,7 +1004,7 @@ TEST(DiffTest, ADifferenceOverwrittenBeforeAnyReadIsNotADivergence) {
     b.op("aten::zero_").in_written(scratch).out_new(tensor(0)).done();
   };
   DiffReport r = diff_cases("unread", overwrite_case(4, zeroed), overwrite_case(5, zeroed));
-  EXPECT_EQ(r.verdict, "identical");
+  EXPECT_EQ(r.verdict, Verdict::kIdentical);
   EXPECT_FALSE(r.first);
   EXPECT_EQ(r.divergent_ops, 0u);
   EXPECT_EQ(gate_exit_code(r), ExitCode::kIdentical);
@@ -1088,7 +1092,7 @@ TEST(DiffTest, AnEnclosingOpsNewIdForTheSameBytesIsFollowed) {
     return b;
   };
   DiffReport r = diff_cases("nested", nested(4), nested(5));
-  EXPECT_EQ(r.verdict, "identical") << (r.first ? r.first->confirmed_by : "");
+  EXPECT_EQ(r.verdict, Verdict::kIdentical) << (r.first ? r.first->confirmed_by : "");
   EXPECT_EQ(r.unread_differences, 1u);
   ASSERT_TRUE(r.first_unread);
   EXPECT_EQ(r.first_unread->op, "aten::_index_put_impl_");
@@ -1138,9 +1142,9 @@ TEST(DiffTest, ABufferStillFillingInOneRunIsNotComparedWithItsContentsInTheOther
     return b;
   };
   DiffReport r = diff_cases("filling", run(kInFlight), run(9));
-  EXPECT_EQ(r.verdict, "identical") << (r.first ? r.first->detail : "");
+  EXPECT_EQ(r.verdict, Verdict::kIdentical) << (r.first ? r.first->detail : "");
   // Contents on both sides are still compared.
-  EXPECT_EQ(diff_cases("filled", run(9), run(7)).verdict, "divergent");
+  EXPECT_EQ(diff_cases("filled", run(9), run(7)).verdict, Verdict::kDivergent);
 }
 
 // FSDP2's all-gather reads this rank's slot of a buffer whose other slots hold garbage: a view
@@ -1155,7 +1159,7 @@ TEST(DiffTest, AViewOfAnIdenticalSlotOfADifferingBufferDoesNotConfirm) {
         .done();
   };
   DiffReport r = diff_cases("slot", overwrite_case(4, gathered), overwrite_case(5, gathered));
-  EXPECT_EQ(r.verdict, "identical");
+  EXPECT_EQ(r.verdict, Verdict::kIdentical);
   EXPECT_FALSE(r.first);
   EXPECT_EQ(r.unread_differences, 1u);
   ASSERT_TRUE(r.first_unread);
@@ -1263,7 +1267,7 @@ TEST(DiffTest, AnOverwriteThroughAWholeViewForgetsTheDifference) {
   };
   DiffReport r = diff_cases("whole", overwrite_case(4, reinitialised),
                             overwrite_case(5, reinitialised));
-  EXPECT_EQ(r.verdict, "identical");
+  EXPECT_EQ(r.verdict, Verdict::kIdentical);
   EXPECT_EQ(r.unread_differences, 1u);
   ASSERT_TRUE(r.first_unread);
   EXPECT_EQ(r.first_unread->overwritten_by, "aten::uniform_ (op #1)");
@@ -1292,7 +1296,7 @@ TEST(DiffTest, LibraryPoolThreadsAreComparedAsOneSetPerProcess) {
   o.catalog = &shipped_catalog();
   DiffReport r;
   ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
-  EXPECT_EQ(r.verdict, "identical");
+  EXPECT_EQ(r.verdict, Verdict::kIdentical);
   EXPECT_EQ(r.structural_count, 0u);
   ASSERT_EQ(r.library_pools.size(), 1u);
   EXPECT_EQ(r.library_pools[0].process, "r0.main");
@@ -1313,7 +1317,7 @@ TEST(DiffTest, LibraryPoolThreadsAreComparedAsOneSetPerProcess) {
   c.add_stream("r0.main.t-pt_gloo_runloop", pool_thread({1, 2}));
   d.add_stream("r0.main.t-pt_gloo_runloop", pool_thread({1, 9}));
   ASSERT_TRUE(diff_runs(c.path(), d.path(), o, &r).ok());
-  EXPECT_EQ(r.verdict, "unexplained");
+  EXPECT_EQ(r.verdict, Verdict::kUnexplained);
   EXPECT_EQ(r.divergent_ops, 1u);
   EXPECT_NE(r.unexplained.find("only ops of r0.main's pt_gloo_runloop threads differ"),
             std::string::npos)
@@ -1348,7 +1352,7 @@ TEST(DiffTest, ACrashAfterTheLastOpIsComparedInFullAndNamed) {
   DiffOptions o;
   DiffReport r;
   ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
-  EXPECT_EQ(r.verdict, "identical");
+  EXPECT_EQ(r.verdict, Verdict::kIdentical);
   EXPECT_TRUE(r.not_compared.empty()) << r.not_compared[0];
   EXPECT_EQ(gate_exit_code(r), ExitCode::kIdentical);
   ASSERT_EQ(r.endings.size(), 1u);
@@ -1377,7 +1381,7 @@ TEST(DiffTest, ACrashAfterTheLastOpIsComparedInFullAndNamed) {
   c.add_stream("r0.main.t-main", training(3, 0));
   d.add_stream("r0.main.t-main", training(2, SIGSEGV));
   ASSERT_TRUE(diff_runs(c.path(), d.path(), o, &r).ok());
-  EXPECT_EQ(r.verdict, "incomplete");
+  EXPECT_EQ(r.verdict, Verdict::kIncomplete);
   EXPECT_EQ(r.structural_count, 0u);
   ASSERT_EQ(r.not_compared.size(), 1u);
   EXPECT_NE(r.not_compared[0].find("the process was killed by SIGSEGV here"), std::string::npos)
@@ -1403,7 +1407,7 @@ TEST(DiffTest, APoolCutShortInOneRunIsNotComparedNotDivergent) {
   DiffOptions o;
   DiffReport r;
   ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
-  EXPECT_EQ(r.verdict, "incomplete");
+  EXPECT_EQ(r.verdict, Verdict::kIncomplete);
   EXPECT_EQ(r.divergent_ops, 0u);
   ASSERT_EQ(r.library_pools.size(), 1u);
   EXPECT_EQ(r.library_pools[0].uncompared_a, 2u);
@@ -1475,7 +1479,7 @@ TEST(DiffTest, ManyRanksComparedOnManyThreadsGiveTheReportOfOne) {
   data_parallel_ranks(b, 5, false);
   const DiffReport one = diff_on(a, b, 1), four = diff_on(a, b, 4);
   for (const DiffReport* r : {&one, &four}) {
-    EXPECT_EQ(r->verdict, "divergent");
+    EXPECT_EQ(r->verdict, Verdict::kDivergent);
     ASSERT_TRUE(r->first);
     EXPECT_EQ(r->first->rank, 5);
     EXPECT_EQ(r->first->op, "aten::index_add");

@@ -78,11 +78,11 @@ TEST(RemedyTest, MergingTheSameRemedyAddsNothing) {
 
 TEST(RemedyTest, EveryReportFormatCarriesTheVerification) {
   DiffReport r;
-  r.verdict = "divergent";
+  r.verdict = Verdict::kDivergent;
   RemedyVerification v;
   v.verified = false;
   v.outcome = "NOT verified: with --deterministic on the runs still diverge";
-  v.rounds.push_back({1, "--deterministic on", "audit/remedy-1", "divergent",
+  v.rounds.push_back({1, "--deterministic on", "audit/remedy-1", Verdict::kDivergent,
                       "r0.main.t-main step 0 aten::mm (nondeterministic-op)"});
   r.remedy_verification = v;
   for (ReportFormat f : {ReportFormat::kText, ReportFormat::kMarkdown, ReportFormat::kHtml,

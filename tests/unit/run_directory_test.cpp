@@ -53,6 +53,23 @@ TEST_F(RunDirectoryTest, ListsEachKindByNameAndLeavesTheRest) {
   EXPECT_EQ(run.trace("r1.main.t-main")->path, (dir_ / "streams" / "r1.main.t-main.dtr").string());
   EXPECT_EQ(run.trace("r2.main.t-main"), nullptr);
   EXPECT_TRUE(run.require_traces().ok());
+  ASSERT_NE(run.status("r0.main"), nullptr);
+  EXPECT_EQ(run.status("r1.main"), nullptr);
+  EXPECT_TRUE(run.node_manifests().empty());  // a run of `detaudit run`: no nodes/
+}
+
+TEST_F(RunDirectoryTest, NodesManifestsAndConfigsAreListedApartByNode) {
+  write("streams/r0.main.t-main.dtr");
+  write("nodes/n1.json", "{}");
+  write("nodes/n0.json", "{}");
+  write("nodes/n0.config.json", "{}");
+  write("nodes/n0.log");  // the launcher's output: neither
+  RunDirectory run;
+  ASSERT_TRUE(RunDirectory::open(dir_.string(), &run).ok());
+  EXPECT_EQ(names(run.node_manifests()), (std::vector<std::string>{"n0", "n1"}));
+  EXPECT_EQ(names(run.node_configs()), std::vector<std::string>{"n0"});
+  EXPECT_EQ(run.node_configs()[0].path, (dir_ / "nodes" / "n0.config.json").string());
+  EXPECT_EQ(run.run_manifest(), dir_.string() + "/run.json");
 }
 
 TEST_F(RunDirectoryTest, EachWayOfNotBeingARunIsOneErrorNamingThePath) {

@@ -430,7 +430,7 @@ TEST(StatsFormatTest, ToleranceGateComparesDoubles) {
     return r;
   };
   DiffReport tight = diff(1e-12);
-  EXPECT_EQ(tight.verdict, "divergent");
+  EXPECT_EQ(tight.verdict, Verdict::kDivergent);
   EXPECT_TRUE(tight.beyond_tolerance);
   EXPECT_EQ(gate_exit_code(tight), ExitCode::kDivergent);
   ASSERT_TRUE(tight.first.has_value());

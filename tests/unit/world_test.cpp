@@ -9,6 +9,7 @@
 
 #include "diff/environment.h"
 #include "test_files.h"
+#include "trace/run_directory.h"
 
 namespace detaudit {
 namespace {
@@ -39,7 +40,7 @@ TEST(WorldTest, RanksOfTheWorldWithNoTraceAreMissing) {
                      {"r0.main.0", rank_env(0, 4, "n0")}};  // a worker of rank 0
   WorldCheck w;
   w.run = "B";
-  ASSERT_TRUE(check_world(dir, env, &w).ok());
+  ASSERT_TRUE(check_world(trace::RunDirectory::list(dir), env, &w).ok());
   EXPECT_EQ(w.world_size, 4);
   EXPECT_EQ(w.missing, std::vector<int64_t>{2});
   EXPECT_TRUE(lost_world(w));
@@ -49,7 +50,7 @@ TEST(WorldTest, RanksOfTheWorldWithNoTraceAreMissing) {
 
   // Ranks the config did not select were never to be recorded.
   write(fs::path(dir) / "config.json", R"({"select": {"ranks": ["0-1", 3]}})");
-  ASSERT_TRUE(check_world(dir, env, &w).ok());
+  ASSERT_TRUE(check_world(trace::RunDirectory::list(dir), env, &w).ok());
   EXPECT_TRUE(w.missing.empty());
   EXPECT_FALSE(lost_world(w));
 }
@@ -65,14 +66,14 @@ TEST(WorldTest, ANodeWhoseLauncherNeverFinishedIsNamedWithItsRanks) {
                      {"r3.main", rank_env(3, 4, "n1")}};
   WorldCheck w;
   w.run = "A";
-  ASSERT_TRUE(check_world(dir, env, &w).ok());
+  ASSERT_TRUE(check_world(trace::RunDirectory::list(dir), env, &w).ok());
   EXPECT_TRUE(w.missing.empty());
   EXPECT_EQ(w.unfinished, std::vector<std::string>{"n1 (ranks 2, 3)"});
   ASSERT_EQ(describe_world(w).size(), 1u);
   EXPECT_NE(describe_world(w)[0].find("node n1 (ranks 2, 3) never finished"), std::string::npos);
 
   write(fs::path(dir) / "nodes" / "n1.json", "{\"node\": ");  // cut mid-write
-  Status s = check_world(dir, env, &w);
+  Status s = check_world(trace::RunDirectory::list(dir), env, &w);
   EXPECT_FALSE(s.ok());
   EXPECT_EQ(s.code(), ExitCode::kBadInput);
   EXPECT_NE(s.message().find("n1.json"), std::string::npos) << s.message();
