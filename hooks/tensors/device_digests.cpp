@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -19,6 +18,7 @@
 
 #include "device/cuda_queue.h"
 #include "device/digest_pipeline.h"
+#include "device/host_queue.h"
 #include "device/strided_job.h"
 #include "digest/device_digest.h"
 #include "digest/strided.h"
@@ -43,51 +43,6 @@ constexpr int kHostQueue = kMaxDevices;  // the registry's entry for the host qu
 // Launches in flight per device, each of many ops' tensors: thousands of ops may run ahead of
 // the digests before the op's thread waits.
 constexpr int kSlots = 64;
-
-// The pipeline's device part on the CPU, for tests of the recorder's path without a GPU
-// (DETAUDIT_DEVICE_QUEUE=host): each batch is digested when it is enqueued, as the kernel reads
-// it on the op's stream, and completes late, so that records are really held. A small ring, so
-// that it fills. It takes what CudaQueue takes with DETAUDIT_DEVICE_KERNEL's kernel (strided
-// views with the fused one) and counts the CUDA calls CudaQueue would make.
-class HostQueue : public device::DeviceQueue {
- public:
-  int slots() const override { return int(results_.size()); }
-  bool enqueue(const device::DigestJob* jobs, int n, void*, int slot) override {
-    // What CudaQueue would call for this launch, so that the host queue's figures show it.
-    calls_ += uint64_t(device::CudaQueue::calls_for(kernel_, jobs, n));
-    for (int j = 0; j < n; ++j) {
-      const device::DigestJob& job = jobs[j];
-      DeviceDigester d(job.dtype);
-      if (job.strided) {
-        // The logical bytes, as the kernel gathers them.
-        staging_.resize(job.bytes);
-        const device::JobGeometry& g = job.geometry;
-        if (!gather_view(job.data, g.elem_size, g.sizes, g.strides, g.dims, staging_.data(),
-                         staging_.size()))
-          return false;
-        d.update(staging_.data(), job.bytes);
-      } else {
-        d.update(job.data, job.bytes);
-      }
-      results_[size_t(slot)][size_t(j)] = d.finish();
-    }
-    return true;
-  }
-  // As CudaQueue with the same kernel.
-  bool reads_strided() const override { return kernel_ == device::CudaQueue::Kernel::kFused; }
-  bool wait(int) override {
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-    return true;
-  }
-  const lanes::LaneResult* results(int slot) override { return results_[size_t(slot)].data(); }
-  uint64_t device_calls() const override { return calls_.load(std::memory_order_relaxed); }
-
- private:
-  const device::CudaQueue::Kernel kernel_ = device::CudaQueue::kernel_from_env();
-  std::vector<uint8_t> staging_;  // enqueue runs under the pipeline's lock: one at a time
-  std::atomic<uint64_t> calls_{0};
-  std::array<std::array<lanes::LaneResult, device::kMaxBatch>, 4> results_{};
-};
 
 bool host_queue_requested() {
   static const bool on = [] {
@@ -175,7 +130,7 @@ void watch_frees_once() {}  // torch 2.0 has no trace tracker: a resized storage
 #endif
 
 std::unique_ptr<device::DeviceQueue> make_queue(int index) {
-  if (index == kHostQueue) return std::make_unique<HostQueue>();
+  if (index == kHostQueue) return std::make_unique<device::HostQueue>();
 #ifdef DETAUDIT_DEVICE_DIGEST
   watch_frees_once();
   c10::cuda::CUDAGuard on_device(static_cast<c10::DeviceIndex>(index));
