@@ -5,6 +5,7 @@
 
 #include "collectives/collectives.h"
 #include "recorder/recorder.h"
+#include "recorder/scoped.h"
 #include "tensors/tensor_digest.h"
 
 namespace detaudit::hooks {
@@ -137,8 +138,10 @@ void ThreadRecorder::write_completed_collectives(bool at_end) {
   // Described before the stream is entered: this may wait for the thread describing them.
   bool any = at_end;
   for (PendingCollective& p : pending_collectives_) any = p.ready() || any;
-  if (!any || !stream_.enter_write()) return;
-  busy_ = true;
+  if (!any) return;
+  InBuffer in_buffer(&stream_);
+  if (!in_buffer.entered()) return;
+  Busy busy(&busy_);
   size_t kept = 0;
   try {
     for (size_t i = 0; i < pending_collectives_.size(); ++i) {
@@ -167,8 +170,6 @@ void ThreadRecorder::write_completed_collectives(bool at_end) {
     // holds whole records.
   }
   pending_collectives_.resize(kept);
-  busy_ = false;
-  stream_.leave_write();
 }
 
 }  // namespace detaudit::hooks

@@ -16,8 +16,10 @@
 #include "ops/rng_source.h"
 #include "process/environment.h"
 #include "process/stream_identity.h"
+#include "recorder/scoped.h"
 #include "run_layout.h"
 #include "tensors/tensor_digest.h"
+#include "util/check.h"
 
 namespace detaudit::hooks {
 
@@ -42,27 +44,6 @@ bool md5_batch_wanted() {
   const char* v = std::getenv("DETAUDIT_MD5_BATCH");
   return !(v && std::string(v) == "off");
 }
-
-// Holds a stream's buffer (StreamBuffer::enter_write) for a scope and says so in *flag; holds
-// nothing when given no buffer, or once the streams are frozen.
-class InBuffer {
- public:
-  InBuffer(StreamBuffer* stream, bool* flag)
-      : stream_(stream && stream->enter_write() ? stream : nullptr), flag_(flag) {
-    if (stream_) *flag_ = true;
-  }
-  ~InBuffer() {
-    if (!stream_) return;
-    *flag_ = false;
-    stream_->leave_write();
-  }
-  InBuffer(const InBuffer&) = delete;
-  InBuffer& operator=(const InBuffer&) = delete;
-
- private:
-  StreamBuffer* stream_;
-  bool* flag_;
-};
 
 // With DETAUDIT_DEBUG set, says once per op why it could not be recorded. Only then is the
 // message asked for: a c10::Error's what() symbolizes its backtrace, milliseconds each.
@@ -136,7 +117,9 @@ ThreadRecorder::~ThreadRecorder() {
 
 void ThreadRecorder::finish() {
   if (!pending_collectives_.empty()) write_completed_collectives(/*at_end=*/true);
-  if (!stream_open_ || !stream_.enter_write()) return;
+  if (!stream_open_) return;
+  InBuffer in_buffer(&stream_);
+  if (!in_buffer.entered()) return;
   if (md5_batch_) md5_batch_->run();
   device_batch_.launch(Launch::kThreadEnd);
   if (!held_.empty()) {
@@ -147,7 +130,6 @@ void ThreadRecorder::finish() {
   stream_.committed.store(stream_.bytes.size(), std::memory_order_release);
   StreamWriter::instance().hand_over(&stream_);
   stream_open_ = false;  // a later op on this thread would start a second stream file
-  stream_.leave_write();
 }
 
 void ThreadRecorder::reset_after_fork() {
@@ -515,8 +497,7 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f, trace::Pha
   if (f.depth == 0) cache_.set_top_level_serial(++top_level_serial_);
 
   bytes_item_start_ = bytes_.size();
-  busy_ =
-      true;  // ops the recorder runs itself (generator state, device copies) are not the program's
+  Busy busy(&busy_);  // to the end: saving the inputs below runs ops of its own too
   try {
     if (info.is_random) {
       f.bits |= trace::kOpIsRandom | trace::kOpHasRng;
@@ -525,6 +506,7 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f, trace::Pha
     uint64_t overwritten = info.overwritten_args, written = info.written_args;
     if (info.collective.defined()) {
       f.collective = true;
+      DETAUDIT_DCHECK(!starting_collective_, "collectives do not nest: one begins at a time");
       starting_collective_.emplace();
       starting_collective_->info.op_order = f.order;
       // A receive buffer is filled in full when the Work completes.
@@ -583,7 +565,6 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f, trace::Pha
     bytes_.resize(f.bytes_begin);
     snaps_top_ = f.snaps_begin;
   }
-  busy_ = false;
 }
 
 void ThreadRecorder::maybe_capture(CaptureSpec& spec, const at::RecordFunction& fn,
@@ -611,9 +592,9 @@ std::vector<std::string> ThreadRecorder::input_digests_now(const Frame& f) {
     trace::TensorDesc desc = s.desc;
     if (s.pending) {
       // A capture run may wait for the device: the digest decides whether this is the op.
-      if (!s.pending->done() && md5_batch_ && stream_.enter_write()) {
-        md5_batch_->run();
-        stream_.leave_write();
+      if (!s.pending->done() && md5_batch_) {
+        InBuffer in_buffer(&stream_);
+        if (in_buffer.entered()) md5_batch_->run();
       }
       if (!s.pending->done()) {
         launch_open_batches(Launch::kCapture);
@@ -825,20 +806,19 @@ void ThreadRecorder::on_end(const at::RecordFunction& fn) {
   if (f.recorded && produced_fake_tensor(fn.outputs())) f.recorded = false;
   // The only place this thread changes its stream buffer while the process runs: a stop
   // signal's save waits until no thread is here, then saves every buffer.
-  if (f.recorded && stream_.enter_write()) {
-    busy_ = true;
-    in_buffer_ = true;
-    try {
-      write_record(f, fn);
-    } catch (const std::exception& e) {
-      // Never throw into libtorch. The record was being encoded apart, and is dropped; what the
-      // buffer holds is whole records.
-      report_swallowed(fn.name(), e);
-      holes_.clear();
+  if (f.recorded) {
+    InBuffer in_buffer(&stream_, &in_buffer_);
+    if (in_buffer.entered()) {
+      Busy busy(&busy_);
+      try {
+        write_record(f, fn);
+      } catch (const std::exception& e) {
+        // Never throw into libtorch. The record was being encoded apart, and is dropped; what
+        // the buffer holds is whole records.
+        report_swallowed(fn.name(), e);
+        holes_.clear();
+      }
     }
-    busy_ = false;
-    in_buffer_ = false;
-    stream_.leave_write();
   }
   if (device_digest_ && !device_batch_.empty()) {
     if (device_batch_cap() == 0)

@@ -19,6 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include "util/check.h"
+
 namespace detaudit::hooks {
 
 // Set once a stop signal's save freezes every buffer: from then on no thread changes its own.
@@ -35,6 +37,8 @@ struct StreamBuffer {
   // are sequentially consistent: either the handler sees `writing` and waits, or the thread
   // sees the freeze and leaves the buffer alone.
   bool enter_write() {
+    DETAUDIT_DCHECK(!writing.load(std::memory_order_relaxed),
+                    "a stream's buffer is entered by its one op thread, never twice");
     writing.store(true);
     if (!g_streams_frozen.load()) return true;
     writing.store(false);
