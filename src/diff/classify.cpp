@@ -241,29 +241,14 @@ std::string made_where(const SeenOutputs& seen, const trace::DigestBytes& read_i
                      in_b->index);
 }
 
-}  // namespace
-
-void classify_divergence(const BufferedOp& a, const OpSource& sa, const BufferedOp& b,
-                         const OpSource& sb, const GateConfig& gate, FirstDivergence* fd,
-                         const SeenOutputs* seen) {
+// The op's tensors side by side into fd->inputs and fd->outputs; the first differing input
+// (which decides between the input classes), or -1.
+int pair_tensors(const BufferedOp& a, const OpSource& sa, const BufferedOp& b, const OpSource& sb,
+                 FirstDivergence* fd) {
   const trace::TraceReader& ra = sa.reader();
   const trace::TraceReader& rb = sb.reader();
   const trace::OpRecord& oa = a.rec;
   const trace::OpRecord& ob = b.rec;
-  fd->op = std::string(sa.name_of(oa));
-  fd->step = oa.step;
-  fd->phase = std::string(trace::phase_name(oa.phase));
-  fd->index = a.index;
-  fd->order_a = oa.order;
-  fd->order_b = ob.order;
-  fd->offset_a = oa.offset;
-  fd->offset_b = ob.offset;
-  fd->is_random = oa.is_random();
-  fd->rng_a = oa.rng;
-  fd->rng_b = ob.rng;
-  fd->args_differ = oa.args_hash != ob.args_hash;
-
-  // Tensors side by side; the first differing input decides between the input classes.
   int first_diff_input = -1;
   for (size_t i = 0; i < std::max(oa.input_tensors.size(), ob.input_tensors.size()); ++i) {
     const TensorDesc* ta = i < oa.input_tensors.size() ? ra.tensor(oa.input_tensors[i]) : nullptr;
@@ -288,121 +273,120 @@ void classify_divergence(const BufferedOp& a, const OpSource& sa, const Buffered
       if (side->origin == "output of an earlier op") side->origin.clear();
     fd->outputs.push_back(std::move(p));
   }
-  output_deltas(oa, ra, ob, rb, gate, &fd->magnitude);
+  return first_diff_input;
+}
 
-  const trace::StepInfo* step_a = sa.step_info(oa.step);
-  const trace::StepInfo* step_b = sb.step_info(ob.step);
-  bool step_rng_differs = step_a && step_b &&
-                          (step_a->rng_cpu != step_b->rng_cpu ||
-                           step_a->rng_cuda != step_b->rng_cuda);
-  bool rng_differs = oa.is_random() && ((oa.has_rng() && ob.has_rng() && oa.rng != ob.rng) ||
-                                        (!oa.has_rng() && step_rng_differs));
-  if (rng_differs) {
+// Input `first_diff_input` differs: where it came from decides the class.
+void classify_differing_input(const BufferedOp& a, const OpSource& sa, const BufferedOp& b,
+                              const OpSource& sb, int first_diff_input, const SeenOutputs* seen,
+                              FirstDivergence* fd) {
+  const trace::TraceReader& ra = sa.reader();
+  const trace::TraceReader& rb = sb.reader();
+  const trace::OpRecord& oa = a.rec;
+  const trace::OpRecord& ob = b.rec;
+  const size_t in = size_t(first_diff_input);
+  const TensorDesc* ta = ra.tensor(oa.input_tensors[in]);
+  const TensorDesc* tb = in < ob.input_tensors.size() ? rb.tensor(ob.input_tensors[in]) : nullptr;
+  bool ext = false, uninit = false, compiled = false;
+  std::string origin = origin_of(ta, ra, &ext, &uninit, &compiled);
+  if ((ext || compiled) && is_cpu_generator_state(ta)) {
+    // torch.compile saves and restores the RNG around tracing; users save it too.
     fd->divergence_class = kClassRng;
-    fd->detail = oa.has_rng()
-                     ? fmt::format("random op with different generator state: {:016x} vs {:016x}",
-                                   oa.rng, ob.rng)
-                     : fmt::format("random op in a step whose RNG state differs at its start");
+    fd->detail = fmt::format(
+        "input {} is a CPU generator's state (torch.get_rng_state(), 5056 bytes): the "
+        "generator was seeded or consumed differently before this op",
+        first_diff_input);
     return;
   }
-  if (a.compiled_region != BufferedOp::kNoRegion)
-    fd->compiled_region = std::string(ra.string(a.compiled_region));
-  if (first_diff_input >= 0) {
-    const size_t in = size_t(first_diff_input);
-    const TensorDesc* ta = ra.tensor(oa.input_tensors[in]);
-    const TensorDesc* tb = in < ob.input_tensors.size() ? rb.tensor(ob.input_tensors[in]) : nullptr;
-    bool ext = false, uninit = false, compiled = false;
-    std::string origin = origin_of(ta, ra, &ext, &uninit, &compiled);
-    if ((ext || compiled) && is_cpu_generator_state(ta)) {
-      // torch.compile saves and restores the RNG around tracing; users save it too.
-      fd->divergence_class = kClassRng;
-      fd->detail = fmt::format(
-          "input {} is a CPU generator's state (torch.get_rng_state(), 5056 bytes): the "
-          "generator was seeded or consumed differently before this op",
-          first_diff_input);
-      return;
-    }
-    if (compiled && !fd->compiled_region.empty()) {
-      // The region's own recorded inputs matched (it would have diverged first otherwise): the
-      // difference arose inside it, in kernels the dispatcher never sees.
-      fd->divergence_class = kClassNondeterministic;
-      fd->arose_in_compiled_region = true;
-      fd->detail = fmt::format(
-          "input {} was made inside the compiled region {}, whose recorded inputs matched: the "
-          "difference arose in its kernels, which run below the dispatcher and are not recorded",
-          first_diff_input, fd->compiled_region);
-      return;
-    }
-    if (changed_elsewhere(ta, ra) || changed_elsewhere(tb, rb)) {
-      fd->divergence_class = kClassSharedMemory;
-      fd->detail = fmt::format(
-          "input {} is in shared memory and changed since this process last read or wrote it, "
-          "with no write of its own: another process wrote it",
-          first_diff_input);
-      return;
-    }
-    if (!uninit) {  // either side: an uninitialized buffer in run B explains it too
-      bool ext_b = false;
-      std::string origin_b = origin_of(tb, rb, &ext_b, &uninit);
-      if (uninit) origin = origin_b;
-    }
-    if (uninit && (filled_outside_recorded_ops(oa, fd->op, ra, in) ||
-                   filled_outside_recorded_ops(ob, sb.name_of(ob), rb, in))) {
-      fd->divergence_class = kClassExternal;
-      fd->detail = fmt::format(
-          "input {} is an empty-family buffer filled outside the recorded ops (e.g. "
-          "torch.tensor from Python data, a numpy copy), and what was written differs",
-          first_diff_input);
-      return;
-    }
-    if (!uninit && !ext && seen && ta && tb && SeenOutputs::has(seen->b, ta->digest) &&
-        SeenOutputs::has(seen->a, tb->digest)) {
-      // Each run's tensor is one the other run made too: the same tensors, picked in another
-      // selection or order (a Python shuffle of samples, an unseeded sampler).
-      fd->divergence_class = kClassExternal;
-      fd->data_order = true;
-      fd->detail = fmt::format(
-          "input {} is, in both runs, an earlier op's output that agreed, but a different one: "
-          "the same tensors in a different selection or order{}",
-          first_diff_input, made_where(*seen, ta->digest, tb->digest, sa, sb));
-      return;
-    }
-    // The same through views (addmm's expanded bias): each view's base is an output the other
-    // run made too, so the tensors were created or picked in another order.
-    const TensorDesc* base_a = viewed_base(ta, ra);
-    const TensorDesc* base_b = viewed_base(tb, rb);
-    if (!uninit && !ext && seen && base_a && base_b && !base_a->same_digest(*base_b) &&
-        SeenOutputs::has(seen->b, base_a->digest) && SeenOutputs::has(seen->a, base_b->digest)) {
-      fd->divergence_class = kClassExternal;
-      fd->data_order = true;
-      fd->data_order_through_view = true;
-      fd->detail = fmt::format(
-          "input {} is, in both runs, a view of an earlier op's output that agreed, but of a "
-          "different one: the same tensors, created or picked in a different order{}",
-          first_diff_input, made_where(*seen, base_a->digest, base_b->digest, sa, sb));
-      return;
-    }
-    if (uninit) {
-      fd->divergence_class = kClassUninitialized;
-    } else if (ext) {
-      fd->divergence_class = kClassExternal;
-      // A 0-dim external tensor is how a Python number reaches an op (a wrapped scalar).
-      if (ta && tb && ta->sizes.empty() && tb->sizes.empty() && ta->has_stats() && tb->has_stats())
-        fd->scalar_argument = fmt::format("{:.17g} vs {:.17g}", ta->stats.min, tb->stats.min);
-    } else {
-      fd->divergence_class = kClassInputDiffers;
-    }
-    fd->detail = fmt::format("input {} differs; it is {}", first_diff_input, origin);
-    if (uninit && ta && ta->base_id >= 0) {
-      const std::string by = sa.allocated_by(ta->base_id);
-      if (!by.empty())
-        fd->detail = fmt::format(
-            "input {} differs: bytes {} returned uninitialized, read before "
-            "any op wrote them",
-            first_diff_input, by);
-    }
+  if (compiled && !fd->compiled_region.empty()) {
+    // The region's own recorded inputs matched (it would have diverged first otherwise): the
+    // difference arose inside it, in kernels the dispatcher never sees.
+    fd->divergence_class = kClassNondeterministic;
+    fd->arose_in_compiled_region = true;
+    fd->detail = fmt::format(
+        "input {} was made inside the compiled region {}, whose recorded inputs matched: the "
+        "difference arose in its kernels, which run below the dispatcher and are not recorded",
+        first_diff_input, fd->compiled_region);
     return;
   }
+  if (changed_elsewhere(ta, ra) || changed_elsewhere(tb, rb)) {
+    fd->divergence_class = kClassSharedMemory;
+    fd->detail = fmt::format(
+        "input {} is in shared memory and changed since this process last read or wrote it, "
+        "with no write of its own: another process wrote it",
+        first_diff_input);
+    return;
+  }
+  if (!uninit) {  // either side: an uninitialized buffer in run B explains it too
+    bool ext_b = false;
+    std::string origin_b = origin_of(tb, rb, &ext_b, &uninit);
+    if (uninit) origin = origin_b;
+  }
+  if (uninit && (filled_outside_recorded_ops(oa, fd->op, ra, in) ||
+                 filled_outside_recorded_ops(ob, sb.name_of(ob), rb, in))) {
+    fd->divergence_class = kClassExternal;
+    fd->detail = fmt::format(
+        "input {} is an empty-family buffer filled outside the recorded ops (e.g. "
+        "torch.tensor from Python data, a numpy copy), and what was written differs",
+        first_diff_input);
+    return;
+  }
+  if (!uninit && !ext && seen && ta && tb && SeenOutputs::has(seen->b, ta->digest) &&
+      SeenOutputs::has(seen->a, tb->digest)) {
+    // Each run's tensor is one the other run made too: the same tensors, picked in another
+    // selection or order (a Python shuffle of samples, an unseeded sampler).
+    fd->divergence_class = kClassExternal;
+    fd->data_order = true;
+    fd->detail = fmt::format(
+        "input {} is, in both runs, an earlier op's output that agreed, but a different one: "
+        "the same tensors in a different selection or order{}",
+        first_diff_input, made_where(*seen, ta->digest, tb->digest, sa, sb));
+    return;
+  }
+  // The same through views (addmm's expanded bias): each view's base is an output the other
+  // run made too, so the tensors were created or picked in another order.
+  const TensorDesc* base_a = viewed_base(ta, ra);
+  const TensorDesc* base_b = viewed_base(tb, rb);
+  if (!uninit && !ext && seen && base_a && base_b && !base_a->same_digest(*base_b) &&
+      SeenOutputs::has(seen->b, base_a->digest) && SeenOutputs::has(seen->a, base_b->digest)) {
+    fd->divergence_class = kClassExternal;
+    fd->data_order = true;
+    fd->data_order_through_view = true;
+    fd->detail = fmt::format(
+        "input {} is, in both runs, a view of an earlier op's output that agreed, but of a "
+        "different one: the same tensors, created or picked in a different order{}",
+        first_diff_input, made_where(*seen, base_a->digest, base_b->digest, sa, sb));
+    return;
+  }
+  if (uninit) {
+    fd->divergence_class = kClassUninitialized;
+  } else if (ext) {
+    fd->divergence_class = kClassExternal;
+    // A 0-dim external tensor is how a Python number reaches an op (a wrapped scalar).
+    if (ta && tb && ta->sizes.empty() && tb->sizes.empty() && ta->has_stats() && tb->has_stats())
+      fd->scalar_argument = fmt::format("{:.17g} vs {:.17g}", ta->stats.min, tb->stats.min);
+  } else {
+    fd->divergence_class = kClassInputDiffers;
+  }
+  fd->detail = fmt::format("input {} differs; it is {}", first_diff_input, origin);
+  if (uninit && ta && ta->base_id >= 0) {
+    const std::string by = sa.allocated_by(ta->base_id);
+    if (!by.empty())
+      fd->detail = fmt::format(
+          "input {} differs: bytes {} returned uninitialized, read before "
+          "any op wrote them",
+          first_diff_input, by);
+  }
+}
+
+// Every input agreed when the op began: an argument, what a collective received, shared memory
+// written meanwhile, else the op itself.
+void classify_same_inputs(const BufferedOp& a, const OpSource& sa, const BufferedOp& b,
+                          const OpSource& sb, FirstDivergence* fd) {
+  const trace::TraceReader& ra = sa.reader();
+  const trace::TraceReader& rb = sb.reader();
+  const trace::OpRecord& oa = a.rec;
+  const trace::OpRecord& ob = b.rec;
   if (fd->args_differ) {
     // The same tensors in: the differing value came from outside torch, a Python scalar.
     fd->divergence_class = kClassExternal;
@@ -446,6 +430,54 @@ void classify_divergence(const BufferedOp& a, const OpSource& sa, const Buffered
   }
   fd->detail = oa.is_random() ? "identical inputs, arguments and generator state, different outputs"
                               : "identical inputs and arguments, different outputs";
+}
+
+}  // namespace
+
+void classify_divergence(const BufferedOp& a, const OpSource& sa, const BufferedOp& b,
+                         const OpSource& sb, const GateConfig& gate, FirstDivergence* fd,
+                         const SeenOutputs* seen) {
+  const trace::TraceReader& ra = sa.reader();
+  const trace::TraceReader& rb = sb.reader();
+  const trace::OpRecord& oa = a.rec;
+  const trace::OpRecord& ob = b.rec;
+  fd->op = std::string(sa.name_of(oa));
+  fd->step = oa.step;
+  fd->phase = std::string(trace::phase_name(oa.phase));
+  fd->index = a.index;
+  fd->order_a = oa.order;
+  fd->order_b = ob.order;
+  fd->offset_a = oa.offset;
+  fd->offset_b = ob.offset;
+  fd->is_random = oa.is_random();
+  fd->rng_a = oa.rng;
+  fd->rng_b = ob.rng;
+  fd->args_differ = oa.args_hash != ob.args_hash;
+
+  const int first_diff_input = pair_tensors(a, sa, b, sb, fd);
+  output_deltas(oa, ra, ob, rb, gate, &fd->magnitude);
+
+  const trace::StepInfo* step_a = sa.step_info(oa.step);
+  const trace::StepInfo* step_b = sb.step_info(ob.step);
+  bool step_rng_differs = step_a && step_b &&
+                          (step_a->rng_cpu != step_b->rng_cpu ||
+                           step_a->rng_cuda != step_b->rng_cuda);
+  bool rng_differs = oa.is_random() && ((oa.has_rng() && ob.has_rng() && oa.rng != ob.rng) ||
+                                        (!oa.has_rng() && step_rng_differs));
+  if (rng_differs) {
+    fd->divergence_class = kClassRng;
+    fd->detail = oa.has_rng()
+                     ? fmt::format("random op with different generator state: {:016x} vs {:016x}",
+                                   oa.rng, ob.rng)
+                     : fmt::format("random op in a step whose RNG state differs at its start");
+    return;
+  }
+  if (a.compiled_region != BufferedOp::kNoRegion)
+    fd->compiled_region = std::string(ra.string(a.compiled_region));
+  if (first_diff_input >= 0)
+    classify_differing_input(a, sa, b, sb, first_diff_input, seen, fd);
+  else
+    classify_same_inputs(a, sa, b, sb, fd);
 }
 
 std::string kernel_origin(const trace::OpRecord& op, const trace::TraceReader& r) {
@@ -526,15 +558,218 @@ std::string cuda_device_of(const FirstDivergence& fd) {
   return "";
 }
 
+// The same inputs gave other outputs: a setting that differs, else the catalog's entry.
+bool explain_nondeterministic(const std::vector<EnvDifference>& env, bool on_cpu,
+                              FirstDivergence* fd) {
+  const EnvDifference* threads = find_env(env, {"intra_op_threads", "step.intra_op_threads",
+                                                "env.OMP_NUM_THREADS", "env.MKL_NUM_THREADS"});
+  const EnvDifference* det = find_env_containing(env, {"determinism."});
+  const EnvDifference* cuda = on_cpu ? nullptr : find_cuda_env(env);
+  if (threads && on_cpu) {
+    fd->cause = describe(*threads);
+    fd->remedy =
+        "run every time with the same intra-op thread count "
+        "(torch.set_num_threads / OMP_NUM_THREADS)";
+  } else if (det) {
+    fd->cause = describe(*det);
+    fd->remedy = "use the same determinism settings in every run";
+  } else if (cuda) {
+    fd->cause = describe(*cuda);
+    fd->remedy = cuda->key.rfind("env.", 0) == 0
+                     ? "set the CUDA libraries' environment variables the same in every run"
+                     : "compare runs on the same GPU model (architecture and SM count), driver "
+                       "and CUDA, cuDNN, cuBLAS and NCCL versions: GPU kernels reproduce bit "
+                       "for bit only there";
+  } else if (fd->catalog) {
+    fd->cause = fmt::format("{} is a known nondeterministic op ({}): {}", fd->catalog->op,
+                            fd->catalog->id, fd->catalog->condition);
+  } else {
+    fd->cause = "the op gave different outputs for identical inputs; it is not in the catalog";
+    fd->remedy = "enable use_deterministic_algorithms(True) and check which kernel alerts";
+  }
+  return true;
+}
+
+// A generator's state differed: a seed that differs, else the generator named.
+bool explain_rng(const std::vector<EnvDifference>& env, bool, FirstDivergence* fd) {
+  // PYTHONHASHSEED salts str hashes; it seeds no random generator.
+  const EnvDifference* seed = nullptr;
+  for (const EnvDifference& d : env)
+    if ((d.key.find("seed") != std::string::npos || d.key.find("SEED") != std::string::npos) &&
+        d.key.find("PYTHONHASHSEED") == std::string::npos) {
+      seed = &d;
+      break;
+    }
+  const std::string device = cuda_device_of(*fd);
+  fd->cause = seed ? describe(*seed)
+              : device.empty()
+                  ? "the random generator was seeded or consumed differently before this op"
+                  : fmt::format(
+                        "the default CUDA generator of {} (its seed and Philox offset) "
+                        "was seeded or consumed differently before this op",
+                        device);
+  fd->remedy = device.empty()
+                   ? "seed every generator at program start (torch.manual_seed, random.seed, "
+                     "np.random.seed) and consume random numbers in the same order"
+                   : "seed every generator at program start: torch.manual_seed(s) seeds the "
+                     "CPU's and every CUDA device's (C++: at::manual_seed), and consume random "
+                     "numbers in the same order";
+  return true;
+}
+
+// Data entering the program differs: the data order, a Python value, a DataLoader worker.
+bool explain_external(const std::vector<EnvDifference>& env, bool, FirstDivergence* fd) {
+  const EnvDifference* hash = find_env(env, {"env.PYTHONHASHSEED"});
+  fd->cause = hash ? describe(*hash)
+                   : "data entering the program (data loading, from_blob, numpy, another "
+                     "thread) differs";
+  fd->remedy =
+      "make the input pipeline deterministic: seed samplers, shuffles and DataLoader "
+      "workers (worker_init_fn, generator=torch.Generator().manual_seed(s))";
+  if (!hash && fd->data_order) {
+    fd->cause =
+        "the data order differs: the same samples were selected or ordered "
+        "differently (a shuffle by Python's random, an unseeded sampler)";
+    fd->remedy =
+        "seed the order: random.seed(s) before a Python shuffle, and DataLoader("
+        "generator=torch.Generator().manual_seed(s)) for its sampler";
+    if (fd->hash_seed_unset) {
+      fd->cause += ", or a set iterated in hash order: PYTHONHASHSEED is unset in both runs";
+      fd->remedy += "; iterate sorted(names), not a set, or run with PYTHONHASHSEED=0";
+    }
+  }
+  if (!hash && fd->data_order_through_view) {
+    fd->cause = fd->hash_seed_unset
+                    ? "tensors were created or picked in another order: likely Python's hash "
+                      "randomization, as PYTHONHASHSEED is unset in both runs and iterating a "
+                      "set of names (or a dict built from one) orders them anew in each process"
+                    : "tensors were created or picked in another order: the same values reach "
+                      "this op through views of different tensors";
+    fd->remedy =
+        "create and pick tensors in a fixed order: iterate sorted(names), not a set; "
+        "or run with PYTHONHASHSEED=0. If a shuffle picks them, seed it (random.seed)";
+  }
+  if (!hash && !fd->scalar_argument.empty()) {
+    fd->cause = fmt::format(
+        "a Python value passed to the op differs ({}): drawn from an "
+        "unseeded generator (random, numpy) or from the clock",
+        fd->scalar_argument);
+    fd->remedy =
+        "seed Python's and NumPy's generators (random.seed, np.random.seed) or draw "
+        "the value from a seeded torch.Generator";
+  }
+  if (!hash && !fd->batch_read_by.empty()) {
+    fd->cause =
+        "data made in a DataLoader worker differs: what the Dataset drew from outside "
+        "torch (NumPy, random, a file) or an unseeded worker";
+    fd->remedy =
+        "seed what __getitem__ draws from in each worker: worker_init_fn seeding "
+        "numpy and random from torch.initial_seed(), and no generator created "
+        "unseeded in the Dataset (np.random.default_rng(seed))";
+  }
+  return true;
+}
+
+// Another process wrote the bytes through shared memory.
+bool explain_shared_memory(const std::vector<EnvDifference>&, bool, FirstDivergence* fd) {
+  fd->cause =
+      "another process wrote these bytes through shared memory (share_memory_(), "
+      "Hogwild training): whose update lands first, and what each process reads, "
+      "follows timing";
+  if (!fd->shared_writer.empty()) fd->cause += "; written by " + fd->shared_writer;
+  fd->remedy =
+      "for a reproducible run, do not share parameters between training processes "
+      "(one copy each, averaged in a fixed order), or serialise the writers: a "
+      "torch.multiprocessing Lock around each optimizer step, taken in a fixed order";
+  return true;
+}
+
+// Another rank sent the difference, and its origin was not recorded.
+bool explain_remote_input(const std::vector<EnvDifference>&, bool, FirstDivergence* fd) {
+  fd->cause =
+      "another rank sent different data into this collective, and no stream of that "
+      "rank recorded where it diverged";
+  fd->remedy =
+      "record every rank (--ranks all) so the diff can follow the collective to the "
+      "rank where the difference began";
+  return true;
+}
+
+// Memory of the empty family was read; FSDP's unwritten shards named as such.
+bool explain_uninitialized(const std::vector<EnvDifference>&, bool, FirstDivergence* fd) {
+  fd->cause = "an op read memory returned by the empty family (uninitialized)";
+  fd->remedy =
+      "initialise the buffer (torch.zeros) or enable deterministic mode with "
+      "fill_uninitialized_memory=True";
+  // FSDP2 gathers sharded parameters: garbage there is a parameter no initialiser wrote.
+  const bool fsdp_parameter = fd->scope_path.find("FSDP::") != std::string::npos ||
+                              (!fd->chain.empty() && fd->chain.front().rfind("fsdp::", 0) == 0);
+  if (fsdp_parameter) {
+    fd->cause =
+        "FSDP gathered a parameter shard that no op wrote: memory from the empty "
+        "family, as module.to_empty() leaves every parameter until something "
+        "initialises it";
+    fd->remedy =
+        "after model.to_empty(), initialise every parameter: reset_parameters() "
+        "must reach each submodule (or load a checkpoint); "
+        "torch.use_deterministic_algorithms(True) only fills the garbage with NaN";
+  }
+  return true;
+}
+
+// Different ops ran: a thread count inside kernels (final: no catalog remedy added), a torch
+// build, or control flow.
+bool explain_structural(const std::vector<EnvDifference>& env, bool, FirstDivergence* fd) {
+  const EnvDifference* ver = find_env(env, {"torch_version", "build_config"});
+  const EnvDifference* threads = find_env(env, {"intra_op_threads", "step.intra_op_threads",
+                                                "env.OMP_NUM_THREADS", "env.MKL_NUM_THREADS"});
+  if (fd->nested && threads && !ver) {
+    // Same ops at every level both runs share; only kernels' internal ops differ, as a
+    // parallel reduction's per-thread buffers do with another thread count.
+    fd->cause = describe(*threads);
+    fd->remedy =
+        "run every time with the same intra-op thread count "
+        "(torch.set_num_threads / OMP_NUM_THREADS): parallel kernels split their "
+        "work, and allocate and combine partial results, by thread count";
+    return false;
+  }
+  fd->cause = ver ? describe(*ver)
+                  : "the runs executed different ops, shapes or arguments (control flow or "
+                    "configuration differs)";
+  fd->remedy =
+      "make control flow independent of unseeded state; compare runs of the same "
+      "program, configuration and PyTorch build";
+  return true;
+}
+
+// An input made outside the aligned ops differs.
+bool explain_input_differs(const std::vector<EnvDifference>&, bool, FirstDivergence* fd) {
+  fd->cause =
+      "an input produced outside the aligned ops differs (an earlier divergence in "
+      "another stream, or an unrecorded write)";
+  fd->remedy = "look at the other streams' divergences and at in-place writes by unrecorded ops";
+  return true;
+}
+
+// Each class's explanation; false when its remedy is final (no catalog remedy added).
+using ExplainFn = bool (*)(const std::vector<EnvDifference>& env, bool on_cpu, FirstDivergence* fd);
+struct ClassExplanation {
+  const char* divergence_class;
+  ExplainFn explain;
+};
+constexpr ClassExplanation kExplanations[] = {
+    {kClassNondeterministic, explain_nondeterministic},
+    {kClassRng, explain_rng},
+    {kClassExternal, explain_external},
+    {kClassSharedMemory, explain_shared_memory},
+    {kClassRemoteInput, explain_remote_input},
+    {kClassUninitialized, explain_uninitialized},
+    {kClassStructural, explain_structural},
+};
+
 }  // namespace
 
 void explain_cause(const std::vector<EnvDifference>& env, FirstDivergence* fd) {
-  const std::string& cls = fd->divergence_class;
-  bool on_cpu = true;
-  for (const auto* v : {&fd->outputs, &fd->inputs})
-    for (const TensorPair& p : *v)
-      if (p.a.present && p.a.device.rfind("cpu", 0) != 0) on_cpu = false;
-
   if (fd->arose_in_compiled_region) {
     fd->cause = fmt::format(
         "a kernel inside the torch.compile region {} (inductor-generated, not "
@@ -545,168 +780,17 @@ void explain_cause(const std::vector<EnvDifference>& env, FirstDivergence* fd) {
         "audit again without compilation: --env TORCHDYNAMO_DISABLE=1";
     return;
   }
-  if (cls == kClassNondeterministic) {
-    const EnvDifference* threads = find_env(env, {"intra_op_threads", "step.intra_op_threads",
-                                                  "env.OMP_NUM_THREADS", "env.MKL_NUM_THREADS"});
-    const EnvDifference* det = find_env_containing(env, {"determinism."});
-    const EnvDifference* cuda = on_cpu ? nullptr : find_cuda_env(env);
-    if (threads && on_cpu) {
-      fd->cause = describe(*threads);
-      fd->remedy =
-          "run every time with the same intra-op thread count "
-          "(torch.set_num_threads / OMP_NUM_THREADS)";
-    } else if (det) {
-      fd->cause = describe(*det);
-      fd->remedy = "use the same determinism settings in every run";
-    } else if (cuda) {
-      fd->cause = describe(*cuda);
-      fd->remedy = cuda->key.rfind("env.", 0) == 0
-                       ? "set the CUDA libraries' environment variables the same in every run"
-                       : "compare runs on the same GPU model (architecture and SM count), driver "
-                         "and CUDA, cuDNN, cuBLAS and NCCL versions: GPU kernels reproduce bit "
-                         "for bit only there";
-    } else if (fd->catalog) {
-      fd->cause = fmt::format("{} is a known nondeterministic op ({}): {}", fd->catalog->op,
-                              fd->catalog->id, fd->catalog->condition);
-    } else {
-      fd->cause = "the op gave different outputs for identical inputs; it is not in the catalog";
-      fd->remedy = "enable use_deterministic_algorithms(True) and check which kernel alerts";
-    }
-  } else if (cls == kClassRng) {
-    // PYTHONHASHSEED salts str hashes; it seeds no random generator.
-    const EnvDifference* seed = nullptr;
-    for (const EnvDifference& d : env)
-      if ((d.key.find("seed") != std::string::npos || d.key.find("SEED") != std::string::npos) &&
-          d.key.find("PYTHONHASHSEED") == std::string::npos) {
-        seed = &d;
-        break;
-      }
-    const std::string device = cuda_device_of(*fd);
-    fd->cause = seed ? describe(*seed)
-                : device.empty()
-                    ? "the random generator was seeded or consumed differently before this op"
-                    : fmt::format(
-                          "the default CUDA generator of {} (its seed and Philox offset) "
-                          "was seeded or consumed differently before this op",
-                          device);
-    fd->remedy = device.empty()
-                     ? "seed every generator at program start (torch.manual_seed, random.seed, "
-                       "np.random.seed) and consume random numbers in the same order"
-                     : "seed every generator at program start: torch.manual_seed(s) seeds the "
-                       "CPU's and every CUDA device's (C++: at::manual_seed), and consume random "
-                       "numbers in the same order";
-  } else if (cls == kClassExternal) {
-    const EnvDifference* hash = find_env(env, {"env.PYTHONHASHSEED"});
-    fd->cause = hash ? describe(*hash)
-                     : "data entering the program (data loading, from_blob, numpy, another "
-                       "thread) differs";
-    fd->remedy =
-        "make the input pipeline deterministic: seed samplers, shuffles and DataLoader "
-        "workers (worker_init_fn, generator=torch.Generator().manual_seed(s))";
-    if (!hash && fd->data_order) {
-      fd->cause =
-          "the data order differs: the same samples were selected or ordered "
-          "differently (a shuffle by Python's random, an unseeded sampler)";
-      fd->remedy =
-          "seed the order: random.seed(s) before a Python shuffle, and DataLoader("
-          "generator=torch.Generator().manual_seed(s)) for its sampler";
-      if (fd->hash_seed_unset) {
-        fd->cause += ", or a set iterated in hash order: PYTHONHASHSEED is unset in both runs";
-        fd->remedy += "; iterate sorted(names), not a set, or run with PYTHONHASHSEED=0";
-      }
-    }
-    if (!hash && fd->data_order_through_view) {
-      fd->cause = fd->hash_seed_unset
-                      ? "tensors were created or picked in another order: likely Python's hash "
-                        "randomization, as PYTHONHASHSEED is unset in both runs and iterating a "
-                        "set of names (or a dict built from one) orders them anew in each process"
-                      : "tensors were created or picked in another order: the same values reach "
-                        "this op through views of different tensors";
-      fd->remedy =
-          "create and pick tensors in a fixed order: iterate sorted(names), not a set; "
-          "or run with PYTHONHASHSEED=0. If a shuffle picks them, seed it (random.seed)";
-    }
-    if (!hash && !fd->scalar_argument.empty()) {
-      fd->cause = fmt::format(
-          "a Python value passed to the op differs ({}): drawn from an "
-          "unseeded generator (random, numpy) or from the clock",
-          fd->scalar_argument);
-      fd->remedy =
-          "seed Python's and NumPy's generators (random.seed, np.random.seed) or draw "
-          "the value from a seeded torch.Generator";
-    }
-    if (!hash && !fd->batch_read_by.empty()) {
-      fd->cause =
-          "data made in a DataLoader worker differs: what the Dataset drew from outside "
-          "torch (NumPy, random, a file) or an unseeded worker";
-      fd->remedy =
-          "seed what __getitem__ draws from in each worker: worker_init_fn seeding "
-          "numpy and random from torch.initial_seed(), and no generator created "
-          "unseeded in the Dataset (np.random.default_rng(seed))";
-    }
-  } else if (cls == kClassSharedMemory) {
-    fd->cause =
-        "another process wrote these bytes through shared memory (share_memory_(), "
-        "Hogwild training): whose update lands first, and what each process reads, "
-        "follows timing";
-    if (!fd->shared_writer.empty()) fd->cause += "; written by " + fd->shared_writer;
-    fd->remedy =
-        "for a reproducible run, do not share parameters between training processes "
-        "(one copy each, averaged in a fixed order), or serialise the writers: a "
-        "torch.multiprocessing Lock around each optimizer step, taken in a fixed order";
-  } else if (cls == kClassRemoteInput) {
-    fd->cause =
-        "another rank sent different data into this collective, and no stream of that "
-        "rank recorded where it diverged";
-    fd->remedy =
-        "record every rank (--ranks all) so the diff can follow the collective to the "
-        "rank where the difference began";
-  } else if (cls == kClassUninitialized) {
-    fd->cause = "an op read memory returned by the empty family (uninitialized)";
-    fd->remedy =
-        "initialise the buffer (torch.zeros) or enable deterministic mode with "
-        "fill_uninitialized_memory=True";
-    // FSDP2 gathers sharded parameters: garbage there is a parameter no initialiser wrote.
-    const bool fsdp_parameter = fd->scope_path.find("FSDP::") != std::string::npos ||
-                                (!fd->chain.empty() && fd->chain.front().rfind("fsdp::", 0) == 0);
-    if (fsdp_parameter) {
-      fd->cause =
-          "FSDP gathered a parameter shard that no op wrote: memory from the empty "
-          "family, as module.to_empty() leaves every parameter until something "
-          "initialises it";
-      fd->remedy =
-          "after model.to_empty(), initialise every parameter: reset_parameters() "
-          "must reach each submodule (or load a checkpoint); "
-          "torch.use_deterministic_algorithms(True) only fills the garbage with NaN";
-    }
-  } else if (cls == kClassStructural) {
-    const EnvDifference* ver = find_env(env, {"torch_version", "build_config"});
-    const EnvDifference* threads = find_env(env, {"intra_op_threads", "step.intra_op_threads",
-                                                  "env.OMP_NUM_THREADS", "env.MKL_NUM_THREADS"});
-    if (fd->nested && threads && !ver) {
-      // Same ops at every level both runs share; only kernels' internal ops differ, as a
-      // parallel reduction's per-thread buffers do with another thread count.
-      fd->cause = describe(*threads);
-      fd->remedy =
-          "run every time with the same intra-op thread count "
-          "(torch.set_num_threads / OMP_NUM_THREADS): parallel kernels split their "
-          "work, and allocate and combine partial results, by thread count";
-      return;
-    }
-    fd->cause = ver ? describe(*ver)
-                    : "the runs executed different ops, shapes or arguments (control flow or "
-                      "configuration differs)";
-    fd->remedy =
-        "make control flow independent of unseeded state; compare runs of the same "
-        "program, configuration and PyTorch build";
-  } else {
-    fd->cause =
-        "an input produced outside the aligned ops differs (an earlier divergence in "
-        "another stream, or an unrecorded write)";
-    fd->remedy = "look at the other streams' divergences and at in-place writes by unrecorded ops";
-  }
+  bool on_cpu = true;
+  for (const auto* v : {&fd->outputs, &fd->inputs})
+    for (const TensorPair& p : *v)
+      if (p.a.present && p.a.device.rfind("cpu", 0) != 0) on_cpu = false;
+  ExplainFn explain = explain_input_differs;  // input-differs, and any class not listed
+  for (const ClassExplanation& e : kExplanations)
+    if (fd->divergence_class == e.divergence_class) explain = e.explain;
+  if (!explain(env, on_cpu, fd)) return;
   if (fd->catalog && fd->remedy.empty()) fd->remedy = fd->catalog->remedy;
-  if (fd->catalog && cls == kClassNondeterministic && fd->remedy != fd->catalog->remedy)
+  if (fd->catalog && fd->divergence_class == kClassNondeterministic &&
+      fd->remedy != fd->catalog->remedy)
     fd->remedy += "; catalog: " + fd->catalog->remedy;
 }
 

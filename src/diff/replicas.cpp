@@ -249,6 +249,35 @@ Status check_replicas(const trace::RunDirectory& run, ReplicaCheck* out, unsigne
   return check_replicas_from(run, std::move(folds), out);
 }
 
+namespace {
+
+// Replica groups: ranks whose first common step writes the same parameters, in shape and in
+// the bytes read. DDP's ranks make one group; HSDP's make one per shard, and shards of one
+// parameter, which differ by design, are never compared with each other. Indices into `ranks`,
+// the lowest rank first; groups of one rank are left out.
+std::vector<std::vector<size_t>> replica_groups(const std::vector<RankStream>& ranks,
+                                                uint64_t first_step) {
+  auto same_parameters = [&](const RankStream& a, const RankStream& b) {
+    return a.folds.at(first_step).same_parameters(b.folds.at(first_step));
+  };
+  std::vector<std::vector<size_t>> groups;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const std::vector<size_t>& g) {
+      return same_parameters(ranks[g[0]], ranks[i]);
+    });
+    if (g == groups.end())
+      groups.push_back({i});
+    else
+      g->push_back(i);
+  }
+  groups.erase(std::remove_if(groups.begin(), groups.end(),
+                              [](const std::vector<size_t>& g) { return g.size() < 2; }),
+               groups.end());
+  return groups;
+}
+
+}  // namespace
+
 Status check_replicas_from(const trace::RunDirectory& run, std::vector<RankFolds> folds,
                            ReplicaCheck* out) {
   *out = ReplicaCheck{};
@@ -284,25 +313,7 @@ Status check_replicas_from(const trace::RunDirectory& run, std::vector<RankFolds
                                      s.rank);
       return Status();
     }
-  // Replica groups: ranks whose first common step writes the same parameters, in shape and in
-  // the bytes read. DDP's ranks make one group; HSDP's make one per shard, and shards of one
-  // parameter, which differ by design, are never compared with each other.
-  auto same_parameters = [&](const RankStream& a, const RankStream& b) {
-    return a.folds.at(steps[0]).same_parameters(b.folds.at(steps[0]));
-  };
-  std::vector<std::vector<size_t>> groups;  // indices into `ranks`, the lowest rank first
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    auto g = std::find_if(groups.begin(), groups.end(), [&](const std::vector<size_t>& g) {
-      return same_parameters(ranks[g[0]], ranks[i]);
-    });
-    if (g == groups.end())
-      groups.push_back({i});
-    else
-      g->push_back(i);
-  }
-  groups.erase(std::remove_if(groups.begin(), groups.end(),
-                              [](const std::vector<size_t>& g) { return g.size() < 2; }),
-               groups.end());
+  const std::vector<std::vector<size_t>> groups = replica_groups(ranks, steps[0]);
   if (groups.empty()) {
     out->not_checked = ranks.size() == 2
                            ? fmt::format(
