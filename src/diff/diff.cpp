@@ -43,7 +43,9 @@ bool rank_main_thread(const std::string& stream, const std::string& process) {
 // for the replica check as it is read: nothing is read twice.
 Status compare_streams(const StreamSelection& selection, const Fingerprints& fingerprints_a,
                        const DiffOptions& options, const DiffReport& r, ComparedStreams* out) {
-  const auto& [sa, sb] = selection.streams;
+  // Not a structured binding: the lambdas below capture them (C++17 forbids that, clang says).
+  const std::map<std::string, std::string>& sa = selection.streams[0];
+  const std::map<std::string, std::string>& sb = selection.streams[1];
   ProgressFn progress;
   if (options.progress)
     progress = [](const std::string& stream, uint64_t done, uint64_t total) {

@@ -147,7 +147,8 @@ std::string parent_process(const std::string& process) {
 
 Status select_streams(const trace::RunDirectory& run_a, const trace::RunDirectory& run_b,
                       const RangeSet& ranks, StreamSelection* out) {
-  auto& [sa, sb] = out->streams;
+  std::map<std::string, std::string>& sa = out->streams[0];
+  std::map<std::string, std::string>& sb = out->streams[1];
   if (Status s = list_streams(run_a, &sa); !s.ok()) return s;
   if (Status s = list_streams(run_b, &sb); !s.ok()) return s;
   if (!ranks.all())
