@@ -21,7 +21,6 @@
 #include "device/host_queue.h"
 #include "device/strided_job.h"
 #include "digest/device_digest.h"
-#include "digest/strided.h"
 #include "tensors/cuda_graphs.h"
 
 #ifdef DETAUDIT_DEVICE_DIGEST

@@ -7,7 +7,6 @@
 
 #include <chrono>
 #include <map>
-#include <optional>
 
 #include "diff/classify.h"
 #include "diff/comparator.h"
