@@ -44,7 +44,8 @@ Status write_marked_timeline(const DiffReport& report, const std::string& path) 
     marks.divergent[stream].insert(orders.begin(), orders.end());
   if (report.first) {
     marks.first = std::make_pair(report.first->stream, report.first->order_a);
-    marks.first_label = report.first->divergence_class + " at " + report.first->op;
+    marks.first_label = std::string(divergence_class_name(report.first->divergence_class)) +
+                        " at " + report.first->op;
   }
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out)

@@ -217,7 +217,7 @@ void localize_divergent_step(const Config& config, const run::RunOptions& option
   // What the sentinel's diff called the first divergence was made by ops it does not record:
   // its class and cause said so no better than "external". The step is what is known.
   FirstDivergence& f = *report->first;
-  f.divergence_class = kClassStepLevel;
+  f.divergence_class = DivergenceClass::kStepLevel;
   f.cause = fmt::format(
       "step {}'s {} differs, made by ops the sentinel does not record; recorded in full, that "
       "step did not differ again",

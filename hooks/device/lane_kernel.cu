@@ -17,7 +17,7 @@ using namespace lanes;
 struct KernelJob {
   const void* data;
   uint64_t bytes;
-  uint8_t dtype;
+  trace::Dtype dtype;
   int8_t geometry;  // -1: contiguous; else an entry of Batch::geometry
 };
 

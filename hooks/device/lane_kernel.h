@@ -30,7 +30,7 @@ struct JobGeometry {
 struct DigestJob {
   const void* data;  // in device memory: the bytes, or the view's first element
   uint64_t bytes;    // in logical order
-  uint8_t dtype;
+  trace::Dtype dtype;
   bool strided = false;  // read through `geometry` (only where the queue reads_strided())
   JobGeometry geometry = {};
 };

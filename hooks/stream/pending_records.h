@@ -25,7 +25,7 @@ namespace detaudit::hooks {
 // name the same bytes), completed once.
 class PendingDigest {
  public:
-  PendingDigest(uint8_t dtype, bool with_stats) : dtype_(dtype), with_stats_(with_stats) {}
+  PendingDigest(trace::Dtype dtype, bool with_stats) : dtype_(dtype), with_stats_(with_stats) {}
   // The collector's thread: the result, or null when the device could not compute it.
   void complete(const lanes::LaneResult* result);
   // The digest thread (or the op's thread), from an MD5 batch.
@@ -38,7 +38,7 @@ class PendingDigest {
   bool failed() const { return failed_; }
 
  private:
-  uint8_t dtype_;
+  trace::Dtype dtype_;
   bool with_stats_;
   bool failed_ = false;
   bool md5_ = false;  // md5_result_, not result_

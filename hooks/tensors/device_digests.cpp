@@ -22,6 +22,7 @@
 #include "device/strided_job.h"
 #include "digest/device_digest.h"
 #include "tensors/cuda_graphs.h"
+#include "tensors/tensor_digest.h"
 
 #ifdef DETAUDIT_DEVICE_DIGEST
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -323,12 +324,12 @@ std::shared_ptr<PendingDigest> DeviceBatch::digest_of_fill(const at::Tensor& sel
     return nullptr;  // out of the dtype's range: the fill itself fails
   }
   if (size != size_t(self.element_size())) return nullptr;
-  const uint8_t dtype = uint8_t(self.scalar_type());
+  const trace::Dtype dtype = dtype_of(self);
   const uint64_t count = uint64_t(self.numel());
   // Programs fill alike again and again (sum's zeros, each step): remembered, the reference's
   // 650 MB/s with statistics runs once for each.
   if (fills_.empty()) fills_.resize(kRememberedFills);
-  uint64_t key = count * 0x9E3779B97F4A7C15ull ^ dtype;
+  uint64_t key = count * 0x9E3779B97F4A7C15ull ^ uint64_t(dtype);
   for (size_t i = 0; i < size; ++i) key = (key ^ element[i]) * 0x100000001B3ull;
   RememberedFill& r = fills_[size_t(key % kRememberedFills)];
   if (r.count != count || r.dtype != dtype || std::memcmp(r.element, element, size) != 0) {
@@ -395,7 +396,7 @@ std::shared_ptr<PendingDigest> DeviceBatch::add(const at::Tensor& tensor, bool w
     stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
   }
 #endif
-  device::DigestJob job{nullptr, 0, uint8_t(tensor.scalar_type())};
+  device::DigestJob job{nullptr, 0, dtype_of(tensor)};
   // Not in the digest's order (a transpose, channels_last, a conjugate view): read in place
   // through its strides where the queue can, else copied.
   if (t.is_conj() || t.is_neg() || !t.is_contiguous()) {
@@ -442,7 +443,7 @@ std::shared_ptr<PendingDigest> DeviceBatch::add(const at::Tensor& tensor, bool w
   held_.push_back(t.storage());
   held_count_.store(uint32_t(held_.size()), std::memory_order_relaxed);
   ++adds_;
-  digests_.push_back(std::make_shared<PendingDigest>(uint8_t(tensor.scalar_type()), with_stats));
+  digests_.push_back(std::make_shared<PendingDigest>(dtype_of(tensor), with_stats));
   std::shared_ptr<PendingDigest> digest = digests_.back();
   bytes_ += bytes;
   g_held_tensors.fetch_add(1, std::memory_order_relaxed);

@@ -102,7 +102,7 @@ class DeviceBatch {
   // The thread's last fills, by dtype, element and count (digest_of_fill), allocated at its
   // first: a thread_local array would not fit the static TLS block of a preloaded library.
   struct RememberedFill {
-    uint8_t dtype = 0;
+    trace::Dtype dtype = trace::Dtype::kUInt8;
     uint8_t element[16] = {};
     uint64_t count = 0;  // 0: empty
     lanes::LaneResult result{};

@@ -108,7 +108,7 @@ uint8_t* Md5BatchSlots::reserve(size_t n) {
   return slots_[filling_].batch.reserve(n);
 }
 
-std::shared_ptr<PendingDigest> Md5BatchSlots::commit(uint8_t dtype, bool with_stats) {
+std::shared_ptr<PendingDigest> Md5BatchSlots::commit(trace::Dtype dtype, bool with_stats) {
   Slot& s = slots_[filling_];
   s.batch.commit(dtype, with_stats);
   s.pending.push_back(std::make_shared<PendingDigest>(dtype, with_stats));

@@ -31,7 +31,7 @@ class Md5BatchSlots {
   // writes before commit(). A message reserved and not committed is dropped by the next reserve().
   uint8_t* reserve(size_t n);
   // The reserved message, of a tensor of `dtype`: its digest and statistics, computed later.
-  std::shared_ptr<PendingDigest> commit(uint8_t dtype, bool with_stats);
+  std::shared_ptr<PendingDigest> commit(trace::Dtype dtype, bool with_stats);
   // Hands the batch being filled to the digest thread if that thread is idle; never waits.
   void submit_if_idle();
   // Completes every pending digest: waits for the batch in flight, runs the other here. For a

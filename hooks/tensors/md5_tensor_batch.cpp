@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "digest/strided.h"
+#include "tensors/tensor_digest.h"
 #include "trace/format.h"
 
 namespace detaudit::hooks {
@@ -22,7 +23,7 @@ std::shared_ptr<PendingDigest> Md5TensorBatch::add(const at::Tensor& t, bool wit
                           t.strides().data(), size_t(t.dim()), out, bytes)) {
     return nullptr;  // an element size the gather does not handle: nothing was committed
   }
-  return slots_.commit(uint8_t(t.scalar_type()), with_stats);
+  return slots_.commit(dtype_of(t), with_stats);
 }
 
 }  // namespace detaudit::hooks

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "tensors/tensor_digest.h"
+
 namespace detaudit::hooks {
 namespace {
 // The entries' table is swept of dead tensors when it reaches its room, twice what the last sweep
@@ -16,7 +18,7 @@ TensorCache::TensorCache(bool rehash_inputs) : rehash_inputs_(rehash_inputs), ro
 
 bool same_geometry(const trace::TensorDesc& d, int64_t offset, const at::Tensor& t) {
   // The dtype too: x.view(torch.int32) reads the same bytes as other values.
-  if (offset != t.storage_offset() || d.dtype != uint8_t(t.scalar_type())) return false;
+  if (offset != t.storage_offset() || d.dtype != dtype_of(t)) return false;
   auto sizes = t.sizes();
   if (d.sizes.size() != sizes.size() || !std::equal(sizes.begin(), sizes.end(), d.sizes.begin()))
     return false;
@@ -30,7 +32,7 @@ bool same_bytes_in_order(const trace::TensorDesc& d, int64_t offset, const at::T
   // A reshape of contiguous bytes (x.view(-1, C), _unsafe_view): the same bytes in the same
   // order, so the same digest and statistics, whatever the shape.
   if (!(d.bits & trace::kTensorContiguous) || offset != t.storage_offset() ||
-      d.dtype != uint8_t(t.scalar_type()) || !t.is_contiguous())
+      d.dtype != dtype_of(t) || !t.is_contiguous())
     return false;
   int64_t numel = 1;
   for (int64_t s : d.sizes) numel *= s;

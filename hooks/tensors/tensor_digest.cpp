@@ -32,7 +32,7 @@ const char* unhashable_reason(const at::Tensor& t) {
   if (t.is_mkldnn()) return "mkldnn tensor";
   if (!t.has_storage()) return "no storage";
   if (has_no_data(t)) return kNoDataReason;
-  if (trace::dtype_size(uint8_t(t.scalar_type())) == 0) return "unsupported dtype";
+  if (trace::dtype_size(dtype_of(t)) == 0) return "unsupported dtype";
   return nullptr;
 }
 
@@ -70,7 +70,7 @@ std::string torch_pool_status() {
 }
 
 void describe_geometry(const at::Tensor& t, size_t digest_len, trace::TensorDesc* desc) {
-  desc->dtype = uint8_t(t.scalar_type());
+  desc->dtype = dtype_of(t);
   desc->device_type = uint8_t(t.device().type());
   desc->device_index = t.device().index();
   desc->sizes.assign(t.sizes().begin(), t.sizes().end());

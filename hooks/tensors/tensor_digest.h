@@ -11,6 +11,9 @@
 
 namespace detaudit::hooks {
 
+// The trace's code for the tensor's dtype (c10::ScalarType's numbering, trace/dtype.h).
+inline trace::Dtype dtype_of(const at::Tensor& t) { return trace::Dtype(uint8_t(t.scalar_type())); }
+
 // Why a tensor cannot be hashed (sparse, quantized, meta, ...), or nullptr if it can.
 const char* unhashable_reason(const at::Tensor& t);
 inline constexpr const char* kNoDataReason = "no data (a fake tensor: torch.compile tracing)";

@@ -173,7 +173,7 @@ size_t skip_value(const std::vector<trace::Value>& values, size_t i) {
   return i;
 }
 
-bool dtype_matches(const std::string& want, uint8_t dtype) {
+bool dtype_matches(const std::string& want, trace::Dtype dtype) {
   if (size_t bar = want.find('|'); bar != std::string::npos)  // "float32|float64": either
     return dtype_matches(want.substr(0, bar), dtype) || dtype_matches(want.substr(bar + 1), dtype);
   if (want == "floating") return trace::dtype_is_floating(dtype);

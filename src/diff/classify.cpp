@@ -291,7 +291,7 @@ void classify_differing_input(const BufferedOp& a, const OpSource& sa, const Buf
   std::string origin = origin_of(ta, ra, &ext, &uninit, &compiled);
   if ((ext || compiled) && is_cpu_generator_state(ta)) {
     // torch.compile saves and restores the RNG around tracing; users save it too.
-    fd->divergence_class = kClassRng;
+    fd->divergence_class = DivergenceClass::kRngState;
     fd->detail = fmt::format(
         "input {} is a CPU generator's state (torch.get_rng_state(), 5056 bytes): the "
         "generator was seeded or consumed differently before this op",
@@ -301,7 +301,7 @@ void classify_differing_input(const BufferedOp& a, const OpSource& sa, const Buf
   if (compiled && !fd->compiled_region.empty()) {
     // The region's own recorded inputs matched (it would have diverged first otherwise): the
     // difference arose inside it, in kernels the dispatcher never sees.
-    fd->divergence_class = kClassNondeterministic;
+    fd->divergence_class = DivergenceClass::kNondeterministicOp;
     fd->arose_in_compiled_region = true;
     fd->detail = fmt::format(
         "input {} was made inside the compiled region {}, whose recorded inputs matched: the "
@@ -310,7 +310,7 @@ void classify_differing_input(const BufferedOp& a, const OpSource& sa, const Buf
     return;
   }
   if (changed_elsewhere(ta, ra) || changed_elsewhere(tb, rb)) {
-    fd->divergence_class = kClassSharedMemory;
+    fd->divergence_class = DivergenceClass::kSharedMemory;
     fd->detail = fmt::format(
         "input {} is in shared memory and changed since this process last read or wrote it, "
         "with no write of its own: another process wrote it",
@@ -324,7 +324,7 @@ void classify_differing_input(const BufferedOp& a, const OpSource& sa, const Buf
   }
   if (uninit && (filled_outside_recorded_ops(oa, fd->op, ra, in) ||
                  filled_outside_recorded_ops(ob, sb.name_of(ob), rb, in))) {
-    fd->divergence_class = kClassExternal;
+    fd->divergence_class = DivergenceClass::kExternalInput;
     fd->detail = fmt::format(
         "input {} is an empty-family buffer filled outside the recorded ops (e.g. "
         "torch.tensor from Python data, a numpy copy), and what was written differs",
@@ -335,7 +335,7 @@ void classify_differing_input(const BufferedOp& a, const OpSource& sa, const Buf
       SeenOutputs::has(seen->a, tb->digest)) {
     // Each run's tensor is one the other run made too: the same tensors, picked in another
     // selection or order (a Python shuffle of samples, an unseeded sampler).
-    fd->divergence_class = kClassExternal;
+    fd->divergence_class = DivergenceClass::kExternalInput;
     fd->data_order = true;
     fd->detail = fmt::format(
         "input {} is, in both runs, an earlier op's output that agreed, but a different one: "
@@ -349,7 +349,7 @@ void classify_differing_input(const BufferedOp& a, const OpSource& sa, const Buf
   const TensorDesc* base_b = viewed_base(tb, rb);
   if (!uninit && !ext && seen && base_a && base_b && !base_a->same_digest(*base_b) &&
       SeenOutputs::has(seen->b, base_a->digest) && SeenOutputs::has(seen->a, base_b->digest)) {
-    fd->divergence_class = kClassExternal;
+    fd->divergence_class = DivergenceClass::kExternalInput;
     fd->data_order = true;
     fd->data_order_through_view = true;
     fd->detail = fmt::format(
@@ -359,14 +359,14 @@ void classify_differing_input(const BufferedOp& a, const OpSource& sa, const Buf
     return;
   }
   if (uninit) {
-    fd->divergence_class = kClassUninitialized;
+    fd->divergence_class = DivergenceClass::kUninitializedMemory;
   } else if (ext) {
-    fd->divergence_class = kClassExternal;
+    fd->divergence_class = DivergenceClass::kExternalInput;
     // A 0-dim external tensor is how a Python number reaches an op (a wrapped scalar).
     if (ta && tb && ta->sizes.empty() && tb->sizes.empty() && ta->has_stats() && tb->has_stats())
       fd->scalar_argument = fmt::format("{:.17g} vs {:.17g}", ta->stats.min, tb->stats.min);
   } else {
-    fd->divergence_class = kClassInputDiffers;
+    fd->divergence_class = DivergenceClass::kInputDiffers;
   }
   fd->detail = fmt::format("input {} differs; it is {}", first_diff_input, origin);
   if (uninit && ta && ta->base_id >= 0) {
@@ -389,7 +389,7 @@ void classify_same_inputs(const BufferedOp& a, const OpSource& sa, const Buffere
   const trace::OpRecord& ob = b.rec;
   if (fd->args_differ) {
     // The same tensors in: the differing value came from outside torch, a Python scalar.
-    fd->divergence_class = kClassExternal;
+    fd->divergence_class = DivergenceClass::kExternalInput;
     fd->scalar_argument = first_differing_value(oa.inputs, ra, ob.inputs, rb);
     fd->detail = fmt::format(
         "same tensor inputs, a non-tensor argument differs ({}): a value "
@@ -398,7 +398,7 @@ void classify_same_inputs(const BufferedOp& a, const OpSource& sa, const Buffere
     return;
   }
   if (a.collective && a.received) {
-    fd->divergence_class = kClassRemoteInput;
+    fd->divergence_class = DivergenceClass::kRemoteInput;
     fd->received_through = fmt::format("{} #{} of group {}", fd->op, a.coll.seq, a.coll.group);
     fd->detail = fmt::format(
         "this rank's inputs to {} agree, what it received differs: another of the group's {} "
@@ -415,14 +415,14 @@ void classify_same_inputs(const BufferedOp& a, const OpSource& sa, const Buffere
          ++hops)
       t = ra.tensor(t->base_id);
     if (!t || t->sharing == trace::Sharing::kNone || oa.input_written(i)) continue;
-    fd->divergence_class = kClassSharedMemory;
+    fd->divergence_class = DivergenceClass::kSharedMemory;
     fd->detail = fmt::format(
         "identical inputs when the op began, different outputs: input {} is in shared memory, "
         "which another process can write while the op reads it",
         i);
     return;
   }
-  fd->divergence_class = kClassNondeterministic;
+  fd->divergence_class = DivergenceClass::kNondeterministicOp;
   if (oa.results_hash != ob.results_hash) {
     fd->detail = fmt::format("identical inputs and arguments, a different scalar return ({})",
                              first_differing_value(oa.outputs, ra, ob.outputs, rb));
@@ -465,7 +465,7 @@ void classify_divergence(const BufferedOp& a, const OpSource& sa, const Buffered
   bool rng_differs = oa.is_random() && ((oa.has_rng() && ob.has_rng() && oa.rng != ob.rng) ||
                                         (!oa.has_rng() && step_rng_differs));
   if (rng_differs) {
-    fd->divergence_class = kClassRng;
+    fd->divergence_class = DivergenceClass::kRngState;
     fd->detail = oa.has_rng()
                      ? fmt::format("random op with different generator state: {:016x} vs {:016x}",
                                    oa.rng, ob.rng)
@@ -754,17 +754,17 @@ bool explain_input_differs(const std::vector<EnvDifference>&, bool, FirstDiverge
 // Each class's explanation; false when its remedy is final (no catalog remedy added).
 using ExplainFn = bool (*)(const std::vector<EnvDifference>& env, bool on_cpu, FirstDivergence* fd);
 struct ClassExplanation {
-  const char* divergence_class;
+  DivergenceClass divergence_class;
   ExplainFn explain;
 };
 constexpr ClassExplanation kExplanations[] = {
-    {kClassNondeterministic, explain_nondeterministic},
-    {kClassRng, explain_rng},
-    {kClassExternal, explain_external},
-    {kClassSharedMemory, explain_shared_memory},
-    {kClassRemoteInput, explain_remote_input},
-    {kClassUninitialized, explain_uninitialized},
-    {kClassStructural, explain_structural},
+    {DivergenceClass::kNondeterministicOp, explain_nondeterministic},
+    {DivergenceClass::kRngState, explain_rng},
+    {DivergenceClass::kExternalInput, explain_external},
+    {DivergenceClass::kSharedMemory, explain_shared_memory},
+    {DivergenceClass::kRemoteInput, explain_remote_input},
+    {DivergenceClass::kUninitializedMemory, explain_uninitialized},
+    {DivergenceClass::kStructural, explain_structural},
 };
 
 }  // namespace
@@ -789,7 +789,7 @@ void explain_cause(const std::vector<EnvDifference>& env, FirstDivergence* fd) {
     if (fd->divergence_class == e.divergence_class) explain = e.explain;
   if (!explain(env, on_cpu, fd)) return;
   if (fd->catalog && fd->remedy.empty()) fd->remedy = fd->catalog->remedy;
-  if (fd->catalog && fd->divergence_class == kClassNondeterministic &&
+  if (fd->catalog && fd->divergence_class == DivergenceClass::kNondeterministicOp &&
       fd->remedy != fd->catalog->remedy)
     fd->remedy += "; catalog: " + fd->catalog->remedy;
 }

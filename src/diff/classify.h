@@ -13,19 +13,6 @@
 
 namespace detaudit {
 
-inline constexpr const char* kClassNondeterministic = "nondeterministic-op";
-inline constexpr const char* kClassRng = "rng-state";
-inline constexpr const char* kClassExternal = "external-input";
-inline constexpr const char* kClassUninitialized = "uninitialized-memory";
-inline constexpr const char* kClassStructural = "structural";
-inline constexpr const char* kClassInputDiffers = "input-differs";
-// A collective whose own inputs agree received different data: another rank sent it.
-inline constexpr const char* kClassRemoteInput = "remote-input";
-// An input in shared memory changed with no write of this process: another process wrote it.
-inline constexpr const char* kClassSharedMemory = "shared-memory";
-// The sentinel's: a step's end state differs, and the full recording of that step agrees.
-inline constexpr const char* kClassStepLevel = "step-level";
-
 // True when the outputs of two aligned ops differ, ignoring uninitialized outputs.
 bool outputs_differ(const trace::OpRecord& a, const trace::TraceReader& ra,
                     const trace::OpRecord& b, const trace::TraceReader& rb);

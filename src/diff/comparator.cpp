@@ -255,7 +255,7 @@ class StreamComparator {
     for (Candidate& c : open_) {
       if (c.need_depth < 0 || int64_t(a.rec.depth) != c.need_depth) continue;
       c.fd.chain.insert(c.fd.chain.begin(), std::string(a_->name_of(a.rec)));
-      if (!c.fd.catalog && c.fd.divergence_class != kClassStructural &&
+      if (!c.fd.catalog && c.fd.divergence_class != DivergenceClass::kStructural &&
           !c.fd.arose_in_compiled_region && !c.fd.data_order)
         c.fd.catalog = catalog_ref(options_.catalog, facts(a, *a_), &c.rejected);
       --c.need_depth;
@@ -574,7 +574,7 @@ class StreamComparator {
       fd.index = d.index_a;
       fd.order_a = d.order_a;
       fd.order_b = d.order_b;
-      fd.divergence_class = kClassStructural;
+      fd.divergence_class = DivergenceClass::kStructural;
       fd.detail = d.detail;
       fd.nested = shape.nested;
       // The enclosing ops are common to both runs and end later: collect them as they come.

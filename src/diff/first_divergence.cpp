@@ -51,7 +51,7 @@ void trace_to_worker(const std::map<std::string, std::string>& streams_a,
                      const std::map<std::string, StreamHead>& heads,
                      const std::map<std::string, const FirstDivergence*>& firsts,
                      FirstDivergence* first) {
-  if (first->divergence_class != kClassExternal) return;
+  if (first->divergence_class != DivergenceClass::kExternalInput) return;
   for (const TensorPair& in : first->inputs) {
     if (!in.differs || !in.a.present || in.a.uninitialized) continue;
     for (const auto& [name, head] : heads) {
@@ -93,9 +93,10 @@ uint64_t elements_spanned(const TensorSide& t) {
 // external input there, written by such a process, is shared-memory too.
 void find_shared_writer(const std::map<std::string, std::string>& streams_a,
                         const std::map<std::string, StreamHead>& heads, FirstDivergence* first) {
-  const bool external_there = first->divergence_class == kClassExternal && !first->data_order &&
-                              first->batch_read_by.empty() && reads_shared_memory(*first);
-  if (first->divergence_class != kClassSharedMemory && !external_there) return;
+  const bool external_there = first->divergence_class == DivergenceClass::kExternalInput &&
+                              !first->data_order && first->batch_read_by.empty() &&
+                              reads_shared_memory(*first);
+  if (first->divergence_class != DivergenceClass::kSharedMemory && !external_there) return;
   // The differing input, else (identical when the op began) the first one in shared memory.
   const TensorPair* in = nullptr;
   for (const TensorPair& p : first->inputs)
@@ -121,7 +122,7 @@ void find_shared_writer(const std::map<std::string, std::string>& streams_a,
         first->shared_writer = fmt::format("{} at {} (step {})", name, r.string(r.op().name),
                                            r.op().step);
         if (external_there) {
-          first->divergence_class = kClassSharedMemory;
+          first->divergence_class = DivergenceClass::kSharedMemory;
           first->detail = fmt::format(
               "input {} is in shared memory, written outside this "
               "process: another recorded process writes it",
@@ -148,7 +149,7 @@ const FirstDivergence* causal_first(const std::vector<const FirstDivergence*>& c
 void add_spread(const std::vector<const FirstDivergence*>& candidates, FirstDivergence* first) {
   std::vector<const FirstDivergence*> reached;
   for (const FirstDivergence* c : candidates)
-    if (c->divergence_class == kClassRemoteInput && happened_before(*first, *c))
+    if (c->divergence_class == DivergenceClass::kRemoteInput && happened_before(*first, *c))
       reached.push_back(c);
   // By rank, not by stream name ("r10" before "r2").
   std::stable_sort(reached.begin(), reached.end(),

@@ -34,7 +34,7 @@ struct Fingerprint {
 void add_tensor(const trace::TraceReader& r, int64_t id, Fingerprint* f) {
   const trace::TensorDesc* t = r.tensor(id);
   if (!t) return f->add(uint8_t(0xff));
-  f->add(t->dtype);
+  f->add(uint8_t(t->dtype));
   f->add(t->sizes.size());
   for (int64_t s : t->sizes) f->add(s);
   // Garbage and buffers still being filled are geometry only, as everywhere in the diff.

@@ -43,7 +43,7 @@ uint64_t OpSource::key_of(const trace::OpRecord& op) {
     for (int64_t id : *ids) {
       const trace::TensorDesc* t = reader_->tensor(id);
       if (!t) continue;
-      h = mix(h, t->dtype | (uint64_t(t->device_type) << 8));
+      h = mix(h, uint64_t(t->dtype) | (uint64_t(t->device_type) << 8));
       for (int64_t s : t->sizes) h = mix(h, uint64_t(s));
     }
   }

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 #include <set>
+#include <stdexcept>
 
 #include "diff/classify.h"
 #include "diff/comparator.h"
@@ -44,7 +45,7 @@ json candidate_json(const FirstDivergence& f) {
           {"rank", f.rank},
           {"step", f.step},
           {"order_a", f.order_a},
-          {"class", f.divergence_class},
+          {"class", divergence_class_name(f.divergence_class)},
           {"received_through", f.received_through},
           {"before", collectives_json(f.collectives_before)},
           {"after", collectives_json(f.collectives_after)}};
@@ -57,7 +58,8 @@ FirstDivergence candidate_from(const json& j) {
   f.rank = j.at("rank").get<int64_t>();
   f.step = j.at("step").get<uint64_t>();
   f.order_a = j.at("order_a").get<uint64_t>();
-  f.divergence_class = j.at("class").get<std::string>();
+  if (!parse_divergence_class(j.at("class").get<std::string>(), &f.divergence_class))
+    throw std::invalid_argument("unknown divergence class " + j.at("class").dump());
   f.received_through = j.at("received_through").get<std::string>();
   f.collectives_before = collectives_from(j.at("before"));
   f.collectives_after = collectives_from(j.at("after"));
@@ -203,6 +205,10 @@ Status merge_parts(const std::vector<json>& parts, const std::vector<std::string
       folds_from(p.at("folds").at("b"), &folds[1]);
     }
   } catch (const json::exception& e) {
+    return Status::error(
+        fmt::format("a part of the diff is malformed ({}); write it again", e.what()),
+        ExitCode::kBadInput);
+  } catch (const std::invalid_argument& e) {
     return Status::error(
         fmt::format("a part of the diff is malformed ({}); write it again", e.what()),
         ExitCode::kBadInput);

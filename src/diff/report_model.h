@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "config/config.h"
@@ -29,6 +30,49 @@ inline const char* verdict_name(Verdict v) {
     case Verdict::kUnexplained: return "unexplained";
   }
   return "unexplained";
+}
+
+// Why the first divergent op differs (the report's "class"). kNone: no first divergence yet.
+enum class DivergenceClass {
+  kNone,
+  kNondeterministicOp,
+  kRngState,
+  kExternalInput,
+  kUninitializedMemory,
+  kStructural,
+  kInputDiffers,
+  kRemoteInput,   // a collective whose own inputs agree received different data
+  kSharedMemory,  // an input in shared memory changed with no write of this process
+  kStepLevel,     // the sentinel's: a step's end state differs, its full recording agrees
+};
+
+// The class's word in reports and partial diffs: "nondeterministic-op", "rng-state", ...
+inline const char* divergence_class_name(DivergenceClass c) {
+  switch (c) {
+    case DivergenceClass::kNone: return "";
+    case DivergenceClass::kNondeterministicOp: return "nondeterministic-op";
+    case DivergenceClass::kRngState: return "rng-state";
+    case DivergenceClass::kExternalInput: return "external-input";
+    case DivergenceClass::kUninitializedMemory: return "uninitialized-memory";
+    case DivergenceClass::kStructural: return "structural";
+    case DivergenceClass::kInputDiffers: return "input-differs";
+    case DivergenceClass::kRemoteInput: return "remote-input";
+    case DivergenceClass::kSharedMemory: return "shared-memory";
+    case DivergenceClass::kStepLevel: return "step-level";
+  }
+  return "";
+}
+
+// The class a name stands for; false for a name no class has.
+inline bool parse_divergence_class(std::string_view name, DivergenceClass* out) {
+  for (int i = 0; i <= static_cast<int>(DivergenceClass::kStepLevel); ++i) {
+    const auto c = static_cast<DivergenceClass>(i);
+    if (name == divergence_class_name(c)) {
+      *out = c;
+      return true;
+    }
+  }
+  return false;
 }
 
 // One tensor as one run recorded it.
@@ -144,9 +188,8 @@ struct FirstDivergence {
   uint64_t index = 0;  // position of the op in run A's stream (0-based)
   uint64_t order_a = 0, order_b = 0;
   uint64_t offset_a = 0, offset_b = 0;
-  std::string divergence_class;  // nondeterministic-op | rng-state | external-input |
-                                 // uninitialized-memory | structural | input-differs
-  std::string detail;            // one line of evidence
+  DivergenceClass divergence_class = DivergenceClass::kNone;
+  std::string detail;  // one line of evidence
   // Why it counts: what read the differing bytes first ("read by aten::mul (op #15, step 0)"),
   // or why the diff could not rule a read out ("not overwritten before the stream ended").
   std::string confirmed_by;
@@ -335,5 +378,13 @@ template <>
 struct fmt::formatter<detaudit::Verdict> : fmt::formatter<std::string_view> {
   auto format(detaudit::Verdict v, fmt::format_context& ctx) const {
     return fmt::formatter<std::string_view>::format(detaudit::verdict_name(v), ctx);
+  }
+};
+
+// fmt::format("{}", divergence_class) writes its name.
+template <>
+struct fmt::formatter<detaudit::DivergenceClass> : fmt::formatter<std::string_view> {
+  auto format(detaudit::DivergenceClass c, fmt::format_context& ctx) const {
+    return fmt::formatter<std::string_view>::format(detaudit::divergence_class_name(c), ctx);
   }
 };

@@ -15,7 +15,7 @@ namespace detaudit {
 
 using namespace lanes;
 
-DeviceDigester::DeviceDigester(uint8_t dtype, bool with_stats)
+DeviceDigester::DeviceDigester(trace::Dtype dtype, bool with_stats)
     : type_(element_type(dtype)), with_stats_(with_stats && type_.kind != ElementKind::kNone) {
   for (uint32_t l = 0; l < kLanes; ++l) {
     acc_[l] = lane_seed(0, l);
@@ -122,12 +122,12 @@ LaneResult DeviceDigester::finish() {
 }
 
 uint64_t device_digest(const void* data, size_t nbytes) {
-  DeviceDigester d(/*dtype=*/0, /*with_stats=*/false);
+  DeviceDigester d(trace::Dtype::kUInt8, /*with_stats=*/false);
   d.update(data, nbytes);
   return d.finish().root;
 }
 
-LaneResult device_digest_of_fill(uint8_t dtype, const void* element, size_t element_size,
+LaneResult device_digest_of_fill(trace::Dtype dtype, const void* element, size_t element_size,
                                  uint64_t count) {
   // The element repeated over a chunk that holds whole elements, fed chunk by chunk.
   constexpr size_t kChunk = 4096;
@@ -144,7 +144,7 @@ LaneResult device_digest_of_fill(uint8_t dtype, const void* element, size_t elem
   return d.finish();
 }
 
-void lane_result_to_desc(const LaneResult& r, uint8_t dtype, bool with_stats,
+void lane_result_to_desc(const LaneResult& r, trace::Dtype dtype, bool with_stats,
                          trace::TensorDesc* out) {
   for (int i = 0; i < 8; ++i) out->digest[size_t(i)] = uint8_t(r.root >> (8 * i));
   out->digest_len = 8;

@@ -14,7 +14,7 @@ namespace detaudit {
 
 class DeviceDigester {
  public:
-  explicit DeviceDigester(uint8_t dtype, bool with_stats = true);
+  explicit DeviceDigester(trace::Dtype dtype, bool with_stats = true);
   void update(const void* data, size_t nbytes);
   lanes::LaneResult finish();
   uint64_t bytes() const { return bytes_; }
@@ -44,11 +44,11 @@ uint64_t device_digest(const void* data, size_t nbytes);
 
 // The device digest and statistics of `count` elements that are each `element`
 // (`element_size` bytes, at most 16): a fill's bytes, digested without being there.
-lanes::LaneResult device_digest_of_fill(uint8_t dtype, const void* element, size_t element_size,
-                                        uint64_t count);
+lanes::LaneResult device_digest_of_fill(trace::Dtype dtype, const void* element,
+                                        size_t element_size, uint64_t count);
 
 // Fills the digest (8 bytes, little-endian), the statistics and their bits of `out`.
-void lane_result_to_desc(const lanes::LaneResult& r, uint8_t dtype, bool with_stats,
+void lane_result_to_desc(const lanes::LaneResult& r, trace::Dtype dtype, bool with_stats,
                          trace::TensorDesc* out);
 
 }  // namespace detaudit

@@ -61,7 +61,7 @@ Hasher::~Hasher() {
 
 void Hasher::reset() {
   if (algo_ == DigestAlgo::kDevice)
-    state_->device.emplace(/*dtype=*/0, /*with_stats=*/false);
+    state_->device.emplace(trace::Dtype::kUInt8, /*with_stats=*/false);
   else if (state_->wide)
     state_->wide_build->reset(state_->wide);
   else if (state_->xxh)
@@ -106,7 +106,7 @@ void Hasher::digest_once(const void* data, size_t n, uint8_t* out) {
     XXH128_canonicalFromHash(&c, XXH3_128bits(data, n));
     std::memcpy(out, c.digest, 16);
   } else if (algo_ == DigestAlgo::kDevice) {
-    DeviceDigester d(/*dtype=*/0, /*with_stats=*/false);
+    DeviceDigester d(trace::Dtype::kUInt8, /*with_stats=*/false);
     d.update(data, n);
     const uint64_t root = d.finish().root;
     for (int i = 0; i < 8; ++i) out[i] = uint8_t(root >> (8 * i));

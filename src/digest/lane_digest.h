@@ -14,6 +14,8 @@
 
 #include <cstdint>
 
+#include "trace/dtype.h"
+
 #if defined(__CUDACC__)
 #define DETAUDIT_HD __host__ __device__ __forceinline__
 #else
@@ -65,7 +67,7 @@ DETAUDIT_HD uint64_t root_hash(uint64_t leaf_sum, uint64_t bytes) {
 
 // ---- Statistics ---------------------------------------------------------------------------------
 
-// What the statistics read an element as. The c10::ScalarType codes of the trace's dtype field.
+// What the statistics read an element as, by the trace's dtype.
 enum class ElementKind : uint8_t { kNone, kUnsigned, kSigned, kHalf, kBFloat16, kFloat, kDouble };
 
 struct ElementType {
@@ -73,20 +75,21 @@ struct ElementType {
   uint8_t size;  // bytes; divides 8, so no element straddles two words
 };
 
-DETAUDIT_HD ElementType element_type(uint8_t dtype) {
+DETAUDIT_HD ElementType element_type(trace::Dtype dtype) {
+  using trace::Dtype;
   switch (dtype) {
-    case 0: return {ElementKind::kUnsigned, 1};   // uint8
-    case 11: return {ElementKind::kUnsigned, 1};  // bool
-    case 1: return {ElementKind::kSigned, 1};
-    case 2: return {ElementKind::kSigned, 2};
-    case 3: return {ElementKind::kSigned, 4};
-    case 4: return {ElementKind::kSigned, 8};
-    case 5: return {ElementKind::kHalf, 2};
-    case 6: return {ElementKind::kFloat, 4};
-    case 7: return {ElementKind::kDouble, 8};
-    case 9: return {ElementKind::kFloat, 4};    // complex64: over its components
-    case 10: return {ElementKind::kDouble, 8};  // complex128
-    case 15: return {ElementKind::kBFloat16, 2};
+    case Dtype::kUInt8: return {ElementKind::kUnsigned, 1};
+    case Dtype::kBool: return {ElementKind::kUnsigned, 1};
+    case Dtype::kInt8: return {ElementKind::kSigned, 1};
+    case Dtype::kInt16: return {ElementKind::kSigned, 2};
+    case Dtype::kInt32: return {ElementKind::kSigned, 4};
+    case Dtype::kInt64: return {ElementKind::kSigned, 8};
+    case Dtype::kFloat16: return {ElementKind::kHalf, 2};
+    case Dtype::kFloat32: return {ElementKind::kFloat, 4};
+    case Dtype::kFloat64: return {ElementKind::kDouble, 8};
+    case Dtype::kComplex64: return {ElementKind::kFloat, 4};    // over its components
+    case Dtype::kComplex128: return {ElementKind::kDouble, 8};  // over its components
+    case Dtype::kBFloat16: return {ElementKind::kBFloat16, 2};
     default: return {ElementKind::kNone, 1};
   }
 }

@@ -38,7 +38,7 @@ uint8_t* Md5Batch::reserve(size_t n) {
   return arena_.get() + used_;
 }
 
-size_t Md5Batch::commit(uint8_t dtype, bool with_stats) {
+size_t Md5Batch::commit(trace::Dtype dtype, bool with_stats) {
   const Message m{used_, reserved_, padded_blocks(reserved_), dtype, with_stats};
   pad(m);
   used_ += m.blocks * kBlock;

@@ -50,7 +50,7 @@ class Md5Batch {
   // Room for the next message's n bytes, which the caller writes before commit(). has_room(n).
   uint8_t* reserve(size_t n);
   // The reserved message, of a tensor of `dtype`; returns its index.
-  size_t commit(uint8_t dtype, bool with_stats);
+  size_t commit(trace::Dtype dtype, bool with_stats);
   size_t size() const { return count_; }
   bool full() const { return count_ == kMaxMessages; }
   // Digests and statistics of every committed message.
@@ -61,7 +61,7 @@ class Md5Batch {
  private:
   struct Message {
     size_t offset, bytes, blocks;  // blocks: of 64 bytes, padding included
-    uint8_t dtype;
+    trace::Dtype dtype;
     bool with_stats;
   };
   void pad(const Message& m);

@@ -17,63 +17,13 @@ namespace detaudit {
 using lanes::bf16_to_float;
 using lanes::half_to_float;
 
-StatsAccumulator::StatsAccumulator(uint8_t dtype)
-    : min_(std::numeric_limits<double>::infinity()),
+StatsAccumulator::StatsAccumulator(trace::Dtype dtype)
+    : kind_(lanes::element_type(dtype).kind),
+      elem_size_(lanes::element_type(dtype).size),
+      min_(std::numeric_limits<double>::infinity()),
       max_(-std::numeric_limits<double>::infinity()),
       imin_(std::numeric_limits<int64_t>::max()),
-      imax_(std::numeric_limits<int64_t>::min()) {
-  switch (dtype) {
-    case 0:
-      kind_ = Kind::kUnsigned;
-      elem_size_ = 1;
-      break;  // uint8
-    case 11:
-      kind_ = Kind::kUnsigned;
-      elem_size_ = 1;
-      break;  // bool
-    case 1:
-      kind_ = Kind::kSigned;
-      elem_size_ = 1;
-      break;
-    case 2:
-      kind_ = Kind::kSigned;
-      elem_size_ = 2;
-      break;
-    case 3:
-      kind_ = Kind::kSigned;
-      elem_size_ = 4;
-      break;
-    case 4:
-      kind_ = Kind::kSigned;
-      elem_size_ = 8;
-      break;
-    case 5:
-      kind_ = Kind::kHalf;
-      elem_size_ = 2;
-      break;
-    case 6:
-      kind_ = Kind::kFloat;
-      elem_size_ = 4;
-      break;
-    case 7:
-      kind_ = Kind::kDouble;
-      elem_size_ = 8;
-      break;
-    case 9:
-      kind_ = Kind::kFloat;
-      elem_size_ = 4;
-      break;  // complex64: over components
-    case 10:
-      kind_ = Kind::kDouble;
-      elem_size_ = 8;
-      break;  // complex128
-    case 15:
-      kind_ = Kind::kBFloat16;
-      elem_size_ = 2;
-      break;
-    default: kind_ = Kind::kNone; break;
-  }
-}
+      imax_(std::numeric_limits<int64_t>::min()) {}
 
 // ---- Statistics in a fixed summation order ----------------------------------------------------
 //

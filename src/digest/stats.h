@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "digest/lane_digest.h"
 #include "trace/format.h"
 
 namespace detaudit {
@@ -20,7 +21,7 @@ inline constexpr size_t kStatsLanes = 16;
 // gives the same bits for the same bytes, whatever its vector unit.
 class StatsAccumulator {
  public:
-  explicit StatsAccumulator(uint8_t dtype);
+  explicit StatsAccumulator(trace::Dtype dtype);
   bool supported() const { return kind_ != Kind::kNone; }
   bool integral() const { return kind_ == Kind::kSigned || kind_ == Kind::kUnsigned; }
   // The elements at data, cut into blocks of kStatsBlockBytes from data on: feed a tensor in
@@ -31,7 +32,7 @@ class StatsAccumulator {
   trace::TensorStats finish() const;
 
  private:
-  enum class Kind { kNone, kFloat, kDouble, kHalf, kBFloat16, kSigned, kUnsigned };
+  using Kind = lanes::ElementKind;
   void update_block(const uint8_t* p, size_t n);  // n elements, at most one block
   Kind kind_ = Kind::kNone;
   size_t elem_size_ = 0;

@@ -84,7 +84,7 @@ double lane_pass_cost(size_t used) {
 
 }  // namespace
 
-TensorDigester::TensorDigester(Hasher* hasher, uint8_t dtype, bool with_stats)
+TensorDigester::TensorDigester(Hasher* hasher, trace::Dtype dtype, bool with_stats)
     : hasher_(hasher), dtype_(dtype), leaf_stats_(dtype) {
   with_stats_ = with_stats && leaf_stats_.supported();
   if (hasher_->algo() == DigestAlgo::kDevice)

@@ -35,7 +35,7 @@ using ParallelFor = std::function<void(size_t n, const std::function<void(size_t
 // memory twice. Statistics see fixed blocks at fixed offsets, whatever the split of the input.
 class TensorDigester {
  public:
-  TensorDigester(Hasher* hasher, uint8_t dtype, bool with_stats);
+  TensorDigester(Hasher* hasher, trace::Dtype dtype, bool with_stats);
   void update(const void* data, size_t nbytes);
   // The whole tensor at once, contiguous: its leaves are hashed through `parallel`, on up to
   // `threads` threads, a small tensor in one call to the hasher. Same digest and statistics as
@@ -49,7 +49,7 @@ class TensorDigester {
   struct Leaf {
     trace::DigestBytes digest{};
     StatsAccumulator stats;
-    explicit Leaf(uint8_t dtype) : stats(dtype) {}
+    explicit Leaf(trace::Dtype dtype) : stats(dtype) {}
   };
   void feed_leaf(const uint8_t* p, size_t n);  // within the current leaf
   // Whole leaves [from, to) of a contiguous tensor at p, at most 16, in MD5's vector lanes.
@@ -58,7 +58,7 @@ class TensorDigester {
   void flush_carry();
 
   Hasher* hasher_;
-  uint8_t dtype_;
+  trace::Dtype dtype_;
   bool with_stats_;
   uint64_t bytes_ = 0;
   size_t leaf_used_ = 0;  // bytes in the open leaf

@@ -306,8 +306,8 @@ std::string first_divergence_card(const FirstDivergence& f) {
   row("op", fmt::format("<code>{}</code>", esc(fmt::format("{}", fmt::join(f.chain, " > ")))));
   row("position", fmt::format("op #{} of stream <code>{}</code> (order {} / {})", f.index,
                               esc(f.stream), f.order_a, f.order_b));
-  row("class",
-      fmt::format("<span class=\"class\">{}</span> {}", esc(f.divergence_class), esc(f.detail)));
+  row("class", fmt::format("<span class=\"class\">{}</span> {}",
+                           esc(divergence_class_name(f.divergence_class)), esc(f.detail)));
   if (!f.confirmed_by.empty()) row("counts", esc(f.confirmed_by));
   if (!f.batch_read_by.empty())
     row("batch", "made in this DataLoader worker, read by " + esc(f.batch_read_by));

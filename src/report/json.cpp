@@ -261,7 +261,7 @@ json report_to_json(const DiffReport& r) {
         {"index", f.index},
         {"order", {{"a", f.order_a}, {"b", f.order_b}}},
         {"offset", {{"a", f.offset_a}, {"b", f.offset_b}}},
-        {"class", f.divergence_class},
+        {"class", divergence_class_name(f.divergence_class)},
         {"detail", f.detail},
         {"confirmed_by", f.confirmed_by.empty() ? json(nullptr) : json(f.confirmed_by)},
         {"args_differ", f.args_differ},

@@ -21,10 +21,11 @@ std::string render_junit(const DiffReport& r) {
     if (fails) {
       ++failures;
       std::string text = render_text(r, false);
-      body = fmt::format(
-          "<failure message=\"{}\" type=\"{}\">{}</failure>", xml_escape(one_line_verdict(r)),
-          r.first ? xml_escape(r.first->divergence_class) : xml_escape(verdict_name(r.verdict)),
-          xml_escape(text));
+      body = fmt::format("<failure message=\"{}\" type=\"{}\">{}</failure>",
+                         xml_escape(one_line_verdict(r)),
+                         r.first ? xml_escape(divergence_class_name(r.first->divergence_class))
+                                 : xml_escape(verdict_name(r.verdict)),
+                         xml_escape(text));
     }
     std::string endings;
     for (const auto& [head, lines] : ending_lines(r)) {

@@ -130,7 +130,8 @@ std::string render_text(const DiffReport& r, bool color) {
     if (!f.batch_read_by.empty())
       out += fmt::format("  batch: made in this DataLoader worker for step {}, read by {}\n",
                          f.step, f.batch_read_by);
-    out += fmt::format("  class: {} - {}\n", st("35", f.divergence_class), f.detail);
+    out += fmt::format("  class: {} - {}\n", st("35", divergence_class_name(f.divergence_class)),
+                       f.detail);
     if (!f.confirmed_by.empty()) out += fmt::format("  counts: {}\n", f.confirmed_by);
     for (const std::string& p : spread_lines(f))
       out += fmt::format("  spread: {}{}\n", p.rfind("...", 0) == 0 ? "" : "propagated through ",

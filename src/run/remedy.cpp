@@ -83,8 +83,8 @@ RemedySettings remedy_settings(const FirstDivergence& f, const Catalog* catalog,
                                std::string* why_not) {
   RemedySettings s;
   why_not->clear();
-  const std::string& cls = f.divergence_class;
-  if (cls == "nondeterministic-op") {
+  const DivergenceClass cls = f.divergence_class;
+  if (cls == DivergenceClass::kNondeterministicOp) {
     const CatalogEntry* e = catalog && f.catalog ? catalog->find(f.catalog->id) : nullptr;
     // A kernel with a deterministic path takes it in deterministic mode; one without (a CPU
     // reduction split across threads) is deterministic on one thread.
@@ -97,11 +97,12 @@ RemedySettings remedy_settings(const FirstDivergence& f, const Catalog* catalog,
           "{} has no deterministic implementation and no setting removes its "
           "nondeterminism ({})",
           f.op, f.remedy.empty() ? e->remedy : f.remedy);
-  } else if (cls == "rng-state") {
+  } else if (cls == DivergenceClass::kRngState) {
     s.seed = 0;
-  } else if (cls == "external-input" && f.hash_seed_unset) {
+  } else if (cls == DivergenceClass::kExternalInput && f.hash_seed_unset) {
     s.env["PYTHONHASHSEED"] = "0";
-  } else if (cls == "external-input" && f.batch_read_by.empty() && f.scalar_argument.empty()) {
+  } else if (cls == DivergenceClass::kExternalInput && f.batch_read_by.empty() &&
+             f.scalar_argument.empty()) {
     s.seed = 0;  // an unseeded shuffle or augmentation: run seeds random, NumPy and torch
   } else {
     *why_not = fmt::format("{}: the remedy is a change to the program ({})", cls,

@@ -9,7 +9,7 @@ struct DtypeInfo {
   bool floating;
 };
 
-// Index = c10::ScalarType.
+// Index = Dtype's code.
 constexpr DtypeInfo kDtypes[] = {
     {"uint8", 1, false},        {"int8", 1, false},       {"int16", 2, false},
     {"int32", 4, false},        {"int64", 8, false},      {"float16", 2, true},
@@ -21,6 +21,7 @@ constexpr DtypeInfo kDtypes[] = {
     {"bits8", 1, false},        {"bits16", 2, false},     {"float8_e5m2", 1, true},
     {"float8_e4m3fn", 1, true},
 };
+static_assert(std::size(kDtypes) == size_t(Dtype::kFloat8E4m3fn) + 1, "one row per Dtype");
 
 constexpr std::string_view kDeviceTypes[] = {
     "cpu",  "cuda", "mkldnn", "opengl", "opencl", "ideep", "hip",
@@ -91,13 +92,18 @@ std::string_view provenance_name(Provenance p) {
   return "unknown";
 }
 
-std::string_view dtype_name(uint8_t dtype) {
-  return dtype < std::size(kDtypes) ? kDtypes[dtype].name : "unknown";
+std::string_view dtype_name(Dtype dtype) {
+  const size_t i = size_t(dtype);
+  return i < std::size(kDtypes) ? kDtypes[i].name : "unknown";
 }
-bool dtype_is_floating(uint8_t dtype) {
-  return dtype < std::size(kDtypes) && kDtypes[dtype].floating;
+bool dtype_is_floating(Dtype dtype) {
+  const size_t i = size_t(dtype);
+  return i < std::size(kDtypes) && kDtypes[i].floating;
 }
-size_t dtype_size(uint8_t dtype) { return dtype < std::size(kDtypes) ? kDtypes[dtype].size : 0; }
+size_t dtype_size(Dtype dtype) {
+  const size_t i = size_t(dtype);
+  return i < std::size(kDtypes) ? kDtypes[i].size : 0;
+}
 
 std::string_view device_type_name(uint8_t device_type) {
   return device_type < std::size(kDeviceTypes) ? kDeviceTypes[device_type] : "unknown";

@@ -70,6 +70,7 @@
 #include <vector>
 
 #include "trace/dims.h"
+#include "trace/dtype.h"
 
 namespace detaudit::trace {
 
@@ -181,10 +182,10 @@ inline bool is_tensor(ValueType t) {
   return t == ValueType::kTensorNew || t == ValueType::kTensorRef || t == ValueType::kTensorWritten;
 }
 
-// Dtype codes are c10::ScalarType's numbering, which has been stable since 1.x.
-std::string_view dtype_name(uint8_t dtype);
-bool dtype_is_floating(uint8_t dtype);
-size_t dtype_size(uint8_t dtype);                        // 0 if unknown
+// The one table of dtypes (format.cpp): "float32", ..., "unknown" for a code it does not name.
+std::string_view dtype_name(Dtype dtype);
+bool dtype_is_floating(Dtype dtype);
+size_t dtype_size(Dtype dtype);                          // 0 if unknown
 std::string_view device_type_name(uint8_t device_type);  // c10::DeviceType numbering
 
 using DigestBytes = std::array<uint8_t, 32>;
@@ -196,7 +197,7 @@ struct TensorStats {
 
 // One tensor version as recorded.
 struct TensorDesc {
-  uint8_t dtype = 0;
+  Dtype dtype = Dtype::kUInt8;
   uint8_t device_type = 0;
   int32_t device_index = -1;
   uint8_t bits = 0;

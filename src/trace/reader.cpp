@@ -373,7 +373,7 @@ bool TraceReader::decode_values(ByteReader& r, std::vector<Value>* values,
 }
 
 bool TraceReader::decode_tensor(ByteReader& r, TensorDesc* t) {
-  t->dtype = r.u8();
+  t->dtype = Dtype(r.u8());
   t->device_type = r.u8();
   t->device_index = int32_t(r.zvarint());
   t->bits = r.u8();

@@ -96,7 +96,7 @@ namespace {
 
 template <typename Writer>
 void write_tensor_to(Writer& w, const TensorDesc& t, uint64_t base_back) {
-  w.u8(t.dtype);
+  w.u8(uint8_t(t.dtype));
   w.u8(t.device_type);
   w.zvarint(t.device_index);
   w.u8(t.bits);

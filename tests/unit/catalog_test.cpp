@@ -124,7 +124,7 @@ struct IndexPutOp {
     b.op("aten::_index_put_impl_")
         .in_new(tensor(0, {n}))
         .in_list(1)
-        .in_new(tensor(1, {n}, Provenance::kOutput, 4))
+        .in_new(tensor(1, {n}, Provenance::kOutput, Dtype::kInt64))
         .in_new(tensor(2, {n}))
         .in_bool(accumulate)
         .in_bool(false)
@@ -222,10 +222,10 @@ TEST(CatalogTest, IntegerFieldsOutOfRangeAreRejectedWithTheField) {
   }
 }
 
-// An in-place unary op on one tensor of this dtype (6 float32, 7 float64, 5 float16), read back.
+// An in-place unary op on one tensor of this dtype, read back.
 struct UnaryOp {
   trace::TraceReader reader;
-  UnaryOp(const std::string& name, uint8_t dtype) {
+  UnaryOp(const std::string& name, Dtype dtype) {
     TraceBuilder b;
     b.step(0, 1, 2);
     b.op(name)
@@ -233,7 +233,7 @@ struct UnaryOp {
         .out_new(tensor(2, {97, 51}, Provenance::kOutput, dtype))
         .done();
     std::string path = std::string(::testing::TempDir()) + "/catalog_unary_" +
-                       std::to_string(dtype) + ".dtr";
+                       std::string(trace::dtype_name(dtype)) + ".dtr";
     RunDir::write(path, b.bytes());
     EXPECT_TRUE(reader.open(path).ok());
     while (reader.next() == trace::ReadResult::kRecord && reader.kind() != trace::RecordKind::kOp) {
@@ -260,7 +260,8 @@ TEST(CatalogTest, MklVmlFirstCallNeedsFloatOrDoubleOnSeveralThreads) {
   EXPECT_EQ(e.id, "mkl-vml-first-call");
   for (const char* op : {"aten::sqrt", "aten::exp_", "aten::log.out", "aten::erfinv"})
     EXPECT_EQ(shipped_catalog().lookup(op).size(), 1u) << op;
-  UnaryOp f64("aten::tanh_", 7), f32("aten::tanh_", 6), f16("aten::tanh_", 5);
+  UnaryOp f64("aten::tanh_", Dtype::kFloat64), f32("aten::tanh_", Dtype::kFloat32),
+      f16("aten::tanh_", Dtype::kFloat16);
   EXPECT_TRUE(evaluate(e, f64.facts("aten::tanh_", 2)).applies);
   EXPECT_TRUE(evaluate(e, f32.facts("aten::tanh_", 4)).applies);
   EXPECT_FALSE(evaluate(e, f16.facts("aten::tanh_", 2)).applies);
@@ -381,7 +382,7 @@ TEST(RiskTest, ReportsCatalogOpsThatRanWithTheirConditions) {
     b.op("aten::_index_put_impl_")
         .in_new(tensor(0, {65536}))
         .in_list(1)
-        .in_new(tensor(1, {65536}, Provenance::kOutput, 4))
+        .in_new(tensor(1, {65536}, Provenance::kOutput, Dtype::kInt64))
         .in_new(tensor(2, {65536}))
         .in_bool(k != 2)
         .in_bool(false)

@@ -71,17 +71,17 @@ TEST(CompletionWordTest, AFailedOrIdleStreamWithoutTheWordIsAFailedLaunch) {
 }
 
 TEST(CompletionWordTest, AFusedLaunchIsOneCudaCallUnlessItsScratchOutgrowsTheSlot) {
-  std::vector<DigestJob> small(kMaxBatch, DigestJob{nullptr, 4096, 0});
+  std::vector<DigestJob> small(kMaxBatch, DigestJob{nullptr, 4096, trace::Dtype::kUInt8});
   EXPECT_EQ(CudaQueue::calls_for(CudaQueue::Kernel::kFused, small.data(), kMaxBatch), 1);
   // The two-pass kernels: the leaf and group kernels and the event.
   EXPECT_EQ(CudaQueue::calls_for(CudaQueue::Kernel::kTwoPass, small.data(), kMaxBatch), 3);
   // 1 GiB: 1,024 groups of 256 leaves, 64 KiB of group entries, in the slot's scratch.
-  const DigestJob gib{nullptr, uint64_t(1) << 30, 0};
+  const DigestJob gib{nullptr, uint64_t(1) << 30, trace::Dtype::kUInt8};
   EXPECT_LE(fused_scratch_bytes(&gib, 1), CudaQueue::kSlotScratchBytes);
   EXPECT_EQ(CudaQueue::calls_for(CudaQueue::Kernel::kFused, &gib, 1), 1);
   EXPECT_EQ(CudaQueue::calls_for(CudaQueue::Kernel::kTwoPass, &gib, 1), 5);
   // 8 GiB: its own scratch, zeroed counters, freed: three more calls.
-  const DigestJob huge{nullptr, uint64_t(8) << 30, 0};
+  const DigestJob huge{nullptr, uint64_t(8) << 30, trace::Dtype::kUInt8};
   EXPECT_GT(fused_scratch_bytes(&huge, 1), CudaQueue::kSlotScratchBytes);
   EXPECT_EQ(CudaQueue::calls_for(CudaQueue::Kernel::kFused, &huge, 1), 4);
 }

@@ -47,7 +47,7 @@ CoveragePlan planned(RunDir* run) {
   b.step(0);
   b.op("aten::_index_put_impl_", Phase::kBackward, 0, 10)
       .in_new(tensor(1, {1024}))
-      .in_new(tensor(2, {3000}, Provenance::kOutput, 4))
+      .in_new(tensor(2, {3000}, Provenance::kOutput, Dtype::kInt64))
       .in_new(tensor(3, {3000}))
       .out_ref(0)
       .done();
@@ -58,7 +58,7 @@ CoveragePlan planned(RunDir* run) {
       .done();
   b.op("aten::_index_put_impl_", Phase::kBackward, 0, 12)
       .in_new(tensor(6, {1024}))
-      .in_new(tensor(7, {4096}, Provenance::kOutput, 4))
+      .in_new(tensor(7, {4096}, Provenance::kOutput, Dtype::kInt64))
       .in_new(tensor(8, {4096}))
       .out_ref(5)
       .done();

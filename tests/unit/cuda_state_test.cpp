@@ -10,6 +10,7 @@
 #include "catalog/catalog.h"
 #include "diff/diff.h"
 #include "diff/report_model.h"
+#include "report_printers.h"
 #include "trace_builder.h"
 
 namespace detaudit {
@@ -92,7 +93,8 @@ TraceBuilder dropout_run(uint64_t rng, uint8_t dropped, bool random = true) {
   if (random) drop.random(rng);
   drop.in_ref(x).in_double(0.5).in_bool(true).out_new(on_cuda(tensor(dropped, {8, 8})));
   int64_t y = drop.last_id();
-  drop.out_new(on_cuda(tensor(uint8_t(dropped + 1), {8, 8}, Provenance::kOutput, 11))).done();
+  drop.out_new(on_cuda(tensor(uint8_t(dropped + 1), {8, 8}, Provenance::kOutput, Dtype::kBool)))
+      .done();
   t.op("aten::sum").in_ref(y).out_new(on_cuda(tensor(uint8_t(dropped + 2), {}))).done();
   t.end();
   return t;
@@ -120,7 +122,7 @@ TEST(CudaStateTest, ACudaDropoutWithAnotherGeneratorStateIsRngState) {
   DiffReport r = diff(a, b);
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->op, "aten::native_dropout");
-  EXPECT_EQ(r.first->divergence_class, "rng-state") << r.first->detail;
+  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kRngState) << r.first->detail;
   EXPECT_TRUE(r.first->is_random);
   EXPECT_EQ(r.first->rng_a, 0x1111u);
   EXPECT_EQ(r.first->rng_b, 0x2222u);
@@ -139,7 +141,7 @@ TEST(CudaStateTest, ACudaDropoutWithTheSameGeneratorStateIsNotRngState) {
   DiffReport r = diff(a, b);
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->op, "aten::native_dropout");
-  EXPECT_EQ(r.first->divergence_class, "nondeterministic-op") << r.first->detail;
+  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kNondeterministicOp) << r.first->detail;
 }
 
 // --- the GPU, its libraries and settings as the cause -------------------------------------------
@@ -199,7 +201,7 @@ TEST(CudaStateTest, ACudnnVersionDifferenceIsNamedAsTheCause) {
   ASSERT_EQ(r.environment.size(), 1u);
   EXPECT_EQ(r.environment[0].key, "cuda.cudnn_version");
   ASSERT_TRUE(r.first);
-  EXPECT_EQ(r.first->divergence_class, "nondeterministic-op");
+  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kNondeterministicOp);
   EXPECT_EQ(r.first->cause, "cuda.cudnn_version differs: 91002 vs 90100");
   EXPECT_NE(r.first->remedy.find("cuDNN"), std::string::npos) << r.first->remedy;
 }

@@ -18,6 +18,7 @@ namespace detaudit {
 namespace {
 
 using namespace lanes;
+using trace::Dtype;
 
 struct SpecResult {
   uint64_t root;
@@ -26,7 +27,7 @@ struct SpecResult {
 
 // The spec, read literally: words, leaves, lanes, the lane fold, the leaf sum, and the leaves'
 // statistics folded level by level (an odd one out goes up a level as it is).
-SpecResult spec_digest(const std::vector<uint8_t>& bytes, uint8_t dtype) {
+SpecResult spec_digest(const std::vector<uint8_t>& bytes, Dtype dtype) {
   const size_t n = bytes.size();
   std::vector<uint8_t> padded(bytes);
   padded.resize((n + 7) / 8 * 8, 0);
@@ -84,7 +85,7 @@ std::vector<uint8_t> random_bytes(size_t n, uint32_t seed) {
 
 // Finite values of mixed magnitude: their sums round differently in any other order, which
 // random bytes (mostly huge, Inf or NaN as floats) would hide.
-std::vector<uint8_t> finite_values(size_t n, uint8_t dtype, uint32_t seed) {
+std::vector<uint8_t> finite_values(size_t n, Dtype dtype, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<double> normal;
   std::vector<uint8_t> v(n);
@@ -97,10 +98,10 @@ std::vector<uint8_t> finite_values(size_t n, uint8_t dtype, uint32_t seed) {
       const float f = float(x);
       std::memcpy(&v[off], &f, 4);
     } else {  // float16 and bfloat16: the top half of a float is a bfloat16; either is finite
-      const float f = float(x) * (dtype == 5 ? 1e-4f : 1.f);
+      const float f = float(x) * (dtype == Dtype::kFloat16 ? 1e-4f : 1.f);
       uint32_t bits;
       std::memcpy(&bits, &f, 4);
-      const uint16_t h = dtype == 5
+      const uint16_t h = dtype == Dtype::kFloat16
                              ? uint16_t(((bits >> 16) & 0x8000) | ((bits >> 13) & 0x3ff) | 0x1000)
                              : uint16_t(bits >> 16);
       std::memcpy(&v[off], &h, 2);
@@ -113,14 +114,17 @@ bool same_stats(const LaneStats& a, const LaneStats& b) {
   return std::memcmp(&a, &b, sizeof a) == 0;  // bit for bit, NaN-free by construction
 }
 
-LaneResult reference(const std::vector<uint8_t>& bytes, uint8_t dtype, size_t chunk) {
+LaneResult reference(const std::vector<uint8_t>& bytes, Dtype dtype, size_t chunk) {
   DeviceDigester d(dtype);
   for (size_t off = 0; off < bytes.size(); off += chunk)
     d.update(bytes.data() + off, std::min(chunk, bytes.size() - off));
   return d.finish();
 }
 
-const uint8_t kDtypes[] = {0, 1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 15, /*complex32, no stats*/ 8};
+const Dtype kDtypes[] = {Dtype::kUInt8,     Dtype::kInt8,       Dtype::kInt16,   Dtype::kInt32,
+                         Dtype::kInt64,     Dtype::kFloat16,    Dtype::kFloat32, Dtype::kFloat64,
+                         Dtype::kComplex64, Dtype::kComplex128, Dtype::kBool,    Dtype::kBFloat16,
+                         Dtype::kComplex32 /* no stats */};
 
 TEST(DeviceDigestTest, PrimitivesAreXxh64s) {
   // XXH64 of 32 bytes, seed 0, from our round and avalanche: its four lanes and its merge.
@@ -141,21 +145,23 @@ TEST(DeviceDigestTest, ReferenceEqualsSpecForEveryDtypeAndSize) {
   // Empty, shorter than a word, odd, around a leaf, several leaves with a ragged last one, and a
   // leaf count (7) whose statistics tree carries odd ones up twice.
   const size_t sizes[] = {0, 1, 6, 8, 9, 24, 4095, 4096, 4104, 2 * 4096 + 16, 6 * 4096 + 8};
-  for (uint8_t dtype : kDtypes) {
+  for (Dtype dtype : kDtypes) {
     const size_t esize = trace::dtype_size(dtype);
     for (size_t n : sizes) {
       if (n % esize) continue;
-      const bool floating = is_floating(element_type(dtype).kind) || dtype == 9 || dtype == 10;
+      const bool floating = is_floating(element_type(dtype).kind) || dtype == Dtype::kComplex64 ||
+                            dtype == Dtype::kComplex128;
       for (const auto& bytes :
-           {random_bytes(n, uint32_t(n * 31 + dtype)),
+           {random_bytes(n, uint32_t(n * 31 + uint8_t(dtype))),
             floating ? finite_values(n, dtype, uint32_t(n)) : random_bytes(n, 1)}) {
         const SpecResult want = spec_digest(bytes, dtype);
         for (size_t chunk : {size_t(1), size_t(5), size_t(4096), size_t(1) << 20}) {
           const LaneResult got = reference(bytes, dtype, chunk);
           EXPECT_EQ(got.root, want.root)
-              << "dtype " << int(dtype) << " n " << n << " chunk " << chunk;
+              << "dtype " << trace::dtype_name(dtype) << " n " << n << " chunk " << chunk;
           // Random bytes hold NaNs in float dtypes: they are counted, never summed.
-          EXPECT_TRUE(same_stats(got.stats, want.stats)) << "dtype " << int(dtype) << " n " << n;
+          EXPECT_TRUE(same_stats(got.stats, want.stats))
+              << "dtype " << trace::dtype_name(dtype) << " n " << n;
         }
       }
     }
@@ -167,7 +173,7 @@ TEST(DeviceDigestTest, StatisticsAreTheElementsStatistics) {
   std::vector<uint8_t> bytes(x.size() * 4);
   std::memcpy(bytes.data(), x.data(), bytes.size());
   Hasher h(trace::DigestAlgo::kDevice);
-  TensorDigester d(&h, 6, true);
+  TensorDigester d(&h, Dtype::kFloat32, true);
   d.update(bytes.data(), bytes.size());
   trace::TensorDesc desc;
   d.finish(&desc);
@@ -179,7 +185,7 @@ TEST(DeviceDigestTest, StatisticsAreTheElementsStatistics) {
   EXPECT_TRUE(desc.bits & trace::kTensorHasNanInf);
 
   std::vector<int32_t> ints = {5, -3, 7, 1};
-  TensorDigester di(&h, 3, true);
+  TensorDigester di(&h, Dtype::kInt32, true);
   di.update(ints.data(), ints.size() * 4);
   di.finish(&desc);
   EXPECT_EQ(desc.stats.min, -3.0);
@@ -197,7 +203,7 @@ TEST(DeviceDigestTest, StatisticsAreTheElementsStatistics) {
     sum += v;
     sumsq += double(v) * v;
   }
-  TensorDigester df(&h, 6, true);
+  TensorDigester df(&h, Dtype::kFloat32, true);
   df.update(f.data(), f.size() * 4);
   df.finish(&desc);
   EXPECT_NEAR(desc.stats.mean, sum / double(f.size()), 1e-12);
@@ -206,32 +212,32 @@ TEST(DeviceDigestTest, StatisticsAreTheElementsStatistics) {
 
 TEST(DeviceDigestTest, EveryByteAndItsPositionCount) {
   auto bytes = random_bytes(3 * 4096 + 40, 11);
-  const uint64_t base = reference(bytes, 0, 4096).root;
+  const uint64_t base = reference(bytes, Dtype::kUInt8, 4096).root;
   // One bit anywhere, and two words swapped within a lane, across lanes and across leaves.
   for (size_t pos : {size_t(0), size_t(4095), size_t(8191), bytes.size() - 1}) {
     auto flipped = bytes;
     flipped[pos] ^= 1;
-    EXPECT_NE(reference(flipped, 0, 4096).root, base) << pos;
+    EXPECT_NE(reference(flipped, Dtype::kUInt8, 4096).root, base) << pos;
   }
   for (auto [a, b] : {std::pair<size_t, size_t>{0, 32}, {0, 1}, {0, 512}, {5, 1030}}) {
     auto swapped = bytes;
     for (int i = 0; i < 8; ++i) std::swap(swapped[8 * a + size_t(i)], swapped[8 * b + size_t(i)]);
     ASSERT_NE(std::memcmp(swapped.data(), bytes.data(), bytes.size()), 0);
-    EXPECT_NE(reference(swapped, 0, 4096).root, base) << a << "<->" << b;
+    EXPECT_NE(reference(swapped, Dtype::kUInt8, 4096).root, base) << a << "<->" << b;
   }
   // Trailing zeros are bytes too: the length is in the root.
   auto longer = bytes;
   longer.push_back(0);
-  EXPECT_NE(reference(longer, 0, 4096).root, base);
-  EXPECT_NE(reference({}, 0, 1).root, reference({0}, 0, 1).root);
+  EXPECT_NE(reference(longer, Dtype::kUInt8, 4096).root, base);
+  EXPECT_NE(reference({}, Dtype::kUInt8, 1).root, reference({0}, Dtype::kUInt8, 1).root);
 }
 
 // A fill's digest, computed from its value alone (a fill_ or zero_ the batches never read), is
 // the digest of the bytes the fill writes, statistics included.
 TEST(DeviceDigestTest, AFillIsDigestedAsItsBytes) {
-  for (uint8_t dtype : kDtypes) {
+  for (Dtype dtype : kDtypes) {
     const size_t esize = trace::dtype_size(dtype);
-    const auto element = random_bytes(esize, dtype);
+    const auto element = random_bytes(esize, uint8_t(dtype));
     // Within a word, a ragged word, a leaf, across a chunk of the fill's and several leaves.
     for (uint64_t count :
          {uint64_t(1), uint64_t(3), 4096 / esize, 4096 / esize + 1, uint64_t(5000)}) {
@@ -239,9 +245,9 @@ TEST(DeviceDigestTest, AFillIsDigestedAsItsBytes) {
       for (uint64_t i = 0; i < count; ++i) std::memcpy(&bytes[i * esize], element.data(), esize);
       const LaneResult want = reference(bytes, dtype, bytes.size());
       const LaneResult got = device_digest_of_fill(dtype, element.data(), esize, count);
-      EXPECT_EQ(got.root, want.root) << "dtype " << int(dtype) << " count " << count;
+      EXPECT_EQ(got.root, want.root) << "dtype " << trace::dtype_name(dtype) << " count " << count;
       EXPECT_TRUE(same_stats(got.stats, want.stats))
-          << "dtype " << int(dtype) << " count " << count;
+          << "dtype " << trace::dtype_name(dtype) << " count " << count;
     }
   }
 }
@@ -256,7 +262,7 @@ TEST(DeviceDigestTest, HasherAndDigesterAgree) {
   uint64_t root = 0;
   for (int i = 0; i < 8; ++i) root |= uint64_t(out[i]) << (8 * i);
   EXPECT_EQ(root, device_digest(bytes.data(), bytes.size()));
-  EXPECT_EQ(root, spec_digest(bytes, 0).root);
+  EXPECT_EQ(root, spec_digest(bytes, Dtype::kUInt8).root);
 }
 
 // A view's digest is the digest of its elements in logical order, whatever its strides.
@@ -276,9 +282,9 @@ TEST(DeviceDigestTest, ViewsAreDigestedInLogicalOrder) {
       {"size-1 dims around a column", {1, 6, 1}, {60, 10, 1}, 9},
       {"empty", {0, 10}, {10, 1}, 0},
   };
-  for (uint8_t dtype : kDtypes) {
+  for (Dtype dtype : kDtypes) {
     const size_t esize = trace::dtype_size(dtype);
-    const auto base = random_bytes(60 * esize, dtype);
+    const auto base = random_bytes(60 * esize, uint8_t(dtype));
     for (const View& v : views) {
       const std::vector<uint8_t> logical = logical_bytes(base, esize, v.sizes, v.strides, v.offset);
       int64_t numel = 1;
@@ -293,9 +299,9 @@ TEST(DeviceDigestTest, ViewsAreDigestedInLogicalOrder) {
       digester.finish(&got);
       trace::TensorDesc spec_desc;
       lane_result_to_desc({want.root, want.stats}, dtype, true, &spec_desc);
-      EXPECT_TRUE(got.same_digest(spec_desc)) << v.what << ", dtype " << int(dtype);
+      EXPECT_TRUE(got.same_digest(spec_desc)) << v.what << ", dtype " << trace::dtype_name(dtype);
       EXPECT_EQ(std::memcmp(&got.stats, &spec_desc.stats, sizeof got.stats), 0)
-          << v.what << ", dtype " << int(dtype);
+          << v.what << ", dtype " << trace::dtype_name(dtype);
     }
   }
 }

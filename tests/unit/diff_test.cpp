@@ -15,13 +15,11 @@
 #include "diff/replicas.h"
 #include "diff/report_model.h"
 #include "report/render.h"
+#include "report_printers.h"
 #include "test_files.h"
 #include "trace_builder.h"
 
 namespace detaudit {
-
-// A failed EXPECT_EQ on verdicts says their names.
-void PrintTo(Verdict v, std::ostream* os) { *os << verdict_name(v); }
 
 namespace {
 
@@ -83,7 +81,7 @@ TraceBuilder build(const Scenario& s, bool b) {
     auto impl = t.op("aten::_index_put_impl_", Phase::kBackward, 2, int64_t(o + 2));
     impl.in_new(tensor(0, {65536}));
     int64_t self = impl.last_id();
-    impl.in_list(1).in_new(tensor(0x40, {65536}, Provenance::kOutput, 4));
+    impl.in_list(1).in_new(tensor(0x40, {65536}, Provenance::kOutput, Dtype::kInt64));
     int64_t idx = impl.last_id();
     impl.in_new(tensor(0x41, {65536}));
     int64_t vals = impl.last_id();
@@ -145,7 +143,7 @@ TEST(DiffTest, NondeterministicOpWithCatalogEntry) {
   ASSERT_EQ(r.verdict, Verdict::kDivergent);
   ASSERT_TRUE(r.first);
   const FirstDivergence& f = *r.first;
-  EXPECT_EQ(f.divergence_class, "nondeterministic-op");
+  EXPECT_EQ(f.divergence_class, DivergenceClass::kNondeterministicOp);
   EXPECT_EQ(f.op, "aten::_index_put_impl_");
   EXPECT_EQ(f.step, 1u);
   EXPECT_EQ(f.phase, "backward");
@@ -171,7 +169,7 @@ TEST(DiffTest, AccumulateFalseIsNotTheCpuAtomicsEntry) {
   Case c("nondet_noacc", s);
   DiffReport r = diff(c);
   ASSERT_TRUE(r.first);
-  EXPECT_EQ(r.first->divergence_class, "nondeterministic-op");
+  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kNondeterministicOp);
   EXPECT_TRUE(!r.first->catalog || r.first->catalog->id != "index-put-accumulate-cpu");
 }
 
@@ -181,7 +179,7 @@ TEST(DiffTest, RngState) {
   Case c("rng", s);
   DiffReport r = diff(c);
   ASSERT_TRUE(r.first);
-  EXPECT_EQ(r.first->divergence_class, "rng-state");
+  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kRngState);
   EXPECT_EQ(r.first->op, "aten::bernoulli_");
   EXPECT_EQ(r.first->step, 2u);
   EXPECT_NE(r.first->rng_a, r.first->rng_b);
@@ -198,7 +196,7 @@ TEST(DiffTest, PythonHashSeedIsNotNamedAsTheRngCause) {
   c.b.env("r0.main", eb);
   DiffReport r = diff(c);
   ASSERT_TRUE(r.first);
-  ASSERT_EQ(r.first->divergence_class, "rng-state");
+  ASSERT_EQ(r.first->divergence_class, DivergenceClass::kRngState);
   EXPECT_EQ(r.first->cause.find("PYTHONHASHSEED"), std::string::npos) << r.first->cause;
 }
 
@@ -208,7 +206,7 @@ TEST(DiffTest, ExternalInput) {
   Case c("external", s);
   DiffReport r = diff(c);
   ASSERT_TRUE(r.first);
-  EXPECT_EQ(r.first->divergence_class, "external-input");
+  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kExternalInput);
   EXPECT_EQ(r.first->op, "aten::addmm");
   EXPECT_EQ(r.first->chain, (std::vector<std::string>{"aten::linear", "aten::addmm"}));
   EXPECT_EQ(r.first->step, 1u);
@@ -223,7 +221,7 @@ TEST(DiffTest, UninitializedMemory) {
   Case c("uninit", s);
   DiffReport r = diff(c);
   ASSERT_TRUE(r.first);
-  EXPECT_EQ(r.first->divergence_class, "uninitialized-memory");
+  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kUninitializedMemory);
   EXPECT_EQ(r.first->op, "aten::add");
   EXPECT_EQ(r.first->step, 1u);
 }
@@ -235,7 +233,7 @@ TEST(DiffTest, InsertedOpIsStructuralAndLaterOpsAreStillCompared) {
   Case c("inserted", s);
   DiffReport r = diff(c);
   ASSERT_TRUE(r.first);
-  EXPECT_EQ(r.first->divergence_class, "structural");
+  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kStructural);
   EXPECT_EQ(r.first->step, 1u);
   EXPECT_EQ(r.structural_count, 1u);
   ASSERT_EQ(r.structural.size(), 1u);
@@ -257,7 +255,7 @@ TEST(DiffTest, ExtraStepIsStructuralAtItsPosition) {
   EXPECT_EQ(r.structural[0].step, 3u);
   EXPECT_GT(r.structural[0].skipped_b, 0u);
   ASSERT_TRUE(r.first);
-  EXPECT_EQ(r.first->divergence_class, "structural");
+  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kStructural);
   EXPECT_EQ(r.first->step, 3u);
 }
 
@@ -462,7 +460,7 @@ TEST(DiffTest, EmptyBufferFilledOutsideRecordedOpsIsExternalInput) {
   ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->op, "aten::detach_");
-  EXPECT_EQ(r.first->divergence_class, "external-input") << r.first->detail;
+  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kExternalInput) << r.first->detail;
   EXPECT_NE(r.first->detail.find("filled outside the recorded ops"), std::string::npos);
 }
 
@@ -472,8 +470,8 @@ TraceBuilder compiled_step(uint8_t region_output, uint8_t state) {
   TraceBuilder t;
   t.step(0);
   t.op("aten::clone")
-      .in_new(tensor(state, {5056}, Provenance::kExternal, 0))
-      .out_new(tensor(state, {5056}, Provenance::kOutput, 0))
+      .in_new(tensor(state, {5056}, Provenance::kExternal, Dtype::kUInt8))
+      .out_new(tensor(state, {5056}, Provenance::kOutput, Dtype::kUInt8))
       .done();
   t.op("CompiledFunction").compiled_region().in_new(tensor(0x31)).done();
   t.op("aten::mse_loss")
@@ -495,7 +493,7 @@ TEST(DiffTest, DifferenceMadeInsideACompiledRegionIsLocalizedToIt) {
   ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->op, "aten::mse_loss");
-  EXPECT_EQ(r.first->divergence_class, "nondeterministic-op") << r.first->detail;
+  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kNondeterministicOp) << r.first->detail;
   EXPECT_EQ(r.first->compiled_region, "CompiledFunction");
   EXPECT_TRUE(r.first->arose_in_compiled_region);
   EXPECT_FALSE(r.first->catalog) << "the reader's catalog entry would explain the wrong kernel";
@@ -513,7 +511,7 @@ TEST(DiffTest, ADifferentGeneratorStateIsRngState) {
   ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->op, "aten::clone");
-  EXPECT_EQ(r.first->divergence_class, "rng-state") << r.first->detail;
+  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kRngState) << r.first->detail;
   EXPECT_NE(r.first->detail.find("get_rng_state"), std::string::npos);
 }
 
@@ -526,14 +524,14 @@ TEST(DiffTest, UninitializedValuesPassedThroughStayUninitializedMemory) {
   DiffReport r;
   ASSERT_TRUE(diff_runs(a.path(), b.path(), DiffOptions{}, &r).ok());
   ASSERT_TRUE(r.first);
-  EXPECT_EQ(r.first->divergence_class, "uninitialized-memory");
+  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kUninitializedMemory);
   // And an op that computes from the buffer is a read, whatever its output.
   RunDir c("garbage_add/run-0"), d("garbage_add/run-1");
   c.add_stream("r0.main.t0", filled_buffer(0x11, 0x21, false));
   d.add_stream("r0.main.t0", filled_buffer(0xEE, 0x22, false));
   ASSERT_TRUE(diff_runs(c.path(), d.path(), DiffOptions{}, &r).ok());
   ASSERT_TRUE(r.first);
-  EXPECT_EQ(r.first->divergence_class, "uninitialized-memory");
+  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kUninitializedMemory);
 }
 
 // x.sum() over a large tensor: with 2 threads the reduction allocates and copies per-thread
@@ -572,7 +570,7 @@ TEST(DiffTest, KernelInternalOpsDifferingWithTheThreadCountNameTheThreads) {
   ASSERT_TRUE(diff_runs(a.path(), b.path(), DiffOptions{}, &r).ok());
   ASSERT_TRUE(r.first);
   const FirstDivergence& f = *r.first;
-  EXPECT_EQ(f.divergence_class, "structural");
+  EXPECT_EQ(f.divergence_class, DivergenceClass::kStructural);
   EXPECT_TRUE(f.nested);
   EXPECT_EQ(f.chain, (std::vector<std::string>{"aten::sum", "aten::sum", "aten::empty"}));
   EXPECT_NE(f.cause.find("intra_op_threads differs: 1 vs 2"), std::string::npos) << f.cause;
@@ -589,7 +587,7 @@ TEST(DiffTest, TopLevelStructuralDifferenceDoesNotBlameTheThreads) {
   c.b.env("r0.main", sample_env(2, 22));
   DiffReport r = diff(c);
   ASSERT_TRUE(r.first);
-  EXPECT_EQ(r.first->divergence_class, "structural");
+  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kStructural);
   EXPECT_FALSE(r.first->nested);
   EXPECT_EQ(r.first->cause.find("intra_op_threads"), std::string::npos) << r.first->cause;
 }
@@ -797,7 +795,7 @@ TEST(DiffTest, ClashingThreadNamesPairByWhatTheyRan) {
   ASSERT_TRUE(diff_runs(c.path(), d.path(), o, &r).ok());
   EXPECT_EQ(r.verdict, Verdict::kDivergent);
   ASSERT_TRUE(r.first);
-  EXPECT_EQ(r.first->divergence_class, "nondeterministic-op");
+  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kNondeterministicOp);
   EXPECT_EQ(r.first->stream, "r0.main.t-thread");
 
   // Two child processes started alike claim "python-c" and "python-c~1" the same way.
@@ -885,7 +883,7 @@ TEST(DiffTest, CollectiveRecordsAttachToTheirOpWhereverTheWorkCompleted) {
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->op, "c10d::allreduce_");
   EXPECT_EQ(r.first->index, 0u);
-  EXPECT_EQ(r.first->divergence_class, "remote-input");
+  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kRemoteInput);
 }
 
 // Rank 1 races, then all-reduces what it made; rank 0 receives the difference. The race
@@ -977,7 +975,7 @@ TraceBuilder overwrite_case(uint8_t raced,
   b.step(0);
   const int64_t scratch = b.op("aten::index_add_")
                               .in_new(tensor(1))
-                              .in_new(tensor(2, {8}, Provenance::kExternal, 4))
+                              .in_new(tensor(2, {8}, Provenance::kExternal, Dtype::kInt64))
                               .in_new(tensor(3))
                               .out_new(tensor(raced))
                               .done();
@@ -1105,7 +1103,7 @@ TEST(DiffTest, AnEarlierUnreadDifferenceYieldsToALaterReadOne) {
     return [v](TraceBuilder& b, int64_t scratch) {
       const int64_t other = b.op("aten::index_add_")
                                 .in_new(tensor(10))
-                                .in_new(tensor(2, {8}, Provenance::kExternal, 4))
+                                .in_new(tensor(2, {8}, Provenance::kExternal, Dtype::kInt64))
                                 .in_new(tensor(3))
                                 .out_new(tensor(v))
                                 .done();
@@ -1220,7 +1218,7 @@ TEST(DiffTest, BytesAnotherProcessWroteThroughSharedMemoryAreSharedMemory) {
   DiffReport r = diff_cases("shm", hogwild(2, trace::Sharing::kChangedElsewhere),
                             hogwild(3, trace::Sharing::kChangedElsewhere));
   ASSERT_TRUE(r.first);
-  EXPECT_EQ(r.first->divergence_class, "shared-memory");
+  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kSharedMemory);
   EXPECT_NE(r.first->detail.find("changed since this process last read or wrote it"),
             std::string::npos)
       << r.first->detail;
@@ -1239,7 +1237,7 @@ TEST(DiffTest, BytesAnotherProcessWroteThroughSharedMemoryAreSharedMemory) {
   };
   r = diff_cases("shm2", during(5), during(6));
   ASSERT_TRUE(r.first);
-  EXPECT_EQ(r.first->divergence_class, "shared-memory");
+  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kSharedMemory);
   // Not in shared memory: the kernel's own nondeterminism, as before.
   auto plain = [](uint8_t out) {
     TraceBuilder b;
@@ -1255,7 +1253,7 @@ TEST(DiffTest, BytesAnotherProcessWroteThroughSharedMemoryAreSharedMemory) {
   };
   r = diff_cases("shm3", plain(5), plain(6));
   ASSERT_TRUE(r.first);
-  EXPECT_EQ(r.first->divergence_class, "nondeterministic-op");
+  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kNondeterministicOp);
 }
 
 // uniform_ on a DTensor's local shard writes a view of the padded buffer that covers it all.

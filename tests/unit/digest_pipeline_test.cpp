@@ -115,16 +115,16 @@ struct Program {
     std::vector<float> data(n);
     for (float& x : data) x = float((*rng)() % 1000) * 0.5f - 100.f;
     trace::TensorDesc desc;
-    desc.dtype = 6;
+    desc.dtype = trace::Dtype::kFloat32;
     desc.device_type = on_device ? 1 : 0;
     desc.device_index = on_device ? 0 : -1;
     desc.bits = trace::kTensorContiguous;
     desc.sizes.resize(1);
     desc.sizes[0] = int64_t(n);
-    DeviceDigester ref(6);
+    DeviceDigester ref(trace::Dtype::kFloat32);
     ref.update(data.data(), n * 4);
     trace::TensorDesc want = desc;
-    lane_result_to_desc(ref.finish(), 6, true, &want);
+    lane_result_to_desc(ref.finish(), trace::Dtype::kFloat32, true, &want);
     expected.push_back(want);
 
     std::string body = op_with_one_output();
@@ -134,7 +134,7 @@ struct Program {
       held.hold(std::move(body), {});
       return;
     }
-    auto digest = std::make_shared<hooks::PendingDigest>(6, true);
+    auto digest = std::make_shared<hooks::PendingDigest>(trace::Dtype::kFloat32, true);
     PendingRecords::Hole hole;
     hole.offset = body.size();
     hole.desc = desc;
@@ -143,8 +143,8 @@ struct Program {
     holes.push_back(std::move(hole));
     held.hold(std::move(body), std::move(holes));
     buffers.push_back(std::move(data));
-    pipeline->submit({DigestJob{buffers.back().data(), n * 4, 6}}, /*stream=*/nullptr,
-                     [digest](const LaneResult* r, int count) {
+    pipeline->submit({DigestJob{buffers.back().data(), n * 4, trace::Dtype::kFloat32}},
+                     /*stream=*/nullptr, [digest](const LaneResult* r, int count) {
                        ASSERT_EQ(count, 1);
                        ASSERT_NE(r, nullptr);
                        digest->complete(r);
@@ -298,7 +298,7 @@ TEST(DigestPipelineTest, ASignalsSubmitGivesUpOnAFullRingAndLosesNothing) {
   std::mt19937 rng(7);
   for (int i = 0; i < 2; ++i) p.op(&pipeline, 100, true, &rng);  // both slots busy
   std::vector<uint8_t> bytes(64, 7);
-  const std::vector<DigestJob> jobs = {{bytes.data(), bytes.size(), 0}};
+  const std::vector<DigestJob> jobs = {{bytes.data(), bytes.size(), trace::Dtype::kUInt8}};
   int called = 0;
   const auto start = std::chrono::steady_clock::now();
   EXPECT_FALSE(pipeline.submit_within(
@@ -337,12 +337,12 @@ TEST(DigestPipelineTest, AFailedBatchLeavesRecordsWholeAndMarksItsTensorsNotRead
   encoder.string("aten::add", held.sink(&stream));
   std::vector<float> data(64, 1.f);
   // Two records name the same tensor version: one digest, two holes.
-  auto digest = std::make_shared<hooks::PendingDigest>(6, true);
+  auto digest = std::make_shared<hooks::PendingDigest>(trace::Dtype::kFloat32, true);
   for (int op = 0; op < 2; ++op) {
     std::string body = op_with_one_output();
     PendingRecords::Hole hole;
     hole.offset = body.size();
-    hole.desc.dtype = 6;
+    hole.desc.dtype = trace::Dtype::kFloat32;
     hole.desc.device_type = 1;
     hole.desc.device_index = 0;
     hole.desc.bits = trace::kTensorContiguous;
@@ -354,7 +354,7 @@ TEST(DigestPipelineTest, AFailedBatchLeavesRecordsWholeAndMarksItsTensorsNotRead
     holes.push_back(std::move(hole));
     held.hold(std::move(body), std::move(holes));
   }
-  pipeline.submit({DigestJob{data.data(), 256, 6}}, nullptr,
+  pipeline.submit({DigestJob{data.data(), 256, trace::Dtype::kFloat32}}, nullptr,
                   [digest](const LaneResult* r, int) { digest->complete(r); });
   while (queue.complete_one(nullptr)) {
   }

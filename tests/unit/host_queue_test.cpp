@@ -13,7 +13,7 @@
 namespace detaudit::device {
 namespace {
 
-constexpr uint8_t kFloat32 = 6;  // the trace's dtype code (digest_pipeline_test uses it too)
+constexpr trace::Dtype kFloat32 = trace::Dtype::kFloat32;
 
 lanes::LaneResult reference(const std::vector<float>& logical) {
   DeviceDigester d(kFloat32);

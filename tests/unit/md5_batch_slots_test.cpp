@@ -25,7 +25,7 @@ using trace::TensorDesc;
 
 struct Message {
   std::vector<uint8_t> bytes;
-  uint8_t dtype;
+  trace::Dtype dtype;
   bool with_stats;
   std::shared_ptr<PendingDigest> digest;
 };
@@ -58,7 +58,7 @@ Message add(Md5BatchSlots* slots, std::mt19937* rng, size_t n) {
   Message m;
   m.bytes.resize(n);
   for (uint8_t& b : m.bytes) b = uint8_t((*rng)());
-  m.dtype = (*rng)() % 2 ? 6 : 3;  // float32 or int32
+  m.dtype = (*rng)() % 2 ? trace::Dtype::kFloat32 : trace::Dtype::kInt32;
   m.with_stats = (*rng)() % 4 != 0;
   std::memcpy(slots->reserve(n), m.bytes.data(), n);
   m.digest = slots->commit(m.dtype, m.with_stats);

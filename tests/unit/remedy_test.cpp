@@ -11,7 +11,7 @@
 namespace detaudit::run {
 namespace {
 
-FirstDivergence divergence(const std::string& cls) {
+FirstDivergence divergence(DivergenceClass cls) {
   FirstDivergence f;
   f.divergence_class = cls;
   f.op = "aten::_index_put_impl_";
@@ -21,7 +21,8 @@ FirstDivergence divergence(const std::string& cls) {
 
 TEST(RemedyTest, AKernelRaceIsDeterministicMode) {
   std::string why;
-  RemedySettings s = remedy_settings(divergence("nondeterministic-op"), nullptr, &why);
+  RemedySettings s = remedy_settings(divergence(DivergenceClass::kNondeterministicOp), nullptr,
+                                     &why);
   EXPECT_EQ(s.flags(), "--deterministic on");
   EXPECT_TRUE(why.empty());
   Config c;
@@ -34,7 +35,7 @@ TEST(RemedyTest, CatalogEntriesNameTheirSettings) {
   ASSERT_TRUE(
       Catalog::load(std::string(DETAUDIT_SOURCE_DIR) + "/configs/catalog.json", &catalog).ok());
   auto for_entry = [&](const std::string& id) {
-    FirstDivergence f = divergence("nondeterministic-op");
+    FirstDivergence f = divergence(DivergenceClass::kNondeterministicOp);
     f.catalog = CatalogRef{};
     f.catalog->id = id;
     std::string why;
@@ -49,8 +50,9 @@ TEST(RemedyTest, CatalogEntriesNameTheirSettings) {
 
 TEST(RemedyTest, RandomStateIsASeedAndDataOrderAHashSeed) {
   std::string why;
-  EXPECT_EQ(remedy_settings(divergence("rng-state"), nullptr, &why).flags(), "--seed 0");
-  FirstDivergence order = divergence("external-input");
+  EXPECT_EQ(remedy_settings(divergence(DivergenceClass::kRngState), nullptr, &why).flags(),
+            "--seed 0");
+  FirstDivergence order = divergence(DivergenceClass::kExternalInput);
   order.hash_seed_unset = true;
   RemedySettings s = remedy_settings(order, nullptr, &why);
   EXPECT_EQ(s.flags(), "--env PYTHONHASHSEED=0");
@@ -61,7 +63,8 @@ TEST(RemedyTest, RandomStateIsASeedAndDataOrderAHashSeed) {
 
 TEST(RemedyTest, AProgramChangeHasNoSettingsAndSaysWhy) {
   std::string why;
-  EXPECT_TRUE(remedy_settings(divergence("uninitialized-memory"), nullptr, &why).empty());
+  EXPECT_TRUE(
+      remedy_settings(divergence(DivergenceClass::kUninitializedMemory), nullptr, &why).empty());
   EXPECT_NE(why.find("initialise it"), std::string::npos) << why;
 }
 

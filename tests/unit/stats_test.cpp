@@ -21,6 +21,7 @@ namespace detaudit {
 namespace {
 
 using trace::DigestAlgo;
+using trace::Dtype;
 using trace::TensorDesc;
 using trace::TensorStats;
 
@@ -44,15 +45,15 @@ double bf16_value(uint16_t b) {
 }
 
 // The elements of a tensor's bytes as doubles, in index order.
-std::vector<double> values_of(uint8_t dtype, const std::vector<uint8_t>& bytes) {
+std::vector<double> values_of(Dtype dtype, const std::vector<uint8_t>& bytes) {
   std::vector<double> v;
-  if (dtype == 6 || dtype == 9) {
+  if (dtype == Dtype::kFloat32 || dtype == Dtype::kComplex64) {
     for (size_t i = 0; i + 4 <= bytes.size(); i += 4) {
       float f;
       std::memcpy(&f, &bytes[i], 4);
       v.push_back(f);
     }
-  } else if (dtype == 7) {
+  } else if (dtype == Dtype::kFloat64) {
     for (size_t i = 0; i + 8 <= bytes.size(); i += 8) {
       double d;
       std::memcpy(&d, &bytes[i], 8);
@@ -62,18 +63,22 @@ std::vector<double> values_of(uint8_t dtype, const std::vector<uint8_t>& bytes) 
     for (size_t i = 0; i + 2 <= bytes.size(); i += 2) {
       uint16_t h;
       std::memcpy(&h, &bytes[i], 2);
-      v.push_back(dtype == 5 ? half_value(h) : bf16_value(h));
+      v.push_back(dtype == Dtype::kFloat16 ? half_value(h) : bf16_value(h));
     }
   }
   return v;
 }
 
-size_t elem_size(uint8_t dtype) { return dtype == 7 ? 8 : (dtype == 6 || dtype == 9) ? 4 : 2; }
+size_t elem_size(Dtype dtype) {
+  return dtype == Dtype::kFloat64                                   ? 8
+         : (dtype == Dtype::kFloat32 || dtype == Dtype::kComplex64) ? 4
+                                                                    : 2;
+}
 
 // docs/trace-format.md: 16 KiB blocks; element j of a block in lane j % 16, each lane summing
 // in index order; lanes folded pairwise (8, 4, 2, 1); blocks in order within a 1 MiB leaf,
 // leaves in order. `lanes` other than 16 gives the orders a different design would have.
-TensorStats reference(uint8_t dtype, const std::vector<uint8_t>& bytes, size_t lanes = kLaneCount) {
+TensorStats reference(Dtype dtype, const std::vector<uint8_t>& bytes, size_t lanes = kLaneCount) {
   const std::vector<double> x = values_of(dtype, bytes);
   const size_t per_block = kStatsBlockBytes / elem_size(dtype);
   const size_t per_leaf = kLeafBytes / elem_size(dtype);
@@ -178,13 +183,13 @@ std::vector<float> ill_conditioned(size_t n, uint32_t seed) {
   return v;
 }
 
-TensorStats accumulate(uint8_t dtype, const std::vector<uint8_t>& bytes) {
+TensorStats accumulate(Dtype dtype, const std::vector<uint8_t>& bytes) {
   StatsAccumulator a(dtype);
   a.update(bytes.data(), bytes.size());
   return a.finish();
 }
 
-TensorStats digest_stats(uint8_t dtype, const std::vector<uint8_t>& bytes,
+TensorStats digest_stats(Dtype dtype, const std::vector<uint8_t>& bytes,
                          const std::function<void(TensorDigester&)>& feed) {
   Hasher h(DigestAlgo::kXxh3);
   TensorDigester d(&h, dtype, true);
@@ -213,20 +218,20 @@ TEST(StatsOrderTest, TheDocumentedOrderPinned) {
   fold[0] = big;
   fold[8] = -big;
   const std::vector<uint8_t> lb = bytes_of(lanes), fb = bytes_of(fold);
-  EXPECT_EQ(reference(6, lb).mean, 30.0 / 32);
-  EXPECT_EQ(reference(6, lb, 8).mean, 29.0 / 32);
-  EXPECT_EQ(reference(6, lb, 4).mean, 27.0 / 32);
-  EXPECT_EQ(reference(6, fb).mean, 14.0 / 16);
+  EXPECT_EQ(reference(Dtype::kFloat32, lb).mean, 30.0 / 32);
+  EXPECT_EQ(reference(Dtype::kFloat32, lb, 8).mean, 29.0 / 32);
+  EXPECT_EQ(reference(Dtype::kFloat32, lb, 4).mean, 27.0 / 32);
+  EXPECT_EQ(reference(Dtype::kFloat32, fb).mean, 14.0 / 16);
   double sequential = 0;
   for (float x : lanes) sequential += x;
   EXPECT_EQ(sequential / 32, 15.0 / 32);
   for (StatsPath p : paths()) {
     ForcePath force(p);
-    EXPECT_EQ(accumulate(6, lb).mean, 30.0 / 32) << path_name(p);
-    EXPECT_EQ(accumulate(6, fb).mean, 14.0 / 16) << path_name(p);
+    EXPECT_EQ(accumulate(Dtype::kFloat32, lb).mean, 30.0 / 32) << path_name(p);
+    EXPECT_EQ(accumulate(Dtype::kFloat32, fb).mean, 14.0 / 16) << path_name(p);
     // The same through half precision's and float64's paths (2^60 is no half: 2^15 is).
     std::vector<double> d(lanes.begin(), lanes.end());
-    EXPECT_EQ(accumulate(7, bytes_of(d)).mean, 30.0 / 32) << path_name(p);
+    EXPECT_EQ(accumulate(Dtype::kFloat64, bytes_of(d)).mean, 30.0 / 32) << path_name(p);
   }
 }
 
@@ -235,7 +240,7 @@ TEST(StatsOrderTest, TheDocumentedOrderPinned) {
 TEST(StatsOrderTest, EveryPathSumsInTheDocumentedLaneOrder) {
   const std::vector<float> v = ill_conditioned(3 * 4096 + 77, 1);
   const std::vector<uint8_t> bytes = bytes_of(v);
-  const TensorStats want = reference(6, bytes);
+  const TensorStats want = reference(Dtype::kFloat32, bytes);
 
   double sequential = 0, sequential_sq = 0;
   for (float x : v) {
@@ -245,7 +250,7 @@ TEST(StatsOrderTest, EveryPathSumsInTheDocumentedLaneOrder) {
   EXPECT_NE(sequential / double(v.size()), want.mean) << "the input does not pin the order";
   EXPECT_NE(std::sqrt(sequential_sq), want.l2) << "the input does not pin the order";
   for (size_t lanes : {4u, 8u, 32u}) {
-    const TensorStats other = reference(6, bytes, lanes);
+    const TensorStats other = reference(Dtype::kFloat32, bytes, lanes);
     EXPECT_NE(other.mean, want.mean) << lanes << " lanes";
   }
   float float_sum = 0;  // float32 accumulation, as before issue 13
@@ -254,7 +259,7 @@ TEST(StatsOrderTest, EveryPathSumsInTheDocumentedLaneOrder) {
 
   for (StatsPath p : paths()) {
     ForcePath force(p);
-    EXPECT_TRUE(same_stats(accumulate(6, bytes), want)) << path_name(p);
+    EXPECT_TRUE(same_stats(accumulate(Dtype::kFloat32, bytes), want)) << path_name(p);
   }
 }
 
@@ -287,11 +292,17 @@ TEST(StatsOrderTest, EveryPathEveryDtypeEveryLengthMatchesTheReference) {
         ForcePath force(p);
         const std::string what = std::string(path_name(p)) + " n=" + std::to_string(n) + " case " +
                                  std::to_string(special);
-        EXPECT_TRUE(same_stats(accumulate(6, f32), reference(6, f32))) << "float32 " << what;
-        EXPECT_TRUE(same_stats(accumulate(9, f32), reference(9, f32))) << "complex64 " << what;
-        EXPECT_TRUE(same_stats(accumulate(7, f64), reference(7, f64))) << "float64 " << what;
-        EXPECT_TRUE(same_stats(accumulate(5, f16), reference(5, f16))) << "float16 " << what;
-        EXPECT_TRUE(same_stats(accumulate(15, f16), reference(15, f16))) << "bfloat16 " << what;
+        EXPECT_TRUE(same_stats(accumulate(Dtype::kFloat32, f32), reference(Dtype::kFloat32, f32)))
+            << "float32 " << what;
+        EXPECT_TRUE(
+            same_stats(accumulate(Dtype::kComplex64, f32), reference(Dtype::kComplex64, f32)))
+            << "complex64 " << what;
+        EXPECT_TRUE(same_stats(accumulate(Dtype::kFloat64, f64), reference(Dtype::kFloat64, f64)))
+            << "float64 " << what;
+        EXPECT_TRUE(same_stats(accumulate(Dtype::kFloat16, f16), reference(Dtype::kFloat16, f16)))
+            << "float16 " << what;
+        EXPECT_TRUE(same_stats(accumulate(Dtype::kBFloat16, f16), reference(Dtype::kBFloat16, f16)))
+            << "bfloat16 " << what;
       }
     }
   }
@@ -303,7 +314,7 @@ TEST(StatsOrderTest, ZeroMinAndMaxArePositiveZero) {
   for (size_t i = 0; i < v.size(); i += 2) v[i] = -0.f;
   for (StatsPath p : paths()) {
     ForcePath force(p);
-    const TensorStats st = accumulate(6, bytes_of(v));
+    const TensorStats st = accumulate(Dtype::kFloat32, bytes_of(v));
     EXPECT_FALSE(std::signbit(st.min)) << path_name(p);
     EXPECT_FALSE(std::signbit(st.max)) << path_name(p);
     EXPECT_FALSE(std::signbit(st.mean)) << path_name(p);
@@ -333,16 +344,18 @@ TEST(StatsOrderTest, SameBitsWhateverTheSplitThreadsAndPath) {
   for (auto& x : h) x = uint16_t(g() & 0x7bff);  // finite halves
   std::vector<double> d(kLeafBytes / 8 * 12 / 10 + 1);
   for (size_t i = 0; i < d.size(); ++i) d[i] = std::ldexp(double(f[i]), int(i % 9)) / 3.0;
-  const std::pair<uint8_t, std::vector<uint8_t>> tensors[] = {
-      {6, bytes_of(f)}, {5, bytes_of(h)}, {7, bytes_of(d)}};
+  const std::pair<Dtype, std::vector<uint8_t>> tensors[] = {{Dtype::kFloat32, bytes_of(f)},
+                                                            {Dtype::kFloat16, bytes_of(h)},
+                                                            {Dtype::kFloat64, bytes_of(d)}};
   for (const auto& tensor : tensors) {
     // Not a structured binding: the lambdas below capture them, which C++17 (clang) forbids.
-    const uint8_t dtype = tensor.first;
+    const Dtype dtype = tensor.first;
     const std::vector<uint8_t>& bytes = tensor.second;
     const TensorStats want = reference(dtype, bytes);
     for (StatsPath p : paths()) {
       ForcePath force(p);
-      const std::string what = std::string(path_name(p)) + " dtype " + std::to_string(dtype);
+      const std::string what = std::string(path_name(p)) + " dtype " +
+                               std::string(trace::dtype_name(dtype));
       EXPECT_TRUE(
           same_stats(digest_stats(dtype, bytes,
                                   [&](TensorDigester& t) { t.update(bytes.data(), bytes.size()); }),
@@ -379,7 +392,7 @@ TEST(StatsFormatTest, StatisticsRoundTripAsDoubles) {
   b.step(0);
   TensorDesc f = testing::tensor(0x10);
   f.stats = {-1.0 / 3, 1e300, 0.1, std::sqrt(2.0), 0, 0};
-  TensorDesc i = testing::tensor(0x11, {4}, trace::Provenance::kOutput, 4);
+  TensorDesc i = testing::tensor(0x11, {4}, trace::Provenance::kOutput, Dtype::kInt64);
   i.bits |= trace::kTensorIntStats;
   i.stats = {-7, 1 << 20, 1.0 / 7, 0, 0, 0};
   b.op("aten::add").in_new(f).out_new(i).done();

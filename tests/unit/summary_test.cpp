@@ -19,7 +19,7 @@ using nlohmann::json;
 
 TensorDesc tensor(uint8_t fill, std::vector<int64_t> sizes) {
   TensorDesc t;
-  t.dtype = 6;  // float
+  t.dtype = trace::Dtype::kFloat32;
   t.bits = kTensorContiguous | kTensorHasStats;
   t.sizes.assign(sizes.begin(), sizes.end());
   t.digest_len = 16;

@@ -20,6 +20,7 @@
 namespace detaudit::testing {
 
 using trace::ByteWriter;
+using trace::Dtype;
 using trace::Phase;
 using trace::Provenance;
 using trace::Scope;
@@ -28,7 +29,7 @@ using trace::ValueType;
 
 // A float32 tensor whose digest bytes are all `fill`, with statistics derived from it.
 inline TensorDesc tensor(uint8_t fill, std::vector<int64_t> sizes = {4, 4},
-                         Provenance prov = Provenance::kOutput, uint8_t dtype = 6) {
+                         Provenance prov = Provenance::kOutput, Dtype dtype = Dtype::kFloat32) {
   TensorDesc t;
   t.dtype = dtype;
   t.bits = trace::kTensorContiguous | trace::kTensorHasStats |

@@ -29,7 +29,7 @@ void write_file(const std::string& path, const std::string& bytes) {
 
 TensorDesc sample_tensor(uint8_t fill) {
   TensorDesc t;
-  t.dtype = 6;
+  t.dtype = Dtype::kFloat32;
   t.bits = kTensorContiguous | kTensorHasStats;
   t.sizes = {2, 3};
   t.digest_len = 16;
@@ -110,7 +110,7 @@ TEST(TraceTest, TensorsOfEveryRankRoundTrip) {
   std::vector<TensorDesc> tensors;
   for (size_t rank : {size_t(0), size_t(2), Dims::kInline, Dims::kInline + 1, size_t(9)}) {
     TensorDesc t;
-    t.dtype = rank % 2 ? 4 : 6;  // int64 with integer statistics, or float32
+    t.dtype = rank % 2 ? Dtype::kInt64 : Dtype::kFloat32;  // integer statistics, or float
     t.device_type = 1;
     t.device_index = int32_t(rank) - 1;
     t.bits = kTensorHasStats | kTensorHasNanInf | (rank % 2 ? kTensorIntStats : 0);
@@ -380,10 +380,10 @@ TEST(DigestTest, ChunkingDoesNotChangeTheDigest) {
   for (DigestAlgo algo : {DigestAlgo::kMd5, DigestAlgo::kSha256, DigestAlgo::kXxh3}) {
     Hasher h(algo);
     TensorDesc whole, pieces;
-    TensorDigester a(&h, 6, true);
+    TensorDigester a(&h, Dtype::kFloat32, true);
     a.update(data.data(), data.size() * 4);
     a.finish(&whole);
-    TensorDigester b(&h, 6, true);
+    TensorDigester b(&h, Dtype::kFloat32, true);
     for (size_t i = 0; i < data.size(); i += 333)
       b.update(&data[i], std::min<size_t>(333, data.size() - i) * 4);
     b.finish(&pieces);
@@ -394,7 +394,7 @@ TEST(DigestTest, ChunkingDoesNotChangeTheDigest) {
 
 TEST(StatsTest, FloatStatsSkipNanAndCountInf) {
   float data[] = {1.f, -2.f, NAN, 4.f, INFINITY};
-  StatsAccumulator s(6);
+  StatsAccumulator s(Dtype::kFloat32);
   s.update(data, sizeof data);
   TensorStats st = s.finish();
   EXPECT_EQ(st.nan, 1u);
@@ -405,14 +405,14 @@ TEST(StatsTest, FloatStatsSkipNanAndCountInf) {
 
 TEST(StatsTest, IntegerAndBoolStats) {
   int64_t v[] = {5, -3, 10};
-  StatsAccumulator s(4);
+  StatsAccumulator s(Dtype::kInt64);
   s.update(v, sizeof v);
   TensorStats st = s.finish();
   EXPECT_EQ(st.min, -3);
   EXPECT_EQ(st.max, 10);
   EXPECT_DOUBLE_EQ(st.mean, 4);
   uint8_t b[] = {1, 0, 1, 1};
-  StatsAccumulator sb(11);
+  StatsAccumulator sb(Dtype::kBool);
   sb.update(b, sizeof b);
   EXPECT_DOUBLE_EQ(sb.finish().mean, 0.75);
 }
@@ -420,7 +420,7 @@ TEST(StatsTest, IntegerAndBoolStats) {
 TEST(StatsTest, HalfAndBFloat16) {
   uint16_t half[] = {0x3c00, 0xc000};  // 1.0, -2.0
   uint16_t bf16[] = {0x3f80, 0x4040};  // 1.0, 3.0
-  StatsAccumulator h(5), b(15);
+  StatsAccumulator h(Dtype::kFloat16), b(Dtype::kBFloat16);
   h.update(half, sizeof half);
   b.update(bf16, sizeof bf16);
   EXPECT_EQ(h.finish().min, -2);
@@ -446,7 +446,7 @@ TEST(StatsTest, VectorPathMatchesScalarReference) {
       v[9] = -INFINITY;
       v[n - 1] = NAN;
     }
-    StatsAccumulator a(6);
+    StatsAccumulator a(Dtype::kFloat32);
     a.update(v.data(), n * 4);
     TensorStats st = a.finish();
     double mn = INFINITY, mx = -INFINITY, sum = 0;
@@ -483,7 +483,7 @@ namespace {
 TensorDesc digest_of(DigestAlgo algo, const std::vector<float>& v,
                      const std::function<void(TensorDigester&)>& feed) {
   Hasher h(algo);
-  TensorDigester d(&h, 6, true);
+  TensorDigester d(&h, Dtype::kFloat32, true);
   feed(d);
   TensorDesc out;
   d.finish(&out);
@@ -566,12 +566,16 @@ TEST(DigestTreeTest, StridedViewsDigestAsTheirLogicalBytes) {
       {"batched transposes, batch dim last in memory", {2, 8, 9}, {1, 2, 16}, 0},
       {"large, transposed", {big, big}, {1, big}, 0},
   };
-  struct Dtype {
-    uint8_t code;
+  struct SizedDtype {
+    Dtype code;
     size_t size;
   };
-  const Dtype dtypes[] = {{0, 1}, {5, 2}, {6, 4}, {7, 8}, {10, 16}};
-  for (const Dtype& dt : dtypes) {
+  const SizedDtype dtypes[] = {{Dtype::kUInt8, 1},
+                               {Dtype::kFloat16, 2},
+                               {Dtype::kFloat32, 4},
+                               {Dtype::kFloat64, 8},
+                               {Dtype::kComplex128, 16}};
+  for (const SizedDtype& dt : dtypes) {
     std::vector<uint8_t> base(size_t(big * big) * dt.size);
     for (size_t i = 0; i < base.size(); ++i) base[i] = uint8_t((i * 2654435761u) >> 13);
     for (const View& v : views) {
@@ -579,7 +583,7 @@ TEST(DigestTreeTest, StridedViewsDigestAsTheirLogicalBytes) {
                                                          v.offset);
       for (DigestAlgo algo : {DigestAlgo::kMd5, DigestAlgo::kSha256, DigestAlgo::kXxh3}) {
         const std::string what = std::string(v.what) + ", " + std::string(digest_name(algo)) +
-                                 ", dtype " + std::to_string(dt.code);
+                                 ", dtype " + std::string(dtype_name(dt.code));
         Hasher h(algo);
         TensorDigester want_d(&h, dt.code, true);
         want_d.update(logical.data(), logical.size());
@@ -608,7 +612,7 @@ TEST(DigestTreeTest, PlainUpToOneLeafThenTreeOfLeaves) {
   for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = uint8_t(i * 31 + (i >> 13));
 
   Hasher h(DigestAlgo::kMd5);
-  TensorDigester one_leaf(&h, 0, false);
+  TensorDigester one_leaf(&h, Dtype::kUInt8, false);
   one_leaf.update(bytes.data(), kLeafBytes);
   TensorDesc got;
   one_leaf.finish(&got);
@@ -616,7 +620,7 @@ TEST(DigestTreeTest, PlainUpToOneLeafThenTreeOfLeaves) {
   plain(bytes.data(), kLeafBytes, want.digest.data());
   EXPECT_TRUE(std::equal(want.digest.begin(), want.digest.begin() + 16, got.digest.begin()));
 
-  TensorDigester tree(&h, 0, false);
+  TensorDigester tree(&h, Dtype::kUInt8, false);
   tree.update(bytes.data(), bytes.size());
   tree.finish(&got);
   std::string root_input("detaudit-tree-1", 16);
@@ -631,7 +635,7 @@ TEST(DigestTreeTest, PlainUpToOneLeafThenTreeOfLeaves) {
   EXPECT_TRUE(std::equal(want.digest.begin(), want.digest.begin() + 16, got.digest.begin()));
 
   // The same root when the two whole leaves go through MD5's vector lanes.
-  TensorDigester lanes(&h, 0, false);
+  TensorDigester lanes(&h, Dtype::kUInt8, false);
   lanes.update_all(bytes.data(), bytes.size(),
                    [](size_t n, const std::function<void(size_t, size_t)>& fn) { fn(0, n); });
   lanes.finish(&got);
@@ -730,7 +734,9 @@ TEST(Md5BatchTest, EachMessageHasTheDigestAndStatisticsOfItsBytes) {
     for (size_t m = 0; m < count; ++m) {
       const size_t n = m == 5 ? Md5Batch::kMaxMessageBytes
                               : lengths[(m * 7 + count) % std::size(lengths)];
-      const uint8_t dtype = m % 3 == 0 ? 6 : m % 3 == 1 ? 3 : 7;  // float, int32, double
+      const Dtype dtype = m % 3 == 0   ? Dtype::kFloat32
+                          : m % 3 == 1 ? Dtype::kInt32
+                                       : Dtype::kFloat64;
       const bool with_stats = m % 4 != 3;
       const uint8_t* data = bytes.data() + (m * 8) % 64;
       ASSERT_TRUE(batch.has_room(n));
@@ -765,14 +771,14 @@ TEST(Md5BatchTest, HasRoomForAsManyMessagesAndBytesAsItHolds) {
   for (size_t m = 0; m < Md5Batch::kMaxMessages; ++m) {
     ASSERT_TRUE(batch.has_room(100));
     std::memset(batch.reserve(100), int(m), 100);
-    batch.commit(0, false);
+    batch.commit(Dtype::kUInt8, false);
   }
   EXPECT_FALSE(batch.has_room(1));
   batch.clear();
   size_t whole = 0;
   while (batch.has_room(Md5Batch::kMaxMessageBytes)) {
     std::memset(batch.reserve(Md5Batch::kMaxMessageBytes), 1, Md5Batch::kMaxMessageBytes);
-    batch.commit(0, false);
+    batch.commit(Dtype::kUInt8, false);
     ++whole;
   }
   EXPECT_EQ(whole,
