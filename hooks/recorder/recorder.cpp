@@ -28,21 +28,18 @@ using trace::ValueType;
 
 namespace {
 
-constexpr size_t kHandoverBytes = 256 * 1024;
-constexpr size_t kStreamReserve = 4 * kHandoverBytes;
-constexpr uint64_t kHandoverNs = 50'000'000;  // bounds what a kill -9 can lose
-
-uint64_t now_ns() {
-  return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                      std::chrono::steady_clock::now().time_since_epoch())
-                      .count());
-}
-
 // DETAUDIT_MD5_BATCH=off hashes every small tensor alone when the op reaches it: the same trace,
 // for tests that compare the two, and benchmarks.
 bool md5_batch_wanted() {
   const char* v = std::getenv("DETAUDIT_MD5_BATCH");
   return !(v && std::string(v) == "off");
+}
+
+// The thread's MD5 batch, when the config's digest is MD5 and this CPU batches it.
+std::unique_ptr<Md5TensorBatch> md5_batch_for(const Config& config) {
+  if (config.digest == trace::DigestAlgo::kMd5 && Md5Batch::available() && md5_batch_wanted())
+    return std::make_unique<Md5TensorBatch>();
+  return nullptr;
 }
 
 // With DETAUDIT_DEBUG set, says once per op why it could not be recorded. Only then is the
@@ -100,12 +97,11 @@ ThreadRecorder* ThreadRecorder::current() {
 
 ThreadRecorder::ThreadRecorder()
     : fork_generation_(ProcessRecorder::instance().fork_generation()),
+      md5_batch_(md5_batch_for(ProcessRecorder::instance().config())),
+      sink_(md5_batch_.get()),
       cache_(ProcessRecorder::instance().config().rehash_inputs) {
   hasher_ = std::make_unique<Hasher>(ProcessRecorder::instance().config().digest);
   device_digest_ = ProcessRecorder::instance().config().digest == trace::DigestAlgo::kDevice;
-  if (ProcessRecorder::instance().config().digest == trace::DigestAlgo::kMd5 &&
-      Md5Batch::available() && md5_batch_wanted())
-    md5_batch_ = std::make_unique<Md5TensorBatch>();
   frames_.resize(64);
   ProcessRecorder::instance().register_thread(this);
 }
@@ -116,37 +112,24 @@ ThreadRecorder::~ThreadRecorder() {
 }
 
 void ThreadRecorder::finish() {
-  if (!pending_collectives_.empty()) write_completed_collectives(/*at_end=*/true);
-  if (!stream_open_) return;
-  InBuffer in_buffer(&stream_);
+  if (collectives_.any_pending()) write_completed_collectives(/*at_end=*/true);
+  if (!sink_.started()) return;
+  InBuffer in_buffer = sink_.enter();
   if (!in_buffer.entered()) return;
   if (md5_batch_) md5_batch_->run();
   device_batch_.launch(Launch::kThreadEnd);
-  if (!held_.empty()) {
-    drain_device_digests();
-    release_held();
-  }
-  encoder_.end(totals_, sink());
-  stream_.committed.store(stream_.bytes.size(), std::memory_order_release);
-  StreamWriter::instance().hand_over(&stream_);
-  stream_open_ = false;  // a later op on this thread would start a second stream file
+  if (sink_.holding()) drain_device_digests();
+  sink_.end();  // a later op on this thread would start a second stream file
 }
 
 void ThreadRecorder::reset_after_fork() {
   // Everything here describes the parent's stream: the child starts its own.
   fork_generation_ = ProcessRecorder::instance().fork_generation();
-  stream_.fd = -1;
-  stream_.bytes.clear();
-  stream_.committed.store(0);
-  held_ = PendingRecords();
+  sink_.reset_after_fork();
   device_batch_.forget_after_fork();
-  if (md5_batch_) md5_batch_->discard();
-  stream_open_ = false;
   thread_name_.clear();
   identity_.reset();
   capture_seen_.clear();
-  strings_.clear();
-  pending_strings_.clear();
   for (auto& [name, info] : ops_) info.name_id = UINT32_MAX;
   cache_.clear();
   next_tensor_id_ = 0;
@@ -154,22 +137,16 @@ void ThreadRecorder::reset_after_fork() {
   last_scope_written_ = UINT32_MAX;
   scope_changes_seen_ = UINT64_MAX;  // the string table starts afresh
   last_order_written_ = 0;
-  totals_ = {};
-  starting_collective_.reset();
-  pending_collectives_.clear();
+  collectives_.clear();
   ProcessRecorder::instance().register_thread(this);
 }
 
 void ThreadRecorder::open_stream() {
   ProcessRecorder& proc = ProcessRecorder::instance();
   const std::string process = proc.process_name();
-  stream_.fd = create_exclusive(proc.streams_dir(), layout::stream_name(process, identity_->name),
-                                layout::kTraceExt, &thread_name_);
+  const int fd = create_exclusive(proc.streams_dir(), layout::stream_name(process, identity_->name),
+                                  layout::kTraceExt, &thread_name_);
   thread_name_ = thread_name_.substr(std::min(thread_name_.size(), process.size() + 3));
-  stream_open_ = true;
-  // Room for a handover's bytes, taken now: when the buffer grows must not depend on timing.
-  stream_.bytes.reserve(kStreamReserve);
-  StreamWriter::instance().start();
   trace::StreamHeader h;
   h.algo = proc.config().digest;
   h.rank = proc.rank();
@@ -180,31 +157,15 @@ void ThreadRecorder::open_stream() {
   h.unix_ns = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
                            std::chrono::system_clock::now().time_since_epoch())
                            .count());
-  // The header goes to the file now, with it: a stream file is never there without one, whatever
-  // ends the process. When the disk refuses it, the file goes and the stream is not recorded.
-  std::string header;
-  encoder_.header(h, &header);
-  if (stream_.fd >= 0 && !write_fully(stream_.fd, header.data(), header.size())) {
+  // When the disk refuses the header, the file goes and the stream is not recorded.
+  if (!sink_.start(fd, h)) {
     const int err = errno;
     const std::string path = proc.streams_dir() + "/" + layout::stream_name(process, thread_name_) +
                              layout::kTraceExt;
     ::unlink(path.c_str());
-    ::close(stream_.fd);
-    stream_.fd = -1;
     proc.note_lost_stream(path, err);
   }
-  stream_.committed.store(0, std::memory_order_release);
-  last_handover_ns_ = now_ns();
   proc.write_environment_once();
-}
-
-uint32_t ThreadRecorder::intern(std::string_view s) {
-  auto it = strings_.find(std::string(s));
-  if (it != strings_.end()) return it->second;
-  uint32_t id = uint32_t(strings_.size());
-  strings_.emplace(std::string(s), id);
-  pending_strings_.emplace_back(s);
-  return id;
 }
 
 const OpInfo& ThreadRecorder::op_info(const at::RecordFunction& fn) {
@@ -213,7 +174,7 @@ const OpInfo& ThreadRecorder::op_info(const at::RecordFunction& fn) {
   // Other records name themselves with short-lived strings: a reused address must match too.
   if (fast != ops_by_name_ptr_.end() && std::strcmp(fast->second->name.c_str(), name) == 0) {
     OpInfo& info = *fast->second;
-    if (info.name_id == UINT32_MAX) info.name_id = intern(name);
+    if (info.name_id == UINT32_MAX) info.name_id = sink_.intern(name);
     return info;
   }
   auto op_name = fn.operator_name();
@@ -224,7 +185,7 @@ const OpInfo& ThreadRecorder::op_info(const at::RecordFunction& fn) {
     it = ops_.emplace(key, describe_op(name, op_name, selected)).first;
     it->second.name_id = UINT32_MAX;
   }
-  if (it->second.name_id == UINT32_MAX) it->second.name_id = intern(name);
+  if (it->second.name_id == UINT32_MAX) it->second.name_id = sink_.intern(name);
   ops_by_name_ptr_[name] = &it->second;
   return it->second;
 }
@@ -286,7 +247,7 @@ void ThreadRecorder::on_start(const at::RecordFunction& fn) {
   if (fork_generation_ != ProcessRecorder::instance().fork_generation()) reset_after_fork();
   ProcessRecorder& proc = ProcessRecorder::instance();
   // Before this op can read a buffer a collective filled.
-  if (!pending_collectives_.empty()) write_completed_collectives(/*at_end=*/false);
+  if (collectives_.any_pending()) write_completed_collectives(/*at_end=*/false);
 
   if (depth_ == frames_.size()) frames_.resize(frames_.size() * 2);
   Frame& f = frames_[depth_];
@@ -482,7 +443,7 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f, trace::Pha
   f.name_id = info.name_id;
   // Interned only when a scope opened or closed: most ops share their neighbours' path.
   if (phases_.scope_changes() != scope_changes_seen_) {
-    scope_id_ = intern(phases_.scope_path());
+    scope_id_ = sink_.intern(phases_.scope_path());
     scope_changes_seen_ = phases_.scope_changes();
   }
   f.scope_id = scope_id_;
@@ -506,11 +467,8 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f, trace::Pha
     uint64_t overwritten = info.overwritten_args, written = info.written_args;
     if (info.collective.defined()) {
       f.collective = true;
-      DETAUDIT_DCHECK(!starting_collective_, "collectives do not nest: one begins at a time");
-      starting_collective_.emplace();
-      starting_collective_->info.op_order = f.order;
       // A receive buffer is filled in full when the Work completes.
-      overwritten = written = collective_overwritten(fn, info, &starting_collective_->info);
+      overwritten = written = start_collective(fn, info, f.order);
     }
     if (info.layout_arg >= 0) {
       auto inputs = fn.inputs();
@@ -530,7 +488,7 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f, trace::Pha
     // A loss is begun at its end (sentinel_wants), when its inputs are gone.
     if (proc.config().inputs && !f.loss_candidate) {
       // Inside the buffer, so that small inputs can join the MD5 batch (md5_batch_).
-      InBuffer in_buffer(md5_batch_ ? &stream_ : nullptr, &in_buffer_);
+      InBuffer in_buffer = sink_.enter(md5_batch_ != nullptr);
       auto inputs = fn.inputs();
       ByteWriter(&bytes_).varint(inputs.size());
       for (size_t i = 0; i < inputs.size(); ++i) {
@@ -593,7 +551,7 @@ std::vector<std::string> ThreadRecorder::input_digests_now(const Frame& f) {
     if (s.pending) {
       // A capture run may wait for the device: the digest decides whether this is the op.
       if (!s.pending->done() && md5_batch_) {
-        InBuffer in_buffer(&stream_);
+        InBuffer in_buffer = sink_.enter();
         if (in_buffer.entered()) md5_batch_->run();
       }
       if (!s.pending->done()) {
@@ -635,7 +593,7 @@ void ThreadRecorder::emit_written_args(const Frame& f, ByteWriter& w) {
   w.varint(writes.size());
   size_t next = f.written_begin;
   for (size_t k = 0; k < writes.size(); ++k) {
-    w.varint(intern(writes[k].name));
+    w.varint(sink_.intern(writes[k].name));
     size_t end = next;
     while (end < f.written_end && written_[end].write == k) ++end;
     if (writes[k].list) {
@@ -653,29 +611,25 @@ void ThreadRecorder::forget_written_args(const Frame& f) {
     if (at::Tensor t(written_[k].impl.lock()); t.defined()) cache_.wrote_unseen(t);
 }
 
-void ThreadRecorder::emit_string_records() {
-  for (const std::string& s : pending_strings_) string_encoder_.string(s, sink());
-  pending_strings_.clear();
-}
-
 void ThreadRecorder::write_record(const Frame& f, const at::RecordFunction& fn) {
   ProcessRecorder& proc = ProcessRecorder::instance();
-  if (!stream_open_) open_stream();
+  if (!sink_.started()) open_stream();
+  trace::RecordEncoder& encoder = sink_.encoder();
   if (f.step != last_step_written_) {
     trace::StepInfo info = proc.step_info();
     info.step = f.step;
     info.order = f.step == step_started_ ? step_first_order_ : f.order;
-    encoder_.step(info, sink());
+    encoder.step(info, sink_.out());
     last_step_written_ = f.step;
     phases_.new_step();
   }
   if (f.scope_id != last_scope_written_) {
-    emit_string_records();  // the path's string precedes the SCOPE record that names it
-    encoder_.scope(f.scope_id, sink());
+    sink_.write_strings();  // the path's string precedes the SCOPE record that names it
+    encoder.scope(f.scope_id, sink_.out());
     last_scope_written_ = f.scope_id;
   }
 
-  ByteWriter& w = encoder_.begin(trace::RecordKind::kOp);
+  ByteWriter& w = encoder.begin(trace::RecordKind::kOp);
   w.zvarint(int64_t(f.order - last_order_written_));
   w.varint(f.name_id);
   w.u8(f.bits);
@@ -692,54 +646,25 @@ void ThreadRecorder::write_record(const Frame& f, const at::RecordFunction& fn) 
   const auto& outputs = fn.outputs();
   w.varint(outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) {
-    if (f.collective || returns_unfilled_buffer(outputs[i]))
+    if (f.collective || collectives_.returns_unfilled_buffer(outputs[i]))
       emit_pending_output(outputs[i], w);
     else
       emit_output(outputs[i], w, f, i < 64 && (f.info->scratch_outputs >> i) & 1);
   }
   if (!f.info->unreturned_writes.empty()) emit_written_args(f, w);
 
-  // Strings interned while encoding this op must precede it in the file.
-  emit_string_records();
-  if (holes_.empty()) {
-    encoder_.finish(sink());
-  } else {
-    held_.hold(encoder_.scratch(), std::move(holes_));
-    holes_.clear();
-  }
+  sink_.finish_record(&holes_);
   last_order_written_ = f.order;
-  ++totals_.ops;
-  release_held();
-  stream_.committed.store(stream_.bytes.size(), std::memory_order_release);
-  if (f.collective && starting_collective_) {
-    follow_collective(*starting_collective_, outputs);
-    pending_collectives_.push_back(std::move(*starting_collective_));
-    starting_collective_.reset();
+  ++sink_.totals().ops;
+  sink_.release_held();
+  sink_.commit();
+  if (f.collective && collectives_.starting()) {
+    // Its buffers change when the Work completes, unseen: what the cache says of them is void.
+    for (const at::Tensor& t : collectives_.starting()->received) cache_.wrote_unseen(t);
+    const Config& config = proc.config();
+    collectives_.returned(outputs, config.digest, config.stats);
   }
-  after_record();
-}
-
-void ThreadRecorder::release_held() {
-  if (!held_.empty() && held_.release(&stream_.bytes))
-    stream_.committed.store(stream_.bytes.size(), std::memory_order_release);
-}
-
-void ThreadRecorder::submit_md5_batch() {
-  if (!md5_batch_ || md5_batch_->empty()) return;
-  md5_batch_->submit_if_idle();
-  release_held();
-}
-
-void ThreadRecorder::release_held_for_save(long max_wait_ms) {
-  // Bounded: the digest thread may be starved, and the process is about to end.
-  if (md5_batch_) md5_batch_->run(std::min(max_wait_ms, 2000L));
-  release_held();
-}
-
-void ThreadRecorder::save_held_after(size_t saved) {
-  if (stream_.writing.load()) return;
-  release_held_for_save();
-  StreamWriter::instance().crash_flush(&stream_, saved);
+  sink_.after_record();
 }
 
 std::string ThreadRecorder::open_op(uint64_t* step) const {
@@ -754,31 +679,8 @@ std::string ThreadRecorder::open_op(uint64_t* step) const {
 }
 
 void ThreadRecorder::close_for_signal(int sig, bool exiting, bool stopped) {
-  // A record still waiting for a digest, or one being written, would be missing behind the END.
-  if (!stream_open_ || stream_.fd < 0 || stream_.writing.load() || !held_.empty()) return;
-  trace::EndInfo end = totals_;
-  end.signal = sig;
-  end.ending_bits = exiting ? trace::kEndExiting : 0;
-  if (stopped) {
-    end.ending_bits |= trace::kEndThreadKnown;
-    uint64_t step = 0;
-    end.open_op = open_op(&step);
-    if (!end.open_op.empty()) end.ending_bits |= trace::kEndInsideOp;
-  }
-  char buf[trace::kMaxEndRecordBytes];
-  StreamWriter::instance().append_now(&stream_, buf, trace::encode_end(end, buf));
-}
-
-void ThreadRecorder::after_record() {
-  const bool big = stream_.bytes.size() >= kHandoverBytes;
-  if (big || (++records_since_handover_ & 7) == 0) {
-    uint64_t now = now_ns();
-    if (big || now - last_handover_ns_ >= kHandoverNs) {
-      submit_md5_batch();  // what waits for it goes with a later hand-over
-      StreamWriter::instance().hand_over(&stream_);
-      last_handover_ns_ = now;
-    }
-  }
+  uint64_t step = 0;
+  sink_.close_for_signal(sig, exiting, stopped, stopped ? open_op(&step) : std::string());
 }
 
 void ThreadRecorder::on_end(const at::RecordFunction& fn) {
@@ -807,7 +709,7 @@ void ThreadRecorder::on_end(const at::RecordFunction& fn) {
   // The only place this thread changes its stream buffer while the process runs: a stop
   // signal's save waits until no thread is here, then saves every buffer.
   if (f.recorded) {
-    InBuffer in_buffer(&stream_, &in_buffer_);
+    InBuffer in_buffer = sink_.enter();
     if (in_buffer.entered()) {
       Busy busy(&busy_);
       try {
@@ -826,7 +728,7 @@ void ThreadRecorder::on_end(const at::RecordFunction& fn) {
     else if (enclosing_kernel_may_write_batch(i - 1))
       device_batch_.launch(Launch::kEnclosing);
   }
-  if (f.collective) starting_collective_.reset();  // not recorded after all
+  if (f.collective) collectives_.cancel();  // not recorded after all
   // A compiled region's kernels may have written any tensor, unseen (a C++ program's, torch 1.x,
   // record.compiled_kernels off, an extern fallback): nothing described before it is trusted.
   if (f.info && f.info->compiled_region) cache_.clear();

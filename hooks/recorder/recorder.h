@@ -4,9 +4,11 @@
 // The interposer's recorder: RecordFunction callbacks that turn each op into one OP record.
 //
 // ProcessRecorder holds what one process shares (config, step, program order, rank, its name).
-// ThreadRecorder holds one thread's stream: its buffer, its string table and its tensor cache,
-// so the op path takes no lock. An op's inputs are described when it starts (an in-place op is
-// about to change them) and its record is written when it ends.
+// ThreadRecorder is one thread's op path, lock-free: its frames and its tensor cache. An op's
+// inputs are described when it starts (an in-place op is about to change them) and its record
+// is written when it ends. Its two parts with one job each: the record sink (hooks/stream:
+// buffer, string table, held records, hand-overs) and the collective follower
+// (hooks/collectives: receive buffers until their Work completes).
 //
 // The jobs around it, each in its own file: op_schema (what an op reads and writes),
 // phase_tracker (phase, depth, step ends, user scopes), tensor_cache (what was described),
@@ -25,7 +27,7 @@
 #include <vector>
 
 #include "capture/op_capture.h"
-#include "collectives/received_buffers.h"
+#include "collectives/collective_follower.h"
 #include "config/config.h"
 #include "digest/digest.h"
 #include "ops/op_schema.h"
@@ -33,8 +35,7 @@
 #include "ops/torch_compat.h"
 #include "process/environment.h"
 #include "process/stream_identity.h"
-#include "stream/pending_records.h"
-#include "stream/stream_writer.h"
+#include "stream/record_sink.h"
 #include "tensors/device_digests.h"
 #include "tensors/md5_tensor_batch.h"
 #include "tensors/tensor_cache.h"
@@ -175,15 +176,15 @@ class ThreadRecorder {
   void on_end(const at::RecordFunction& fn);
   // Writes the END record and hands everything over.
   void finish();
-  StreamBuffer* stream() { return &stream_; }
+  StreamBuffer* stream() { return sink_.buffer(); }
   // For a stop signal's save, once this thread is out of its buffer for good: the held
   // records whose digests are in, into the buffer to be saved. Waits at most `max_wait_ms` for
   // the digest thread.
-  void release_held_for_save(long max_wait_ms = 2000);
+  void release_held_for_save(long max_wait_ms = 2000) { sink_.release_held_for_save(max_wait_ms); }
   // For the thread a signal stopped, once its whole records are saved up to `saved`: its held
   // records, if it is out of its buffer, released and appended. Last of all, because releasing
   // them frees memory of its malloc arena, whose lock a thread stopped inside malloc holds.
-  void save_held_after(size_t saved);
+  void save_held_after(size_t saved) { sink_.save_held_after(saved); }
   // For a signal's save, once this thread's records are saved: its END record naming the signal,
   // when nothing it recorded is still missing. `stopped`: the signal stopped this thread, so
   // whether an op was open on it is known.
@@ -254,7 +255,6 @@ class ThreadRecorder {
   void open_stream();
   void reset_after_fork();
   const OpInfo& op_info(const at::RecordFunction& fn);
-  uint32_t intern(std::string_view s);
   void begin_op(const at::RecordFunction& fn, Frame& f, trace::Phase phase);
   // Whether this op is to be recorded (and in which phase), once its OpInfo is known.
   bool recording_wanted(const OpInfo& info, trace::Phase* phase);
@@ -301,32 +301,14 @@ class ThreadRecorder {
                    bool scratch = false);
   void emit_output_tensor(const at::Tensor& t, trace::ByteWriter& w, const Frame& f, bool scratch);
 
-  // A collective's receive buffers: geometry when the op returns, contents described when its
-  // Work's future completed (received_buffers.h), written in a COLLECTIVE record at this
-  // thread's next op after that.
-  struct PendingCollective {
-    trace::CollectiveInfo info;
-    std::vector<at::Tensor> received;  // until the op returns; then in `buffers`
-    c10::intrusive_ptr<c10::ivalue::Object> work;
-    c10::intrusive_ptr<c10::ivalue::Future> future;  // the Work's, if it has one
-    std::shared_ptr<ReceivedBuffers> buffers;
-    // Described, or to be described now: the future (else the Work) completed.
-    bool ready();
-  };
-  // Bytes a collective in flight is still filling. A functional collective
-  // (_c10d_functional::all_reduce) returns the buffer its inner c10d op fills later, and
-  // wait_tensor takes it before it is filled: neither reads it.
-  bool unfilled_collective_buffer(const at::Tensor& t);
-  bool returns_unfilled_buffer(const c10::IValue& v);
-  // Hands the returned op's receive buffers to the thread that completes its future.
-  void follow_collective(PendingCollective& p, const std::vector<c10::IValue>& outputs);
-  uint64_t collective_overwritten(const at::RecordFunction& fn, const OpInfo& info,
-                                  trace::CollectiveInfo* call);
+  // A collective op starts: numbered in its group, followed (collectives_); returns the
+  // arguments it overwrites rather than reads.
+  uint64_t start_collective(const at::RecordFunction& fn, const OpInfo& info, uint64_t order);
   void emit_pending_output(const c10::IValue& v, trace::ByteWriter& w);
   void emit_received(const at::Tensor& t, const ReceivedBuffers::Described& d, trace::ByteWriter& w,
                      uint64_t op_order);
-  // Writes a COLLECTIVE record for each pending collective whose Work completed; `at_end`: for
-  // every one, "not completed" if it has not.
+  // Writes a COLLECTIVE record for each collective whose Work completed; `at_end`: for every
+  // one, "not completed" if it has not.
   void write_completed_collectives(bool at_end);
 
   // Takes the op's unreturned written arguments into written_ (Frame::written_begin/end).
@@ -335,26 +317,21 @@ class ThreadRecorder {
   void emit_written_args(const Frame& f, trace::ByteWriter& w);
   // An op not recorded wrote them: what the cache holds over their storages is void.
   void forget_written_args(const Frame& f);
-  void emit_string_records();
   void write_record(const Frame& f, const at::RecordFunction& fn);
-  // Where the stream's records go now: its buffer, or behind a record still held.
-  std::string* sink() { return held_.sink(&stream_.bytes); }
-  // Moves the held records whose digests are in to the buffer (inside enter_write()).
-  void release_held();
-  void after_record();
   uint64_t rng_state(const at::RecordFunction& fn);
 
   uint32_t fork_generation_;
-  bool busy_ = false;                     // set while the recorder itself runs tensor ops
-  bool saw_fake_tensor_ = false;          // an input of the op being captured has no data
-  bool compiled_region_in_step_ = false;  // tensors first seen now are likely a region's output
-  bool stream_open_ = false;
-  std::optional<ThreadIdentity> identity_;                  // asked at this thread's first op
+  bool busy_ = false;                       // set while the recorder itself runs tensor ops
+  bool saw_fake_tensor_ = false;            // an input of the op being captured has no data
+  bool compiled_region_in_step_ = false;    // tensors first seen now are likely a region's output
+  std::optional<ThreadIdentity> identity_;  // asked at this thread's first op
   std::unordered_map<std::string, uint64_t> capture_seen_;  // a capture's op -> recorded here
   std::string thread_name_;                                 // claimed with the stream file
-  StreamBuffer stream_;
-  trace::RecordEncoder encoder_;         // op records
-  trace::RecordEncoder string_encoder_;  // string records, written while an op body is open
+  // MD5 of small CPU tensors, batched and hashed on the digest thread; null for other digests.
+  // Only inside the buffer (sink_.enter()), so a stop signal's save can run it when the thread
+  // is out (release_held_for_save).
+  std::unique_ptr<Md5TensorBatch> md5_batch_;
+  RecordSink sink_;
   // Device digests: the tensors of the next launch, and records waiting for digests.
   bool device_digest_ = false;
   DeviceBatch device_batch_;
@@ -362,21 +339,11 @@ class ThreadRecorder {
   // Descriptions made while encoding a value, reused: write_new() copies into the second while
   // its caller holds the first.
   trace::TensorDesc desc_scratch_, desc_copy_;
-  PendingRecords held_;
-  // MD5 of small CPU tensors, batched and hashed on the digest thread; null for other digests.
-  // Only inside enter_write(), so a stop signal's save can run it when the thread is out
-  // (release_held_for_save).
-  std::unique_ptr<Md5TensorBatch> md5_batch_;
-  bool in_buffer_ = false;
-  // Hands the batch being filled to the digest thread if it is idle, and releases what is done.
-  void submit_md5_batch();
 
   // By "name.overload": overloads differ (linspace is composite, linspace.out writes `out`).
   std::unordered_map<std::string, OpInfo> ops_;
   // By name pointer, the fast path: a dispatcher op's name lives in its overload's schema.
   std::unordered_map<const char*, OpInfo*> ops_by_name_ptr_;
-  std::unordered_map<std::string, uint32_t> strings_;
-  std::vector<std::string> pending_strings_;  // interned, not yet written
 
   TensorCache cache_;
   int64_t next_tensor_id_ = 0;
@@ -402,14 +369,10 @@ class ThreadRecorder {
   bool unselected_since_clear_ = false;       // ops ran unrecorded: the caches may be stale
   uint64_t op_callback_epoch_ = 0;
   uint64_t last_order_written_ = 0;
-  uint64_t records_since_handover_ = 0;
-  uint64_t last_handover_ns_ = 0;
 
-  std::optional<PendingCollective> starting_collective_;  // collectives do not nest
-  std::vector<PendingCollective> pending_collectives_;
+  CollectiveFollower collectives_;
 
   std::unique_ptr<Hasher> hasher_;
-  trace::EndInfo totals_;
 };
 
 }  // namespace detaudit::hooks

@@ -73,7 +73,7 @@ void ThreadRecorder::capture_value(const c10::IValue& v, Use use) {
     } else if (const char* why = unhashable_reason(t)) {
       saw_fake_tensor_ |= why == kNoDataReason;
       w.u8(uint8_t(ValueType::kTensorSkipped));
-      w.varint(intern(why));
+      w.varint(sink_.intern(why));
     } else {
       capture_tensor(t, use);
     }
@@ -89,7 +89,7 @@ void ThreadRecorder::capture_value(const c10::IValue& v, Use use) {
     w.f64(v.toDouble());
   } else if (v.isString()) {
     w.u8(uint8_t(ValueType::kString));
-    w.varint(intern(v.toStringRef()));
+    w.varint(sink_.intern(v.toStringRef()));
   } else if (v.isIntList()) {
     auto list = v.toIntList();
     w.u8(uint8_t(ValueType::kIntList));
@@ -129,7 +129,7 @@ void ThreadRecorder::capture_value(const c10::IValue& v, Use use) {
     w.u64(generator_digest(v.toGenerator()));
   } else {
     w.u8(uint8_t(ValueType::kOther));
-    w.varint(intern(v.tagKind()));
+    w.varint(sink_.intern(v.tagKind()));
   }
 }
 
@@ -147,7 +147,7 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t, Use use) {
   s.base_id = -1;
   s.pending.reset();
   s.written = use == Use::kWrittenInFull;
-  if (use == Use::kRead && unfilled_collective_buffer(t)) use = Use::kNotRead;
+  if (use == Use::kRead && collectives_.unfilled_buffer(t)) use = Use::kNotRead;
 
   if (s.cacheable) {
     TensorCache::Entry* e = cache_.lookup(t, s.version, /*allow_external=*/true);
@@ -190,8 +190,8 @@ void ThreadRecorder::capture_tensor(const at::Tensor& t, Use use) {
     s.cacheable = false;
     return;
   } else {
-    totals_.bytes_hashed += describe_contents(t, &s.desc, &s.pending, /*may_wait=*/!shared);
-    ++totals_.tensors_hashed;
+    sink_.totals().bytes_hashed += describe_contents(t, &s.desc, &s.pending, /*may_wait=*/!shared);
+    ++sink_.totals().tensors_hashed;
     if (st && st->garbage && st->version == s.version && st->id >= 0) {
       // Bytes no op wrote since an `empty` (and no constructor filled): a read of garbage,
       // its digest kept, its base the empty's output, which names the allocating op.
@@ -250,7 +250,7 @@ uint64_t ThreadRecorder::describe_contents(const at::Tensor& t, trace::TensorDes
     *pending = device_batch_.add(t, stats);
     return uint64_t(t.numel()) * uint64_t(t.element_size());
   }
-  if (md5_batch_ && in_buffer_ && may_wait && Md5TensorBatch::takes(t)) {
+  if (md5_batch_ && sink_.inside() && may_wait && Md5TensorBatch::takes(t)) {
     describe_geometry(t, hasher_->length(), desc);
     *pending = md5_batch_->add(t, stats);
     if (*pending) return t.nbytes();
@@ -282,7 +282,7 @@ int64_t ThreadRecorder::write_new(ByteWriter& w, const trace::TensorDesc& desc, 
   }
   if (pending && !pending->done()) {
     // Filled in when the digest is in: the record waits, in its place (pending_records.h).
-    holes_.push_back({encoder_.scratch().size(), base_back, *out, pending});
+    holes_.push_back({sink_.encoder().scratch().size(), base_back, *out, pending});
     return id;
   }
   if (pending) {
@@ -302,7 +302,7 @@ void ThreadRecorder::emit_output(const c10::IValue& v, ByteWriter& w, const Fram
       w.u8(uint8_t(ValueType::kNone));
     } else if (const char* why = unhashable_reason(t)) {
       w.u8(uint8_t(ValueType::kTensorSkipped));
-      w.varint(intern(why));
+      w.varint(sink_.intern(why));
     } else {
       emit_output_tensor(t, w, f, scratch);
     }
@@ -412,11 +412,11 @@ void ThreadRecorder::emit_output_tensor(const at::Tensor& t, ByteWriter& w, cons
         // Known from the op's arguments (a fill's value, a copy's source): not read.
         describe_geometry(t, hasher_->length(), &desc);
         pending = f.known_output;
-        totals_.bytes_hashed += uint64_t(t.numel()) * uint64_t(t.element_size());
+        sink_.totals().bytes_hashed += uint64_t(t.numel()) * uint64_t(t.element_size());
       } else {
-        totals_.bytes_hashed += describe_contents(t, &desc, &pending, /*may_wait=*/!shared);
+        sink_.totals().bytes_hashed += describe_contents(t, &desc, &pending, /*may_wait=*/!shared);
       }
-      ++totals_.tensors_hashed;
+      ++sink_.totals().tensors_hashed;
       if (shared) desc.sharing = trace::Sharing::kSharedMemory;  // this op wrote it
     }
     if (cacheable) {

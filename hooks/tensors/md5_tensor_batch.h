@@ -10,11 +10,12 @@
 
 #include <memory>
 
+#include "stream/record_sink.h"
 #include "tensors/md5_batch_slots.h"
 
 namespace detaudit::hooks {
 
-class Md5TensorBatch {
+class Md5TensorBatch final : public AsyncDigests {
  public:
   // Whether t's bytes go through a batch: a CPU tensor of plain bits (no lazy conjugate or
   // negation), of one leaf at most, laid out so that its elements can be gathered.
@@ -22,10 +23,10 @@ class Md5TensorBatch {
   // t's digest and statistics, computed later; t may change or go meanwhile. Null when its
   // view cannot be gathered (nothing was added).
   std::shared_ptr<PendingDigest> add(const at::Tensor& t, bool with_stats);
-  void submit_if_idle() { slots_.submit_if_idle(); }
-  bool run(long max_wait_ms = -1) { return slots_.run(max_wait_ms); }
-  bool empty() const { return slots_.empty(); }
-  void discard() { slots_.discard(); }
+  void submit_if_idle() override { slots_.submit_if_idle(); }
+  bool run(long max_wait_ms = -1) override { return slots_.run(max_wait_ms); }
+  bool empty() const override { return slots_.empty(); }
+  void discard() override { slots_.discard(); }
 
  private:
   Md5BatchSlots slots_;
