@@ -104,7 +104,9 @@ def stages(rec, plain_total):
                         R + r"describe_contents\(")
     capture = rec.inclusive(R + r"capture_value\(") - hash_in
     outputs = rec.inclusive(R + r"emit_output\(") + rec.inclusive(R + r"emit_pending_output\(") - hash_out
-    handover = (rec.edge(R + r"write_record\(", R + r"(after_record|release_held)\(") +
+    # The hand-over is the record sink's (hooks/stream/record_sink.h), once the recorder's own.
+    sink = r"detaudit::hooks::(ThreadRecorder|RecordSink)::"
+    handover = (rec.edge(R + r"write_record\(", sink + r"(after_record|release_held)\(") +
                 rec.edge(R + r"write_record\(", r"detaudit::hooks::StreamWriter::"))
     encode = rec.inclusive(R + r"write_record\(") - outputs - hash_out - handover
     # A device batch that an add fills is launched inside the add: that launch, and the host

@@ -23,7 +23,7 @@ constexpr int kGroupsPerStep = 100;  // each 6 ops
 
 TensorDesc make_tensor(uint64_t fill, bool external) {
   TensorDesc t;
-  t.dtype = 6;
+  t.dtype = Dtype::kFloat32;
   t.bits = kTensorContiguous | kTensorHasStats | uint8_t((external ? 1 : 0) << kProvenanceShift);
   t.sizes = {32, 64};
   t.digest_len = 16;

@@ -53,7 +53,7 @@ int main() {
     std::printf("\"md5_16_lanes\": %.0f, ", v);
   }
   double stats = mbps(bytes, [&] {
-    StatsAccumulator a(6);
+    StatsAccumulator a(trace::Dtype::kFloat32);
     a.update(data.data(), bytes);
     (void)a.finish();
   });
@@ -63,7 +63,7 @@ int main() {
   // an avalanche, one after another) against its words' rounds (32 lanes side by side).
   for (bool with_stats : {false, true}) {
     double v = mbps(bytes, [&] {
-      DeviceDigester d(6, with_stats);
+      DeviceDigester d(trace::Dtype::kFloat32, with_stats);
       d.update(data.data(), bytes);
       (void)d.finish();
     });
@@ -111,7 +111,7 @@ int main() {
     Hasher h(algo);
     return mbps(cold_bytes, [&] {
       for (auto& t : cold) {
-        TensorDigester d(&h, 0, false);
+        TensorDigester d(&h, trace::Dtype::kUInt8, false);
         d.update_all(t.data(), t.size(), pool);
         trace::TensorDesc out;
         d.finish(&out);
