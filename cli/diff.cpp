@@ -10,6 +10,7 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <vector>
 
 #include "catalog/catalog.h"
@@ -35,6 +36,7 @@ struct DiffFlags {
   bool progress = false;
   bool allow_truncated = false;
   std::string perfetto;
+  std::optional<uint64_t> resume_step;
 };
 
 // Run A's timeline with the divergent ops and the first divergence marked.
@@ -156,6 +158,7 @@ int run_diff(const DiffFlags& f) {
         !s.ok())
       return report_error(s);
   }
+  options.resume_step = f.resume_step;
   if (!f.part.empty()) return write_part(f, options);
   if (!f.ranks.empty())
     return report_error(Status::error(
@@ -200,6 +203,10 @@ void add_diff_verb(CLI::App& app, VerbAction* action) {
                   "compare these ranks' streams only (\"0-255\"), with --part: one part of a "
                   "diff split over machines");
   cmd->add_option("--part", flags->part, "write the part to this file, for detaudit merge");
+  cmd->add_option(
+      "--resume-step", flags->resume_step,
+      "a run resumed from a checkpoint resumed at this step, where the tensors its "
+      "resumed process read cannot tell (README: \"Does my checkpoint resume exactly?\")");
   cmd->callback([flags, action] { *action = [flags] { return run_diff(*flags); }; });
 }
 

@@ -122,6 +122,12 @@ class StreamComparator {
     OpSource a(&ra), b(&rb);
     a.tap(limits_.on_op_a);
     b.tap(limits_.on_op_b);
+    a.window(limits_.first_step_a, limits_.skip_a, limits_.step_shift_a);
+    b.window(limits_.first_step_b, limits_.skip_b, limits_.step_shift_b);
+    if (limits_.until_step) {
+      a.stop_after_step(*limits_.until_step);
+      b.stop_after_step(*limits_.until_step);
+    }
     if (limits_.last_step_a) a.stop_after_step(*limits_.last_step_a);
     if (limits_.last_step_b) b.stop_after_step(*limits_.last_step_b);
     if (limits_.last_step_a || limits_.last_step_b)
@@ -557,6 +563,12 @@ class StreamComparator {
   void add_structural(StructuralDifference d) { add_structural(std::move(d), SkippedShape()); }
 
   void add_structural(StructuralDifference d, const SkippedShape& shape) {
+    if (limits_.resume_step && d.step == *limits_.resume_step && !out_->summary.alignment_lost) {
+      ++out_->resume_step_structure_count;
+      if (out_->resume_step_structure.size() < kMaxStructural)
+        out_->resume_step_structure.push_back(std::move(d));
+      return;
+    }
     ++out_->structural_count;
     ++out_->summary.structural;
     out_->beyond_tolerance = true;

@@ -16,6 +16,7 @@
 #include "diff/phases.h"
 #include "diff/replicas.h"
 #include "diff/report_model.h"
+#include "diff/resume.h"
 #include "diff/stream_selection.h"
 #include "diff/world.h"
 #include "trace/run_directory.h"
@@ -60,6 +61,17 @@ Status compare_streams(const StreamSelection& selection, const Fingerprints& fin
       StreamLimits l;
       l.world_lost_a = lost_world(r.worlds[0]);
       l.world_lost_b = lost_world(r.worlds[1]);
+      if (auto w = selection.windows.find(name); w != selection.windows.end()) {
+        const StreamWindow& win = w->second;
+        l.first_step_a = win.first_step[0];
+        l.first_step_b = win.first_step[1];
+        l.skip_a = win.skip[0];
+        l.skip_b = win.skip[1];
+        l.step_shift_a = win.step_shift[0];
+        l.step_shift_b = win.step_shift[1];
+        l.until_step = win.until_step;
+        l.resume_step = win.resume_step;
+      }
       if (workers) {
         if (auto it = last_step.find(parent_process(head.process)); it != last_step.end()) {
           l.last_step_a = it->second.first;
@@ -321,11 +333,14 @@ Status diff_runs(const std::string& dir_a, const std::string& dir_b, const DiffO
 
   StreamSelection selection;
   if (Status s = select_streams(run_a, run_b, options.ranks, &selection); !s.ok()) return s;
+  if (Status s = find_resumes(&selection, options.resume_step, &r.resumes, &r.notes); !s.ok())
+    return s;
   Fingerprints fingerprints[2];
   if (Status s = check_environment_and_world(run_a, run_b, &r, fingerprints); !s.ok()) return s;
   ComparedStreams compared;
   if (Status s = compare_streams(selection, fingerprints[0], options, r, &compared); !s.ok())
     return s;
+  note_resume_step_structure(r.resumes, compared.results, &r.notes);
   const std::vector<std::vector<StreamTail>> tails = stream_tails(compared.results, selection);
   add_stream_results(&compared.results, &r);
   if (Status s = compare_library_pools(run_a, run_b, &selection, &r); !s.ok()) return s;
@@ -350,6 +365,7 @@ Status diff_runs(const std::string& dir_a, const std::string& dir_b, const DiffO
   }
 
   finish_report(run_a, run_b, tails, options.part, &r);
+  explain_resumes(selection, &r);
   if (r.verdict == Verdict::kUnexplained)
     r.unexplained = why_no_first(candidates, r.divergent_ops, r.library_pools);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -1,6 +1,7 @@
 // The comparator's entry points. DiffReport and the rest of the model live in diff/report_model.h.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,8 @@ struct DiffOptions {
   // One part of a diff split by ranks (diff/partial.h): no replica check and no world lines
   // (the merge makes both), and every stream's own first divergence kept in the report.
   bool part = false;
+  // The step a resumed process resumed at, where its tensors cannot tell (resume.h).
+  std::optional<uint64_t> resume_step;
 };
 
 // Compares two run directories stream by stream, in bounded memory.

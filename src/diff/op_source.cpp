@@ -24,6 +24,8 @@ OpSource::OpSource(trace::TraceReader* reader)
     : reader_(reader), ring_(kCapacity), first_tensor_(kCapacity, 0) {}
 
 const trace::StepInfo* OpSource::step_info(uint64_t step) const {
+  if (step < step_shift_) return nullptr;
+  step -= step_shift_;
   const auto& steps = reader_->steps();
   auto it = std::lower_bound(steps.begin(), steps.end(), step,
                              [](const trace::StepInfo& s, uint64_t v) { return s.step < v; });
@@ -115,6 +117,12 @@ bool OpSource::read_one() {
     ++records_;
     if (reader_->kind() == trace::RecordKind::kCollective) attach(reader_->collective());
     if (reader_->kind() != trace::RecordKind::kOp) continue;
+    b.rec.step += step_shift_;
+    if (b.rec.step < first_step_) continue;
+    if (skip_ > 0) {
+      --skip_;
+      continue;
+    }
     if (b.rec.step > last_step_) {
       stopped_ = stopped_at_limit_ = true;
       stop_result_ = trace::ReadResult::kEof;

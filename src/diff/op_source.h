@@ -89,6 +89,14 @@ class OpSource {
   // Ends the stream before its first op of a later step: a DataLoader worker's batches that no
   // step consumed (prefetched when the loop stopped) depend on timing, not on the program.
   void stop_after_step(uint64_t step) { last_step_ = step; }
+  // A part of the stream (a resumed process's, resume.h): its steps shifted by `step_shift` into
+  // the other run's numbering; then ops before `first_step` passed over, and `skip` more (the
+  // resumed process's own setup).
+  void window(uint64_t first_step, uint64_t skip, uint64_t step_shift) {
+    first_step_ = first_step;
+    skip_ = skip;
+    step_shift_ = step_shift;
+  }
   void tap(OpTap tap) { tap_ = std::move(tap); }
   bool stopped_at_step_limit() const { return stopped_at_limit_; }
   // The op that returned tensor `id` uninitialized (aten::empty), if it is known: "aten::empty
@@ -125,6 +133,7 @@ class OpSource {
   trace::ReadResult stop_result_ = trace::ReadResult::kRecord;
   uint64_t ops_read_ = 0, records_ = 0;
   uint64_t last_step_ = UINT64_MAX, max_step_ = 0;
+  uint64_t first_step_ = 0, skip_ = 0, step_shift_ = 0;
   OpTap tap_;
   LastOp last_op_;
   bool stopped_at_limit_ = false;

@@ -326,6 +326,18 @@ struct WorldCheck {
   std::vector<std::string> unfinished;  // "n1 (ranks 2, 3)": a node whose launcher never finished
 };
 
+// A process that resumed the training of the one before it from a checkpoint (resume.h).
+struct ResumedProcess {
+  int run = 1;             // whose process resumed: 0 run A's, 1 run B's
+  std::string process;     // "r0.main~1"
+  std::string continues;   // "r0.main", the process before it, in both runs
+  uint64_t step = 0;       // the step it resumed at, in the other run's numbering
+  std::string found_by;    // how that step was found
+  uint64_t setup_ops = 0;  // its ops before it (building the model, loading the checkpoint)
+  bool verified = false;   // the runs are identical, the resumed part included
+  std::string missing;     // what the checkpoint did not restore, when the divergence says
+};
+
 struct DiffReport {
   // Data-parallel replicas within each run (run A's, then run B's): src/diff/replicas.h.
   std::vector<ReplicaCheck> replicas;
@@ -360,6 +372,7 @@ struct DiffReport {
   std::vector<FirstDivergence> candidates;  // DiffOptions::part: each stream's own first
   std::vector<RankFolds> replica_folds[2];  // DiffOptions::part: run A's ranks', run B's
   std::vector<std::string> notes;
+  std::vector<ResumedProcess> resumes;
   // How each run ended, when a program failed or a process did not exit cleanly (src/diff/endings.h);
   // empty otherwise.
   std::vector<RunEnding> endings;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,6 +29,17 @@ struct StreamHead {
 // The library pools' streams of one process, by (process, pool thread): run A's paths, run B's.
 using PoolKey = std::pair<std::string, std::string>;
 
+// How much of a stream pair is compared, when a run resumed from a checkpoint (resume.h): per
+// run, its ops before first_step passed over, then `skip` more; its steps shifted by
+// `step_shift` into the other run's numbering; or both runs' ops up to `until_step` only.
+struct StreamWindow {
+  uint64_t first_step[2] = {0, 0};
+  uint64_t skip[2] = {0, 0};
+  uint64_t step_shift[2] = {0, 0};
+  std::optional<uint64_t> until_step;
+  std::optional<uint64_t> resume_step;  // a resumed stream's (StreamLimits::resume_step)
+};
+
 struct StreamSelection {
   // Stream name -> path, for run A and run B (run B's renamed to their partners' names).
   std::map<std::string, std::string> streams[2];
@@ -35,6 +47,8 @@ struct StreamSelection {
   std::map<PoolKey, std::pair<std::vector<std::string>, std::vector<std::string>>> pool_paths;
   // Every stream name of either run, with its head.
   std::map<std::string, StreamHead> heads;
+  // The pairs a resume cuts, by stream name (resume.h); whole streams otherwise.
+  std::map<std::string, StreamWindow> windows;
 };
 
 Status select_streams(const trace::RunDirectory& run_a, const trace::RunDirectory& run_b,

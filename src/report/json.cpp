@@ -155,6 +155,16 @@ json report_to_json(const DiffReport& r) {
   j["incomplete"] = r.incomplete;
   j["not_compared"] = r.not_compared;
   j["notes"] = r.notes;
+  j["resumes"] = json::array();
+  for (const ResumedProcess& rp : r.resumes)
+    j["resumes"].push_back({{"run", rp.run == 0 ? "A" : "B"},
+                            {"process", rp.process},
+                            {"continues", rp.continues},
+                            {"step", rp.step},
+                            {"found_by", rp.found_by},
+                            {"setup_ops", rp.setup_ops},
+                            {"verified", rp.verified},
+                            {"missing", rp.missing.empty() ? json(nullptr) : json(rp.missing)}});
   // Each run's world: its size, and the ranks or nodes missing from it (src/diff/world.h).
   json worlds = json::array();
   for (const WorldCheck& w : r.worlds)

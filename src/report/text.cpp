@@ -68,6 +68,20 @@ std::string render_text(const DiffReport& r, bool color) {
     for (const std::string& l : lines) out += "    " + l + "\n";
   }
   for (const std::string& n : r.notes) out += "  note: " + n + "\n";
+  for (const ResumedProcess& rp : r.resumes) {
+    out += fmt::format(
+        "  resumed: run {}'s {} continues {} at step {} ({}; {} setup op(s) not "
+        "compared)\n",
+        rp.run == 0 ? 'A' : 'B', rp.process, rp.continues, rp.step, rp.found_by, rp.setup_ops);
+    if (rp.verified)
+      out += st("32",
+                "    the resume is verified: bit for bit what the run that ran through "
+                "computed, from step " +
+                    std::to_string(rp.step) + " on") +
+             "\n";
+    else if (!rp.missing.empty())
+      out += st("33", "    the checkpoint did not restore " + rp.missing) + "\n";
+  }
   if (auto [head, lines] = sentinel_lines(r); !head.empty()) {
     out += st(r.sentinel->divergent ? "33" : "32", "  " + head) + "\n";
     for (const std::string& l : lines) out += "    " + l + "\n";

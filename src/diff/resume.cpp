@@ -1,0 +1,353 @@
+#include "diff/resume.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "run_layout.h"
+#include "trace/reader.h"
+
+namespace detaudit {
+namespace {
+
+// The ops of a resumed process's first step read at most this many: its setup and one step.
+constexpr uint64_t kFirstStepOps = 1u << 20;
+
+// "r0.main~1" -> "r0.main"; "" for a process that took no "~<k>".
+std::string process_before(const std::string& process) {
+  const size_t t = process.rfind('~');
+  if (t == std::string::npos || t + 1 == process.size()) return "";
+  for (size_t i = t + 1; i < process.size(); ++i)
+    if (!std::isdigit(static_cast<unsigned char>(process[i]))) return "";
+  return process.substr(0, t);
+}
+
+uint64_t digest_key(const trace::TensorDesc& t) {
+  uint64_t k;
+  std::memcpy(&k, t.digest.data(), sizeof k);
+  return k;
+}
+
+// A tensor whose bytes say where a process stands: read and digested, more than one element.
+bool telling(const trace::TensorDesc* t) {
+  return t && t->has_contents() && !t->uninitialized() && t->numel() > 1;
+}
+
+using ReadKey = std::pair<uint64_t, std::string>;  // a tensor's digest, the op that read it
+
+// The resumed process's first step on its main thread: the first op to read each tensor, and
+// every op's name in order.
+struct FirstStep {
+  std::map<ReadKey, uint64_t> reads;
+  std::vector<std::string> names;
+};
+
+Status read_first_step(const std::string& path, FirstStep* out) {
+  trace::TraceReader r;
+  if (Status s = r.open(path); !s.ok()) return s;
+  while (r.next() == trace::ReadResult::kRecord && out->names.size() < kFirstStepOps) {
+    if (r.kind() != trace::RecordKind::kOp) continue;
+    const trace::OpRecord& op = r.op();
+    if (op.step > 0) break;
+    std::string name(r.string(op.name));
+    for (int64_t id : op.input_tensors)
+      if (const trace::TensorDesc* t = r.tensor(id); telling(t))
+        out->reads.try_emplace({digest_key(*t), name}, out->names.size());
+    out->names.push_back(std::move(name));
+  }
+  return Status();
+}
+
+// Where the resumed process's first step meets the run that ran through: that run's step, its
+// first op there to read a tensor the resumed process read (through_index, the step's first op
+// at step_start), and the resumed process's op that read it.
+struct Meeting {
+  uint64_t step = 0, step_start = 0, through_index = 0, resumed_index = 0;
+  std::string op;
+  size_t tensors = 0;  // the tensors read at that step only
+};
+
+// A tensor read at several steps of the run that ran through (a constant, a batch seen again)
+// tells nothing: the step is the one most of the others were read at, and only at.
+Status find_meeting(const std::string& through_path, const FirstStep& first,
+                    std::optional<Meeting>* out) {
+  struct Hit {
+    uint64_t step, index, resumed_index;
+    std::string op;
+    bool repeated = false;
+  };
+  std::map<ReadKey, Hit> hits;
+  std::map<uint64_t, uint64_t> step_start;
+  trace::TraceReader r;
+  if (Status s = r.open(through_path); !s.ok()) return s;
+  for (uint64_t index = 0; r.next() == trace::ReadResult::kRecord;) {
+    if (r.kind() != trace::RecordKind::kOp) continue;
+    const trace::OpRecord& op = r.op();
+    step_start.try_emplace(op.step, index);
+    for (int64_t id : op.input_tensors) {
+      const trace::TensorDesc* t = r.tensor(id);
+      if (!telling(t)) continue;
+      ReadKey key{digest_key(*t), std::string(r.string(op.name))};
+      auto read = first.reads.find(key);
+      if (read == first.reads.end()) continue;
+      auto [hit, added] = hits.try_emplace(key, Hit{op.step, index, read->second, key.second});
+      if (!added && hit->second.step != op.step) hit->second.repeated = true;
+    }
+    ++index;
+  }
+  std::map<uint64_t, size_t> votes;
+  for (const auto& [key, hit] : hits)
+    if (!hit.repeated && hit.step > 0) ++votes[hit.step];
+  uint64_t best = 0;
+  size_t most = 0;
+  for (const auto& [step, n] : votes)
+    if (n > most) std::tie(best, most) = std::pair{step, n};
+  if (most == 0) return Status();
+  Meeting m;
+  m.step = best;
+  m.step_start = step_start[best];
+  m.tensors = most;
+  m.through_index = UINT64_MAX;
+  for (const auto& [key, hit] : hits)
+    if (!hit.repeated && hit.step == best && hit.index < m.through_index) {
+      m.through_index = hit.index;
+      m.resumed_index = hit.resumed_index;
+      m.op = hit.op;
+    }
+  *out = m;
+  return Status();
+}
+
+// The names of the ops of `path` from op index `from` up to `to` (excluded).
+Status op_names(const std::string& path, uint64_t from, uint64_t to,
+                std::vector<std::string>* names) {
+  trace::TraceReader r;
+  if (Status s = r.open(path); !s.ok()) return s;
+  for (uint64_t index = 0; index < to && r.next() == trace::ReadResult::kRecord;) {
+    if (r.kind() != trace::RecordKind::kOp) continue;
+    if (index >= from) names->emplace_back(r.string(r.op().name));
+    ++index;
+  }
+  return Status();
+}
+
+// "r0.main~1.t-main" for "r0.main.t-main", the stream of `before` renamed to `after`'s.
+std::string renamed(const std::string& stream, const std::string& before,
+                    const std::string& after) {
+  return after + stream.substr(before.size());
+}
+
+bool of_process(const std::string& stream, const std::string& process) {
+  return stream.size() > process.size() && stream.compare(0, process.size(), process) == 0 &&
+         stream[process.size()] == '.';
+}
+
+// The first step before `limit` at which an op of `path` read or made a tensor of this digest.
+std::optional<uint64_t> step_that_read(const std::string& path, const std::string& digest,
+                                       uint64_t limit) {
+  trace::TraceReader r;
+  if (digest.empty() || !r.open(path).ok()) return std::nullopt;
+  while (r.next() == trace::ReadResult::kRecord) {
+    if (r.kind() != trace::RecordKind::kOp) continue;
+    const trace::OpRecord& op = r.op();
+    if (op.step >= limit) break;
+    for (const auto* ids : {&op.input_tensors, &op.output_tensors})
+      for (int64_t id : *ids)
+        if (const trace::TensorDesc* t = r.tensor(id); telling(t) && t->digest_hex() == digest)
+          return op.step;
+  }
+  return std::nullopt;
+}
+
+bool on_cuda(const FirstDivergence& f) {
+  for (const auto* pairs : {&f.outputs, &f.inputs})
+    for (const TensorPair& p : *pairs)
+      if (p.a.present && p.a.device.rfind("cuda", 0) == 0) return true;
+  return false;
+}
+
+// What the checkpoint behind `rp` did not restore, from its first divergence: into f's cause
+// and remedy, and rp.missing. False when the divergence says nothing of the checkpoint.
+bool name_what_was_missed(const StreamSelection& selection, ResumedProcess* rp,
+                          FirstDivergence* f) {
+  const char resumed = rp->run == 0 ? 'A' : 'B', through = rp->run == 0 ? 'B' : 'A';
+  if (f->divergence_class == DivergenceClass::kRngState) {
+    const bool cuda = on_cuda(*f);
+    rp->missing = cuda ? "torch's CUDA generator" : "torch's CPU generator";
+    f->cause = fmt::format(
+        "the checkpoint did not restore {}: run {}'s {} resumed at step {} and {} drew other "
+        "random numbers (generator state {:016x} in run A, {:016x} in run B)",
+        rp->missing, resumed, rp->process, rp->step, f->op, f->rng_a, f->rng_b);
+    f->remedy = fmt::format(
+        "save {} with the checkpoint and restore it after loading (with NumPy's and Python's: "
+        "numpy.random.get_state(), random.getstate()); a Hugging Face Trainer or Lightning "
+        "checkpoint holds them: resume from it",
+        cuda ? "torch.cuda.get_rng_state_all()" : "torch.get_rng_state()");
+    return true;
+  }
+  if (f->divergence_class != DivergenceClass::kExternalInput &&
+      f->divergence_class != DivergenceClass::kInputDiffers)
+    return false;
+  if (!f->scalar_argument.empty()) {
+    rp->missing = "a hyperparameter (a scheduler's or a GradScaler's state)";
+    f->cause = fmt::format(
+        "the checkpoint did not restore a hyperparameter: at step {}, after run {}'s resume, {} "
+        "took {} (run A vs run B)",
+        f->step, resumed, f->op, f->scalar_argument);
+    f->remedy =
+        "save the scheduler's and the GradScaler's state_dict() with the checkpoint and load "
+        "them when resuming, with the optimizer's";
+    return true;
+  }
+  for (const TensorPair& p : f->inputs) {
+    if (!p.differs) continue;
+    const TensorSide& side = rp->run == 0 ? p.a : p.b;
+    auto through_stream = selection.streams[1 - rp->run].find(f->stream);
+    if (through_stream == selection.streams[1 - rp->run].end()) break;
+    std::optional<uint64_t> earlier = step_that_read(through_stream->second, side.digest, rp->step);
+    if (!earlier) continue;
+    rp->missing = "the data order";
+    f->cause = fmt::format(
+        "the checkpoint did not restore the data order: run {}'s step {} read the batch run {} "
+        "read at step {} ({} {}): its data loader started over",
+        resumed, f->step, through, *earlier, f->op, p.label());
+    f->remedy =
+        "save the sampler's epoch and how many batches the epoch consumed with the checkpoint, "
+        "and skip them when resuming (Hugging Face Trainer does unless ignore_data_skip is set; "
+        "torchdata's StatefulDataLoader saves its place)";
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+Status find_resumes(StreamSelection* selection, std::optional<uint64_t> given,
+                    std::vector<ResumedProcess>* out, std::vector<std::string>* notes) {
+  std::set<std::string> processes[2];
+  for (int side = 0; side < 2; ++side)
+    for (const auto& [name, path] : selection->streams[side])
+      processes[side].insert(selection->heads.at(name).process);
+  for (int resumed = 0; resumed < 2; ++resumed) {
+    const int through = 1 - resumed;
+    for (const std::string& process : processes[resumed]) {
+      const std::string before = process_before(process);
+      if (before.empty() || processes[through].count(process) ||
+          !processes[through].count(before) || !processes[resumed].count(before))
+        continue;
+      const std::string main = layout::stream_name(process, "main");
+      const std::string main_before = layout::stream_name(before, "main");
+      auto resumed_main = selection->streams[resumed].find(main);
+      auto through_main = selection->streams[through].find(main_before);
+      if (resumed_main == selection->streams[resumed].end() ||
+          through_main == selection->streams[through].end())
+        continue;
+      ResumedProcess rp;
+      rp.run = resumed;
+      rp.process = process;
+      rp.continues = before;
+      FirstStep first;
+      if (Status s = read_first_step(resumed_main->second, &first); !s.ok()) return s;
+      std::optional<Meeting> meeting;
+      if (Status s = find_meeting(through_main->second, first, &meeting); !s.ok()) return s;
+      uint64_t skip_through = 0;
+      if (given && (!meeting || meeting->step != *given)) {
+        rp.step = *given;
+        rp.found_by = "--resume-step";
+      } else if (meeting) {
+        rp.step = meeting->step;
+        rp.found_by = fmt::format(
+            "its first step read {} tensor(s) that run {} read at step {} only ({} first)",
+            meeting->tensors, through == 0 ? 'A' : 'B', meeting->step, meeting->op);
+        // The ops before that op in its step that both ran in the same order are compared too
+        // (the batch's loading); the resumed process's before them are its setup.
+        std::vector<std::string> through_names;
+        if (Status s = op_names(through_main->second, meeting->step_start, meeting->through_index,
+                                &through_names);
+            !s.ok())
+          return s;
+        uint64_t back = 0;
+        while (back < through_names.size() && back < meeting->resumed_index &&
+               through_names[through_names.size() - 1 - back] ==
+                   first.names[meeting->resumed_index - 1 - back])
+          ++back;
+        rp.setup_ops = meeting->resumed_index - back;
+        skip_through = through_names.size() - back;
+      } else {
+        notes->push_back(fmt::format(
+            "{} in run {} looks resumed from a checkpoint, but none of the tensors its first step "
+            "read is one run {} read at one step only (parameters not restored?): give the step "
+            "it resumed at with --resume-step",
+            process, resumed == 0 ? 'A' : 'B', through == 0 ? 'A' : 'B'));
+        continue;
+      }
+      if (rp.step == 0) continue;
+      // The first process against the steps before the resume; the resumed one against the
+      // rest, its own steps counted on from the resume step.
+      std::vector<std::pair<std::string, std::string>> streams_before;
+      for (const auto& [name, path] : selection->streams[through])
+        if (of_process(name, before)) streams_before.emplace_back(name, path);
+      for (const auto& [name, path] : streams_before) {
+        selection->windows[name].until_step = rp.step - 1;
+        const std::string resumed_name = renamed(name, before, process);
+        if (!selection->streams[resumed].count(resumed_name)) continue;
+        selection->streams[through][resumed_name] = path;
+        StreamWindow& w = selection->windows[resumed_name];
+        w.first_step[through] = rp.step;
+        w.step_shift[resumed] = rp.step;
+        w.resume_step = rp.step;
+        if (resumed_name == main) {
+          w.skip[resumed] = rp.setup_ops;
+          w.skip[through] = skip_through;
+        }
+      }
+      out->push_back(std::move(rp));
+    }
+  }
+  return Status();
+}
+
+void note_resume_step_structure(const std::vector<ResumedProcess>& resumes,
+                                const std::vector<StreamResult>& results,
+                                std::vector<std::string>* notes) {
+  for (const ResumedProcess& rp : resumes)
+    for (const StreamResult& res : results) {
+      if (!of_process(res.summary.name, rp.process) || res.resume_step_structure_count == 0)
+        continue;
+      std::set<std::string> ops;
+      for (const StructuralDifference& d : res.resume_step_structure)
+        for (const std::string* op : {&d.op_a, &d.op_b})
+          if (!op->empty()) ops.insert(*op);
+      std::string names;
+      for (const std::string& op : ops) names += (names.empty() ? "" : ", ") + op;
+      const auto divergent = res.per_step.find(rp.step);
+      notes->push_back(fmt::format(
+          "{}: at step {}, the step {} resumed at, the op sequences differ in {} place(s) ({}), "
+          "as in a fresh process's first step (gradients not made yet): not counted; {}",
+          res.summary.name, rp.step, rp.process, res.resume_step_structure_count, names,
+          divergent == res.per_step.end() || divergent->second == 0
+              ? "every value of that step agrees"
+              : "values of that step differ too (the first divergence)"));
+    }
+}
+
+void explain_resumes(const StreamSelection& selection, DiffReport* r) {
+  for (ResumedProcess& rp : r->resumes) {
+    // In one run only, and said here: not an environment difference.
+    auto& env = r->environment;
+    env.erase(std::remove_if(env.begin(), env.end(),
+                             [&](const EnvDifference& d) {
+                               return d.process == rp.process && d.key == "(process)";
+                             }),
+              env.end());
+    rp.verified = r->verdict == Verdict::kIdentical;
+    if (r->first && of_process(r->first->stream, rp.process))
+      name_what_was_missed(selection, &rp, &*r->first);
+  }
+}
+
+}  // namespace detaudit

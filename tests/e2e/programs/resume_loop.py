@@ -1,0 +1,80 @@
+"""A plain training loop that stops and resumes from a checkpoint, the way users write one
+(tests/e2e/test_resume.py): an MLP with dropout, SGD with momentum, a step scheduler, and batches
+in an order each epoch draws from its own seeded permutation.
+
+    resume_loop.py --steps N                                   # runs through
+    resume_loop.py --steps N --stop-at K --save CK             # stops after step K-1
+    resume_loop.py --steps N --resume CK [--omit rng,sampler,scheduler]
+
+--omit leaves that state out of what is saved: torch's generator (dropout draws on), the data
+loader's place (the resumed loop starts its batches over), the scheduler's state (its LR); or,
+with "model" and "optimizer", the resumed loop does not load the parameters or the optimizer's
+state.
+Prints the last loss.
+"""
+import argparse
+
+import torch
+from torch import nn
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=6)
+p.add_argument("--stop-at", type=int)
+p.add_argument("--save")
+p.add_argument("--resume")
+p.add_argument("--omit", default="")
+args = p.parse_args()
+omit = set(filter(None, args.omit.split(",")))
+
+torch.manual_seed(0)
+torch.set_num_threads(1)
+model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.25), nn.Linear(32, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+# Its LR is a function of its own step count, which only its state_dict() carries.
+sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: 0.8 ** epoch)
+data = torch.randn(64, 8, generator=torch.Generator().manual_seed(1))
+target = torch.randn(64, 1, generator=torch.Generator().manual_seed(2))
+BATCH = 8
+PER_EPOCH = 64 // BATCH
+
+
+def batch(position):
+    """The batch at this place of the data: an epoch's own permutation, in order."""
+    epoch, k = divmod(position, PER_EPOCH)
+    perm = torch.randperm(64, generator=torch.Generator().manual_seed(100 + epoch))
+    idx = perm[k * BATCH:(k + 1) * BATCH]
+    return data[idx], target[idx]
+
+
+start = 0
+if args.resume:
+    ck = torch.load(args.resume)
+    if "model" not in omit:
+        model.load_state_dict(ck["model"])
+    if "optimizer" not in omit:
+        opt.load_state_dict(ck["optimizer"])
+    if "scheduler" in ck:
+        sched.load_state_dict(ck["scheduler"])
+    if "rng" in ck:
+        torch.set_rng_state(ck["rng"])
+    start = ck["step"]
+
+loss = None
+for step in range(start, args.steps):
+    if args.stop_at is not None and step == args.stop_at:
+        ck = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}
+        if "scheduler" not in omit:
+            ck["scheduler"] = sched.state_dict()
+        if "rng" not in omit:
+            ck["rng"] = torch.get_rng_state()
+        torch.save(ck, args.save)
+        break
+    # A loader without its place restarts from the epoch's first batch.
+    position = step - start if args.resume and "sampler" in omit else step
+    x, y = batch(position)
+    loss = nn.functional.mse_loss(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    sched.step()
+print(f"loss {loss.item() if loss is not None else None!r}")

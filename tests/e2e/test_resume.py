@@ -1,0 +1,131 @@
+"""A run stopped and resumed from a checkpoint, diffed against the run that ran through
+(issue 60): `detaudit record` twice, then `detaudit diff`, as a user does.
+
+The plain loop (programs/resume_loop.py) saves everything, or leaves out torch's generator,
+the data loader's place or the scheduler. Each diff finds the resumed process, the step it
+resumed at from the tensors it read, and names what the checkpoint did not restore at that
+step; the complete checkpoint is identical, the resume verified.
+
+    cd build && ctest -R e2e.*test_resume --output-on-failure
+"""
+import os
+import shlex
+import unittest
+
+from detaudit_testlib import PYTHON, TmpDirCase, load_report, program, run_detaudit
+
+LOOP = [PYTHON, program("resume_loop.py")]
+STEPS, STOP = 6, 3
+
+
+def record(out, command):
+    run_detaudit(["record", "--out", out, "--", *command], check=0)
+    return out
+
+
+class Resume(TmpDirCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.through = record(os.path.join(cls.tmp, "through"), LOOP + ["--steps", str(STEPS)])
+        cls.recorded = {}
+
+    def resumed(self, omit):
+        """The resumed run whose checkpoint leaves out `omit`, recorded once."""
+        if omit not in self.recorded:
+            self.recorded[omit] = self.record_resumed(omit)
+        return self.recorded[omit]
+
+    def record_resumed(self, omit):
+        ck = os.path.join(self.tmp, f"ck-{omit or 'all'}.pt")
+        loop = " ".join(shlex.quote(a) for a in LOOP)
+        flags = f"--steps {STEPS} --omit '{omit}'"
+        script = (f"{loop} {flags} --stop-at {STOP} --save {ck} && "
+                  f"{loop} {flags} --resume {ck}")
+        return record(os.path.join(self.tmp, f"resumed-{omit or 'all'}"), ["sh", "-c", script])
+
+    def diff(self, omit, expect):
+        out = os.path.join(self.tmp, f"report-{omit or 'all'}.json")
+        r = run_detaudit(["diff", self.through, self.resumed(omit), "--format", "json", "-o", out])
+        self.assertEqual(r.returncode, expect, r.stderr)
+        report = load_report(out)
+        self.assertEqual(len(report["resumes"]), 1, report["notes"])
+        resume = report["resumes"][0]
+        self.assertEqual(resume["run"], "B", resume)
+        self.assertEqual(resume["process"], "r0.main~1", resume)
+        self.assertEqual(resume["continues"], "r0.main", resume)
+        self.assertEqual(resume["step"], STOP, resume)
+        self.assertIn(f"read at step {STOP} only", resume["found_by"])
+        self.assertGreater(resume["setup_ops"], 0, resume)
+        return report, resume
+
+    def test_a_complete_checkpoint_resumes_bit_for_bit(self):
+        report, resume = self.diff("", 0)
+        self.assertEqual(report["verdict"], "identical", report.get("first_divergence"))
+        self.assertTrue(resume["verified"], resume)
+        self.assertIsNone(resume["missing"], resume)
+        # The resumed part was compared, not passed over: both processes' streams were.
+        names = {s["name"]: s for s in report["streams"]}
+        self.assertGreater(names["r0.main~1.t-main"]["compared"], 0, names)
+        self.assertGreater(names["r0.main.t-main"]["compared"], 0, names)
+
+    def test_a_generator_not_saved_is_named_at_the_resume_step(self):
+        report, resume = self.diff("rng", 1)
+        f = report["first_divergence"]
+        self.assertEqual(f["class"], "rng-state", f)
+        self.assertEqual(f["stream"], "r0.main~1.t-main", f)
+        self.assertEqual(f["step"], STOP, f)
+        self.assertEqual(resume["missing"], "torch's CPU generator", resume)
+        self.assertFalse(resume["verified"], resume)
+        self.assertIn("did not restore torch's CPU generator", f["cause"])
+        self.assertIn("torch.get_rng_state()", f["remedy"])
+
+    def test_a_data_loader_started_over_is_named_with_the_step_it_repeats(self):
+        report, resume = self.diff("sampler", 1)
+        f = report["first_divergence"]
+        # The index the batch is taken with: made by earlier ops (a slice of the permutation).
+        self.assertEqual(f["class"], "input-differs", f)
+        self.assertEqual(f["step"], STOP, f)
+        self.assertEqual(resume["missing"], "the data order", resume)
+        self.assertIn(f"run B's step {STOP} read the batch run A read at step 0", f["cause"])
+
+    def test_a_scheduler_not_saved_is_named_by_its_hyperparameter(self):
+        report, resume = self.diff("scheduler", 1)
+        f = report["first_divergence"]
+        # The step it resumed at ran on the optimizer's restored LR; the scheduler's step after it
+        # set the next one from its own count, which started over.
+        self.assertEqual(f["step"], STOP + 1, f)
+        self.assertEqual(f["phase"], "optimizer", f)
+        self.assertIn("hyperparameter", resume["missing"] or "", (resume, f))
+        self.assertIn("state_dict()", f["remedy"])
+
+    def test_the_resumed_run_may_be_run_a(self):
+        out = os.path.join(self.tmp, "swapped.json")
+        r = run_detaudit(["diff", self.resumed(""), self.through, "--format", "json", "-o", out])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        report = load_report(out)
+        self.assertEqual([x["run"] for x in report["resumes"]], ["A"], report["resumes"])
+        self.assertEqual(report["verdict"], "identical", report.get("first_divergence"))
+
+    def test_a_resume_that_loads_nothing_hides_the_step_until_it_is_given(self):
+        # Neither the parameters, the optimizer's state, the batches nor the dropout masks it
+        # read are what run A read at the resume step: its first step is run A's step 0 again.
+        # (Each of them alone tells the step, the generator's masks included.)
+        resumed = self.resumed("model,optimizer,sampler,rng")
+        out = os.path.join(self.tmp, "model.json")
+        r = run_detaudit(["diff", self.through, resumed, "--format", "json", "-o", out])
+        self.assertEqual(r.returncode, 1, r.stderr)
+        report = load_report(out)
+        self.assertEqual(report["resumes"], [])
+        self.assertTrue(any("--resume-step" in n for n in report["notes"]), report["notes"])
+        r = run_detaudit(["diff", self.through, resumed, "--resume-step", str(STOP),
+                          "--format", "json", "-o", out])
+        self.assertEqual(r.returncode, 1, r.stderr)
+        report = load_report(out)
+        resume = report["resumes"][0]
+        self.assertEqual((resume["step"], resume["found_by"]), (STOP, "--resume-step"), resume)
+        f = report["first_divergence"]
+        self.assertEqual((f["stream"], f["step"]), ("r0.main~1.t-main", STOP), f)
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,126 @@
+// A run resumed from a checkpoint, diffed against one that ran through (src/diff/resume.h), on
+// traces written by hand: the resume step found from the tensors the resumed process read, its
+// setup passed over, and a difference planted after the resume found there.
+#include "diff/resume.h"
+
+#include <gtest/gtest.h>
+
+#include "diff/diff.h"
+#include "report_printers.h"
+#include "trace_builder.h"
+
+namespace detaudit {
+namespace {
+
+using namespace detaudit::testing;
+
+// A training step: a batch read (index), a forward op reading the step's parameters, and the
+// optimizer's update. Step s's parameters are fill 0x40 + s; its batch 0x20 + s % 2 (two
+// batches, read again and again: they tell no step).
+void train_step(TraceBuilder& t, uint64_t step, uint8_t params_fill) {
+  t.step(step);
+  const int64_t x =
+      t.op("aten::index").in_new(tensor(0x10)).out_new(tensor(uint8_t(0x20 + step % 2))).done();
+  const int64_t w = t.op("aten::linear")
+                        .in_ref(x)
+                        .in_new(tensor(params_fill))
+                        .out_new(tensor(uint8_t(0x80 + params_fill)))
+                        .done();
+  t.op("aten::add_", Phase::kOptimizer)
+      .in_ref(w)
+      .in_double(-0.1)
+      .out_new(tensor(uint8_t(params_fill + 1)))
+      .done();
+}
+
+// The resumed process: building and loading (a fill and a copy of the loaded parameters), then
+// its steps from `from` on, counted from 0; `planted` changes the parameters it reads at that
+// step of run A's numbering.
+TraceBuilder resumed(uint64_t from, uint64_t to, std::optional<uint64_t> planted = {}) {
+  TraceBuilder t(0, "main~1");
+  t.op("aten::uniform_").in_new(tensor(0x01)).out_new(tensor(0x02)).done();
+  t.op("aten::copy_").in_new(tensor(0x02)).in_new(tensor(uint8_t(0x40 + from))).done();
+  for (uint64_t s = from; s < to; ++s) {
+    uint8_t fill = uint8_t(0x40 + s);
+    if (planted && s == *planted) fill ^= 0x80;
+    train_step(t, s - from, fill);
+  }
+  t.end();
+  return t;
+}
+
+TraceBuilder through(uint64_t to) {
+  TraceBuilder t;
+  for (uint64_t s = 0; s < to; ++s) train_step(t, s, uint8_t(0x40 + s));
+  t.end();
+  return t;
+}
+
+DiffReport diff(const RunDir& a, const RunDir& b, std::optional<uint64_t> given = {}) {
+  DiffOptions o;
+  o.resume_step = given;
+  DiffReport r;
+  Status s = diff_runs(a.path(), b.path(), o, &r);
+  EXPECT_TRUE(s.ok()) << s.message();
+  return r;
+}
+
+TEST(ResumeTest, TheResumeStepIsFoundAndTheResumedPartIsCompared) {
+  RunDir a("resume_through/run-0"), b("resume_resumed/run-0");
+  a.add_stream("r0.main.t-main", through(6));
+  b.add_stream("r0.main.t-main", through(4));
+  b.add_stream("r0.main~1.t-main", resumed(4, 6));
+  DiffReport r = diff(a, b);
+  EXPECT_EQ(r.verdict, Verdict::kIdentical) << (r.first ? r.first->detail : r.notes.front());
+  ASSERT_EQ(r.resumes.size(), 1u);
+  const ResumedProcess& rp = r.resumes[0];
+  EXPECT_EQ(rp.run, 1);
+  EXPECT_EQ(rp.process, "r0.main~1");
+  EXPECT_EQ(rp.continues, "r0.main");
+  EXPECT_EQ(rp.step, 4u);
+  EXPECT_EQ(rp.setup_ops, 2u) << "uniform_ and copy_, the batch's index is the step's";
+  EXPECT_NE(rp.found_by.find("read at step 4 only (aten::linear first)"), std::string::npos)
+      << rp.found_by;
+  EXPECT_TRUE(rp.verified);
+  // 3 ops a step: steps 0-3 in the first pair, 4-5 in the resumed one.
+  EXPECT_EQ(r.ops_compared, 18u);
+}
+
+TEST(ResumeTest, ADifferenceAfterTheResumeIsFoundAtItsStepInTheOtherRunsNumbering) {
+  RunDir a("resume_planted_a/run-0"), b("resume_planted_b/run-0");
+  a.add_stream("r0.main.t-main", through(7));
+  b.add_stream("r0.main.t-main", through(4));
+  b.add_stream("r0.main~1.t-main", resumed(4, 7, /*planted=*/5));
+  DiffReport r = diff(a, b);
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->stream, "r0.main~1.t-main");
+  EXPECT_EQ(r.first->step, 5u);
+  EXPECT_EQ(r.first->op, "aten::linear");
+  ASSERT_EQ(r.resumes.size(), 1u);
+  EXPECT_EQ(r.resumes[0].step, 4u);
+  EXPECT_FALSE(r.resumes[0].verified);
+}
+
+TEST(ResumeTest, WithNothingToTellTheStepTheReportAsksForItAndTakesItGiven) {
+  // The resumed process read step 0's parameters: nothing it read is run A's at one later step.
+  RunDir a("resume_blind_a/run-0"), b("resume_blind_b/run-0");
+  a.add_stream("r0.main.t-main", through(6));
+  b.add_stream("r0.main.t-main", through(4));
+  TraceBuilder blind(0, "main~1");
+  for (uint64_t s = 0; s < 2; ++s) train_step(blind, s, uint8_t(0x40 + s));
+  blind.end();
+  b.add_stream("r0.main~1.t-main", blind);
+  DiffReport r = diff(a, b);
+  EXPECT_TRUE(r.resumes.empty());
+  ASSERT_FALSE(r.notes.empty());
+  EXPECT_NE(r.notes.back().find("--resume-step"), std::string::npos) << r.notes.back();
+  r = diff(a, b, 4);
+  ASSERT_EQ(r.resumes.size(), 1u);
+  EXPECT_EQ(r.resumes[0].found_by, "--resume-step");
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->stream, "r0.main~1.t-main");
+  EXPECT_EQ(r.first->step, 4u) << "step 0's parameters read where run A read step 4's";
+}
+
+}  // namespace
+}  // namespace detaudit
