@@ -6,6 +6,7 @@
 
 #include "run/launcher.h"
 #include "run_layout.h"
+#include "trace/run_directory.h"
 
 namespace detaudit::cli {
 namespace fs = std::filesystem;
@@ -16,10 +17,13 @@ Status find_recorded_run(const std::string& run_arg, CaptureRun* c) {
   std::error_code ec;
   c->audit = fs::exists(c->root / "run-0" / layout::kRunJson, ec);
   c->run = c->audit ? (c->root / "run-0").string() : c->root.string();
-  if (!fs::exists(fs::path(c->run) / layout::kRunJson, ec))
+  trace::RunDirectory run;
+  if (Status s = trace::RunDirectory::open(c->run, &run); !s.ok()) return s;
+  // Replay and coverage run the recorded command again: `detaudit run` wrote it down.
+  if (!fs::exists(run.run_manifest(), ec))
     return Status::error(
-        fmt::format("{}: not a run directory (no {}); give `detaudit run --out`'s directory or one "
-                    "of its run-<i>",
+        fmt::format("{}: recorded without `detaudit run` (no {}), so its command is not known; "
+                    "give `detaudit run --out`'s directory or one of its run-<i>",
                     run_arg, layout::kRunJson),
         ExitCode::kBadInput);
   return Status();

@@ -168,7 +168,13 @@ class DeterministicPrograms(TmpDirCase):
 
     def test_bad_input_is_one_line_naming_the_file(self):
         proc = run_detaudit(["coverage", os.path.join(self.tmp, "nowhere")], check=3)
-        self.assertRegex(proc.stderr, r"^detaudit: error: .*nowhere: not a run directory")
+        self.assertRegex(proc.stderr, r"^detaudit: error: .*nowhere: no such run directory")
+        # A run `detaudit record` made has no command to run again.
+        recorded = os.path.join(self.tmp, "recorded-only")
+        os.makedirs(os.path.join(recorded, "streams"), exist_ok=True)
+        proc = run_detaudit(["coverage", recorded], check=3)
+        self.assertRegex(proc.stderr, r"^detaudit: error: .*recorded-only: recorded without "
+                                      r"`detaudit run` \(no run.json\)")
         proc = run_detaudit(["coverage", os.path.join(self.tmp, "nowhere"), "--fail-on", "x"],
                             check=2)
         self.assertIn("--fail-on: expected none or nondeterministic", proc.stderr)
