@@ -15,7 +15,7 @@ using namespace detaudit::trace;
 
 // A float32 CPU tensor (unless changed) whose digest bytes are all `fill`.
 inline TensorDesc tensor(uint8_t fill, std::initializer_list<int64_t> sizes = {4, 4},
-                         uint8_t dtype = 6, Provenance prov = Provenance::kOutput) {
+                         Dtype dtype = Dtype::kFloat32, Provenance prov = Provenance::kOutput) {
   TensorDesc t;
   t.dtype = dtype;
   t.bits = kTensorContiguous | kTensorHasStats;
@@ -233,12 +233,13 @@ inline std::string training() {
   int64_t y = s.op(
       "aten::mm",
       [&](V& v) {
-        v.ref(w).tensor(tensor(2, {4, 4}, 6, Provenance::kExternal));
+        v.ref(w).tensor(tensor(2, {4, 4}, Dtype::kFloat32, Provenance::kExternal));
       },
       [](V& v) { v.tensor(tensor(3)); }, Phase::kForward, 0, kOpHasSeqNr);
   int64_t view = s.op(
       "aten::view", [&](V& v) { v.ref(y).ints({16}); },
-      [&](V& v) { v.tensor(tensor(3, {16}, 6, Provenance::kView), y); }, Phase::kForward, 1);
+      [&](V& v) { v.tensor(tensor(3, {16}, Dtype::kFloat32, Provenance::kView), y); },
+      Phase::kForward, 1);
   s.op(
       "aten::add_", [&](V& v) { v.ref(x).ref(view).integer(1); }, [&](V& v) { v.ref(x); });
   s.op(
@@ -251,7 +252,7 @@ inline std::string training() {
   int64_t z = s.op(
       "aten::mm",
       [&](V& v) {
-        v.ref(w).tensor(tensor(7, {4, 4}, 6, Provenance::kExternal));
+        v.ref(w).tensor(tensor(7, {4, 4}, Dtype::kFloat32, Provenance::kExternal));
       },
       [](V& v) { v.tensor(tensor(8)); }, Phase::kForward, 0, kOpHasSeqNr);
   s.op(
@@ -266,17 +267,17 @@ inline std::string values() {
   Seed s(DigestAlgo::kSha256, kStreamDataLoaderWorker, 1);
   s.step(3, 1, kDetAlgorithms | kDetCudnn);
   s.scope("model/encoder");
-  TensorDesc strided = tensor(9, {2, 3}, 7, Provenance::kCompiled);
+  TensorDesc strided = tensor(9, {2, 3}, Dtype::kFloat64, Provenance::kCompiled);
   strided.bits = kTensorHasStats | kTensorHasNanInf |
                  uint8_t(strided.bits & (3u << kProvenanceShift));
   strided.strides = {1, 2};
   strided.stats.nan = 2;
   strided.stats.inf = 1;
-  TensorDesc ints = tensor(10, {5}, 4);
+  TensorDesc ints = tensor(10, {5}, Dtype::kInt64);
   ints.bits |= kTensorIntStats;
   ints.stats.min = -7;
   ints.stats.max = 1 << 20;
-  TensorDesc cuda = tensor(11, {3}, 15);
+  TensorDesc cuda = tensor(11, {3}, Dtype::kBFloat16);
   cuda.device_type = 1;
   cuda.device_index = 0;
   TensorDesc not_read = tensor(0, {3});
@@ -314,7 +315,7 @@ inline std::string catalog_ops() {
       [](V& v) {
         v.tensor(tensor(1, {256, 256}))
             .list(1)
-            .tensor(tensor(2, {40000}, 4))
+            .tensor(tensor(2, {40000}, Dtype::kInt64))
             .tensor(tensor(3, {40000}))
             .boolean(true);
       },
@@ -322,13 +323,13 @@ inline std::string catalog_ops() {
   s.op(
       "aten::_index_put_impl_",
       [](V& v) {
-        TensorDesc self = tensor(4, {8}, 7);
+        TensorDesc self = tensor(4, {8}, Dtype::kFloat64);
         self.device_type = 1;
         self.device_index = 0;
         v.tensor(self)
             .list(1)
-            .tensor(tensor(5, {2}, 4))
-            .tensor(tensor(6, {2}, 7))
+            .tensor(tensor(5, {2}, Dtype::kInt64))
+            .tensor(tensor(6, {2}, Dtype::kFloat64))
             .boolean(false)
             .boolean(false);
       },
@@ -336,7 +337,7 @@ inline std::string catalog_ops() {
   s.op(
       "aten::scatter_",
       [](V& v) {
-        v.tensor(tensor(7)).integer(0).tensor(tensor(8, {4, 4}, 4)).string("multiply");
+        v.tensor(tensor(7)).integer(0).tensor(tensor(8, {4, 4}, Dtype::kInt64)).string("multiply");
       },
       [](V& v) { v.ref(6); });
   s.op(
@@ -345,8 +346,8 @@ inline std::string catalog_ops() {
   s.op(
       "aten::resize_", [](V& v) { v.skipped("quantized").ints({4}); }, nullptr);
   s.op(
-      "aten::bincount", [](V& v) { v.tensor(tensor(10, {6}, 4)).none().integer(0); },
-      [](V& v) { v.tensor(tensor(11, {6}, 4)); });
+      "aten::bincount", [](V& v) { v.tensor(tensor(10, {6}, Dtype::kInt64)).none().integer(0); },
+      [](V& v) { v.tensor(tensor(11, {6}, Dtype::kInt64)); });
   s.op(
       "aten::_embedding_bag_backward",
       [](V& v) {

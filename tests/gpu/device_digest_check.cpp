@@ -82,7 +82,7 @@ void launch(const std::vector<device::DigestJob>& jobs, void* results, cudaStrea
 // The reference: the host copy, in logical order.
 lanes::LaneResult reference(const at::Tensor& t) {
   at::Tensor h = t.cpu().contiguous();
-  DeviceDigester d(uint8_t(h.scalar_type()));
+  DeviceDigester d(trace::Dtype(uint8_t(h.scalar_type())));
   d.update(h.data_ptr(), size_t(h.nbytes()));
   return d.finish();
 }
@@ -93,7 +93,8 @@ int strided_checked = 0;
 // where device::strided_geometry says it can; anything else is made contiguous on the stream
 // first. What the job reads goes to *held.
 device::DigestJob job_of(const at::Tensor& t, std::vector<at::Tensor>* held) {
-  device::DigestJob job{nullptr, uint64_t(t.numel()) * t.element_size(), uint8_t(t.scalar_type())};
+  device::DigestJob job{nullptr, uint64_t(t.numel()) * t.element_size(),
+                        trace::Dtype(uint8_t(t.scalar_type()))};
   if (g_kernel == Kernel::kFused && !t.is_contiguous() && t.numel() > 0 &&
       device::strided_geometry(t.data_ptr(), t.element_size(), t.sizes().data(), t.strides().data(),
                                size_t(t.dim()), &job.geometry)) {
@@ -160,8 +161,8 @@ void check_pipeline(const std::vector<at::Tensor>& tensors) {
   std::vector<bool> came(100, false);
   for (int i = 0; i < 100; ++i) {
     const at::Tensor& t = held[size_t(i) % held.size()];
-    pipeline.submit({{t.data_ptr(), uint64_t(t.nbytes()), uint8_t(t.scalar_type())}}, stream,
-                    [&got, &came, i](const lanes::LaneResult* r, int n) {
+    pipeline.submit({{t.data_ptr(), uint64_t(t.nbytes()), trace::Dtype(uint8_t(t.scalar_type()))}},
+                    stream, [&got, &came, i](const lanes::LaneResult* r, int n) {
                       if (r && n == 1) {
                         got[size_t(i)] = r[0];
                         came[size_t(i)] = true;
