@@ -172,7 +172,15 @@ bool on_cuda(const FirstDivergence& f) {
 
 // What the checkpoint behind `rp` did not restore, from its first divergence: into f's cause
 // and remedy, and rp.missing. False when the divergence says nothing of the checkpoint.
-bool name_what_was_missed(const StreamSelection& selection, ResumedProcess* rp,
+// A tensor of zeros (a scalar included) where the other run's is not: a running value the
+// resumed process started again from 0.
+bool zeros_against_values(const TensorSide& resumed, const TensorSide& through) {
+  return resumed.present && through.present && resumed.has_stats && through.has_stats &&
+         resumed.stats.min == 0 && resumed.stats.max == 0 &&
+         !(through.stats.min == 0 && through.stats.max == 0);
+}
+
+bool name_what_was_missed(const StreamSelection& selection, const DiffReport& r, ResumedProcess* rp,
                           FirstDivergence* f) {
   const char resumed = rp->run == 0 ? 'A' : 'B', through = rp->run == 0 ? 'B' : 'A';
   if (f->divergence_class == DivergenceClass::kRngState) {
@@ -219,6 +227,27 @@ bool name_what_was_missed(const StreamSelection& selection, ResumedProcess* rp,
         "save the sampler's epoch and how many batches the epoch consumed with the checkpoint, "
         "and skip them when resuming (Hugging Face Trainer does unless ignore_data_skip is set; "
         "torchdata's StatefulDataLoader saves its place)";
+    return true;
+  }
+  for (const TensorPair& p : f->inputs) {
+    const TensorSide& resumed_side = rp->run == 0 ? p.a : p.b;
+    const TensorSide& through_side = rp->run == 0 ? p.b : p.a;
+    if (!p.differs || !zeros_against_values(resumed_side, through_side)) continue;
+    rp->missing = "a running value (an accumulator the resumed process starts from 0)";
+    f->cause = fmt::format(
+        "the checkpoint did not carry a running value: at step {}, {}'s {} is 0 in run {}'s "
+        "resumed process and {:.9g} in run {}, which kept adding to it (a loss summed for "
+        "logging, as Trainer's tr_loss){}",
+        f->step, f->op, p.label(), rp->run == 0 ? 'A' : 'B', through_side.stats.max,
+        rp->run == 0 ? 'B' : 'A',
+        r.parameters.empty() && r.parameters_tracked > 0
+            ? fmt::format("; the optimizer's {} written tensors all agree: training is the "
+                          "same, what is computed from that value (a logged loss) is not",
+                          r.parameters_tracked)
+            : "");
+    f->remedy =
+        "save the running value with the checkpoint, or reset it where the run that went "
+        "through would (at each logging step); compare the parameters, not the logged loss";
     return true;
   }
   return false;
@@ -346,7 +375,7 @@ void explain_resumes(const StreamSelection& selection, DiffReport* r) {
               env.end());
     rp.verified = r->verdict == Verdict::kIdentical;
     if (r->first && of_process(r->first->stream, rp.process))
-      name_what_was_missed(selection, &rp, &*r->first);
+      name_what_was_missed(selection, *r, &rp, &*r->first);
   }
 }
 

@@ -12,10 +12,14 @@ import os
 import shlex
 import unittest
 
-from detaudit_testlib import PYTHON, TmpDirCase, load_report, program, run_detaudit
+from detaudit_testlib import PYTHON, TmpDirCase, load_report, program, python_answer, run_detaudit
 
 LOOP = [PYTHON, program("resume_loop.py")]
 STEPS, STOP = 6, 3
+TRAINER = [PYTHON, program("hf_resume.py")]
+_HAS_TRANSFORMERS = python_answer(
+    "import importlib.util as u;print(all(u.find_spec(m) for m in ('transformers', 'accelerate')))"
+) == "True\n"
 
 
 def record(out, command):
@@ -126,6 +130,40 @@ class Resume(TmpDirCase):
         self.assertEqual((resume["step"], resume["found_by"]), (STOP, "--resume-step"), resume)
         f = report["first_divergence"]
         self.assertEqual((f["stream"], f["step"]), ("r0.main~1.t-main", STOP), f)
+
+
+@unittest.skipUnless(_HAS_TRANSFORMERS, "transformers and accelerate are not installed")
+class TrainerResume(TmpDirCase):
+    """Hugging Face Trainer resumed from its own checkpoint (resume_from_checkpoint), 8 steps
+    saved at 4, logging off: its parameters and optimizer state resume bit for bit, and the
+    loss it sums for logging (tr_loss) starts again from 0."""
+
+    def test_trainer_resumes_its_training_and_restarts_its_logged_loss(self):
+        trainer = " ".join(shlex.quote(a) for a in TRAINER)
+        through = record(os.path.join(self.tmp, "through"),
+                         TRAINER + ["--out", os.path.join(self.tmp, "out-through")])
+        out = os.path.join(self.tmp, "out-resumed")
+        resumed = record(os.path.join(self.tmp, "resumed"),
+                         ["sh", "-c", f"{trainer} --out {out} --stop && "
+                                      f"{trainer} --out {out} --resume"])
+        report_path = os.path.join(self.tmp, "trainer.json")
+        r = run_detaudit(["diff", through, resumed, "--format", "json", "-o", report_path])
+        self.assertEqual(r.returncode, 1, r.stderr)
+        report = load_report(report_path)
+        resume = report["resumes"][0]
+        self.assertEqual((resume["process"], resume["step"]), ("r0.main~1", 4), resume)
+        self.assertIn("read at step 4 only", resume["found_by"])
+        f = report["first_divergence"]
+        self.assertEqual((f["stream"], f["step"], f["op"]), ("r0.main~1.t-main", 4, "aten::add_"),
+                         f)
+        self.assertTrue(resume["missing"].startswith("a running value"), resume)
+        self.assertIn("Trainer's tr_loss", f["cause"])
+        # What training computes agrees: every tensor the optimizer wrote.
+        spread = report["spread"]
+        self.assertGreater(spread["parameters_tracked"], 0, spread)
+        self.assertEqual(spread["parameters_diverged"], [], spread)
+        self.assertIn("training is the same", f["cause"])
+
 
 if __name__ == "__main__":
     unittest.main()
