@@ -48,8 +48,7 @@ bool CollectiveFollower::unfilled_buffer_in_flight(const at::Tensor& t) {
   return false;
 }
 
-bool CollectiveFollower::returns_unfilled_buffer(const c10::IValue& v) {
-  if (pending_.empty()) return false;
+bool CollectiveFollower::unfilled_value_in_flight(const c10::IValue& v) {
   if (v.isTensor()) return unfilled_buffer_in_flight(v.toTensor());
   if (v.isTensorList())
     for (const at::Tensor& t : v.toTensorList())

@@ -52,7 +52,9 @@ class CollectiveFollower {
     return !pending_.empty() && unfilled_buffer_in_flight(t);
   }
   // Whether v is, or lists, such a buffer.
-  bool returns_unfilled_buffer(const c10::IValue& v);
+  bool returns_unfilled_buffer(const c10::IValue& v) {
+    return !pending_.empty() && unfilled_value_in_flight(v);
+  }
 
   bool any_pending() const { return !pending_.empty(); }
   // Whether a COLLECTIVE record is due: one completed, or `at_end` (all of them).
@@ -66,6 +68,7 @@ class CollectiveFollower {
 
  private:
   bool unfilled_buffer_in_flight(const at::Tensor& t);
+  bool unfilled_value_in_flight(const c10::IValue& v);
 
   std::optional<Pending> starting_;
   std::vector<Pending> pending_;

@@ -769,6 +769,13 @@ constexpr ClassExplanation kExplanations[] = {
 
 }  // namespace
 
+bool on_cpu(const FirstDivergence& fd) {
+  for (const auto* v : {&fd.outputs, &fd.inputs})
+    for (const TensorPair& p : *v)
+      if (p.a.present && p.a.device.rfind("cpu", 0) != 0) return false;
+  return true;
+}
+
 void explain_cause(const std::vector<EnvDifference>& env, FirstDivergence* fd) {
   if (fd->arose_in_compiled_region) {
     fd->cause = fmt::format(
@@ -780,14 +787,10 @@ void explain_cause(const std::vector<EnvDifference>& env, FirstDivergence* fd) {
         "audit again without compilation: --env TORCHDYNAMO_DISABLE=1";
     return;
   }
-  bool on_cpu = true;
-  for (const auto* v : {&fd->outputs, &fd->inputs})
-    for (const TensorPair& p : *v)
-      if (p.a.present && p.a.device.rfind("cpu", 0) != 0) on_cpu = false;
   ExplainFn explain = explain_input_differs;  // input-differs, and any class not listed
   for (const ClassExplanation& e : kExplanations)
     if (fd->divergence_class == e.divergence_class) explain = e.explain;
-  if (!explain(env, on_cpu, fd)) return;
+  if (!explain(env, on_cpu(*fd), fd)) return;
   if (fd->catalog && fd->remedy.empty()) fd->remedy = fd->catalog->remedy;
   if (fd->catalog && fd->divergence_class == DivergenceClass::kNondeterministicOp &&
       fd->remedy != fd->catalog->remedy)

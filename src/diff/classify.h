@@ -51,6 +51,9 @@ struct SeenOutputs {
   }
 };
 
+// Every tensor of the op is on the CPU in run A (a CPU kernel, a CPU generator).
+bool on_cpu(const FirstDivergence& fd);
+
 void classify_divergence(const BufferedOp& a, const OpSource& sa, const BufferedOp& b,
                          const OpSource& sb, const GateConfig& gate, FirstDivergence* out,
                          const SeenOutputs* seen = nullptr);

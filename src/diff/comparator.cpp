@@ -122,11 +122,12 @@ class StreamComparator {
     OpSource a(&ra), b(&rb);
     a.tap(limits_.on_op_a);
     b.tap(limits_.on_op_b);
-    a.window(limits_.first_step_a, limits_.skip_a, limits_.step_shift_a);
-    b.window(limits_.first_step_b, limits_.skip_b, limits_.step_shift_b);
-    if (limits_.until_step) {
-      a.stop_after_step(*limits_.until_step);
-      b.stop_after_step(*limits_.until_step);
+    const StreamWindow& w = limits_.window;
+    a.window(w.first_step[0], w.skip[0], w.step_shift[0]);
+    b.window(w.first_step[1], w.skip[1], w.step_shift[1]);
+    if (w.until_step) {
+      a.stop_after_step(*w.until_step);
+      b.stop_after_step(*w.until_step);
     }
     if (limits_.last_step_a) a.stop_after_step(*limits_.last_step_a);
     if (limits_.last_step_b) b.stop_after_step(*limits_.last_step_b);
@@ -563,7 +564,8 @@ class StreamComparator {
   void add_structural(StructuralDifference d) { add_structural(std::move(d), SkippedShape()); }
 
   void add_structural(StructuralDifference d, const SkippedShape& shape) {
-    if (limits_.resume_step && d.step == *limits_.resume_step && !out_->summary.alignment_lost) {
+    const std::optional<uint64_t>& resume_step = limits_.window.resume_step;
+    if (resume_step && d.step == *resume_step && !out_->summary.alignment_lost) {
       ++out_->resume_step_structure_count;
       if (out_->resume_step_structure.size() < kMaxStructural)
         out_->resume_step_structure.push_back(std::move(d));

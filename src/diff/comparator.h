@@ -12,6 +12,7 @@
 #include "diff/diff.h"
 #include "diff/op_source.h"
 #include "diff/report_model.h"
+#include "diff/stream_selection.h"
 
 namespace detaudit {
 
@@ -21,7 +22,7 @@ struct StreamResult {
   int64_t rank = 0;
   std::vector<StructuralDifference> structural;  // the first kMaxStructural
   uint64_t structural_count = 0;
-  // At a resumed stream's resume step (StreamLimits::resume_step): the first kMaxStructural.
+  // At a resumed stream's resume step (StreamWindow::resume_step): the first kMaxStructural.
   std::vector<StructuralDifference> resume_step_structure;
   uint64_t resume_step_structure_count = 0;
   uint64_t divergent_ops = 0;
@@ -55,16 +56,9 @@ struct StreamResult {
 // A DataLoader worker's stream is compared up to the last step its consumer ran, in each run.
 struct StreamLimits {
   std::optional<uint64_t> last_step_a, last_step_b;
-  // A resumed process's part (resume.h): each run's ops before first_step passed over, then
-  // `skip` more (the resumed process's setup); steps shifted into the other run's numbering.
-  uint64_t first_step_a = 0, first_step_b = 0;
-  uint64_t skip_a = 0, skip_b = 0;
-  uint64_t step_shift_a = 0, step_shift_b = 0;
-  // The part before a resume: both runs' ops up to this step only.
-  std::optional<uint64_t> until_step;
-  // A resumed stream's resume step: its op sequence differences there are kept apart
-  // (StreamResult::resume_step_structure), not counted (resume.h says why).
-  std::optional<uint64_t> resume_step;
+  // The part of the pair a resume cuts (resume.h); at its resume step, op sequence differences
+  // are kept apart (StreamResult::resume_step_structure), not counted.
+  StreamWindow window;
   // That run lost part of its world (a node never finished, a rank left no trace): where its
   // stream ends first, the rest of the other run's was not compared, as for a cut.
   bool world_lost_a = false, world_lost_b = false;

@@ -61,17 +61,7 @@ Status compare_streams(const StreamSelection& selection, const Fingerprints& fin
       StreamLimits l;
       l.world_lost_a = lost_world(r.worlds[0]);
       l.world_lost_b = lost_world(r.worlds[1]);
-      if (auto w = selection.windows.find(name); w != selection.windows.end()) {
-        const StreamWindow& win = w->second;
-        l.first_step_a = win.first_step[0];
-        l.first_step_b = win.first_step[1];
-        l.skip_a = win.skip[0];
-        l.skip_b = win.skip[1];
-        l.step_shift_a = win.step_shift[0];
-        l.step_shift_b = win.step_shift[1];
-        l.until_step = win.until_step;
-        l.resume_step = win.resume_step;
-      }
+      if (auto w = selection.windows.find(name); w != selection.windows.end()) l.window = w->second;
       if (workers) {
         if (auto it = last_step.find(parent_process(head.process)); it != last_step.end()) {
           l.last_step_a = it->second.first;

@@ -86,7 +86,7 @@ std::vector<EnvDifference> diff_environment(
     const auto& fa = ia == a.end() ? kEmpty : ia->second;
     const auto& fb = ib == b.end() ? kEmpty : ib->second;
     if (ia == a.end() || ib == b.end()) {
-      out.push_back({p, "(process)", ia == a.end() ? "(absent)" : "present",
+      out.push_back({p, kProcessPresence, ia == a.end() ? "(absent)" : "present",
                      ib == b.end() ? "(absent)" : "present"});
       continue;
     }

@@ -14,6 +14,9 @@
 
 namespace detaudit {
 
+// The key of an environment difference that says a process ran in one run only.
+inline constexpr const char* kProcessPresence = "(process)";
+
 // Flattens nested objects to dotted keys; arrays and scalars are kept as JSON text.
 void flatten_json(const nlohmann::json& j, const std::string& prefix,
                   std::map<std::string, std::string>* out);

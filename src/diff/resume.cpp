@@ -8,6 +8,8 @@
 #include <map>
 #include <set>
 
+#include "diff/classify.h"
+#include "diff/environment.h"
 #include "run_layout.h"
 #include "trace/reader.h"
 
@@ -163,15 +165,6 @@ std::optional<uint64_t> step_that_read(const std::string& path, const std::strin
   return std::nullopt;
 }
 
-bool on_cuda(const FirstDivergence& f) {
-  for (const auto* pairs : {&f.outputs, &f.inputs})
-    for (const TensorPair& p : *pairs)
-      if (p.a.present && p.a.device.rfind("cuda", 0) == 0) return true;
-  return false;
-}
-
-// What the checkpoint behind `rp` did not restore, from its first divergence: into f's cause
-// and remedy, and rp.missing. False when the divergence says nothing of the checkpoint.
 // A tensor of zeros (a scalar included) where the other run's is not: a running value the
 // resumed process started again from 0.
 bool zeros_against_values(const TensorSide& resumed, const TensorSide& through) {
@@ -184,7 +177,7 @@ bool name_what_was_missed(const StreamSelection& selection, const DiffReport& r,
                           FirstDivergence* f) {
   const char resumed = rp->run == 0 ? 'A' : 'B', through = rp->run == 0 ? 'B' : 'A';
   if (f->divergence_class == DivergenceClass::kRngState) {
-    const bool cuda = on_cuda(*f);
+    const bool cuda = !on_cpu(*f);
     rp->missing = cuda ? "torch's CUDA generator" : "torch's CPU generator";
     f->cause = fmt::format(
         "the checkpoint did not restore {}: run {}'s {} resumed at step {} and {} drew other "
@@ -370,7 +363,7 @@ void explain_resumes(const StreamSelection& selection, DiffReport* r) {
     auto& env = r->environment;
     env.erase(std::remove_if(env.begin(), env.end(),
                              [&](const EnvDifference& d) {
-                               return d.process == rp.process && d.key == "(process)";
+                               return d.process == rp.process && d.key == kProcessPresence;
                              }),
               env.end());
     rp.verified = r->verdict == Verdict::kIdentical;

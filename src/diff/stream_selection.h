@@ -37,7 +37,7 @@ struct StreamWindow {
   uint64_t skip[2] = {0, 0};
   uint64_t step_shift[2] = {0, 0};
   std::optional<uint64_t> until_step;
-  std::optional<uint64_t> resume_step;  // a resumed stream's (StreamLimits::resume_step)
+  std::optional<uint64_t> resume_step;  // a resumed stream's: op sequence differences there
 };
 
 struct StreamSelection {

@@ -4,7 +4,7 @@ Trainer's own resume_from_checkpoint (--resume). Built from a config: no downloa
 
     hf_resume.py --out DIR [--steps 8] [--save-at 4] [--stop | --resume]
 
-Prints the final loss's parameters checksum (`params sha256 ...`).
+Prints a checksum of the final parameters (`params sha256 ...`).
 """
 import argparse
 import hashlib
