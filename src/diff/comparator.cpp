@@ -563,9 +563,19 @@ class StreamComparator {
 
   void add_structural(StructuralDifference d) { add_structural(std::move(d), SkippedShape()); }
 
+  // A resumed stream's op sequence differences at its resume step, and the ops the resumed run
+  // alone runs at the next (DDP rebuilds its gradient buckets at a process's second iteration).
+  bool fresh_process_structure(const StructuralDifference& d) const {
+    const StreamWindow& w = limits_.window;
+    if (!w.resume_step || out_->summary.alignment_lost) return false;
+    if (d.step == *w.resume_step) return true;
+    const bool resumed_only = w.resumed_run == 0 ? d.skipped_b == 0 && d.skipped_a > 0
+                                                 : d.skipped_a == 0 && d.skipped_b > 0;
+    return d.step == *w.resume_step + 1 && resumed_only;
+  }
+
   void add_structural(StructuralDifference d, const SkippedShape& shape) {
-    const std::optional<uint64_t>& resume_step = limits_.window.resume_step;
-    if (resume_step && d.step == *resume_step && !out_->summary.alignment_lost) {
+    if (fresh_process_structure(d)) {
       ++out_->resume_step_structure_count;
       if (out_->resume_step_structure.size() < kMaxStructural)
         out_->resume_step_structure.push_back(std::move(d));

@@ -22,7 +22,8 @@ struct StreamResult {
   int64_t rank = 0;
   std::vector<StructuralDifference> structural;  // the first kMaxStructural
   uint64_t structural_count = 0;
-  // At a resumed stream's resume step (StreamWindow::resume_step): the first kMaxStructural.
+  // A fresh process's, at a resumed stream's resume step and the next (StreamWindow): the
+  // first kMaxStructural.
   std::vector<StructuralDifference> resume_step_structure;
   uint64_t resume_step_structure_count = 0;
   uint64_t divergent_ops = 0;
@@ -56,7 +57,7 @@ struct StreamResult {
 // A DataLoader worker's stream is compared up to the last step its consumer ran, in each run.
 struct StreamLimits {
   std::optional<uint64_t> last_step_a, last_step_b;
-  // The part of the pair a resume cuts (resume.h); at its resume step, op sequence differences
+  // The part of the pair a resume cuts (resume.h); a fresh process's op sequence differences
   // are kept apart (StreamResult::resume_step_structure), not counted.
   StreamWindow window;
   // That run lost part of its world (a node never finished, a rank left no trace): where its

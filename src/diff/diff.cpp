@@ -217,18 +217,24 @@ void note_pools(DiffReport* r) {
   std::map<std::string, std::vector<const PoolComparison*>> by_pool;
   for (const PoolComparison& c : r->library_pools) by_pool[c.pool->thread].push_back(&c);
   for (const auto& [thread, pools] : by_pool) {
-    uint64_t a = 0, b = 0, matched = 0;
+    uint64_t a = 0, b = 0, matched = 0, repeats = 0;
     std::vector<std::string> processes;
     for (const PoolComparison* c : pools) {
       a += c->ops_a;
       b += c->ops_b;
       matched += c->matched;
+      repeats += c->setup_repeats;
       processes.push_back(c->process);
     }
     r->notes.push_back(fmt::format(
         "{} ({}): {}; their ops were compared as one set per process, not thread by thread: {} "
-        "of {} in run A matched run B's {}",
-        thread, fmt::join(processes, ", "), pools.front()->pool->why, matched, a, b));
+        "of {} in run A matched run B's {}{}",
+        thread, fmt::join(processes, ", "), pools.front()->pool->why, matched, a, b,
+        repeats ? fmt::format("; {} op(s) a resumed process ran again exactly as the process "
+                              "before it had (its setup, building the model again: DDP "
+                              "broadcasts the parameters) were not counted",
+                              repeats)
+                : ""));
   }
 }
 
@@ -331,9 +337,10 @@ Status diff_runs(const std::string& dir_a, const std::string& dir_b, const DiffO
   if (Status s = compare_streams(selection, fingerprints[0], options, r, &compared); !s.ok())
     return s;
   note_resume_step_structure(r.resumes, compared.results, &r.notes);
+  if (Status s = compare_library_pools(run_a, run_b, &selection, &r); !s.ok()) return s;
+  settle_fresh_layouts(r.library_pools, &compared.results, &r);
   const std::vector<std::vector<StreamTail>> tails = stream_tails(compared.results, selection);
   add_stream_results(&compared.results, &r);
-  if (Status s = compare_library_pools(run_a, run_b, &selection, &r); !s.ok()) return s;
   if (Status s = check_replicas_of_both(run_a, run_b, compared.replica_folds, options.part, &r);
       !s.ok())
     return s;

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <unordered_map>
 
 #include "trace/reader.h"
@@ -57,6 +59,8 @@ uint64_t fingerprint(const trace::TraceReader& r, const trace::OpRecord& op) {
 
 struct Tally {
   int64_t balance = 0;  // ops of run A minus ops of run B with this fingerprint
+  // In the run that resumed: this op's count in the resumed process, and in its predecessor.
+  uint64_t resumed = 0, predecessor = 0;
   uint64_t step_a = UINT64_MAX, order_a = 0, step_b = UINT64_MAX, order_b = 0;
   std::string name_a, name_b;
 };
@@ -74,6 +78,10 @@ Status compare_pool(const std::vector<std::string>& paths_a,
   std::unordered_map<uint64_t, Tally> tallies;
   for (bool in_a : {true, false}) {
     for (const std::string& path : in_a ? paths_a : paths_b) {
+      const bool resumed_run = out->resumed_run == (in_a ? 0 : 1);
+      const bool of_resumed = resumed_run &&
+                              std::find(out->resumed_paths.begin(), out->resumed_paths.end(),
+                                        path) != out->resumed_paths.end();
       trace::TraceReader r;
       if (Status s = r.open(path); !s.ok()) return s;
       trace::ReadResult res;
@@ -82,6 +90,7 @@ Status compare_pool(const std::vector<std::string>& paths_a,
         const trace::OpRecord& op = r.op();
         Tally& t = tallies[fingerprint(r, op)];
         t.balance += in_a ? 1 : -1;
+        if (resumed_run) ++(of_resumed ? t.resumed : t.predecessor);
         uint64_t& step = in_a ? t.step_a : t.step_b;
         uint64_t& order = in_a ? t.order_a : t.order_b;
         if (op.step < step || (op.step == step && op.order < order)) {
@@ -99,7 +108,12 @@ Status compare_pool(const std::vector<std::string>& paths_a,
     }
   }
   uint64_t first_step = UINT64_MAX, first_order = UINT64_MAX;
-  for (const auto& [_, t] : tallies) {
+  for (auto& [_, t] : tallies) {
+    if (out->resumed_run >= 0 && t.balance != 0 && (t.balance > 0) == (out->resumed_run == 0)) {
+      const uint64_t repeats = std::min({uint64_t(std::abs(t.balance)), t.resumed, t.predecessor});
+      t.balance += t.balance > 0 ? -int64_t(repeats) : int64_t(repeats);
+      out->setup_repeats += repeats;
+    }
     if (t.balance == 0) continue;
     const bool a = t.balance > 0;
     // An op the other run lacks, where the other run's pool was cut: its partner may be past the
@@ -117,7 +131,8 @@ Status compare_pool(const std::vector<std::string>& paths_a,
       out->first_unmatched_op = a ? t.name_a : t.name_b;
     }
   }
-  out->matched = out->ops_a - out->unmatched_a - out->uncompared_a;
+  out->matched = out->ops_a - out->unmatched_a - out->uncompared_a -
+                 (out->resumed_run == 0 ? out->setup_repeats : 0);
   return Status();
 }
 

@@ -36,6 +36,13 @@ struct PoolComparison {
   // Ops of one run with no match in the other whose pool streams were cut: not compared, not
   // counted as unmatched (the cut may have taken their partners).
   uint64_t uncompared_a = 0, uncompared_b = 0;
+  // A resumed process's pool (resume.h), compared within its predecessor's: the paths it wrote,
+  // in run `resumed_run`. Those of its ops that repeat one of its predecessor's exactly, beyond
+  // what the other run ran, are its setup run again (a fresh process builds its model: DDP
+  // broadcasts the parameters from rank 0), not counted as unmatched.
+  int resumed_run = -1;
+  std::vector<std::string> resumed_paths;
+  uint64_t setup_repeats = 0;
 };
 
 // `out->truncated_a`/`_b` may be set before the call: the process did not exit in that run, so

@@ -335,7 +335,10 @@ struct ResumedProcess {
   std::string found_by;    // how that step was found
   uint64_t setup_ops = 0;  // its ops before it (building the model, loading the checkpoint)
   bool verified = false;   // the runs are identical, the resumed part included
-  std::string missing;     // what the checkpoint did not restore, when the divergence says
+  // Ops of its first step that held the same values as the other run's in another order (a
+  // buffer laid out anew: DDP's gradient buckets), not counted (settle_fresh_layouts).
+  uint64_t reordered_ops = 0;
+  std::string missing;  // what the checkpoint did not restore, when the divergence says
 };
 
 struct DiffReport {

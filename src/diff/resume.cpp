@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -146,6 +148,32 @@ std::string renamed(const std::string& stream, const std::string& before,
 bool of_process(const std::string& stream, const std::string& process) {
   return stream.size() > process.size() && stream.compare(0, process.size(), process) == 0 &&
          stream[process.size()] == '.';
+}
+
+// A resumed process's library pools are compared within its predecessor's: together they ran
+// what the other run's one process did, plus the setup the resumed process ran again.
+void join_pools(StreamSelection* selection, const ResumedProcess& rp) {
+  std::vector<PoolKey> keys;
+  for (const auto& [key, _] : selection->pools)
+    if (key.first == rp.process) keys.push_back(key);
+  for (const PoolKey& key : keys) {
+    const PoolKey into{rp.continues, key.second};
+    PoolComparison& from = selection->pools.at(key);
+    PoolComparison& c = selection->pools[into];
+    c.process = rp.continues;
+    c.pool = from.pool;
+    c.resumed_run = rp.run;
+    auto& streams = rp.run == 0 ? c.streams_a : c.streams_b;
+    for (const std::string& s : rp.run == 0 ? from.streams_a : from.streams_b) streams.push_back(s);
+    auto& paths = selection->pool_paths[key];
+    auto& into_paths = selection->pool_paths[into];
+    for (const std::string& p : rp.run == 0 ? paths.first : paths.second) {
+      (rp.run == 0 ? into_paths.first : into_paths.second).push_back(p);
+      c.resumed_paths.push_back(p);
+    }
+    selection->pools.erase(key);
+    selection->pool_paths.erase(key);
+  }
 }
 
 // The first step before `limit` at which an op of `path` read or made a tensor of this digest.
@@ -322,11 +350,13 @@ Status find_resumes(StreamSelection* selection, std::optional<uint64_t> given,
         w.first_step[through] = rp.step;
         w.step_shift[resumed] = rp.step;
         w.resume_step = rp.step;
+        w.resumed_run = resumed;
         if (resumed_name == main) {
           w.skip[resumed] = rp.setup_ops;
           w.skip[through] = skip_through;
         }
       }
+      join_pools(selection, rp);
       out->push_back(std::move(rp));
     }
   }
@@ -340,21 +370,111 @@ void note_resume_step_structure(const std::vector<ResumedProcess>& resumes,
     for (const StreamResult& res : results) {
       if (!of_process(res.summary.name, rp.process) || res.resume_step_structure_count == 0)
         continue;
-      std::set<std::string> ops;
+      std::map<uint64_t, std::set<std::string>> ops_by_step;
       for (const StructuralDifference& d : res.resume_step_structure)
         for (const std::string* op : {&d.op_a, &d.op_b})
-          if (!op->empty()) ops.insert(*op);
-      std::string names;
-      for (const std::string& op : ops) names += (names.empty() ? "" : ", ") + op;
-      const auto divergent = res.per_step.find(rp.step);
+          if (!op->empty()) ops_by_step[d.step].insert(*op);
+      std::vector<std::string> where;
+      for (const auto& [step, ops] : ops_by_step)
+        where.push_back(fmt::format(
+            "at step {} ({}), {}", step, fmt::join(ops, ", "),
+            step == rp.step
+                ? "as in a fresh process's first step (gradients not made yet)"
+                : "ops run in its second only (DDP rebuilds its gradient buckets once)"));
+      bool values_differ = false;
+      for (const auto& [step, n] : res.per_step)
+        values_differ |= n > 0 && (step == rp.step || step == rp.step + 1);
       notes->push_back(fmt::format(
-          "{}: at step {}, the step {} resumed at, the op sequences differ in {} place(s) ({}), "
-          "as in a fresh process's first step (gradients not made yet): not counted; {}",
-          res.summary.name, rp.step, rp.process, res.resume_step_structure_count, names,
-          divergent == res.per_step.end() || divergent->second == 0
-              ? "every value of that step agrees"
-              : "values of that step differ too (the first divergence)"));
+          "{}: resumed at step {}, {}'s op sequence differs in {} place(s), {}: not counted; {}",
+          res.summary.name, rp.step, rp.process, res.resume_step_structure_count,
+          fmt::join(where, "; "),
+          values_differ ? "values of those steps differ too"
+                        : "every value of those steps agrees"));
     }
+}
+
+namespace {
+
+int64_t numel(const std::vector<int64_t>& sizes) {
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  return n;
+}
+
+bool close(double x, double y, double scale) {
+  return std::abs(x - y) <= 1e-9 * std::max(scale, std::numeric_limits<double>::min());
+}
+
+// The same values in another order: equal count, extremes and non-finite counts, and mean and
+// l2 equal up to the order their sums were taken in.
+bool same_values_reordered(const TensorPair& p) {
+  const TensorSide &a = p.a, &b = p.b;
+  if (!p.differs || !a.present || !b.present || !a.has_stats || !b.has_stats ||
+      a.dtype != b.dtype || numel(a.sizes) != numel(b.sizes))
+    return false;
+  const trace::TensorStats &x = a.stats, &y = b.stats;
+  const double largest = std::max(std::abs(x.min), std::abs(x.max));
+  return x.min == y.min && x.max == y.max && x.nan == y.nan && x.inf == y.inf &&
+         close(x.mean, y.mean, largest) && close(x.l2, y.l2, x.l2);
+}
+
+// Every differing tensor of the op: the same values in another order; the first of them.
+const TensorPair* reordered_evidence(const FirstDivergence& f) {
+  const TensorPair* first = nullptr;
+  for (const auto* pairs : {&f.inputs, &f.outputs})
+    for (const TensorPair& p : *pairs) {
+      if (!p.differs) continue;
+      if (!same_values_reordered(p)) return nullptr;
+      if (!first) first = &p;
+    }
+  return first;
+}
+
+}  // namespace
+
+void settle_fresh_layouts(const std::vector<PoolComparison>& pools,
+                          std::vector<StreamResult>* results, DiffReport* r) {
+  if (r->resumes.empty()) return;
+  uint64_t tracked = 0;
+  for (const PoolComparison& c : pools)
+    if (c.unmatched_a || c.unmatched_b) return;
+  std::vector<std::pair<StreamResult*, ResumedProcess*>> settled;
+  for (StreamResult& res : *results) {
+    tracked += res.parameters_tracked;
+    if (res.structural_count || !res.parameters.empty()) return;
+    if (res.divergent_ops == 0) continue;
+    auto rp = std::find_if(r->resumes.begin(), r->resumes.end(), [&](const ResumedProcess& p) {
+      return of_process(res.summary.name, p.process);
+    });
+    if (rp == r->resumes.end() || !res.first || res.first->step != rp->step ||
+        res.per_step.size() != 1 || !res.per_step.count(rp->step) ||
+        !reordered_evidence(*res.first))
+      return;
+    settled.emplace_back(&res, &*rp);
+  }
+  if (settled.empty() || tracked == 0) return;
+  for (auto& [res, rp] : settled) {
+    const FirstDivergence& f = *res->first;
+    const TensorPair& p = *reordered_evidence(f);
+    const char through = rp->run == 0 ? 'B' : 'A';
+    r->notes.push_back(fmt::format(
+        "{}: at step {}, the step {} resumed at, {} op(s) ({} first) held the same values as "
+        "run {}'s in another order ({}: {} {} values, equal min, max, mean and l2; digests {} and "
+        "{}): DDP fills its gradient buckets in parameter order in a fresh process's first "
+        "iteration, and in the order gradients became ready after it; the optimizer's {} written "
+        "tensors and every later op agree: not counted",
+        res->summary.name, rp->step, rp->process, res->divergent_ops, f.op, through, p.label(),
+        numel(p.a.sizes), p.a.dtype, (rp->run == 0 ? p.a : p.b).digest,
+        (rp->run == 0 ? p.b : p.a).digest, tracked));
+    rp->reordered_ops += res->divergent_ops;
+    res->first.reset();
+    res->divergent_ops = 0;
+    res->summary.divergent = 0;
+    res->per_step.clear();
+    res->curve.erase(rp->step);
+    res->divergent_orders.clear();
+    res->beyond_tolerance = false;
+  }
 }
 
 void explain_resumes(const StreamSelection& selection, DiffReport* r) {

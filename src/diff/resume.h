@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "diff/comparator.h"
+#include "diff/library_threads.h"
 #include "diff/report_model.h"
 #include "diff/stream_selection.h"
 #include "util/status.h"
@@ -37,6 +38,15 @@ Status find_resumes(StreamSelection* selection, std::optional<uint64_t> given,
 void note_resume_step_structure(const std::vector<ResumedProcess>& resumes,
                                 const std::vector<StreamResult>& results,
                                 std::vector<std::string>* notes);
+
+// A fresh process's first step may lay a buffer out anew: DDP fills its gradient buckets in
+// parameter order in a process's first iteration. Where that is all that differs (each
+// divergent stream a resumed one whose only divergent ops are at its resume step, the first of
+// them holding the same values in another order, no optimizer write or later op differing), it
+// is said in the notes and counted on the resume (ResumedProcess::reordered_ops), not as a
+// divergence.
+void settle_fresh_layouts(const std::vector<PoolComparison>& pools,
+                          std::vector<StreamResult>* results, DiffReport* r);
 
 // A first divergence in a resumed stream at its resume step: what the checkpoint did not
 // restore, as the cause, with evidence and the remedy. Marks each resumed process verified when

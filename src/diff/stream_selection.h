@@ -37,7 +37,10 @@ struct StreamWindow {
   uint64_t skip[2] = {0, 0};
   uint64_t step_shift[2] = {0, 0};
   std::optional<uint64_t> until_step;
-  std::optional<uint64_t> resume_step;  // a resumed stream's: op sequence differences there
+  // A resumed stream's step and run (0 A, 1 B): op sequence differences at that step, and ops
+  // the resumed run alone runs at the next (a fresh process's second iteration), are kept apart.
+  std::optional<uint64_t> resume_step;
+  int resumed_run = -1;
 };
 
 struct StreamSelection {

@@ -164,6 +164,7 @@ json report_to_json(const DiffReport& r) {
                             {"found_by", rp.found_by},
                             {"setup_ops", rp.setup_ops},
                             {"verified", rp.verified},
+                            {"reordered_ops", rp.reordered_ops},
                             {"missing", rp.missing.empty() ? json(nullptr) : json(rp.missing)}});
   // Each run's world: its size, and the ranks or nodes missing from it (src/diff/world.h).
   json worlds = json::array();

@@ -74,10 +74,15 @@ std::string render_text(const DiffReport& r, bool color) {
         "compared)\n",
         rp.run == 0 ? 'A' : 'B', rp.process, rp.continues, rp.step, rp.found_by, rp.setup_ops);
     if (rp.verified)
-      out += st("32",
-                "    the resume is verified: bit for bit what the run that ran through "
-                "computed, from step " +
-                    std::to_string(rp.step) + " on") +
+      out += st("32", fmt::format("    the resume is verified: bit for bit what the run that ran "
+                                  "through computed, from step {} on{}",
+                                  rp.step,
+                                  rp.reordered_ops
+                                      ? fmt::format(", but for {} op(s) of its first step that "
+                                                    "held the same values in another order "
+                                                    "(see the notes)",
+                                                    rp.reordered_ops)
+                                      : "")) +
              "\n";
     else if (!rp.missing.empty())
       out += st("33", "    the checkpoint did not restore " + rp.missing) + "\n";
@@ -137,8 +142,14 @@ std::string render_text(const DiffReport& r, bool color) {
   if (r.first) {
     const FirstDivergence& f = *r.first;
     out += st("1", "\nFirst divergence\n");
+    // A resumed process's stream: each run's process by its own name.
+    std::string process = f.process;
+    for (const ResumedProcess& rp : r.resumes)
+      if (f.stream.rfind(rp.process + ".", 0) == 0)
+        process = rp.run == 0 ? fmt::format("{} in run A, {} in run B", rp.process, rp.continues)
+                              : fmt::format("{} in run A, {} in run B", rp.continues, rp.process);
     out += fmt::format("  where: rank {} ({}), step {}, {} phase, op #{} of stream {}\n", f.rank,
-                       f.process, f.step, f.phase, f.index, f.stream);
+                       process, f.step, f.phase, f.index, f.stream);
     out += fmt::format("  op:    {}{}\n", st("1", fmt::format("{}", fmt::join(f.chain, " > "))),
                        f.scope_path.empty() ? "" : fmt::format(" in `{}`", f.scope_path));
     if (!f.batch_read_by.empty())

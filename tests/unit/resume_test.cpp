@@ -3,6 +3,7 @@
 // setup passed over, and a difference planted after the resume found there.
 #include "diff/resume.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "diff/diff.h"
@@ -36,13 +37,19 @@ void train_step(TraceBuilder& t, uint64_t step, uint8_t params_fill) {
 // The resumed process: building and loading (a fill and a copy of the loaded parameters), then
 // its steps from `from` on, counted from 0; `planted` changes the parameters it reads at that
 // step of run A's numbering.
-TraceBuilder resumed(uint64_t from, uint64_t to, std::optional<uint64_t> planted = {}) {
+// `extra_at`: a step at which it runs a broadcast first, as DDP's bucket rebuild.
+TraceBuilder resumed(uint64_t from, uint64_t to, std::optional<uint64_t> planted = {},
+                     std::optional<uint64_t> extra_at = {}) {
   TraceBuilder t(0, "main~1");
   t.op("aten::uniform_").in_new(tensor(0x01)).out_new(tensor(0x02)).done();
   t.op("aten::copy_").in_new(tensor(0x02)).in_new(tensor(uint8_t(0x40 + from))).done();
   for (uint64_t s = from; s < to; ++s) {
     uint8_t fill = uint8_t(0x40 + s);
     if (planted && s == *planted) fill ^= 0x80;
+    if (extra_at && s == *extra_at) {
+      t.step(s - from);
+      t.op("c10d::broadcast_").in_new(tensor(0x05)).out_new(tensor(0x05)).done();
+    }
     train_step(t, s - from, fill);
   }
   t.end();
@@ -120,6 +127,103 @@ TEST(ResumeTest, WithNothingToTellTheStepTheReportAsksForItAndTakesItGiven) {
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->stream, "r0.main~1.t-main");
   EXPECT_EQ(r.first->step, 4u) << "step 0's parameters read where run A read step 4's";
+}
+
+TEST(ResumeTest, OpsTheResumedProcessAloneRunsAtItsSecondStepAreNotCounted) {
+  // DDP rebuilds its buckets at a process's second iteration: a broadcast the other run ran in
+  // its own second step, long before.
+  for (uint64_t extra_at : {5, 6}) {
+    RunDir a(fmt::format("resume_extra_a{}/run-0", extra_at));
+    RunDir b(fmt::format("resume_extra_b{}/run-0", extra_at));
+    a.add_stream("r0.main.t-main", through(8));
+    b.add_stream("r0.main.t-main", through(4));
+    b.add_stream("r0.main~1.t-main", resumed(4, 8, {}, extra_at));
+    DiffReport r = diff(a, b);
+    if (extra_at == 5) {
+      EXPECT_EQ(r.verdict, Verdict::kIdentical);
+      EXPECT_EQ(r.structural_count, 0u);
+      ASSERT_FALSE(r.notes.empty());
+      EXPECT_NE(r.notes[0].find("at step 5 (c10d::broadcast_), ops run in its second only"),
+                std::string::npos)
+          << r.notes[0];
+    } else {
+      EXPECT_EQ(r.verdict, Verdict::kDivergent) << "its third step is no fresh process's";
+      EXPECT_EQ(r.structural_count, 1u);
+    }
+  }
+}
+
+// A resumed stream whose only divergent op, at its resume step, held `b_stats` where run A's
+// held `a_stats` (settle_fresh_layouts), with the optimizer's writes tracked.
+struct FreshLayout {
+  DiffReport report;
+  std::vector<StreamResult> results;
+
+  FreshLayout(trace::TensorStats a_stats, trace::TensorStats b_stats) {
+    ResumedProcess& rp = report.resumes.emplace_back();
+    rp.process = "r0.main~1";
+    rp.continues = "r0.main";
+    rp.step = 3;
+    StreamResult& before = results.emplace_back();
+    before.summary.name = "r0.main.t-main";
+    before.parameters_tracked = 8;
+    StreamResult& res = results.emplace_back();
+    res.summary.name = "r0.main~1.t-main";
+    res.parameters_tracked = 8;
+    res.divergent_ops = res.summary.divergent = 1;
+    res.per_step[3] = 1;
+    FirstDivergence& f = res.first.emplace();
+    f.stream = res.summary.name;
+    f.step = 3;
+    f.op = "c10d::allreduce_";
+    TensorPair& p = f.inputs.emplace_back();
+    p.role = "input";
+    p.differs = true;
+    for (auto [side, stats, digest] : {std::tuple{&p.a, a_stats, "aa"}, {&p.b, b_stats, "bb"}}) {
+      side->present = side->has_stats = true;
+      side->dtype = "float32";
+      side->sizes = {321};
+      side->stats = stats;
+      side->digest = digest;
+    }
+  }
+
+  void settle() { settle_fresh_layouts({}, &results, &report); }
+};
+
+constexpr trace::TensorStats kBucket{-0.5, 0.75, 0.01, 2.5, 0, 0};
+
+TEST(ResumeTest, TheSameValuesInAnotherOrderAtTheResumeStepAreSaidNotCounted) {
+  FreshLayout l(kBucket, trace::TensorStats{-0.5, 0.75, 0.01 + 1e-12, 2.5, 0, 0});
+  l.settle();
+  EXPECT_FALSE(l.results[1].first);
+  EXPECT_EQ(l.results[1].divergent_ops, 0u);
+  EXPECT_EQ(l.report.resumes[0].reordered_ops, 1u);
+  ASSERT_EQ(l.report.notes.size(), 1u);
+  EXPECT_NE(l.report.notes[0].find("c10d::allreduce_ first) held the same values"),
+            std::string::npos)
+      << l.report.notes[0];
+  EXPECT_NE(l.report.notes[0].find("the optimizer's 16 written tensors"), std::string::npos)
+      << l.report.notes[0];
+}
+
+TEST(ResumeTest, OtherValuesOrADifferenceThatReachesOnAreCounted) {
+  FreshLayout other_max(kBucket, trace::TensorStats{-0.5, 0.7500001, 0.01, 2.5, 0, 0});
+  FreshLayout later(kBucket, kBucket);
+  later.results[1].per_step[4] = 1;
+  FreshLayout written(kBucket, kBucket);
+  written.results[1].parameters.push_back({"r0.main~1.t-main", 2, "aten::add_", 3});
+  FreshLayout untracked(kBucket, kBucket);
+  for (StreamResult& res : untracked.results) res.parameters_tracked = 0;
+  FreshLayout structure(kBucket, kBucket);
+  structure.results[0].structural_count = 1;
+  for (FreshLayout* l : {&other_max, &later, &written, &untracked, &structure}) {
+    l->settle();
+    EXPECT_TRUE(l->results[1].first);
+    EXPECT_EQ(l->results[1].divergent_ops, 1u);
+    EXPECT_EQ(l->report.resumes[0].reordered_ops, 0u);
+    EXPECT_TRUE(l->report.notes.empty());
+  }
 }
 
 }  // namespace

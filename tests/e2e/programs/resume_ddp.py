@@ -4,10 +4,9 @@ shared model and optimizer (tests/e2e/test_resume.py).
 
     resume_ddp.py --steps N [--stop-at K --save PREFIX | --resume PREFIX] [--omit rng]
 
-Not in a test yet (issue 60): a complete checkpoint resumes every parameter bit for bit, but
-DDP's first iteration in the resumed processes fills its all-reduce bucket in another layout
-(the buckets are rebuilt after a process's first iteration), so each rank's all-reduce input
-differs at the resume step with equal statistics, and the diff says UNEXPLAINED (exit 6).
+A fresh process's first iteration fills DDP's gradient bucket in parameter order, and its second
+rebuilds the bucket (a broadcast from rank 0): at the resume step each rank's all-reduce reads
+the same values as in the run that went through, in another order (test_resume.py, DdpResume).
 """
 import argparse
 import os
