@@ -193,6 +193,38 @@ std::optional<uint64_t> step_that_read(const std::string& path, const std::strin
   return std::nullopt;
 }
 
+// The op of `path` that wrote a tensor of this digest last before step `step` read it, and the
+// step it ran in: the writes that end a step (GradScaler's update) run after its last
+// optimizer op, at the next step's count.
+std::optional<std::pair<std::string, uint64_t>> last_writer(const std::string& path,
+                                                            const std::string& digest,
+                                                            uint64_t step) {
+  trace::TraceReader r;
+  if (digest.empty() || !r.open(path).ok()) return std::nullopt;
+  std::optional<std::pair<std::string, uint64_t>> writer;
+  while (r.next() == trace::ReadResult::kRecord) {
+    if (r.kind() != trace::RecordKind::kOp) continue;
+    const trace::OpRecord& op = r.op();
+    if (op.step > step) break;
+    if (op.step == step && writer)
+      for (int64_t id : op.input_tensors)
+        if (const trace::TensorDesc* t = r.tensor(id);
+            t && t->has_contents() && t->digest_hex() == digest)
+          return writer;
+    for (int64_t id : op.output_tensors)
+      if (const trace::TensorDesc* t = r.tensor(id);
+          t && t->has_contents() && t->digest_hex() == digest)
+        writer.emplace(std::string(r.string(op.name)), op.step);
+  }
+  return writer;
+}
+
+bool one_element(const TensorSide& t) {
+  int64_t n = 1;
+  for (int64_t s : t.sizes) n *= s;
+  return t.present && t.has_stats && n == 1;
+}
+
 // A tensor of zeros (a scalar included) where the other run's is not: a running value the
 // resumed process started again from 0.
 bool zeros_against_values(const TensorSide& resumed, const TensorSide& through) {
@@ -248,6 +280,42 @@ bool name_what_was_missed(const StreamSelection& selection, const DiffReport& r,
         "save the sampler's epoch and how many batches the epoch consumed with the checkpoint, "
         "and skip them when resuming (Hugging Face Trainer does unless ignore_data_skip is set; "
         "torchdata's StatefulDataLoader saves its place)";
+    return true;
+  }
+  for (const TensorPair& p : f->inputs) {
+    const TensorSide& resumed_side = rp->run == 0 ? p.a : p.b;
+    const TensorSide& through_side = rp->run == 0 ? p.b : p.a;
+    if (!p.differs || !one_element(resumed_side) || !one_element(through_side) ||
+        zeros_against_values(resumed_side, through_side))
+      continue;
+    auto through_stream = selection.streams[1 - rp->run].find(f->stream);
+    if (through_stream == selection.streams[1 - rp->run].end()) break;
+    const auto writer = last_writer(through_stream->second, through_side.digest, rp->step);
+    if (!writer) continue;
+    const bool scaler = writer->first == "aten::_amp_update_scale_";
+    rp->missing = scaler ? "the GradScaler's scale" : "a state held in a one-element tensor";
+    const std::string agree =
+        r.parameters.empty() && r.parameters_tracked > 0
+            ? fmt::format("; the optimizer's {} written tensors all agree{}", r.parameters_tracked,
+                          scaler ? " (a power-of-two scale cancels when the gradients are "
+                                   "unscaled), but the scale decides which steps an overflow "
+                                   "skips"
+                                 : "")
+            : "";
+    f->cause = fmt::format(
+        "the checkpoint did not restore {}: at step {}, {}'s {} is {:.9g} in run {}'s resumed "
+        "process and {:.9g} in run {}, as {} left it {}{}",
+        scaler ? "the GradScaler's state" : "a state held in a one-element tensor", f->step, f->op,
+        p.label(), resumed_side.stats.max, resumed, through_side.stats.max, through, writer->first,
+        writer->second == f->step ? "before that step" : fmt::format("at step {}", writer->second),
+        agree);
+    f->remedy = scaler ? "save scaler.state_dict() with the checkpoint and call "
+                         "scaler.load_state_dict() when resuming (a Hugging Face Trainer or "
+                         "Lightning checkpoint holds it: resume from it)"
+                       : fmt::format(
+                             "save the tensor {} writes with the checkpoint, and load it "
+                             "when resuming",
+                             writer->first);
     return true;
   }
   for (const TensorPair& p : f->inputs) {

@@ -19,6 +19,8 @@ LOOP = [PYTHON, program("resume_loop.py")]
 STEPS, STOP = 6, 3
 TRAINER = [PYTHON, program("hf_resume.py")]
 DDP = [PYTHON, program("resume_ddp.py")]
+_HAS_CPU_SCALER = python_answer(
+    "import torch;print(hasattr(torch, 'amp') and hasattr(torch.amp, 'GradScaler'))") == "True\n"
 _HAS_TRANSFORMERS = python_answer(
     "import importlib.util as u;print(all(u.find_spec(m) for m in ('transformers', 'accelerate')))"
 ) == "True\n"
@@ -132,6 +134,50 @@ class Resume(TmpDirCase):
         self.assertEqual((resume["step"], resume["found_by"]), (STOP, "--resume-step"), resume)
         f = report["first_divergence"]
         self.assertEqual((f["stream"], f["step"]), ("r0.main~1.t-main", STOP), f)
+
+
+@unittest.skipUnless(_HAS_CPU_SCALER, "this torch has no GradScaler for the CPU (torch 2.3+)")
+class ScalerResume(TmpDirCase):
+    """The plain loop with a GradScaler whose scale doubles each step: left out of the
+    checkpoint, the resumed loop scales its loss by the initial scale. A power-of-two scale
+    cancels when the gradients are unscaled, so training agrees: only the scale tells."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.through = record(os.path.join(cls.tmp, "through"),
+                             LOOP + ["--steps", str(STEPS), "--scaler"])
+
+    def diff(self, omit, expect):
+        loop = " ".join(shlex.quote(a) for a in LOOP)
+        ck = os.path.join(self.tmp, f"ck-{omit or 'all'}.pt")
+        flags = f"--steps {STEPS} --scaler --omit '{omit}'"
+        resumed = record(os.path.join(self.tmp, f"resumed-{omit or 'all'}"),
+                         ["sh", "-c", f"{loop} {flags} --stop-at {STOP} --save {ck} && "
+                                      f"{loop} {flags} --resume {ck}"])
+        out = os.path.join(self.tmp, f"scaler-{omit or 'all'}.json")
+        r = run_detaudit(["diff", self.through, resumed, "--format", "json", "-o", out])
+        self.assertEqual(r.returncode, expect, r.stdout + r.stderr)
+        report = load_report(out)
+        self.assertEqual([(x["process"], x["step"]) for x in report["resumes"]],
+                         [("r0.main~1", STOP)], report["resumes"])
+        return report, report["resumes"][0]
+
+    def test_a_saved_scaler_resumes_bit_for_bit(self):
+        report, resume = self.diff("", 0)
+        self.assertEqual(report["verdict"], "identical", report.get("first_divergence"))
+        self.assertTrue(resume["verified"], resume)
+
+    def test_a_scaler_not_saved_is_named_by_its_scale(self):
+        report, resume = self.diff("scaler", 1)
+        f = report["first_divergence"]
+        self.assertEqual((f["step"], f["op"]), (STOP, "aten::mul"), f)
+        self.assertEqual(resume["missing"], "the GradScaler's scale", resume)
+        # The initial scale, 2**8, against the scale doubled at each of the steps before.
+        self.assertIn(f"is 256 in run B's resumed process and {256 << STOP} in run A", f["cause"])
+        self.assertIn("aten::_amp_update_scale_", f["cause"])
+        self.assertIn("scaler.load_state_dict()", f["remedy"])
+        self.assertEqual(report["spread"]["parameters_diverged"], [], report["spread"])
 
 
 class DdpResume(TmpDirCase):

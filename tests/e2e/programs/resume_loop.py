@@ -4,12 +4,13 @@ in an order each epoch draws from its own seeded permutation.
 
     resume_loop.py --steps N                                   # runs through
     resume_loop.py --steps N --stop-at K --save CK             # stops after step K-1
-    resume_loop.py --steps N --resume CK [--omit rng,sampler,scheduler]
+    resume_loop.py --steps N --resume CK [--omit rng,sampler,scheduler,scaler] [--scaler]
 
 --omit leaves that state out of what is saved: torch's generator (dropout draws on), the data
 loader's place (the resumed loop starts its batches over), the scheduler's state (its LR); or,
 with "model" and "optimizer", the resumed loop does not load the parameters or the optimizer's
-state.
+state. --scaler scales the loss with a GradScaler whose scale doubles each step (torch 2.3 and
+later, on the CPU), saved unless "scaler" is left out.
 Prints the last loss.
 """
 import argparse
@@ -23,6 +24,7 @@ p.add_argument("--stop-at", type=int)
 p.add_argument("--save")
 p.add_argument("--resume")
 p.add_argument("--omit", default="")
+p.add_argument("--scaler", action="store_true")
 args = p.parse_args()
 omit = set(filter(None, args.omit.split(",")))
 
@@ -32,6 +34,8 @@ model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.25), nn.Linear(3
 opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 # Its LR is a function of its own step count, which only its state_dict() carries.
 sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: 0.8 ** epoch)
+# No overflow in these steps: the scale doubles at each, a state only its state_dict() carries.
+scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, growth_interval=1) if args.scaler else None
 data = torch.randn(64, 8, generator=torch.Generator().manual_seed(1))
 target = torch.randn(64, 1, generator=torch.Generator().manual_seed(2))
 BATCH = 8
@@ -57,6 +61,8 @@ if args.resume:
         sched.load_state_dict(ck["scheduler"])
     if "rng" in ck:
         torch.set_rng_state(ck["rng"])
+    if "scaler" in ck:
+        scaler.load_state_dict(ck["scaler"])
     start = ck["step"]
 
 loss = None
@@ -67,6 +73,8 @@ for step in range(start, args.steps):
             ck["scheduler"] = sched.state_dict()
         if "rng" not in omit:
             ck["rng"] = torch.get_rng_state()
+        if scaler and "scaler" not in omit:
+            ck["scaler"] = scaler.state_dict()
         torch.save(ck, args.save)
         break
     # A loader without its place restarts from the epoch's first batch.
@@ -74,7 +82,12 @@ for step in range(start, args.steps):
     x, y = batch(position)
     loss = nn.functional.mse_loss(model(x), y)
     opt.zero_grad()
-    loss.backward()
-    opt.step()
+    if scaler:
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    else:
+        loss.backward()
+        opt.step()
     sched.step()
 print(f"loss {loss.item() if loss is not None else None!r}")
