@@ -344,6 +344,44 @@ bool name_what_was_missed(const StreamSelection& selection, const DiffReport& r,
 
 }  // namespace
 
+namespace {
+
+bool dataloader_worker(const StreamSelection& selection, const std::string& process) {
+  for (const auto& [name, head] : selection.heads)
+    if (head.process == process) return head.dataloader_worker;
+  return false;
+}
+
+// The DataLoader workers of a resumed process ("r0.main.0~1", a worker of "r0.main" named
+// after the one before it) are not paired by name: a loader made at the resume hands its
+// batches out from its first worker again, so worker k makes other batches than its namesake
+// did. Each batch is compared where the resumed process's main thread reads it.
+void set_aside_workers(StreamSelection* selection, const std::set<std::string>& processes,
+                       const std::set<std::string>& other_run, ResumedProcess* rp,
+                       std::vector<std::string>* notes) {
+  for (const std::string& process : processes) {
+    const std::string before = process_before(process);
+    if (before.empty() || other_run.count(process) || parent_process(before) != rp->continues ||
+        !dataloader_worker(*selection, process))
+      continue;
+    auto& streams = selection->streams[rp->run];
+    for (auto it = streams.begin(); it != streams.end();)
+      it = of_process(it->first, process) ? streams.erase(it) : std::next(it);
+    for (auto it = selection->heads.begin(); it != selection->heads.end();)
+      it = it->second.process == process ? selection->heads.erase(it) : std::next(it);
+    rp->workers.push_back(process);
+  }
+  if (!rp->workers.empty())
+    notes->push_back(fmt::format(
+        "run {}'s {} took its batches from DataLoader workers ({}) that are not compared op by "
+        "op: a loader made at the resume hands its batches out from its first worker again, so "
+        "a worker makes other batches than the one of its name in the other run; each batch is "
+        "compared where {}'s main thread reads it",
+        rp->run == 0 ? 'A' : 'B', rp->process, fmt::join(rp->workers, ", "), rp->process));
+}
+
+}  // namespace
+
 Status find_resumes(StreamSelection* selection, std::optional<uint64_t> given,
                     std::vector<ResumedProcess>* out, std::vector<std::string>* notes) {
   std::set<std::string> processes[2];
@@ -355,7 +393,8 @@ Status find_resumes(StreamSelection* selection, std::optional<uint64_t> given,
     for (const std::string& process : processes[resumed]) {
       const std::string before = process_before(process);
       if (before.empty() || processes[through].count(process) ||
-          !processes[through].count(before) || !processes[resumed].count(before))
+          !processes[through].count(before) || !processes[resumed].count(before) ||
+          dataloader_worker(*selection, process))
         continue;
       const std::string main = layout::stream_name(process, "main");
       const std::string main_before = layout::stream_name(before, "main");
@@ -425,6 +464,7 @@ Status find_resumes(StreamSelection* selection, std::optional<uint64_t> given,
         }
       }
       join_pools(selection, rp);
+      set_aside_workers(selection, processes[resumed], processes[through], &rp, notes);
       out->push_back(std::move(rp));
     }
   }
@@ -551,7 +591,9 @@ void explain_resumes(const StreamSelection& selection, DiffReport* r) {
     auto& env = r->environment;
     env.erase(std::remove_if(env.begin(), env.end(),
                              [&](const EnvDifference& d) {
-                               return d.process == rp.process && d.key == kProcessPresence;
+                               return d.key == kProcessPresence &&
+                                      (d.process == rp.process ||
+                                       std::count(rp.workers.begin(), rp.workers.end(), d.process));
                              }),
               env.end());
     rp.verified = r->verdict == Verdict::kIdentical;

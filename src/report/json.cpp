@@ -165,6 +165,7 @@ json report_to_json(const DiffReport& r) {
                             {"setup_ops", rp.setup_ops},
                             {"verified", rp.verified},
                             {"reordered_ops", rp.reordered_ops},
+                            {"workers", rp.workers},
                             {"missing", rp.missing.empty() ? json(nullptr) : json(rp.missing)}});
   // Each run's world: its size, and the ranks or nodes missing from it (src/diff/world.h).
   json worlds = json::array();

@@ -2,7 +2,8 @@
 (issue 60): `detaudit record` twice, then `detaudit diff`, as a user does.
 
 The plain loop (programs/resume_loop.py) saves everything, or leaves out torch's generator,
-the data loader's place or the scheduler. Each diff finds the resumed process, the step it
+the data loader's place (with and without DataLoader workers), the scheduler or the
+GradScaler. Each diff finds the resumed process, the step it
 resumed at from the tensors it read, and names what the checkpoint did not restore at that
 step; the complete checkpoint is identical, the resume verified. Two DDP ranks resume the same
 way, and Hugging Face Trainer from its own checkpoint.
@@ -134,6 +135,48 @@ class Resume(TmpDirCase):
         self.assertEqual((resume["step"], resume["found_by"]), (STOP, "--resume-step"), resume)
         f = report["first_divergence"]
         self.assertEqual((f["stream"], f["step"]), ("r0.main~1.t-main", STOP), f)
+
+
+class WorkersResume(TmpDirCase):
+    """The plain loop taking its batches from a DataLoader with 2 workers. The resumed process's
+    loader hands its first batch out from worker 0, which made run A's step-2 batch in run A:
+    its workers are set aside, their batches compared where the main thread reads them."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.through = record(os.path.join(cls.tmp, "through"),
+                             LOOP + ["--steps", str(STEPS), "--workers", "2"])
+
+    def diff(self, omit, expect):
+        loop = " ".join(shlex.quote(a) for a in LOOP)
+        ck = os.path.join(self.tmp, f"ck-{omit or 'all'}.pt")
+        flags = f"--steps {STEPS} --workers 2 --omit '{omit}'"
+        resumed = record(os.path.join(self.tmp, f"resumed-{omit or 'all'}"),
+                         ["sh", "-c", f"{loop} {flags} --stop-at {STOP} --save {ck} && "
+                                      f"{loop} {flags} --resume {ck}"])
+        out = os.path.join(self.tmp, f"workers-{omit or 'all'}.json")
+        r = run_detaudit(["diff", self.through, resumed, "--format", "json", "-o", out])
+        self.assertEqual(r.returncode, expect, r.stdout + r.stderr)
+        report = load_report(out)
+        self.assertEqual([(x["process"], x["step"]) for x in report["resumes"]],
+                         [("r0.main~1", STOP)], (report["resumes"], report["notes"]))
+        resume = report["resumes"][0]
+        self.assertEqual(sorted(resume["workers"]), ["r0.main.0~1", "r0.main.1~1"], resume)
+        self.assertEqual(report["not_compared"], [])
+        return report, resume
+
+    def test_a_complete_checkpoint_resumes_with_its_workers(self):
+        report, resume = self.diff("", 0)
+        self.assertEqual(report["verdict"], "identical", report.get("first_divergence"))
+        self.assertTrue(resume["verified"], resume)
+
+    def test_a_loader_started_over_is_named_where_its_batch_is_read(self):
+        report, resume = self.diff("sampler", 1)
+        f = report["first_divergence"]
+        self.assertEqual((f["stream"], f["step"]), ("r0.main~1.t-main", STOP), f)
+        self.assertEqual(resume["missing"], "the data order", resume)
+        self.assertIn(f"run B's step {STOP} read the batch run A read at step 0", f["cause"])
 
 
 @unittest.skipUnless(_HAS_CPU_SCALER, "this torch has no GradScaler for the CPU (torch 2.3+)")

@@ -5,12 +5,15 @@ in an order each epoch draws from its own seeded permutation.
     resume_loop.py --steps N                                   # runs through
     resume_loop.py --steps N --stop-at K --save CK             # stops after step K-1
     resume_loop.py --steps N --resume CK [--omit rng,sampler,scheduler,scaler] [--scaler]
+                   [--workers W]
 
 --omit leaves that state out of what is saved: torch's generator (dropout draws on), the data
 loader's place (the resumed loop starts its batches over), the scheduler's state (its LR); or,
 with "model" and "optimizer", the resumed loop does not load the parameters or the optimizer's
 state. --scaler scales the loss with a GradScaler whose scale doubles each step (torch 2.3 and
-later, on the CPU), saved unless "scaler" is left out.
+later, on the CPU), saved unless "scaler" is left out. --workers W takes the batches from a
+DataLoader with W worker processes, its batch sampler started at the loop's place (the same
+batches as without workers).
 Prints the last loss.
 """
 import argparse
@@ -25,6 +28,7 @@ p.add_argument("--save")
 p.add_argument("--resume")
 p.add_argument("--omit", default="")
 p.add_argument("--scaler", action="store_true")
+p.add_argument("--workers", type=int, default=0)
 args = p.parse_args()
 omit = set(filter(None, args.omit.split(",")))
 
@@ -65,6 +69,30 @@ if args.resume:
         scaler.load_state_dict(ck["scaler"])
     start = ck["step"]
 
+
+
+class PlaceSampler(torch.utils.data.Sampler):
+    """The batches' indices from a place of the data on, as batch() takes them."""
+
+    def __init__(self, place):
+        self.place = place
+
+    def __iter__(self):
+        for position in range(self.place, args.steps):
+            epoch, k = divmod(position, PER_EPOCH)
+            perm = torch.randperm(64, generator=torch.Generator().manual_seed(100 + epoch))
+            yield perm[k * BATCH:(k + 1) * BATCH].tolist()
+
+
+loader = None
+if args.workers:
+    # Its own generator for the workers' seeds: an iterator made after the global generator
+    # was restored must not draw from it.
+    loader = iter(torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(data, target), num_workers=args.workers,
+        batch_sampler=PlaceSampler(0 if args.resume and "sampler" in omit else start),
+        generator=torch.Generator().manual_seed(7)))
+
 loss = None
 for step in range(start, args.steps):
     if args.stop_at is not None and step == args.stop_at:
@@ -79,7 +107,7 @@ for step in range(start, args.steps):
         break
     # A loader without its place restarts from the epoch's first batch.
     position = step - start if args.resume and "sampler" in omit else step
-    x, y = batch(position)
+    x, y = next(loader) if loader is not None else batch(position)
     loss = nn.functional.mse_loss(model(x), y)
     opt.zero_grad()
     if scaler:
