@@ -9,6 +9,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <string_view>
 
 #include "diff/classify.h"
 #include "diff/environment.h"
@@ -233,112 +234,146 @@ bool zeros_against_values(const TensorSide& resumed, const TensorSide& through) 
          !(through.stats.min == 0 && through.stats.max == 0);
 }
 
-bool name_what_was_missed(const StreamSelection& selection, const DiffReport& r, ResumedProcess* rp,
-                          FirstDivergence* f) {
-  const char resumed = rp->run == 0 ? 'A' : 'B', through = rp->run == 0 ? 'B' : 'A';
-  if (f->divergence_class == DivergenceClass::kRngState) {
-    const bool cuda = !on_cpu(*f);
-    rp->missing = cuda ? "torch's CUDA generator" : "torch's CPU generator";
-    f->cause = fmt::format(
-        "the checkpoint did not restore {}: run {}'s {} resumed at step {} and {} drew other "
-        "random numbers (generator state {:016x} in run A, {:016x} in run B)",
-        rp->missing, resumed, rp->process, rp->step, f->op, f->rng_a, f->rng_b);
-    f->remedy = fmt::format(
-        "save {} with the checkpoint and restore it after loading (with NumPy's and Python's: "
-        "numpy.random.get_state(), random.getstate()); a Hugging Face Trainer or Lightning "
-        "checkpoint holds them: resume from it",
-        cuda ? "torch.cuda.get_rng_state_all()" : "torch.get_rng_state()");
-    return true;
+// A first divergence in a resumed stream, with what the handlers below ask of it.
+struct ResumeDivergence {
+  const StreamSelection& selection;
+  const DiffReport& report;
+  ResumedProcess& rp;
+  FirstDivergence& f;
+
+  char resumed() const { return rp.run == 0 ? 'A' : 'B'; }
+  char through() const { return rp.run == 0 ? 'B' : 'A'; }
+  const TensorSide& resumed_side(const TensorPair& p) const { return rp.run == 0 ? p.a : p.b; }
+  const TensorSide& through_side(const TensorPair& p) const { return rp.run == 0 ? p.b : p.a; }
+  // The trace of the run that went through that this stream is compared with.
+  const std::string* through_trace() const {
+    auto it = selection.streams[1 - rp.run].find(f.stream);
+    return it == selection.streams[1 - rp.run].end() ? nullptr : &it->second;
   }
-  if (f->divergence_class != DivergenceClass::kExternalInput &&
-      f->divergence_class != DivergenceClass::kInputDiffers)
-    return false;
-  if (!f->scalar_argument.empty()) {
-    rp->missing = "a hyperparameter (a scheduler's or a GradScaler's state)";
-    f->cause = fmt::format(
-        "the checkpoint did not restore a hyperparameter: at step {}, after run {}'s resume, {} "
-        "took {} (run A vs run B)",
-        f->step, resumed, f->op, f->scalar_argument);
-    f->remedy =
-        "save the scheduler's and the GradScaler's state_dict() with the checkpoint and load "
-        "them when resuming, with the optimizer's";
-    return true;
+  // "; the optimizer's N written tensors all agree<tail>", when they were tracked and do.
+  std::string training_agrees(std::string_view tail) const {
+    if (!report.parameters.empty() || report.parameters_tracked == 0) return "";
+    return fmt::format("; the optimizer's {} written tensors all agree{}",
+                       report.parameters_tracked, tail);
   }
-  for (const TensorPair& p : f->inputs) {
-    if (!p.differs) continue;
-    const TensorSide& side = rp->run == 0 ? p.a : p.b;
-    auto through_stream = selection.streams[1 - rp->run].find(f->stream);
-    if (through_stream == selection.streams[1 - rp->run].end()) break;
-    std::optional<uint64_t> earlier = step_that_read(through_stream->second, side.digest, rp->step);
+};
+
+bool missed_generator(ResumeDivergence& d) {
+  const bool cuda = !on_cpu(d.f);
+  d.rp.missing = cuda ? "torch's CUDA generator" : "torch's CPU generator";
+  d.f.cause = fmt::format(
+      "the checkpoint did not restore {}: run {}'s {} resumed at step {} and {} drew other "
+      "random numbers (generator state {:016x} in run A, {:016x} in run B)",
+      d.rp.missing, d.resumed(), d.rp.process, d.rp.step, d.f.op, d.f.rng_a, d.f.rng_b);
+  d.f.remedy = fmt::format(
+      "save {} with the checkpoint and restore it after loading (with NumPy's and Python's: "
+      "numpy.random.get_state(), random.getstate()); a Hugging Face Trainer or Lightning "
+      "checkpoint holds them: resume from it",
+      cuda ? "torch.cuda.get_rng_state_all()" : "torch.get_rng_state()");
+  return true;
+}
+
+bool missed_hyperparameter(ResumeDivergence& d) {
+  if (d.f.scalar_argument.empty()) return false;
+  d.rp.missing = "a hyperparameter (a scheduler's or a GradScaler's state)";
+  d.f.cause = fmt::format(
+      "the checkpoint did not restore a hyperparameter: at step {}, after run {}'s resume, {} "
+      "took {} (run A vs run B)",
+      d.f.step, d.resumed(), d.f.op, d.f.scalar_argument);
+  d.f.remedy =
+      "save the scheduler's and the GradScaler's state_dict() with the checkpoint and load "
+      "them when resuming, with the optimizer's";
+  return true;
+}
+
+// A batch the run that went through read at an earlier step.
+bool missed_data_order(ResumeDivergence& d) {
+  const std::string* through = d.through_trace();
+  for (const TensorPair& p : d.f.inputs) {
+    if (!p.differs || !through) continue;
+    std::optional<uint64_t> earlier = step_that_read(*through, d.resumed_side(p).digest, d.rp.step);
     if (!earlier) continue;
-    rp->missing = "the data order";
-    f->cause = fmt::format(
+    d.rp.missing = "the data order";
+    d.f.cause = fmt::format(
         "the checkpoint did not restore the data order: run {}'s step {} read the batch run {} "
         "read at step {} ({} {}): its data loader started over",
-        resumed, f->step, through, *earlier, f->op, p.label());
-    f->remedy =
+        d.resumed(), d.f.step, d.through(), *earlier, d.f.op, p.label());
+    d.f.remedy =
         "save the sampler's epoch and how many batches the epoch consumed with the checkpoint, "
         "and skip them when resuming (Hugging Face Trainer does unless ignore_data_skip is set; "
         "torchdata's StatefulDataLoader saves its place)";
     return true;
   }
-  for (const TensorPair& p : f->inputs) {
-    const TensorSide& resumed_side = rp->run == 0 ? p.a : p.b;
-    const TensorSide& through_side = rp->run == 0 ? p.b : p.a;
-    if (!p.differs || !one_element(resumed_side) || !one_element(through_side) ||
-        zeros_against_values(resumed_side, through_side))
+  return false;
+}
+
+// A one-element tensor an op of the run that went through wrote: the GradScaler's scale
+// (aten::_amp_update_scale_), or another state kept in a tensor.
+bool missed_tensor_state(ResumeDivergence& d) {
+  const std::string* through = d.through_trace();
+  for (const TensorPair& p : d.f.inputs) {
+    const TensorSide &resumed = d.resumed_side(p), &other = d.through_side(p);
+    if (!through || !p.differs || !one_element(resumed) || !one_element(other) ||
+        zeros_against_values(resumed, other))
       continue;
-    auto through_stream = selection.streams[1 - rp->run].find(f->stream);
-    if (through_stream == selection.streams[1 - rp->run].end()) break;
-    const auto writer = last_writer(through_stream->second, through_side.digest, rp->step);
+    const auto writer = last_writer(*through, other.digest, d.rp.step);
     if (!writer) continue;
     const bool scaler = writer->first == "aten::_amp_update_scale_";
-    rp->missing = scaler ? "the GradScaler's scale" : "a state held in a one-element tensor";
-    const std::string agree =
-        r.parameters.empty() && r.parameters_tracked > 0
-            ? fmt::format("; the optimizer's {} written tensors all agree{}", r.parameters_tracked,
-                          scaler ? " (a power-of-two scale cancels when the gradients are "
-                                   "unscaled), but the scale decides which steps an overflow "
-                                   "skips"
-                                 : "")
-            : "";
-    f->cause = fmt::format(
+    d.rp.missing = scaler ? "the GradScaler's scale" : "a state held in a one-element tensor";
+    d.f.cause = fmt::format(
         "the checkpoint did not restore {}: at step {}, {}'s {} is {:.9g} in run {}'s resumed "
         "process and {:.9g} in run {}, as {} left it {}{}",
-        scaler ? "the GradScaler's state" : "a state held in a one-element tensor", f->step, f->op,
-        p.label(), resumed_side.stats.max, resumed, through_side.stats.max, through, writer->first,
-        writer->second == f->step ? "before that step" : fmt::format("at step {}", writer->second),
-        agree);
-    f->remedy = scaler ? "save scaler.state_dict() with the checkpoint and call "
-                         "scaler.load_state_dict() when resuming (a Hugging Face Trainer or "
-                         "Lightning checkpoint holds it: resume from it)"
-                       : fmt::format(
-                             "save the tensor {} writes with the checkpoint, and load it "
-                             "when resuming",
-                             writer->first);
+        scaler ? "the GradScaler's state" : "a state held in a one-element tensor", d.f.step,
+        d.f.op, p.label(), resumed.stats.max, d.resumed(), other.stats.max, d.through(),
+        writer->first,
+        writer->second == d.f.step ? "before that step" : fmt::format("at step {}", writer->second),
+        d.training_agrees(scaler ? " (a power-of-two scale cancels when the gradients are "
+                                   "unscaled), but the scale decides which steps an overflow "
+                                   "skips"
+                                 : ""));
+    d.f.remedy = scaler ? "save scaler.state_dict() with the checkpoint and call "
+                          "scaler.load_state_dict() when resuming (a Hugging Face Trainer or "
+                          "Lightning checkpoint holds it: resume from it)"
+                        : fmt::format(
+                              "save the tensor {} writes with the checkpoint, and load "
+                              "it when resuming",
+                              writer->first);
     return true;
   }
-  for (const TensorPair& p : f->inputs) {
-    const TensorSide& resumed_side = rp->run == 0 ? p.a : p.b;
-    const TensorSide& through_side = rp->run == 0 ? p.b : p.a;
-    if (!p.differs || !zeros_against_values(resumed_side, through_side)) continue;
-    rp->missing = "a running value (an accumulator the resumed process starts from 0)";
-    f->cause = fmt::format(
+  return false;
+}
+
+// An accumulator the resumed process started again from 0.
+bool missed_running_value(ResumeDivergence& d) {
+  for (const TensorPair& p : d.f.inputs) {
+    if (!p.differs || !zeros_against_values(d.resumed_side(p), d.through_side(p))) continue;
+    d.rp.missing = "a running value (an accumulator the resumed process starts from 0)";
+    d.f.cause = fmt::format(
         "the checkpoint did not carry a running value: at step {}, {}'s {} is 0 in run {}'s "
         "resumed process and {:.9g} in run {}, which kept adding to it (a loss summed for "
         "logging, as Trainer's tr_loss){}",
-        f->step, f->op, p.label(), rp->run == 0 ? 'A' : 'B', through_side.stats.max,
-        rp->run == 0 ? 'B' : 'A',
-        r.parameters.empty() && r.parameters_tracked > 0
-            ? fmt::format("; the optimizer's {} written tensors all agree: training is the "
-                          "same, what is computed from that value (a logged loss) is not",
-                          r.parameters_tracked)
-            : "");
-    f->remedy =
+        d.f.step, d.f.op, p.label(), d.resumed(), d.through_side(p).stats.max, d.through(),
+        d.training_agrees(": training is the same, what is computed from that value (a logged "
+                          "loss) is not"));
+    d.f.remedy =
         "save the running value with the checkpoint, or reset it where the run that went "
         "through would (at each logging step); compare the parameters, not the logged loss";
     return true;
   }
+  return false;
+}
+
+// The state the checkpoint did not restore, as the first divergence's cause and remedy.
+bool name_what_was_missed(const StreamSelection& selection, const DiffReport& r, ResumedProcess* rp,
+                          FirstDivergence* f) {
+  ResumeDivergence d{selection, r, *rp, *f};
+  if (f->divergence_class == DivergenceClass::kRngState) return missed_generator(d);
+  if (f->divergence_class != DivergenceClass::kExternalInput &&
+      f->divergence_class != DivergenceClass::kInputDiffers)
+    return false;
+  for (bool (*missed)(ResumeDivergence&) :
+       {missed_hyperparameter, missed_data_order, missed_tensor_state, missed_running_value})
+    if (missed(d)) return true;
   return false;
 }
 
