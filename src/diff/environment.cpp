@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 
@@ -60,13 +61,38 @@ Status load_environment(const trace::RunDirectory& run,
 
 namespace {
 
+// A character a path's name may hold: a run named "A" is not in "oneAPI".
+bool in_name(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.' ||
+         c == '~' || c == '+';
+}
+
+// The run's directory in a fingerprint value -> "<run>": its absolute path anywhere, its path as
+// given where it is a path.
 std::string normalise(std::string v, const std::string& run_dir) {
   if (run_dir.empty()) return v;
   std::string abs = fs::absolute(run_dir).lexically_normal().string();
   while (!abs.empty() && abs.back() == '/') abs.pop_back();
-  for (const std::string& p : {abs, run_dir}) {
+  std::string rel = run_dir;
+  while (rel.size() > 1 && rel.back() == '/') rel.pop_back();
+  for (const std::string& p : {abs, rel}) {
     if (p.empty()) continue;
-    for (size_t at; (at = v.find(p)) != std::string::npos;) v.replace(at, p.size(), "<run>");
+    for (size_t at = 0; (at = v.find(p, at)) != std::string::npos;) {
+      const size_t end = at + p.size();
+      const char before = at == 0 ? '\0' : v[at - 1], after = end == v.size() ? '\0' : v[end];
+      // A relative name is a path's head ("A/ck") or a whole value or string ("A"): "Type A"
+      // is no path.
+      const bool whole = p == abs ? !in_name(after)
+                                  : !in_name(before) && before != '/' &&
+                                        (after == '/' ||
+                                         (before == after && (before == '"' || before == '\0')));
+      if (!whole) {
+        ++at;
+        continue;
+      }
+      v.replace(at, p.size(), "<run>");
+      at += 5;
+    }
   }
   return v;
 }

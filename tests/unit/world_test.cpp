@@ -91,5 +91,20 @@ TEST(WorldTest, WhereRanksRanIsOneNoteAndNoEnvironmentDifference) {
   EXPECT_TRUE(diff_environment(a, "", b, "").empty());
 }
 
+TEST(EnvironmentTest, TheRunsDirectoryIsMaskedAsAPathNotAsLetters) {
+  // Runs named A and B: their names are in "oneAPI" and "Build", not only in their paths.
+  std::map<std::string, std::map<std::string, std::string>> a, b;
+  a["r0.main"]["build_config"] = "Intel(R) oneAPI Math Kernel Library, Build A settings";
+  b["r0.main"]["build_config"] = "Intel(R) oneAPI Math Kernel Library, Build A settings";
+  a["r0.main"]["command_line"] = "[\"train.py\",\"--out\",\"A/ck\"]";
+  b["r0.main"]["command_line"] = "[\"train.py\",\"--out\",\"B/ck\"]";
+  EXPECT_TRUE(diff_environment(a, "A", b, "B").empty());
+  b["r0.main"]["command_line"] = "[\"train.py\",\"--out\",\"AB/ck\"]";
+  const auto d = diff_environment(a, "A", b, "B");
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].a, "[\"train.py\",\"--out\",\"<run>/ck\"]");
+  EXPECT_EQ(d[0].b, "[\"train.py\",\"--out\",\"AB/ck\"]");
+}
+
 }  // namespace
 }  // namespace detaudit
