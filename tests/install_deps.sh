@@ -5,7 +5,7 @@
 # - with --debian-torch, Debian's libtorch 1.13 and its python3-torch: the other end of the
 #   supported range, which the tests cover too.
 # - with --training-loops, the training loops users run, in that environment: Hugging Face's
-#   transformers with accelerate (Trainer), for the tests that audit them.
+#   transformers with accelerate (Trainer) and Lightning, for the tests that audit them.
 #   tests/install_deps.sh [--debian-torch] [--training-loops] [extra-debian-package...]
 #   (the benchmark adds valgrind)
 set -euo pipefail
@@ -42,8 +42,9 @@ if ! "$venv/bin/python" -c 'import torch, numpy, scikit_build_core, pytest; asse
   "$venv/bin/pip" install -q --disable-pip-version-check torch==2.13.0 numpy==2.4.6 \
     scikit-build-core==1.1.2 pytest==8.3.3
 fi
-# Pinned, beside torch 2.13.0, which they keep (about 40 s and 150 MB).
-if ((loops)) && ! "$venv/bin/python" -c 'import transformers, accelerate' 2>/dev/null; then
-  echo "detaudit: installing transformers and accelerate into $venv" >&2
-  "$venv/bin/pip" install -q --disable-pip-version-check transformers==5.24.0 accelerate==1.15.0
+# Pinned, beside torch 2.13.0, which they keep (about 55 s and 170 MB).
+if ((loops)) && ! "$venv/bin/python" -c 'import transformers, accelerate, lightning' 2>/dev/null; then
+  echo "detaudit: installing transformers, accelerate and lightning into $venv" >&2
+  "$venv/bin/pip" install -q --disable-pip-version-check transformers==5.24.0 accelerate==1.15.0 \
+    lightning==2.6.6 torch==2.13.0
 fi

@@ -267,8 +267,9 @@ bool missed_generator(ResumeDivergence& d) {
       d.rp.missing, d.resumed(), d.rp.process, d.rp.step, d.f.op, d.f.rng_a, d.f.rng_b);
   d.f.remedy = fmt::format(
       "save {} with the checkpoint and restore it after loading (with NumPy's and Python's: "
-      "numpy.random.get_state(), random.getstate()); a Hugging Face Trainer or Lightning "
-      "checkpoint holds them: resume from it",
+      "numpy.random.get_state(), random.getstate()); a Hugging Face Trainer checkpoint holds "
+      "them: resume from it; a Lightning checkpoint does not: save them in the "
+      "LightningModule's on_save_checkpoint and restore them in its on_load_checkpoint",
       cuda ? "torch.cuda.get_rng_state_all()" : "torch.get_rng_state()");
   return true;
 }
@@ -332,8 +333,8 @@ bool missed_tensor_state(ResumeDivergence& d) {
                                    "skips"
                                  : ""));
     d.f.remedy = scaler ? "save scaler.state_dict() with the checkpoint and call "
-                          "scaler.load_state_dict() when resuming (a Hugging Face Trainer or "
-                          "Lightning checkpoint holds it: resume from it)"
+                          "scaler.load_state_dict() when resuming (a Hugging Face Trainer "
+                          "checkpoint holds it: resume from it)"
                         : fmt::format(
                               "save the tensor {} writes with the checkpoint, and load "
                               "it when resuming",

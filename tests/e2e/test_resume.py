@@ -3,10 +3,10 @@
 
 The plain loop (programs/resume_loop.py) saves everything, or leaves out torch's generator,
 the data loader's place (with and without DataLoader workers), the scheduler or the
-GradScaler. Each diff finds the resumed process, the step it
-resumed at from the tensors it read, and names what the checkpoint did not restore at that
-step; the complete checkpoint is identical, the resume verified. Two DDP ranks resume the same
-way, and Hugging Face Trainer from its own checkpoint.
+GradScaler. Each diff finds the resumed process, the step it resumed at from the tensors it
+read, and names what the checkpoint did not restore at that step; the complete checkpoint is
+identical, the resume verified. Two DDP ranks resume the same way, Hugging Face Trainer from
+its own checkpoint, and Lightning with fit(ckpt_path=...).
 
     cd build && ctest -R e2e.*test_resume --output-on-failure
 """
@@ -20,6 +20,9 @@ LOOP = [PYTHON, program("resume_loop.py")]
 STEPS, STOP = 6, 3
 TRAINER = [PYTHON, program("hf_resume.py")]
 DDP = [PYTHON, program("resume_ddp.py")]
+LIGHTNING = [PYTHON, program("lightning_resume.py")]
+_HAS_LIGHTNING = python_answer(
+    "import importlib.util as u;print(bool(u.find_spec('lightning')))") == "True\n"
 _HAS_CPU_SCALER = python_answer(
     "import torch;print(hasattr(torch, 'amp') and hasattr(torch.amp, 'GradScaler'))") == "True\n"
 _HAS_TRANSFORMERS = python_answer(
@@ -311,6 +314,49 @@ class TrainerResume(TmpDirCase):
         self.assertGreater(spread["parameters_tracked"], 0, spread)
         self.assertEqual(spread["parameters_diverged"], [], spread)
         self.assertIn("training is the same", f["cause"])
+
+
+@unittest.skipUnless(_HAS_LIGHTNING, "lightning is not installed")
+class LightningResume(TmpDirCase):
+    """Lightning's Trainer stopped after its first epoch (4 steps) and resumed with
+    fit(ckpt_path=...). Its checkpoint does not hold torch's generator, which the shuffling
+    sampler draws from at the next epoch: named, with the hooks that save it; with them, the
+    resume is bit for bit."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.through = record(os.path.join(cls.tmp, "through"),
+                             LIGHTNING + ["--out", os.path.join(cls.tmp, "out-through")])
+
+    def diff(self, flags, expect):
+        name = "rng" if flags else "plain"
+        loop = " ".join(shlex.quote(a) for a in LIGHTNING)
+        out = os.path.join(self.tmp, f"out-{name}")
+        resumed = record(os.path.join(self.tmp, f"resumed-{name}"),
+                         ["sh", "-c", f"{loop} --out {out} --stop {flags} && "
+                                      f"{loop} --out {out} --resume {flags}"])
+        path = os.path.join(self.tmp, f"lightning-{name}.json")
+        r = run_detaudit(["diff", self.through, resumed, "--format", "json", "-o", path])
+        self.assertEqual(r.returncode, expect, r.stdout + r.stderr)
+        report = load_report(path)
+        self.assertEqual([(x["process"], x["step"]) for x in report["resumes"]],
+                         [("r0.main~1", 4)], (report["resumes"], report["notes"]))
+        return report, report["resumes"][0]
+
+    def test_its_checkpoint_misses_torchs_generator(self):
+        report, resume = self.diff("", 1)
+        f = report["first_divergence"]
+        self.assertEqual((f["class"], f["step"], f["stream"]), ("rng-state", 4, "r0.main~1.t-main"),
+                         f)
+        self.assertEqual(resume["missing"], "torch's CPU generator", resume)
+        self.assertIn("a Lightning checkpoint does not", f["remedy"])
+        self.assertIn("on_load_checkpoint", f["remedy"])
+
+    def test_with_the_generator_saved_the_resume_is_bit_for_bit(self):
+        report, resume = self.diff("--save-rng", 0)
+        self.assertEqual(report["verdict"], "identical", report.get("first_divergence"))
+        self.assertTrue(resume["verified"], resume)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,66 @@
+"""Lightning's Trainer stopped after its first epoch and resumed with fit(ckpt_path=...), as users
+do (tests/e2e/test_resume.py): an MLP with dropout, SGD with momentum, a shuffled DataLoader,
+4 steps an epoch, 2 epochs.
+
+    lightning_resume.py --out DIR [--stop | --resume] [--save-rng]
+
+--stop saves Lightning's own checkpoint at the end of the first epoch (DIR/epoch1.ckpt) and
+stops; --resume fits again from it. Neither flag runs both epochs through. Lightning's checkpoint
+does not hold torch's generator; --save-rng adds it in the module's on_save_checkpoint and
+restores it in on_load_checkpoint.
+"""
+import argparse
+import os
+
+import lightning as L
+import torch
+from torch import nn
+
+p = argparse.ArgumentParser()
+p.add_argument("--out", required=True)
+g = p.add_mutually_exclusive_group()
+g.add_argument("--stop", action="store_true")
+g.add_argument("--resume", action="store_true")
+p.add_argument("--save-rng", action="store_true")
+args = p.parse_args()
+os.makedirs(args.out, exist_ok=True)
+ckpt = os.path.join(args.out, "epoch1.ckpt")
+
+
+class Mlp(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.25), nn.Linear(32, 1))
+
+    def training_step(self, batch, _):
+        x, y = batch
+        return nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+
+    def on_save_checkpoint(self, checkpoint):
+        if args.save_rng:
+            checkpoint["torch_rng"] = torch.get_rng_state()
+
+    def on_load_checkpoint(self, checkpoint):
+        if args.save_rng:
+            torch.set_rng_state(checkpoint["torch_rng"])
+
+
+class StopAfterFirstEpoch(L.Callback):
+    def on_train_epoch_end(self, trainer, module):
+        trainer.save_checkpoint(ckpt)
+        trainer.should_stop = True
+
+
+L.seed_everything(0, workers=True)
+torch.set_num_threads(1)
+data = torch.utils.data.TensorDataset(torch.randn(32, 8, generator=torch.Generator().manual_seed(1)),
+                                      torch.randn(32, 1, generator=torch.Generator().manual_seed(2)))
+loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)
+trainer = L.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False,
+                    enable_checkpointing=False, enable_progress_bar=False,
+                    enable_model_summary=False, callbacks=[StopAfterFirstEpoch()] if args.stop else [])
+trainer.fit(Mlp(), loader, ckpt_path=ckpt if args.resume else None)
+print(f"global_step {trainer.global_step}")
