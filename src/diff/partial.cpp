@@ -17,6 +17,8 @@
 #include "diff/phases.h"
 #include "diff/replicas.h"
 #include "diff/report_model.h"
+#include "diff/resume.h"
+#include "diff/stream_selection.h"
 #include "diff/world.h"
 #include "trace/run_directory.h"
 
@@ -97,6 +99,32 @@ void folds_from(const json& j, std::vector<RankFolds>* out) {
   }
 }
 
+// A resumed process a part found among its ranks; the merge says whether it was verified and
+// what was missed.
+json resume_json(const ResumedProcess& rp) {
+  return {{"run", rp.run},
+          {"process", rp.process},
+          {"continues", rp.continues},
+          {"step", rp.step},
+          {"found_by", rp.found_by},
+          {"setup_ops", rp.setup_ops},
+          {"reordered_ops", rp.reordered_ops},
+          {"workers", rp.workers}};
+}
+
+ResumedProcess resume_from(const json& j) {
+  ResumedProcess rp;
+  rp.run = j.at("run").get<int>();
+  rp.process = j.at("process").get<std::string>();
+  rp.continues = j.at("continues").get<std::string>();
+  rp.step = j.at("step").get<uint64_t>();
+  rp.found_by = j.at("found_by").get<std::string>();
+  rp.setup_ops = j.at("setup_ops").get<uint64_t>();
+  rp.reordered_ops = j.at("reordered_ops").get<uint64_t>();
+  rp.workers = j.at("workers").get<std::vector<std::string>>();
+  return rp;
+}
+
 Status bad_part(const std::string& source, const std::string& what) {
   return Status::error(
       fmt::format("{}: {}; write it again with detaudit diff RUN_A RUN_B --ranks R --part FILE",
@@ -125,6 +153,8 @@ Status diff_part(const std::string& run_a, const std::string& run_b, const DiffO
     by_rank.push_back({rank, s});
   }
   json folds = {{"a", folds_json(r.replica_folds[0])}, {"b", folds_json(r.replica_folds[1])}};
+  json resumes = json::array();
+  for (const ResumedProcess& rp : r.resumes) resumes.push_back(resume_json(rp));
   *part = {{"schema", kPartSchema},
            {"run_a", fs::absolute(run_a).lexically_normal().string()},
            {"run_b", fs::absolute(run_b).lexically_normal().string()},
@@ -144,6 +174,7 @@ Status diff_part(const std::string& run_a, const std::string& run_b, const DiffO
            {"not_compared", r.not_compared},
            {"notes", r.notes},
            {"candidates", candidates},
+           {"resumes", resumes},
            {"folds", folds},
            {"seconds", r.seconds}};
   return Status();
@@ -201,6 +232,7 @@ Status merge_parts(const std::vector<json>& parts, const std::vector<std::string
         r.not_compared.push_back(line.get<std::string>());
       for (const json& note : p.at("notes")) notes.insert(note.get<std::string>());
       for (const json& c : p.at("candidates")) candidates.push_back(candidate_from(c));
+      for (const json& rp : p.value("resumes", json::array())) r.resumes.push_back(resume_from(rp));
       folds_from(p.at("folds").at("a"), &folds[0]);
       folds_from(p.at("folds").at("b"), &folds[1]);
     }
@@ -228,22 +260,35 @@ Status merge_parts(const std::vector<json>& parts, const std::vector<std::string
   // comparing that one stream again.
   std::vector<const FirstDivergence*> pointers;
   for (const FirstDivergence& c : candidates) pointers.push_back(&c);
+  // Its rank's streams selected again as its part did, a resume's windows included.
+  StreamSelection selection;
   if (const FirstDivergence* first = causal_first(pointers)) {
     StreamResult res;
     StreamLimits limits;
     limits.world_lost_a = lost_world(r.worlds[0]);
     limits.world_lost_b = lost_world(r.worlds[1]);
-    const trace::RunFile* stream_a = run_a.trace(first->stream);
-    const trace::RunFile* stream_b = run_b.trace(first->stream);
-    if (!stream_a || !stream_b)
+    RangeSet rank;
+    std::vector<ResumedProcess> resumes;
+    std::vector<std::string> resume_notes;
+    if (first->rank >= 0)
+      if (Status s = RangeSet::parse(json::array({uint64_t(first->rank)}), "ranks", &rank); !s.ok())
+        return s;
+    if (Status s = select_streams(run_a, run_b, rank, &selection); !s.ok()) return s;
+    if (Status s = find_resumes(&selection, options.resume_step, &resumes, &resume_notes); !s.ok())
+      return s;
+    auto stream_a = selection.streams[0].find(first->stream);
+    auto stream_b = selection.streams[1].find(first->stream);
+    if (stream_a == selection.streams[0].end() || stream_b == selection.streams[1].end())
       return Status::error(fmt::format("{}: stream {} is no longer in both runs; were the runs "
                                        "recorded again since?",
                                        sources.front(), first->stream),
                            ExitCode::kBadInput);
+    if (auto w = selection.windows.find(first->stream); w != selection.windows.end())
+      limits.window = w->second;
     auto fingerprint = fingerprints[0].find(first->process);
     if (Status s = compare_stream(
-            first->stream, stream_a->path, stream_b->path, options, r.environment, nullptr, &res,
-            limits, fingerprint != fingerprints[0].end() ? &fingerprint->second : nullptr);
+            first->stream, stream_a->second, stream_b->second, options, r.environment, nullptr,
+            &res, limits, fingerprint != fingerprints[0].end() ? &fingerprint->second : nullptr);
         !s.ok())
       return s;
     if (!res.first)
@@ -257,6 +302,7 @@ Status merge_parts(const std::vector<json>& parts, const std::vector<std::string
     explain_cause(r.environment, &*r.first);
   }
   finish_report(run_a, run_b, {}, /*part=*/false, &r);
+  explain_resumes(selection, &r);
   if (r.verdict == Verdict::kUnexplained)
     r.unexplained = "no part held an op where the divergence began (diff the whole runs for why)";
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

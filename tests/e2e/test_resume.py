@@ -255,7 +255,26 @@ class DdpResume(TmpDirCase):
             # The launcher's own process takes a name too: the ranks are "~1" or "~2".
             self.assertRegex(x["process"], "^" + before.replace(".", r"\.") + "~[12]$", x)
             self.assertEqual((x["run"], x["step"]), ("B", STOP), x)
+        self.assert_split_diff_agrees(resumed, report, expect)
         return report, resumes
+
+    def assert_split_diff_agrees(self, resumed, whole, expect):
+        """The diff split by ranks (--part, merge) finds the same resumes and verdict."""
+        parts = []
+        for rank in (0, 1):
+            parts.append(os.path.join(self.tmp, f"part{rank}-{os.path.basename(resumed)}.json"))
+            run_detaudit(["diff", self.through, resumed, "--ranks", str(rank), "--part",
+                          parts[-1]], check=0)
+        out = parts[0] + ".merged.json"
+        r = run_detaudit(["merge", *parts, "--format", "json", "-o", out])
+        self.assertEqual(r.returncode, expect, r.stdout + r.stderr)
+        merged = load_report(out)
+        self.assertEqual(merged["verdict"], whole["verdict"], merged.get("first_divergence"))
+        key = lambda x: x["process"]
+        self.assertEqual(sorted(merged["resumes"], key=key), sorted(whole["resumes"], key=key))
+        if whole["first_divergence"]:
+            self.assertEqual(merged["first_divergence"]["cause"],
+                             whole["first_divergence"]["cause"])
 
     def test_a_complete_checkpoint_resumes_both_ranks_bit_for_bit(self):
         report, resumes = self.resume("", 0)
