@@ -258,7 +258,8 @@ Status RangeSet::parse(const json& j, const std::string& field, RangeSet* out) {
   for (size_t i = 0; i < list.size(); ++i) {
     const json& e = list[i];
     std::string item = j.is_array() ? fmt::format("{}[{}]", field, i) : field;
-    if (e.is_number_unsigned()) {
+    // A non-negative integer built in code is signed JSON; one parsed from text, unsigned.
+    if (e.is_number_unsigned() || (e.is_number_integer() && e.get<int64_t>() >= 0)) {
       uint64_t v = e.get<uint64_t>();
       out->ranges_.emplace_back(v, v);
     } else if (e.is_string()) {
