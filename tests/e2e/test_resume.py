@@ -140,25 +140,29 @@ class Resume(TmpDirCase):
         self.assertEqual((f["stream"], f["step"]), ("r0.main~1.t-main", STOP), f)
 
 
-class WorkersResume(TmpDirCase):
-    """The plain loop taking its batches from a DataLoader with 2 workers. The resumed process's
-    loader hands its first batch out from worker 0, which made run A's step-2 batch in run A:
-    its workers are set aside, their batches compared where the main thread reads them."""
+class LoaderResume(TmpDirCase):
+    """The plain loop taking its batches from a DataLoader with 2 workers, and, where torch has
+    a GradScaler for the CPU (2.3+), scaling its loss with one whose scale doubles each step.
+    The resumed process's loader hands its first batch out from worker 0, which made another
+    batch in run A: its workers are set aside, their batches compared where the main thread
+    reads them. A scaler left out scales the loss by the initial scale; a power-of-two scale
+    cancels when the gradients are unscaled, so training agrees and only the scale tells."""
 
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.through = record(os.path.join(cls.tmp, "through"),
-                             LOOP + ["--steps", str(STEPS), "--workers", "2"])
+        cls.flags = ["--steps", str(STEPS), "--workers", "2"] + (
+            ["--scaler"] if _HAS_CPU_SCALER else [])
+        cls.through = record(os.path.join(cls.tmp, "through"), LOOP + cls.flags)
 
     def diff(self, omit, expect):
         loop = " ".join(shlex.quote(a) for a in LOOP)
         ck = os.path.join(self.tmp, f"ck-{omit or 'all'}.pt")
-        flags = f"--steps {STEPS} --workers 2 --omit '{omit}'"
+        flags = " ".join(self.flags) + f" --omit '{omit}'"
         resumed = record(os.path.join(self.tmp, f"resumed-{omit or 'all'}"),
                          ["sh", "-c", f"{loop} {flags} --stop-at {STOP} --save {ck} && "
                                       f"{loop} {flags} --resume {ck}"])
-        out = os.path.join(self.tmp, f"workers-{omit or 'all'}.json")
+        out = os.path.join(self.tmp, f"loader-{omit or 'all'}.json")
         r = run_detaudit(["diff", self.through, resumed, "--format", "json", "-o", out])
         self.assertEqual(r.returncode, expect, r.stdout + r.stderr)
         report = load_report(out)
@@ -181,39 +185,7 @@ class WorkersResume(TmpDirCase):
         self.assertEqual(resume["missing"], "the data order", resume)
         self.assertIn(f"run B's step {STOP} read the batch run A read at step 0", f["cause"])
 
-
-@unittest.skipUnless(_HAS_CPU_SCALER, "this torch has no GradScaler for the CPU (torch 2.3+)")
-class ScalerResume(TmpDirCase):
-    """The plain loop with a GradScaler whose scale doubles each step: left out of the
-    checkpoint, the resumed loop scales its loss by the initial scale. A power-of-two scale
-    cancels when the gradients are unscaled, so training agrees: only the scale tells."""
-
-    @classmethod
-    def setUpClass(cls):
-        super().setUpClass()
-        cls.through = record(os.path.join(cls.tmp, "through"),
-                             LOOP + ["--steps", str(STEPS), "--scaler"])
-
-    def diff(self, omit, expect):
-        loop = " ".join(shlex.quote(a) for a in LOOP)
-        ck = os.path.join(self.tmp, f"ck-{omit or 'all'}.pt")
-        flags = f"--steps {STEPS} --scaler --omit '{omit}'"
-        resumed = record(os.path.join(self.tmp, f"resumed-{omit or 'all'}"),
-                         ["sh", "-c", f"{loop} {flags} --stop-at {STOP} --save {ck} && "
-                                      f"{loop} {flags} --resume {ck}"])
-        out = os.path.join(self.tmp, f"scaler-{omit or 'all'}.json")
-        r = run_detaudit(["diff", self.through, resumed, "--format", "json", "-o", out])
-        self.assertEqual(r.returncode, expect, r.stdout + r.stderr)
-        report = load_report(out)
-        self.assertEqual([(x["process"], x["step"]) for x in report["resumes"]],
-                         [("r0.main~1", STOP)], report["resumes"])
-        return report, report["resumes"][0]
-
-    def test_a_saved_scaler_resumes_bit_for_bit(self):
-        report, resume = self.diff("", 0)
-        self.assertEqual(report["verdict"], "identical", report.get("first_divergence"))
-        self.assertTrue(resume["verified"], resume)
-
+    @unittest.skipUnless(_HAS_CPU_SCALER, "this torch has no GradScaler for the CPU (torch 2.3+)")
     def test_a_scaler_not_saved_is_named_by_its_scale(self):
         report, resume = self.diff("scaler", 1)
         f = report["first_divergence"]
