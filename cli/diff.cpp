@@ -225,4 +225,15 @@ void add_merge_verb(CLI::App& app, VerbAction* action) {
   cmd->callback([flags, action] { *action = [flags] { return run_merge(*flags); }; });
 }
 
+// `detaudit resume`'s diff of the run that went through and the resumed one.
+int diff_resumed_runs(const std::string& run_a, const std::string& run_b, const std::string& format,
+                      const std::string& output) {
+  DiffFlags f;
+  f.run_a = run_a;
+  f.run_b = run_b;
+  f.format = format;
+  f.output = output;
+  return run_diff(f);
+}
+
 }  // namespace detaudit::cli

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   detaudit::cli::add_catalog_verb(app, &action);
   detaudit::cli::add_replay_verb(app, &action);
   detaudit::cli::add_coverage_verb(app, &action);
+  detaudit::cli::add_resume_verb(app, &action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

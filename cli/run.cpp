@@ -504,4 +504,102 @@ void add_record_verb(CLI::App& app, VerbAction* action) {
   });
 }
 
+namespace {
+
+// A word for sh -c, quoted.
+std::string sh_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+std::string sh_words(const std::vector<std::string>& words) {
+  std::string out;
+  for (const std::string& w : words) out += (out.empty() ? "" : " ") + sh_quote(w);
+  return out;
+}
+
+// `detaudit resume`: the program once through into OUT/run-0, then stopped at step K and
+// resumed from its checkpoint into OUT/run-1, then their diff. Hugging Face Trainer and
+// Lightning are stopped and resumed by the interposer's Python side (detaudit_resume.py); a
+// plain loop by the arguments its user names.
+struct ResumeArgs {
+  RecordArgs through;
+  std::string out = "audit";
+  uint64_t at = 0;
+  std::string stop_args, resume_args;
+  std::string format = "text", output;
+};
+
+std::vector<std::string> split_words(const std::string& s) {
+  std::vector<std::string> out;
+  std::string w;
+  for (char c : s) {
+    if (c == ' ') {
+      if (!w.empty()) out.push_back(std::move(w));
+      w.clear();
+    } else {
+      w += c;
+    }
+  }
+  if (!w.empty()) out.push_back(std::move(w));
+  return out;
+}
+
+int resume_main(ResumeArgs args) {
+  const std::vector<std::string> program = args.through.run.flags.command;
+  if (program.empty())
+    return report_error(Status::error("resume: give the program after \"--\"", ExitCode::kUsage));
+  std::error_code ec;
+  std::filesystem::create_directories(args.out, ec);
+  const std::string ckpt =
+      std::filesystem::absolute(std::filesystem::path(args.out) / "resume.ckpt").string();
+  args.through.run_dir = args.out + "/run-0";
+  if (int code = record_main(args.through); code != 0) return code;
+  std::vector<std::string> stop = program, resume = program;
+  for (const std::string& w : split_words(args.stop_args)) stop.push_back(w);
+  for (const std::string& w : split_words(args.resume_args)) resume.push_back(w);
+  const std::string env = fmt::format("env DETAUDIT_RESUME_AT={} DETAUDIT_RESUME_CKPT={}", args.at,
+                                      sh_quote(ckpt));
+  RecordArgs resumed = args.through;
+  resumed.run_dir = args.out + "/run-1";
+  resumed.run.flags.command = {
+      "sh", "-c",
+      fmt::format("{} DETAUDIT_RESUME=stop {} && {} DETAUDIT_RESUME=resume {}", env, sh_words(stop),
+                  env, sh_words(resume))};
+  if (int code = record_main(resumed); code != 0) return code;
+  return diff_resumed_runs(args.out + "/run-0", args.out + "/run-1", args.format, args.output);
+}
+
+}  // namespace
+
+void add_resume_verb(CLI::App& app, VerbAction* action) {
+  auto args = std::make_shared<ResumeArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "resume", "Audit a checkpoint: run through, run stopped at step K and resumed, then diff");
+  sub->footer(
+      "Examples:\n"
+      "  detaudit resume --at 10 -- python train_with_trainer.py      (Hugging Face Trainer)\n"
+      "  detaudit resume --at 10 -- python train_with_lightning.py    (Lightning)\n"
+      "  detaudit resume --at 10 --stop-args \"--stop-at 10 --save ck.pt\" \\\n"
+      "      --resume-args \"--resume ck.pt\" -- python train.py     (a loop of your own)\n"
+      "README: \"Does my checkpoint resume exactly?\"");
+  add_recording_flags(sub, &args->through.run);
+  sub->add_option("--out", args->out, "directory for run-0/ (through) and run-1/ (resumed)");
+  sub->add_option("--at", args->at, "the step to stop at and resume from")->required();
+  sub->add_option("--stop-args", args->stop_args,
+                  "arguments that make the program save and stop at that step (a loop of your "
+                  "own; Trainer and Lightning are stopped without any)");
+  sub->add_option("--resume-args", args->resume_args,
+                  "arguments that make the program resume from its checkpoint");
+  sub->add_option("--format", args->format, "report format: text, json, junit, markdown or html");
+  sub->add_option("-o,--output", args->output, "write the report to this file");
+  sub->add_flag("--force", args->through.run.force,
+                "replace run directories that already hold a run");
+  sub->callback([args, action] {
+    for (auto& f : args->through.run.finish) f();
+    *action = [args] { return resume_main(*args); };
+  });
+}
+
 }  // namespace detaudit::cli

@@ -1,5 +1,6 @@
 """Loaded at interpreter start in the programs `detaudit run` launches (it puts this folder first
-on PYTHONPATH): records the kernels torch.compile runs (compiled_kernels.py). A sitecustomize
+on PYTHONPATH): records the kernels torch.compile runs (compiled_kernels.py), and stops and
+resumes Trainer or Lightning for `detaudit resume` (detaudit_resume.py). A sitecustomize
 this one shadows, the user's or the distribution's, is run too."""
 import importlib.util
 import os
@@ -23,5 +24,7 @@ try:
 finally:
     if os.environ.get("DETAUDIT_RUN_DIR"):
         import detaudit_compiled_kernels
+        import detaudit_resume
 
         detaudit_compiled_kernels.install()
+        detaudit_resume.install()

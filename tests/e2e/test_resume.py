@@ -350,5 +350,44 @@ class LightningResume(TmpDirCase):
         self.assertTrue(resume["verified"], resume)
 
 
+class OneCommand(TmpDirCase):
+    """`detaudit resume --at K -- PROGRAM`: the program run through, then stopped at step K and
+    resumed from its checkpoint, then the diff. A loop of one's own is stopped and resumed by the
+    arguments its user names; Trainer and Lightning by the interposer's Python side."""
+
+    def resume(self, name, flags, program, expect):
+        out = os.path.join(self.tmp, name)
+        report = os.path.join(self.tmp, f"{name}.json")
+        r = run_detaudit(["resume", "--out", out, "-q", *flags, "--format", "json", "-o", report,
+                          "--", *program])
+        self.assertEqual(r.returncode, expect, r.stdout + r.stderr)
+        report = load_report(report)
+        self.assertEqual(len(report["resumes"]), 1, report["notes"])
+        return report, report["resumes"][0]
+
+    def test_a_loop_of_ones_own_by_the_arguments_named(self):
+        ck = os.path.join(self.tmp, "loop.pt")
+        report, resume = self.resume(
+            "loop", ["--at", str(STOP), "--stop-args", f"--stop-at {STOP} --save {ck}",
+                     "--resume-args", f"--resume {ck}"], LOOP + ["--steps", str(STEPS)], 0)
+        self.assertEqual(report["verdict"], "identical", report.get("first_divergence"))
+        self.assertEqual((resume["step"], resume["verified"]), (STOP, True), resume)
+
+    @unittest.skipUnless(_HAS_LIGHTNING, "lightning is not installed")
+    def test_lightning_with_no_argument(self):
+        report, resume = self.resume(
+            "lightning", ["--at", "4"], LIGHTNING + ["--out", os.path.join(self.tmp, "lo")], 1)
+        self.assertEqual(resume["step"], 4, resume)
+        self.assertEqual(resume["missing"], "torch's CPU generator", resume)
+
+    @unittest.skipUnless(_HAS_TRANSFORMERS, "transformers and accelerate are not installed")
+    def test_trainer_with_no_argument(self):
+        report, resume = self.resume(
+            "trainer", ["--at", "4"], TRAINER + ["--out", os.path.join(self.tmp, "to")], 1)
+        self.assertEqual(resume["step"], 4, resume)
+        self.assertTrue(resume["missing"].startswith("a running value"), resume)
+        self.assertEqual(report["spread"]["parameters_diverged"], [], report["spread"])
+
+
 if __name__ == "__main__":
     unittest.main()
