@@ -197,12 +197,17 @@ std::optional<uint64_t> step_that_read(const std::string& path, const std::strin
 // The op of `path` that wrote a tensor of this digest last before step `step` read it, and the
 // step it ran in: the writes that end a step (GradScaler's update) run after its last
 // optimizer op, at the next step's count.
-std::optional<std::pair<std::string, uint64_t>> last_writer(const std::string& path,
-                                                            const std::string& digest,
-                                                            uint64_t step) {
+struct Writer {
+  std::string op;
+  uint64_t step = 0;
+  bool optimizer = false;  // an optimizer-phase op: a parameter or its state
+};
+
+std::optional<Writer> last_writer(const std::string& path, const std::string& digest,
+                                  uint64_t step) {
   trace::TraceReader r;
   if (digest.empty() || !r.open(path).ok()) return std::nullopt;
-  std::optional<std::pair<std::string, uint64_t>> writer;
+  std::optional<Writer> writer;
   while (r.next() == trace::ReadResult::kRecord) {
     if (r.kind() != trace::RecordKind::kOp) continue;
     const trace::OpRecord& op = r.op();
@@ -215,7 +220,8 @@ std::optional<std::pair<std::string, uint64_t>> last_writer(const std::string& p
     for (int64_t id : op.output_tensors)
       if (const trace::TensorDesc* t = r.tensor(id);
           t && t->has_contents() && t->digest_hex() == digest)
-        writer.emplace(std::string(r.string(op.name)), op.step);
+        writer = Writer{std::string(r.string(op.name)), op.step,
+                        op.phase == trace::Phase::kOptimizer};
   }
   return writer;
 }
@@ -287,6 +293,66 @@ bool missed_hyperparameter(ResumeDivergence& d) {
   return true;
 }
 
+// The tensors the optimizer wrote at step `step` of `path` that the forward or backward pass
+// read at the step after: the parameters (its state is read by the optimizer only). Constant
+// tensors (gradients zeroed in the optimizer's phase) tell nothing.
+std::set<std::string> parameters_read_after(const std::string& path, uint64_t step) {
+  std::set<std::string> written, read;
+  trace::TraceReader r;
+  if (!r.open(path).ok()) return read;
+  while (r.next() == trace::ReadResult::kRecord) {
+    if (r.kind() != trace::RecordKind::kOp) continue;
+    const trace::OpRecord& op = r.op();
+    if (op.step > step + 1) break;
+    if (op.step == step && op.phase == trace::Phase::kOptimizer)
+      for (int64_t id : op.output_tensors)
+        if (const trace::TensorDesc* t = r.tensor(id); telling(t) && t->stats.min != t->stats.max)
+          written.insert(t->digest_hex());
+    if (op.step == step + 1 && op.phase != trace::Phase::kOptimizer)
+      for (int64_t id : op.input_tensors)
+        if (const trace::TensorDesc* t = r.tensor(id); telling(t) && written.count(t->digest_hex()))
+          read.insert(t->digest_hex());
+  }
+  return read;
+}
+
+// How many of `digests` the forward or backward pass of the first step of `path` read.
+size_t first_step_reads(const std::string& path, const std::set<std::string>& digests) {
+  size_t n = 0;
+  trace::TraceReader r;
+  if (!r.open(path).ok()) return 0;
+  while (r.next() == trace::ReadResult::kRecord) {
+    if (r.kind() != trace::RecordKind::kOp) continue;
+    if (r.op().step > 0) break;
+    if (r.op().phase == trace::Phase::kOptimizer) continue;
+    for (int64_t id : r.op().input_tensors)
+      if (const trace::TensorDesc* t = r.tensor(id); telling(t))
+        n += digests.count(t->digest_hex());
+  }
+  return n;
+}
+
+// The parameters the optimizer left before the resume step, which the run that went through read
+// at that step, read by none of the resumed process's first step's ops: not loaded, or changed at
+// load (a dtype cast, an EMA saved in their place).
+bool missed_parameters(ResumeDivergence& d) {
+  const std::string* through = d.through_trace();
+  auto resumed = d.selection.streams[d.rp.run].find(d.f.stream);
+  if (!through || resumed == d.selection.streams[d.rp.run].end() || d.rp.step == 0) return false;
+  const std::set<std::string> parameters = parameters_read_after(*through, d.rp.step - 1);
+  if (parameters.empty() || first_step_reads(resumed->second, parameters) > 0) return false;
+  d.rp.missing = "the parameters";
+  d.f.cause = fmt::format(
+      "the checkpoint's parameters were not loaded as saved: run {} read {} tensor(s) at step "
+      "{} that its optimizer wrote at step {}, and run {}'s resumed process read none of them "
+      "(not loaded, or changed at load: a dtype cast, an EMA saved in their place)",
+      d.through(), parameters.size(), d.rp.step, d.rp.step - 1, d.resumed());
+  d.f.remedy =
+      "load the model's state_dict() from the checkpoint before the first step, in the dtype it "
+      "was saved in; keep an EMA apart from the weights it averages, and save both";
+  return true;
+}
+
 // A batch the run that went through read at an earlier step.
 bool missed_data_order(ResumeDivergence& d) {
   const std::string* through = d.through_trace();
@@ -319,15 +385,14 @@ bool missed_tensor_state(ResumeDivergence& d) {
       continue;
     const auto writer = last_writer(*through, other.digest, d.rp.step);
     if (!writer) continue;
-    const bool scaler = writer->first == "aten::_amp_update_scale_";
+    const bool scaler = writer->op == "aten::_amp_update_scale_";
     d.rp.missing = scaler ? "the GradScaler's scale" : "a state held in a one-element tensor";
     d.f.cause = fmt::format(
         "the checkpoint did not restore {}: at step {}, {}'s {} is {:.9g} in run {}'s resumed "
         "process and {:.9g} in run {}, as {} left it {}{}",
         scaler ? "the GradScaler's state" : "a state held in a one-element tensor", d.f.step,
-        d.f.op, p.label(), resumed.stats.max, d.resumed(), other.stats.max, d.through(),
-        writer->first,
-        writer->second == d.f.step ? "before that step" : fmt::format("at step {}", writer->second),
+        d.f.op, p.label(), resumed.stats.max, d.resumed(), other.stats.max, d.through(), writer->op,
+        writer->step == d.f.step ? "before that step" : fmt::format("at step {}", writer->step),
         d.training_agrees(scaler ? " (a power-of-two scale cancels when the gradients are "
                                    "unscaled), but the scale decides which steps an overflow "
                                    "skips"
@@ -338,7 +403,7 @@ bool missed_tensor_state(ResumeDivergence& d) {
                         : fmt::format(
                               "save the tensor {} writes with the checkpoint, and load "
                               "it when resuming",
-                              writer->first);
+                              writer->op);
     return true;
   }
   return false;
@@ -373,7 +438,8 @@ bool name_what_was_missed(const StreamSelection& selection, const DiffReport& r,
       f->divergence_class != DivergenceClass::kInputDiffers)
     return false;
   for (bool (*missed)(ResumeDivergence&) :
-       {missed_hyperparameter, missed_data_order, missed_tensor_state, missed_running_value})
+       {missed_hyperparameter, missed_parameters, missed_data_order, missed_tensor_state,
+        missed_running_value})
     if (missed(d)) return true;
   return false;
 }

@@ -111,6 +111,16 @@ class Resume(TmpDirCase):
         self.assertIn("hyperparameter", resume["missing"] or "", (resume, f))
         self.assertIn("state_dict()", f["remedy"])
 
+    def test_parameters_not_loaded_are_named_not_taken_for_the_data_order(self):
+        # The fresh model's bias, as the addmm reads it, is what run A read at step 0, as a
+        # batch started over would be: the parameters the optimizer left are what tells.
+        report, resume = self.diff("model", 1)
+        f = report["first_divergence"]
+        self.assertEqual(f["step"], STOP, f)
+        self.assertEqual(resume["missing"], "the parameters", resume)
+        self.assertIn("resumed process read none of them", f["cause"])
+        self.assertIn("load the model's state_dict()", f["remedy"])
+
     def test_the_resumed_run_may_be_run_a(self):
         out = os.path.join(self.tmp, "swapped.json")
         r = run_detaudit(["diff", self.resumed(""), self.through, "--format", "json", "-o", out])
