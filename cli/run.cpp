@@ -551,6 +551,16 @@ int resume_main(ResumeArgs args) {
   if (program.empty())
     return report_error(Status::error("resume: give the program after \"--\"", ExitCode::kUsage));
   std::error_code ec;
+  for (const char* run : {"run-0", "run-1"}) {
+    const std::filesystem::path dir = std::filesystem::path(args.out) / run;
+    if (!std::filesystem::exists(dir, ec)) continue;
+    if (!args.through.run.force)
+      return report_error(Status::error(
+          fmt::format("{} already holds a run: give another --out, or --force to replace it",
+                      dir.string()),
+          ExitCode::kUsage));
+    std::filesystem::remove_all(dir, ec);
+  }
   std::filesystem::create_directories(args.out, ec);
   const std::string ckpt =
       std::filesystem::absolute(std::filesystem::path(args.out) / "resume.ckpt").string();

@@ -382,6 +382,11 @@ class OneCommand(TmpDirCase):
                      "--resume-args", f"--resume {ck}"], LOOP + ["--steps", str(STEPS)], 0)
         self.assertEqual(report["verdict"], "identical", report.get("first_divergence"))
         self.assertEqual((resume["step"], resume["verified"]), (STOP, True), resume)
+        # Again into the same --out: refused before anything runs, unless --force.
+        r = run_detaudit(["resume", "--out", os.path.join(self.tmp, "loop"), "--at", str(STOP),
+                          "--", *LOOP])
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("already holds a run: give another --out, or --force", r.stderr)
 
     @unittest.skipUnless(_HAS_LIGHTNING, "lightning is not installed")
     def test_lightning_with_no_argument(self):
