@@ -79,8 +79,7 @@ bool reads_shared_memory(const FirstDivergence& f) {
 // How many elements of memory a tensor's view reaches from its first: its element count when
 // contiguous; an expanded view (stride 0, as addmm reads a bias) reaches only its base's.
 uint64_t elements_spanned(const TensorSide& t) {
-  uint64_t numel = 1;
-  for (int64_t n : t.sizes) numel *= uint64_t(n);
+  const uint64_t numel = t.numel();
   if (t.strides.size() != t.sizes.size() || numel == 0) return numel;
   uint64_t last = 0;
   for (size_t d = 0; d < t.sizes.size(); ++d)

@@ -88,6 +88,12 @@ struct TensorSide {
   std::string
       origin;  // where its contents came from: "external", "uninitialized (aten::empty)", ...
   bool in_shared_memory = false;  // share_memory_(), a DataLoader batch
+
+  uint64_t numel() const {
+    uint64_t n = 1;
+    for (int64_t s : sizes) n *= uint64_t(s);
+    return n;
+  }
 };
 
 // An input or output of the first divergent op, side by side.

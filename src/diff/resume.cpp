@@ -226,11 +226,7 @@ std::optional<Writer> last_writer(const std::string& path, const std::string& di
   return writer;
 }
 
-bool one_element(const TensorSide& t) {
-  int64_t n = 1;
-  for (int64_t s : t.sizes) n *= s;
-  return t.present && t.has_stats && n == 1;
-}
+bool one_element(const TensorSide& t) { return t.present && t.has_stats && t.numel() == 1; }
 
 // A tensor of zeros (a scalar included) where the other run's is not: a running value the
 // resumed process started again from 0.
@@ -444,10 +440,6 @@ bool name_what_was_missed(const StreamSelection& selection, const DiffReport& r,
   return false;
 }
 
-}  // namespace
-
-namespace {
-
 bool dataloader_worker(const StreamSelection& selection, const std::string& process) {
   for (const auto& [name, head] : selection.heads)
     if (head.process == process) return head.dataloader_worker;
@@ -605,12 +597,6 @@ void note_resume_step_structure(const std::vector<ResumedProcess>& resumes,
 
 namespace {
 
-int64_t numel(const std::vector<int64_t>& sizes) {
-  int64_t n = 1;
-  for (int64_t s : sizes) n *= s;
-  return n;
-}
-
 bool close(double x, double y, double scale) {
   return std::abs(x - y) <= 1e-9 * std::max(scale, std::numeric_limits<double>::min());
 }
@@ -620,7 +606,7 @@ bool close(double x, double y, double scale) {
 bool same_values_reordered(const TensorPair& p) {
   const TensorSide &a = p.a, &b = p.b;
   if (!p.differs || !a.present || !b.present || !a.has_stats || !b.has_stats ||
-      a.dtype != b.dtype || numel(a.sizes) != numel(b.sizes))
+      a.dtype != b.dtype || a.numel() != b.numel())
     return false;
   const trace::TensorStats &x = a.stats, &y = b.stats;
   const double largest = std::max(std::abs(x.min), std::abs(x.max));
@@ -674,7 +660,7 @@ void settle_fresh_layouts(const std::vector<PoolComparison>& pools,
         "iteration, and in the order gradients became ready after it; the optimizer's {} written "
         "tensors and every later op agree: not counted",
         res->summary.name, rp->step, rp->process, res->divergent_ops, f.op, through, p.label(),
-        numel(p.a.sizes), p.a.dtype, (rp->run == 0 ? p.a : p.b).digest,
+        p.a.numel(), p.a.dtype, (rp->run == 0 ? p.a : p.b).digest,
         (rp->run == 0 ? p.b : p.a).digest, tracked));
     rp->reordered_ops += res->divergent_ops;
     res->first.reset();

@@ -35,6 +35,20 @@ def record(out, command):
     return out
 
 
+def record_stopped_and_resumed(out, program, stop, resume):
+    """`program + stop`, then `program + resume`, recorded as one job: `sh -c "... && ..."`."""
+    def words(extra):
+        return " ".join(shlex.quote(a) for a in program + extra)
+    return record(out, ["sh", "-c", f"{words(stop)} && {words(resume)}"])
+
+
+def diff_report(case, run_a, run_b, out, expect):
+    """`detaudit diff RUN_A RUN_B` as JSON into `out`, its exit code checked; the report."""
+    r = run_detaudit(["diff", run_a, run_b, "--format", "json", "-o", out])
+    case.assertEqual(r.returncode, expect, r.stdout + r.stderr)
+    return load_report(out)
+
+
 class Resume(TmpDirCase):
     @classmethod
     def setUpClass(cls):
@@ -50,17 +64,14 @@ class Resume(TmpDirCase):
 
     def record_resumed(self, omit):
         ck = os.path.join(self.tmp, f"ck-{omit or 'all'}.pt")
-        loop = " ".join(shlex.quote(a) for a in LOOP)
-        flags = f"--steps {STEPS} --omit '{omit}'"
-        script = (f"{loop} {flags} --stop-at {STOP} --save {ck} && "
-                  f"{loop} {flags} --resume {ck}")
-        return record(os.path.join(self.tmp, f"resumed-{omit or 'all'}"), ["sh", "-c", script])
+        flags = ["--steps", str(STEPS), "--omit", omit]
+        return record_stopped_and_resumed(os.path.join(self.tmp, f"resumed-{omit or 'all'}"), LOOP,
+                                          flags + ["--stop-at", str(STOP), "--save", ck],
+                                          flags + ["--resume", ck])
 
     def diff(self, omit, expect):
-        out = os.path.join(self.tmp, f"report-{omit or 'all'}.json")
-        r = run_detaudit(["diff", self.through, self.resumed(omit), "--format", "json", "-o", out])
-        self.assertEqual(r.returncode, expect, r.stderr)
-        report = load_report(out)
+        report = diff_report(self, self.through, self.resumed(omit),
+                             os.path.join(self.tmp, f"report-{omit or 'all'}.json"), expect)
         self.assertEqual(len(report["resumes"]), 1, report["notes"])
         resume = report["resumes"][0]
         self.assertEqual(resume["run"], "B", resume)
@@ -166,16 +177,13 @@ class LoaderResume(TmpDirCase):
         cls.through = record(os.path.join(cls.tmp, "through"), LOOP + cls.flags)
 
     def diff(self, omit, expect):
-        loop = " ".join(shlex.quote(a) for a in LOOP)
         ck = os.path.join(self.tmp, f"ck-{omit or 'all'}.pt")
-        flags = " ".join(self.flags) + f" --omit '{omit}'"
-        resumed = record(os.path.join(self.tmp, f"resumed-{omit or 'all'}"),
-                         ["sh", "-c", f"{loop} {flags} --stop-at {STOP} --save {ck} && "
-                                      f"{loop} {flags} --resume {ck}"])
-        out = os.path.join(self.tmp, f"loader-{omit or 'all'}.json")
-        r = run_detaudit(["diff", self.through, resumed, "--format", "json", "-o", out])
-        self.assertEqual(r.returncode, expect, r.stdout + r.stderr)
-        report = load_report(out)
+        flags = self.flags + ["--omit", omit]
+        resumed = record_stopped_and_resumed(os.path.join(self.tmp, f"resumed-{omit or 'all'}"),
+                                             LOOP, flags + ["--stop-at", str(STOP), "--save", ck],
+                                             flags + ["--resume", ck])
+        report = diff_report(self, self.through, resumed,
+                             os.path.join(self.tmp, f"loader-{omit or 'all'}.json"), expect)
         self.assertEqual([(x["process"], x["step"]) for x in report["resumes"]],
                          [("r0.main~1", STOP)], (report["resumes"], report["notes"]))
         resume = report["resumes"][0]
@@ -221,16 +229,13 @@ class DdpResume(TmpDirCase):
         cls.through = record(os.path.join(cls.tmp, "through"), DDP + ["--steps", str(STEPS)])
 
     def resume(self, omit, expect):
-        ddp = " ".join(shlex.quote(a) for a in DDP)
         ck = os.path.join(self.tmp, f"ck-{omit or 'all'}")
-        flags = f"--steps {STEPS} --omit '{omit}'"
-        resumed = record(os.path.join(self.tmp, f"resumed-{omit or 'all'}"),
-                         ["sh", "-c", f"{ddp} {flags} --stop-at {STOP} --save {ck} && "
-                                      f"{ddp} {flags} --resume {ck}"])
-        out = os.path.join(self.tmp, f"ddp-{omit or 'all'}.json")
-        r = run_detaudit(["diff", self.through, resumed, "--format", "json", "-o", out])
-        self.assertEqual(r.returncode, expect, r.stdout + r.stderr)
-        report = load_report(out)
+        flags = ["--steps", str(STEPS), "--omit", omit]
+        resumed = record_stopped_and_resumed(os.path.join(self.tmp, f"resumed-{omit or 'all'}"),
+                                             DDP, flags + ["--stop-at", str(STOP), "--save", ck],
+                                             flags + ["--resume", ck])
+        report = diff_report(self, self.through, resumed,
+                             os.path.join(self.tmp, f"ddp-{omit or 'all'}.json"), expect)
         resumes = {x["continues"]: x for x in report["resumes"]}
         self.assertEqual(sorted(resumes), ["r0.main", "r1.main"], report["resumes"])
         for before, x in resumes.items():
@@ -291,17 +296,12 @@ class TrainerResume(TmpDirCase):
     loss it sums for logging (tr_loss) starts again from 0."""
 
     def test_trainer_resumes_its_training_and_restarts_its_logged_loss(self):
-        trainer = " ".join(shlex.quote(a) for a in TRAINER)
         through = record(os.path.join(self.tmp, "through"),
                          TRAINER + ["--out", os.path.join(self.tmp, "out-through")])
         out = os.path.join(self.tmp, "out-resumed")
-        resumed = record(os.path.join(self.tmp, "resumed"),
-                         ["sh", "-c", f"{trainer} --out {out} --stop && "
-                                      f"{trainer} --out {out} --resume"])
-        report_path = os.path.join(self.tmp, "trainer.json")
-        r = run_detaudit(["diff", through, resumed, "--format", "json", "-o", report_path])
-        self.assertEqual(r.returncode, 1, r.stderr)
-        report = load_report(report_path)
+        resumed = record_stopped_and_resumed(os.path.join(self.tmp, "resumed"), TRAINER,
+                                             ["--out", out, "--stop"], ["--out", out, "--resume"])
+        report = diff_report(self, through, resumed, os.path.join(self.tmp, "trainer.json"), 1)
         resume = report["resumes"][0]
         self.assertEqual((resume["process"], resume["step"]), ("r0.main~1", 4), resume)
         self.assertIn("read at step 4 only", resume["found_by"])
@@ -332,21 +332,18 @@ class LightningResume(TmpDirCase):
 
     def diff(self, flags, expect):
         name = "rng" if flags else "plain"
-        loop = " ".join(shlex.quote(a) for a in LIGHTNING)
         out = os.path.join(self.tmp, f"out-{name}")
-        resumed = record(os.path.join(self.tmp, f"resumed-{name}"),
-                         ["sh", "-c", f"{loop} --out {out} --stop {flags} && "
-                                      f"{loop} --out {out} --resume {flags}"])
-        path = os.path.join(self.tmp, f"lightning-{name}.json")
-        r = run_detaudit(["diff", self.through, resumed, "--format", "json", "-o", path])
-        self.assertEqual(r.returncode, expect, r.stdout + r.stderr)
-        report = load_report(path)
+        resumed = record_stopped_and_resumed(os.path.join(self.tmp, f"resumed-{name}"), LIGHTNING,
+                                             ["--out", out, "--stop", *flags],
+                                             ["--out", out, "--resume", *flags])
+        report = diff_report(self, self.through, resumed,
+                             os.path.join(self.tmp, f"lightning-{name}.json"), expect)
         self.assertEqual([(x["process"], x["step"]) for x in report["resumes"]],
                          [("r0.main~1", 4)], (report["resumes"], report["notes"]))
         return report, report["resumes"][0]
 
     def test_its_checkpoint_misses_torchs_generator(self):
-        report, resume = self.diff("", 1)
+        report, resume = self.diff([], 1)
         f = report["first_divergence"]
         self.assertEqual((f["class"], f["step"], f["stream"]), ("rng-state", 4, "r0.main~1.t-main"),
                          f)
@@ -355,7 +352,7 @@ class LightningResume(TmpDirCase):
         self.assertIn("on_load_checkpoint", f["remedy"])
 
     def test_with_the_generator_saved_the_resume_is_bit_for_bit(self):
-        report, resume = self.diff("--save-rng", 0)
+        report, resume = self.diff(["--save-rng"], 0)
         self.assertEqual(report["verdict"], "identical", report.get("first_divergence"))
         self.assertTrue(resume["verified"], resume)
 
