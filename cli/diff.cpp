@@ -30,7 +30,7 @@ struct DiffFlags {
   std::string format = "text";
   std::string output;
   std::string fail_on = "any";
-  double rtol = 0, atol = 0;
+  double rtol = 0, atol = 0, ulp = 0;
   std::string catalog;
   bool no_catalog = false;
   bool progress = false;
@@ -63,9 +63,10 @@ int diff_options(const DiffFlags& f, Catalog* catalog, DiffOptions* options) {
   if (f.fail_on != "any" && f.fail_on != "tolerance")
     return report_error(Status::error(
         fmt::format("--fail-on: expected 'any' or 'tolerance', got '{}'", f.fail_on)));
-  if (f.rtol < 0 || f.atol < 0)
-    return report_error(Status::error("--rtol and --atol must not be negative"));
+  if (f.rtol < 0 || f.atol < 0 || f.ulp < 0)
+    return report_error(Status::error("--rtol, --atol and --ulp must not be negative"));
   options->gate.fail_on = f.fail_on;
+  options->gate.ulp = f.ulp;
   options->gate.rtol = f.rtol;
   options->gate.atol = f.atol;
   options->gate.allow_truncated = f.allow_truncated;
@@ -176,10 +177,13 @@ void add_report_flags(CLI::App* cmd, DiffFlags* flags) {
       ->capture_default_str();
   cmd->add_option("--output,-o", flags->output, "write the report to this file");
   cmd->add_option("--fail-on", flags->fail_on,
-                  "any: every divergence fails; tolerance: only one beyond --rtol/--atol")
+                  "any: every divergence fails; tolerance: only one beyond --rtol/--atol/--ulp")
       ->capture_default_str();
   cmd->add_option("--rtol", flags->rtol, "relative tolerance on tensor statistics");
   cmd->add_option("--atol", flags->atol, "absolute tolerance on tensor statistics");
+  cmd->add_option("--ulp", flags->ulp,
+                  "tolerance in units of each tensor's dtype epsilon (float32 2^-23, bfloat16 "
+                  "2^-7), at each statistic's scale, added to --rtol");
   cmd->add_option("--catalog", flags->catalog, "catalog JSON (default: the installed one)");
   cmd->add_flag("--no-catalog", flags->no_catalog, "do not explain with the catalog");
   cmd->add_flag("--allow-truncated", flags->allow_truncated,

@@ -462,6 +462,8 @@ void add_run_verb(CLI::App& app, VerbAction* action) {
   optional_flag(sub, args.get(), "--fail-on", &f.fail_on, "any (default) or tolerance");
   optional_flag(sub, args.get(), "--rtol", &f.rtol, "relative tolerance for --fail-on tolerance");
   optional_flag(sub, args.get(), "--atol", &f.atol, "absolute tolerance for --fail-on tolerance");
+  optional_flag(sub, args.get(), "--ulp", &f.ulp,
+                "tolerance in units of the dtype's epsilon for --fail-on tolerance");
   sub->add_flag("--allow-truncated", f.allow_truncated,
                 "pass on what both runs have when a stream was cut short (default: exit 5)");
   sub->add_flag("--force", args->force, "replace run directories that already hold a run");

@@ -427,7 +427,8 @@ Status parse_config(const json& j, Config* out) {
     if (Status s = parse_determinism(j["determinism"], &c.determinism); !s.ok()) return s;
   if (j.contains("gate")) {
     const json& g = j["gate"];
-    if (Status s = check_object(g, "gate", {"fail_on", "rtol", "atol", "allow_truncated"}); !s.ok())
+    if (Status s = check_object(g, "gate", {"fail_on", "rtol", "atol", "ulp", "allow_truncated"});
+        !s.ok())
       return s;
     if (g.contains("allow_truncated"))
       if (Status s = get_bool(g["allow_truncated"], "gate.allow_truncated",
@@ -443,6 +444,8 @@ Status parse_config(const json& j, Config* out) {
       if (Status s = get_number(g["rtol"], "gate.rtol", &c.gate.rtol); !s.ok()) return s;
     if (g.contains("atol"))
       if (Status s = get_number(g["atol"], "gate.atol", &c.gate.atol); !s.ok()) return s;
+    if (g.contains("ulp"))
+      if (Status s = get_number(g["ulp"], "gate.ulp", &c.gate.ulp); !s.ok()) return s;
   }
   if (j.contains("report")) {
     const json& r = j["report"];
@@ -514,6 +517,7 @@ json config_to_json(const Config& c) {
   j["gate"] = {{"fail_on", c.gate.fail_on},
                {"rtol", c.gate.rtol},
                {"atol", c.gate.atol},
+               {"ulp", c.gate.ulp},
                {"allow_truncated", c.gate.allow_truncated}};
   j["report"] = {{"format", c.format}, {"output", c.output}};
   return j;

@@ -55,10 +55,14 @@ struct DeterminismConfig {
 
 struct GateConfig {
   std::string fail_on = "any";  // "any" | "tolerance"
-  double rtol = 0, atol = 0;    // for "tolerance": statistics within atol + rtol*|a|
+  // For "tolerance": each statistic within atol + rtol * its scale (classify.cpp, delta_of).
+  double rtol = 0, atol = 0;
   // A stream cut short (a run killed mid-step) makes the comparison incomplete, exit 5; with
   // this, what both runs have is compared and passes if it matches.
   bool allow_truncated = false;
+  // For "tolerance": N units of the dtype's epsilon at the statistic's scale, added to rtol
+  // (float32: 1.19e-7, bfloat16: 7.8e-3), so that one gate fits every dtype.
+  double ulp = 0;
 };
 
 struct Config {

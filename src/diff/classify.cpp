@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace detaudit {
 namespace {
@@ -76,10 +77,28 @@ const TensorDesc* viewed_base(const TensorDesc* t, const trace::TraceReader& r) 
   return t && t->has_contents() ? t : nullptr;
 }
 
-bool within(double a, double b, const GateConfig& g) {
+// The scales a statistic's difference is measured against: the tensor's largest magnitude for
+// min and max, its root mean square for the mean (a gradient's mean near zero is no scale), its
+// norm for L2. Run A's tensor sets them.
+struct StatScales {
+  double min_max = 0, mean = 0, l2 = 0;
+};
+
+StatScales scales_of(const TensorDesc& a) {
+  uint64_t n = 1;
+  for (int64_t d : a.sizes) n *= uint64_t(std::max<int64_t>(d, 0));
+  StatScales s;
+  s.min_max = std::max(std::fabs(a.stats.min), std::fabs(a.stats.max));
+  s.mean = std::max(std::fabs(a.stats.mean), n ? std::fabs(a.stats.l2) / std::sqrt(double(n)) : 0);
+  s.l2 = std::fabs(a.stats.l2);
+  return s;
+}
+
+// One statistic within the gate: |b - a| <= atol + (rtol + ulp * epsilon) * scale.
+bool within(double a, double b, double scale, double epsilon, const GateConfig& g) {
   if (std::isnan(a) && std::isnan(b)) return true;
   if (std::isinf(a) || std::isinf(b)) return a == b;
-  return std::fabs(b - a) <= g.atol + g.rtol * std::fabs(a);
+  return std::fabs(b - a) <= g.atol + (g.rtol + g.ulp * epsilon) * scale;
 }
 
 StatsDelta delta_of(const TensorDesc& a, const TensorDesc& b, const GateConfig& g,
@@ -96,9 +115,22 @@ StatsDelta delta_of(const TensorDesc& a, const TensorDesc& b, const GateConfig& 
   d.l2 = b.stats.l2 - a.stats.l2;
   for (double v : {d.min, d.max, d.mean, d.l2})
     if (std::isfinite(v)) d.max_abs = std::max(d.max_abs, std::fabs(v));
-  d.within_tolerance = d.nan == 0 && d.inf == 0 && within(a.stats.min, b.stats.min, g) &&
-                       within(a.stats.max, b.stats.max, g) &&
-                       within(a.stats.mean, b.stats.mean, g) && within(a.stats.l2, b.stats.l2, g);
+  const StatScales sc = scales_of(a);
+  const double eps = dtype_epsilon(a.dtype);
+  const std::pair<double, double> scaled[] = {
+      {d.min, sc.min_max}, {d.max, sc.min_max}, {d.mean, sc.mean}, {d.l2, sc.l2}};
+  for (const auto& [delta, scale] : scaled) {
+    if (!std::isfinite(delta) || delta == 0) continue;
+    d.relative = std::max(d.relative, scale > 0 && std::isfinite(scale)
+                                          ? std::fabs(delta) / scale
+                                          : std::numeric_limits<double>::infinity());
+  }
+  d.ulps = eps > 0 ? d.relative / eps : -1;
+  d.within_tolerance = d.nan == 0 && d.inf == 0 &&
+                       within(a.stats.min, b.stats.min, sc.min_max, eps, g) &&
+                       within(a.stats.max, b.stats.max, sc.min_max, eps, g) &&
+                       within(a.stats.mean, b.stats.mean, sc.mean, eps, g) &&
+                       within(a.stats.l2, b.stats.l2, sc.l2, eps, g);
   return d;
 }
 
@@ -204,25 +236,46 @@ bool output_deltas(const trace::OpRecord& a, const trace::TraceReader& ra, const
   return all_within;
 }
 
+double dtype_epsilon(trace::Dtype dtype) {
+  switch (dtype) {
+    case trace::Dtype::kFloat16:
+    case trace::Dtype::kComplex32: return 0x1p-10;
+    case trace::Dtype::kBFloat16: return 0x1p-7;
+    case trace::Dtype::kFloat32:
+    case trace::Dtype::kComplex64: return 0x1p-23;
+    case trace::Dtype::kFloat64:
+    case trace::Dtype::kComplex128: return 0x1p-52;
+    default: return 0;
+  }
+}
+
 double largest_relative_difference(const trace::OpRecord& a, const trace::TraceReader& ra,
                                    const trace::OpRecord& b, const trace::TraceReader& rb) {
-  double largest = 0;
-  size_t n = std::min(a.output_tensors.size(), b.output_tensors.size());
+  return tensors_deviation(a.output_tensors, ra, b.output_tensors, rb, GateConfig{}).relative;
+}
+
+Deviation tensors_deviation(const std::vector<int64_t>& ids_a, const trace::TraceReader& ra,
+                            const std::vector<int64_t>& ids_b, const trace::TraceReader& rb,
+                            const GateConfig& gate, const char* role) {
+  Deviation dev;
+  const size_t n = std::min(ids_a.size(), ids_b.size());
   for (size_t i = 0; i < n; ++i) {
-    const TensorDesc* ta = ra.tensor(a.output_tensors[i]);
-    const TensorDesc* tb = rb.tensor(b.output_tensors[i]);
-    if (!ta || !tb || !ta->has_contents() || !tb->has_contents() || ta->same_digest(*tb) ||
-        !(ta->bits & trace::kTensorHasStats) || !(tb->bits & trace::kTensorHasStats))
+    const TensorDesc* ta = ra.tensor(ids_a[i]);
+    const TensorDesc* tb = rb.tensor(ids_b[i]);
+    if (!ta || !tb || !ta->has_contents() || !tb->has_contents() || ta->not_read() ||
+        tb->not_read() || ta->same_digest(*tb))
       continue;
-    const double xs[] = {ta->stats.min, ta->stats.max, ta->stats.mean, ta->stats.l2};
-    const double ys[] = {tb->stats.min, tb->stats.max, tb->stats.mean, tb->stats.l2};
-    for (int k = 0; k < 4; ++k) {
-      const double scale = std::max(std::fabs(xs[k]), std::fabs(ys[k]));
-      if (scale > 0 && std::isfinite(scale))
-        largest = std::max(largest, std::fabs(ys[k] - xs[k]) / scale);
+    const StatsDelta d = delta_of(*ta, *tb, gate, "");
+    dev.within = dev.within && d.within_tolerance;
+    if (!d.has_stats) continue;
+    if (dev.tensor.empty() || d.relative > dev.relative) {
+      dev.relative = d.relative;
+      dev.ulps = d.ulps;
+      dev.tensor = fmt::format("{} {}", role, i);
+      dev.dtype = std::string(trace::dtype_name(ta->dtype));
     }
   }
-  return largest;
+  return dev;
 }
 
 namespace {
@@ -514,23 +567,83 @@ std::optional<CatalogRef> catalog_ref(const Catalog* catalog, const OpFacts& fac
 
 namespace {
 
+// A key one fingerprint lacks is another torch's (or detaudit's) fingerprint, not a setting
+// that differs: never a cause by itself.
+bool a_setting_differs(const EnvDifference& d) { return d.a != "(absent)" && d.b != "(absent)"; }
+
 const EnvDifference* find_env(const std::vector<EnvDifference>& env,
                               std::initializer_list<const char*> keys) {
   // "intra_op_threads (step 3)" matches "intra_op_threads".
   for (const EnvDifference& d : env)
-    for (std::string_view k : keys)
-      if (d.key.compare(0, k.size(), k) == 0 &&
-          (d.key.size() == k.size() || d.key[k.size()] == ' '))
-        return &d;
+    if (a_setting_differs(d))
+      for (std::string_view k : keys)
+        if (d.key.compare(0, k.size(), k) == 0 &&
+            (d.key.size() == k.size() || d.key[k.size()] == ' '))
+          return &d;
   return nullptr;
 }
 
 const EnvDifference* find_env_containing(const std::vector<EnvDifference>& env,
                                          std::initializer_list<const char*> parts) {
   for (const EnvDifference& d : env)
-    for (const char* p : parts)
-      if (d.key.find(p) != std::string::npos) return &d;
+    if (a_setting_differs(d))
+      for (const char* p : parts)
+        if (d.key.find(p) != std::string::npos) return &d;
   return nullptr;
+}
+
+// The torch builds differ: their versions, else their commits (two builds of one version).
+const EnvDifference* find_torch_build(const std::vector<EnvDifference>& env) {
+  for (const char* key : {"torch_version", "build_config.COMMIT_SHA"})
+    for (const EnvDifference& d : env)
+      if (d.key == key) return &d;
+  return nullptr;
+}
+
+const EnvDifference* find_key(const std::vector<EnvDifference>& env, std::string_view part) {
+  for (const EnvDifference& d : env)
+    if (d.key.find(part) != std::string::npos) return &d;
+  return nullptr;
+}
+
+// The library that computes an op, where the build names it: "the BLAS library (BLAS_INFO)".
+struct Implementer {
+  std::string what;              // "the BLAS library"
+  const EnvDifference* version;  // how it differs between the builds; null when it does not
+};
+
+bool op_or_chain_is(const FirstDivergence& fd, std::initializer_list<std::string_view> names) {
+  auto is = [&](std::string_view op) {
+    for (std::string_view n : names)
+      if (op == n) return true;
+    return false;
+  };
+  if (is(fd.op)) return true;
+  for (const std::string& c : fd.chain)
+    if (is(c)) return true;
+  return false;
+}
+
+Implementer implementer_of(const FirstDivergence& fd, bool cpu,
+                           const std::vector<EnvDifference>& env) {
+  const bool gemm = op_or_chain_is(
+      fd, {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm", "aten::matmul",
+           "aten::linear", "aten::addmv", "aten::mv", "aten::dot", "aten::_addmm_activation",
+           "aten::einsum", "aten::tensordot"});
+  const bool conv = op_or_chain_is(
+      fd, {"aten::convolution", "aten::_convolution", "aten::conv1d", "aten::conv2d",
+           "aten::conv3d", "aten::mkldnn_convolution", "aten::convolution_backward",
+           "aten::cudnn_convolution", "aten::_slow_conv2d_forward", "aten::conv_transpose2d"});
+  if (cpu && gemm) {
+    const EnvDifference* v = find_key(env, "build_config.BLAS_INFO");
+    if (!v) v = find_key(env, "Math Kernel Library");
+    return {"the BLAS library (a CPU GEMM)", v};
+  }
+  if (cpu && conv) return {"oneDNN (MKL-DNN, a CPU convolution)", find_key(env, "MKL-DNN")};
+  if (!cpu && gemm) return {"cuBLAS (a GPU GEMM)", find_key(env, "build_config.CUDA_VERSION")};
+  if (!cpu && conv) return {"cuDNN (a GPU convolution)", find_key(env, "CUDNN_VERSION")};
+  if (cpu) return {"torch's own CPU kernel", find_key(env, "CPU capability")};
+  return {"torch's own CUDA kernel", find_key(env, "build_config.CUDA_VERSION")};
 }
 
 std::string describe(const EnvDifference& d) {
@@ -720,7 +833,7 @@ bool explain_uninitialized(const std::vector<EnvDifference>&, bool, FirstDiverge
 // Different ops ran: a thread count inside kernels (final: no catalog remedy added), a torch
 // build, or control flow.
 bool explain_structural(const std::vector<EnvDifference>& env, bool, FirstDivergence* fd) {
-  const EnvDifference* ver = find_env(env, {"torch_version", "build_config"});
+  const EnvDifference* ver = find_torch_build(env);
   const EnvDifference* threads = find_env(env, {"intra_op_threads", "step.intra_op_threads",
                                                 "env.OMP_NUM_THREADS", "env.MKL_NUM_THREADS"});
   if (fd->nested && threads && !ver) {
@@ -751,6 +864,28 @@ bool explain_input_differs(const std::vector<EnvDifference>&, bool, FirstDiverge
   return true;
 }
 
+// Another torch build gave other bits for the same inputs: which build, and which library
+// computes the op, are the answer; the kernel need not be nondeterministic.
+bool explain_torch_build(const std::vector<EnvDifference>& env, bool on_cpu, FirstDivergence* fd) {
+  const EnvDifference* build = find_torch_build(env);
+  const Implementer lib = implementer_of(*fd, on_cpu, env);
+  const std::string builds = build->key == "torch_version"
+                                 ? fmt::format("torch {} in run A, {} in run B", build->a, build->b)
+                                 : fmt::format("two builds of one torch version (commit {} vs {})",
+                                               build->a, build->b);
+  fd->cause = fmt::format("the torch build differs ({}); {} is computed by {}", builds, fd->op,
+                          lib.what);
+  if (lib.version)
+    fd->cause += fmt::format(", {} in run A and {} in run B", lib.version->a, lib.version->b);
+  else
+    fd->cause += ", whose code can change between builds";
+  fd->remedy =
+      "to test reproducibility, compare runs of one torch build; across builds, bits are not "
+      "expected to match: gate on a tolerance (--fail-on tolerance with --ulp N or --rtol) and "
+      "read where the numerics first leave it";
+  return false;
+}
+
 // Each class's explanation; false when its remedy is final (no catalog remedy added).
 using ExplainFn = bool (*)(const std::vector<EnvDifference>& env, bool on_cpu, FirstDivergence* fd);
 struct ClassExplanation {
@@ -765,9 +900,14 @@ constexpr ClassExplanation kExplanations[] = {
     {DivergenceClass::kRemoteInput, explain_remote_input},
     {DivergenceClass::kUninitializedMemory, explain_uninitialized},
     {DivergenceClass::kStructural, explain_structural},
+    {DivergenceClass::kTorchBuild, explain_torch_build},
 };
 
 }  // namespace
+
+bool torch_builds_differ(const std::vector<EnvDifference>& env) {
+  return find_torch_build(env) != nullptr;
+}
 
 bool on_cpu(const FirstDivergence& fd) {
   for (const auto* v : {&fd.outputs, &fd.inputs})
@@ -786,6 +926,11 @@ void explain_cause(const std::vector<EnvDifference>& env, FirstDivergence* fd) {
         "torch.use_deterministic_algorithms(True) before compiling; to name the op, "
         "audit again without compilation: --env TORCHDYNAMO_DISABLE=1";
     return;
+  }
+  // Identical inputs, other outputs, under another torch build: not nondeterminism.
+  if (fd->divergence_class == DivergenceClass::kNondeterministicOp && find_torch_build(env)) {
+    fd->divergence_class = DivergenceClass::kTorchBuild;
+    fd->detail += ", under another torch build";
   }
   ExplainFn explain = explain_input_differs;  // input-differs, and any class not listed
   for (const ClassExplanation& e : kExplanations)

@@ -63,6 +63,23 @@ bool output_deltas(const trace::OpRecord& a, const trace::TraceReader& ra, const
                    const trace::TraceReader& rb, const GateConfig& gate,
                    std::vector<StatsDelta>* out);
 
+// How far the tensors of one side of an op (its inputs, or its outputs) that differ are from run
+// A's, from their statistics, each difference scaled as delta_of scales it (docs/report.md,
+// "Numerics"): the largest, and whether every one is within the gate's tolerance.
+struct Deviation {
+  double relative = 0;  // 0: none differs, or none has statistics
+  double ulps = -1;     // relative in units of the dtype's epsilon; -1 for integer dtypes
+  bool within = true;
+  std::string tensor;  // "output 0", the furthest out; "" when none differs
+  std::string dtype;
+};
+Deviation tensors_deviation(const std::vector<int64_t>& ids_a, const trace::TraceReader& ra,
+                            const std::vector<int64_t>& ids_b, const trace::TraceReader& rb,
+                            const GateConfig& gate, const char* role = "output");
+
+// The spacing of a dtype's values near 1 (float32: 2^-23); 0 for integer and boolean dtypes.
+double dtype_epsilon(trace::Dtype dtype);
+
 // A torch.compile kernel's origin argument ("aten::index_put, aten::mul; atomic adds"); "" for
 // any other op.
 std::string kernel_origin(const trace::OpRecord& op, const trace::TraceReader& r);
@@ -73,6 +90,9 @@ std::string kernel_origin(const trace::OpRecord& op, const trace::TraceReader& r
 // cannot be checked; entries found unmet here are added to it.
 std::optional<CatalogRef> catalog_ref(const Catalog* catalog, const OpFacts& facts,
                                       std::vector<std::string>* rejected);
+
+// The runs' torch builds differ: their versions or their commits.
+bool torch_builds_differ(const std::vector<EnvDifference>& env);
 
 // Names the likely cause from the class, the catalog entry and the environment differences,
 // and the remedy.

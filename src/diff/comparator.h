@@ -35,8 +35,10 @@ struct StreamResult {
   uint64_t parameters_tracked = 0;
   uint64_t unread = 0;
   std::optional<UnreadDifference> first_unread;
+  std::optional<NumericsChange> numerics_change;
   std::vector<Truncation> truncated;
   bool beyond_tolerance = false;
+  bool structure_tolerated = false;  // op sequence differences between torch builds, not counted
   std::vector<EnvDifference> step_settings;  // STEP records whose threads or flags differ
   uint64_t records_a = 0, records_b = 0, bytes = 0;
   uint64_t max_step_a = 0, max_step_b = 0;  // the largest step of each run's ops

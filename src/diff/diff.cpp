@@ -169,6 +169,10 @@ void add_stream_results(std::vector<StreamResult>* results, DiffReport* r) {
     r->parameters_tracked += res.parameters_tracked;
     r->unread_differences += res.unread;
     if (!r->first_unread && res.first_unread) r->first_unread = std::move(res.first_unread);
+    if (res.numerics_change) {
+      res.numerics_change->rank = res.rank;
+      keep_earliest_numerics_change(std::move(*res.numerics_change), r);
+    }
     for (const Truncation& t : res.truncated)
       r->not_compared.push_back(
           fmt::format("run {} stream {} was cut short after {} compared ops "
@@ -188,6 +192,7 @@ void add_stream_results(std::vector<StreamResult>* results, DiffReport* r) {
           res.summary.in_a ? "A" : "B", res.summary.in_a ? res.summary.ops_a : res.summary.ops_b));
     for (Truncation& t : res.truncated) r->truncated.push_back(std::move(t));
     r->beyond_tolerance = r->beyond_tolerance || res.beyond_tolerance;
+    r->structure_tolerated = r->structure_tolerated || res.structure_tolerated;
     r->ops_compared += res.summary.compared;
     r->records_a += res.records_a;
     r->records_b += res.records_b;

@@ -21,6 +21,11 @@ inline constexpr const char* kProcessPresence = "(process)";
 void flatten_json(const nlohmann::json& j, const std::string& prefix,
                   std::map<std::string, std::string>* out);
 
+// at::show_config()'s text as one key a component or setting ("build_config.BLAS_INFO": "mkl",
+// "build_config.Intel(R) MKL-DNN": "v3.12.0 (Git Hash ...)", "build_config.NNPACK is enabled":
+// "yes"), so that two torch builds differ by the few lines that do, not by the whole text.
+void split_build_config(const std::string& text, std::map<std::string, std::string>* out);
+
 // True for keys whose values differ between any two runs by design.
 bool volatile_env_key(const std::string& key);
 
@@ -29,7 +34,12 @@ bool volatile_env_key(const std::string& key);
 Status load_environment(const trace::RunDirectory& run,
                         std::map<std::string, std::map<std::string, std::string>>* out);
 
-// The differences, process by process; run directory paths are replaced before comparing.
+// How early an environment difference is listed, the likeliest cause of a numerics change first:
+// the torch build and the libraries it carries, the GPU and CUDA, thread counts, determinism
+// settings, seeds, the world size, the rest, then the command line and compiler flags.
+int suspect_rank(const std::string& key);
+
+// The differences, process by process, in suspect_rank's order; run directory paths are replaced before comparing.
 std::vector<EnvDifference> diff_environment(
     const std::map<std::string, std::map<std::string, std::string>>& a, const std::string& run_a,
     const std::map<std::string, std::map<std::string, std::string>>& b, const std::string& run_b);

@@ -155,6 +155,21 @@ Status diff_part(const std::string& run_a, const std::string& run_b, const DiffO
   json folds = {{"a", folds_json(r.replica_folds[0])}, {"b", folds_json(r.replica_folds[1])}};
   json resumes = json::array();
   for (const ResumedProcess& rp : r.resumes) resumes.push_back(resume_json(rp));
+  json numerics = nullptr;
+  if (const auto& n = r.numerics_change)
+    numerics = {{"stream", n->stream},
+                {"rank", n->rank},
+                {"step", n->step},
+                {"index", n->index},
+                {"phase", n->phase},
+                {"op", n->op},
+                {"tensor", n->tensor},
+                {"dtype", n->dtype},
+                {"output_relative", n->output_relative},
+                {"output_ulps", n->output_ulps},
+                {"input", n->input},
+                {"input_relative", n->input_relative},
+                {"input_ulps", n->input_ulps}};
   *part = {{"schema", kPartSchema},
            {"run_a", fs::absolute(run_a).lexically_normal().string()},
            {"run_b", fs::absolute(run_b).lexically_normal().string()},
@@ -168,6 +183,7 @@ Status diff_part(const std::string& run_a, const std::string& run_b, const DiffO
            {"bytes_read", r.bytes_read},
            {"unread_differences", r.unread_differences},
            {"beyond_tolerance", r.beyond_tolerance},
+           {"structure_tolerated", r.structure_tolerated},
            {"per_step", per_step},
            {"curve", curve},
            {"by_rank", by_rank},
@@ -175,6 +191,7 @@ Status diff_part(const std::string& run_a, const std::string& run_b, const DiffO
            {"notes", r.notes},
            {"candidates", candidates},
            {"resumes", resumes},
+           {"numerics_change", numerics},
            {"folds", folds},
            {"seconds", r.seconds}};
   return Status();
@@ -217,6 +234,7 @@ Status merge_parts(const std::vector<json>& parts, const std::vector<std::string
       r.bytes_read += p.at("bytes_read").get<uint64_t>();
       r.unread_differences += p.at("unread_differences").get<uint64_t>();
       r.beyond_tolerance = r.beyond_tolerance || p.at("beyond_tolerance").get<bool>();
+      r.structure_tolerated = r.structure_tolerated || p.value("structure_tolerated", false);
       for (const json& e : p.at("per_step"))
         r.divergent_ops_per_step[e.at(0).get<uint64_t>()] += e.at(1).get<uint64_t>();
       for (const json& e : p.at("curve")) {
@@ -233,6 +251,23 @@ Status merge_parts(const std::vector<json>& parts, const std::vector<std::string
       for (const json& note : p.at("notes")) notes.insert(note.get<std::string>());
       for (const json& c : p.at("candidates")) candidates.push_back(candidate_from(c));
       for (const json& rp : p.value("resumes", json::array())) r.resumes.push_back(resume_from(rp));
+      if (const json n = p.value("numerics_change", json()); n.is_object()) {
+        NumericsChange c;
+        c.stream = n.at("stream").get<std::string>();
+        c.rank = n.at("rank").get<int64_t>();
+        c.step = n.at("step").get<uint64_t>();
+        c.index = n.at("index").get<uint64_t>();
+        c.phase = n.at("phase").get<std::string>();
+        c.op = n.at("op").get<std::string>();
+        c.tensor = n.at("tensor").get<std::string>();
+        c.dtype = n.at("dtype").get<std::string>();
+        c.output_relative = n.at("output_relative").get<double>();
+        c.output_ulps = n.at("output_ulps").get<double>();
+        c.input = n.at("input").get<std::string>();
+        c.input_relative = n.at("input_relative").get<double>();
+        c.input_ulps = n.at("input_ulps").get<double>();
+        keep_earliest_numerics_change(std::move(c), &r);
+      }
       folds_from(p.at("folds").at("a"), &folds[0]);
       folds_from(p.at("folds").at("b"), &folds[1]);
     }

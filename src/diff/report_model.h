@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "config/config.h"
@@ -44,6 +45,7 @@ enum class DivergenceClass {
   kRemoteInput,   // a collective whose own inputs agree received different data
   kSharedMemory,  // an input in shared memory changed with no write of this process
   kStepLevel,     // the sentinel's: a step's end state differs, its full recording agrees
+  kTorchBuild,    // the same inputs, other outputs, under another torch build (or its libraries)
 };
 
 // The class's word in reports and partial diffs: "nondeterministic-op", "rng-state", ...
@@ -59,13 +61,14 @@ inline const char* divergence_class_name(DivergenceClass c) {
     case DivergenceClass::kRemoteInput: return "remote-input";
     case DivergenceClass::kSharedMemory: return "shared-memory";
     case DivergenceClass::kStepLevel: return "step-level";
+    case DivergenceClass::kTorchBuild: return "torch-build";
   }
   return "";
 }
 
 // The class a name stands for; false for a name no class has.
 inline bool parse_divergence_class(std::string_view name, DivergenceClass* out) {
-  for (int i = 0; i <= static_cast<int>(DivergenceClass::kStepLevel); ++i) {
+  for (int i = 0; i <= static_cast<int>(DivergenceClass::kTorchBuild); ++i) {
     const auto c = static_cast<DivergenceClass>(i);
     if (name == divergence_class_name(c)) {
       *out = c;
@@ -119,6 +122,10 @@ struct StatsDelta {
   double min = 0, max = 0, mean = 0, l2 = 0;
   int64_t nan = 0, inf = 0;
   double max_abs = 0;  // largest |delta| over min/max/mean/l2
+  // The largest |delta| as a fraction of its scale (the largest magnitude for min and max, the
+  // root mean square for the mean, the norm for L2), and that in units of the dtype's epsilon
+  // (-1: an integer dtype).
+  double relative = 0, ulps = -1;
   bool within_tolerance = false;
 };
 
@@ -269,6 +276,20 @@ struct Truncation {
 
 // A difference no op read: every differing tensor was overwritten in full first. Not a
 // divergence; the first one is reported so that it is not silent.
+// Where the numerics first left the gate's tolerance (diff --fail-on tolerance): the first op
+// whose outputs are beyond it while every input it read is within it. Errors that grow from
+// there are this op's amplification, not its inputs'.
+struct NumericsChange {
+  std::string stream;
+  int64_t rank = 0;
+  uint64_t step = 0, index = 0;
+  std::string phase, op;
+  std::string tensor, dtype;  // the output furthest out: "output 0", "float32"
+  double output_relative = 0, output_ulps = -1;
+  std::string input;  // the input furthest out; "" when every input agrees
+  double input_relative = 0, input_ulps = -1;
+};
+
 struct UnreadDifference {
   std::string stream;
   uint64_t step = 0;
@@ -359,6 +380,8 @@ struct DiffReport {
   std::string unexplained;
   GateConfig gate;
   bool beyond_tolerance = false;  // some divergence exceeds the gate's rtol/atol
+  // With the tolerance gate between two torch builds: op sequence differences, listed, not counted.
+  bool structure_tolerated = false;
   std::vector<EnvDifference> environment;
   std::optional<FirstDivergence> first;
   std::vector<StructuralDifference> structural;  // the first few, in stream order
@@ -373,6 +396,7 @@ struct DiffReport {
   uint64_t parameters_tracked = 0;
   uint64_t unread_differences = 0;
   std::optional<UnreadDifference> first_unread;
+  std::optional<NumericsChange> numerics_change;  // with the tolerance gate
   std::vector<Truncation> truncated;
   // What was not compared: streams cut short (no END record) and streams in one run only, one
   // line each. Unless the gate allows truncation, any of them makes the comparison incomplete.
@@ -395,6 +419,12 @@ struct DiffReport {
   uint64_t ops_compared = 0, records_a = 0, records_b = 0, bytes_read = 0;
   double seconds = 0;
 };
+
+// The earlier of the report's numerics change and c: by step, then rank, then position.
+inline void keep_earliest_numerics_change(NumericsChange c, DiffReport* r) {
+  const auto key = [](const NumericsChange& n) { return std::tie(n.step, n.rank, n.index); };
+  if (!r->numerics_change || key(c) < key(*r->numerics_change)) r->numerics_change = std::move(c);
+}
 
 }  // namespace detaudit
 

@@ -668,6 +668,7 @@ void settle_fresh_layouts(const std::vector<PoolComparison>& pools,
     res->summary.divergent = 0;
     res->per_step.clear();
     res->curve.erase(rp->step);
+    res->numerics_change.reset();
     res->divergent_orders.clear();
     res->beyond_tolerance = false;
   }

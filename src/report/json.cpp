@@ -244,7 +244,27 @@ json report_to_json(const DiffReport& r) {
   j["gate"] = {{"fail_on", r.gate.fail_on},
                {"rtol", r.gate.rtol},
                {"atol", r.gate.atol},
-               {"beyond_tolerance", r.beyond_tolerance}};
+               {"ulp", r.gate.ulp},
+               {"beyond_tolerance", r.beyond_tolerance},
+               {"structure_tolerated", r.structure_tolerated}};
+  if (const auto& n = r.numerics_change)
+    j["numerics_change"] = {{"stream", n->stream},
+                            {"rank", n->rank},
+                            {"step", n->step},
+                            {"phase", n->phase},
+                            {"op", n->op},
+                            {"index", n->index},
+                            {"output",
+                             {{"tensor", n->tensor},
+                              {"dtype", n->dtype},
+                              {"relative", json_number(n->output_relative)},
+                              {"ulps", json_number(n->output_ulps)}}},
+                            {"input",
+                             {{"tensor", n->input},
+                              {"relative", json_number(n->input_relative)},
+                              {"ulps", json_number(n->input_ulps)}}}};
+  else
+    j["numerics_change"] = nullptr;
   json env = json::array();
   for (const EnvDifference& d : r.environment)
     env.push_back({{"process", d.process}, {"key", d.key}, {"a", d.a}, {"b", d.b}});
@@ -297,6 +317,8 @@ json report_to_json(const DiffReport& r) {
                        {"nan", d.nan},
                        {"inf", d.inf}}},
                      {"max_abs", json_number(d.max_abs)},
+                     {"relative", json_number(d.relative)},
+                     {"ulps", json_number(d.ulps)},
                      {"within_tolerance", d.within_tolerance}});
     fd["magnitude"] = mag;
     if (f.catalog) {

@@ -40,6 +40,65 @@ void tensors(std::string* out, const Style& st, const std::vector<TensorPair>& p
   }
 }
 
+// "3.1e-06 of its scale (26 ulp)": how far a tensor's statistics moved (docs/report.md).
+std::string deviation_text(double relative, double ulps) {
+  return ulps >= 0 ? fmt::format("{:.2g} of its scale ({:.3g} ulp)", relative, ulps)
+                   : fmt::format("{:.2g} of its scale", relative);
+}
+
+std::string tolerance_text(const GateConfig& g) {
+  std::string t = fmt::format("rtol={} atol={}", g.rtol, g.atol);
+  if (g.ulp > 0) t += fmt::format(" ulp={}", g.ulp);
+  return t;
+}
+
+// Where the numerics first left the tolerance, and how the difference grew step by step.
+std::string numerics_section(const DiffReport& r, const Style& st) {
+  std::string out = st("1", "\nNumerics\n");
+  if (const auto& n = r.numerics_change) {
+    out += fmt::format("  first beyond tolerance: rank {} step {}, {} phase, {} (op #{} of {})\n",
+                       n->rank, n->step, n->phase, n->op, n->index, n->stream);
+    out += fmt::format("    its {} ({}) moved {}; ", n->tensor, n->dtype,
+                       deviation_text(n->output_relative, n->output_ulps));
+    out += n->input.empty() ? "every input it read agreed bit for bit\n"
+                            : fmt::format(
+                                  "its inputs stayed within tolerance (the furthest, {}, "
+                                  "{})\n",
+                                  n->input, deviation_text(n->input_relative, n->input_ulps));
+  } else if (r.divergent_ops) {
+    double largest = 0;
+    for (const auto& [step, p] : r.curve) largest = std::max(largest, p.max_relative);
+    out += fmt::format(
+        "  no op left the tolerance while its inputs were within it: {} divergent "
+        "op(s), the largest {:.2g} of its scale\n",
+        r.divergent_ops, largest);
+  }
+  if (r.structure_tolerated)
+    out += fmt::format(
+        "  {} op sequence difference(s), as between torch builds (a decomposition "
+        "or a default changed): listed, not counted by the gate; the ops after "
+        "each are compared\n",
+        r.structural_count);
+  else if (r.structural_count)
+    out += fmt::format(
+        "  {} op sequence difference(s): the gate counts them (the same build ran "
+        "other ops)\n",
+        r.structural_count);
+  if (!r.curve.empty()) {
+    out += "  largest difference by step (of its scale):";
+    size_t k = 0;
+    for (const auto& [step, p] : r.curve) {
+      if (++k > 12) {
+        out += " ...";
+        break;
+      }
+      out += fmt::format(" {}:{:.2g}", step, p.max_relative);
+    }
+    out += "\n";
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string render_text(const DiffReport& r, bool color) {
@@ -100,7 +159,7 @@ std::string render_text(const DiffReport& r, bool color) {
   for (const ReplicaCheck& c : r.replicas)
     if (c.divergence || !c.not_checked.empty()) out += render_replica_check(c);
   if (!same && r.gate.fail_on == "tolerance")
-    out += fmt::format("  gate: tolerance rtol={} atol={}: {}\n", r.gate.rtol, r.gate.atol,
+    out += fmt::format("  gate: tolerance {}: {}\n", tolerance_text(r.gate),
                        r.beyond_tolerance ? "beyond tolerance (fails)" : "within tolerance");
 
   std::vector<std::string> regions;
@@ -179,6 +238,7 @@ std::string render_text(const DiffReport& r, bool color) {
       }
       out += fmt::format("  magnitude: {}: dmin={:.3g} dmax={:.3g} dmean={:.3g} dl2={:.3g}",
                          d.tensor, d.min, d.max, d.mean, d.l2);
+      if (d.relative > 0) out += ", " + deviation_text(d.relative, d.ulps);
       if (d.nan || d.inf) out += fmt::format(" dnan={} dinf={}", d.nan, d.inf);
       out += "\n";
     }
@@ -222,6 +282,7 @@ std::string render_text(const DiffReport& r, bool color) {
               ? ""
               : fmt::format(", first at step {}", r.parameters.front().first_step));
   }
+  if (r.gate.fail_on == "tolerance" && !same) out += numerics_section(r, st);
   const std::string digests = digests_used(r);
   out += fmt::format("\n{} ops compared in {:.2f}s{}\n", r.ops_compared, r.seconds,
                      digests.empty() ? "" : " (digest: " + digests + ")");

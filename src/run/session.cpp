@@ -157,6 +157,8 @@ Status apply_run_flags(const RunFlags& f, Config* c) {
     if (Status s = patch("--fail-on", {{"gate", {{"fail_on", *f.fail_on}}}}, c); !s.ok()) return s;
   if (f.rtol)
     if (Status s = patch("--rtol", {{"gate", {{"rtol", *f.rtol}}}}, c); !s.ok()) return s;
+  if (f.ulp)
+    if (Status s = patch("--ulp", {{"gate", {{"ulp", *f.ulp}}}}, c); !s.ok()) return s;
   if (f.atol)
     if (Status s = patch("--atol", {{"gate", {{"atol", *f.atol}}}}, c); !s.ok()) return s;
   for (const auto& kv : f.env) {

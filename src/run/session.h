@@ -32,7 +32,7 @@ struct RunFlags {
   std::optional<int> threads;
   std::optional<int> device_batch_mib;
   std::optional<std::string> format, output, fail_on;
-  std::optional<double> rtol, atol;
+  std::optional<double> rtol, atol, ulp;
   std::vector<std::string> env;  // K=V
   std::optional<std::string> cwd;
   std::vector<std::string> command;  // after "--"

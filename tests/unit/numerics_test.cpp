@@ -1,0 +1,264 @@
+// Runs that are not meant to match bit for bit (issue 61): two torch builds' fingerprints, the
+// tolerance tiers and where the numerics first leave them.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "catalog/catalog.h"
+#include "diff/diff.h"
+#include "diff/environment.h"
+#include "diff/report_model.h"
+#include "report/render.h"
+#include "test_files.h"
+#include "trace_builder.h"
+
+namespace detaudit {
+namespace {
+
+using namespace detaudit::testing;
+
+const char* kBuild213 =
+    "PyTorch built with:\n"
+    "  - GCC 13.3\n"
+    "  - Intel(R) MKL-DNN v3.12.0 (Git Hash 80afa71)\n"
+    "  - NNPACK is enabled\n"
+    "  - CPU capability usage: AVX2\n"
+    "  - Build settings: BLAS_INFO=mkl, COMMIT_SHA=cf30153, CXX_FLAGS= -O2 -DUSE_FBGEMM -fPIC, "
+    "CUDA_FLAGS= -Xfatbin -compress-all,--x,--y, TORCH_VERSION=2.13.0, USE_CUDA=0, \n";
+const char* kBuild113 =
+    "PyTorch built with:\n"
+    "  - GCC 12.2\n"
+    "  - Intel(R) MKL-DNN v2.6.3 (Git Hash N/A)\n"
+    "  - CPU capability usage: AVX2\n"
+    "  - Build settings: BLAS_INFO=generic, CXX_FLAGS=-g -O2 -fPIC -DUSE_XNNPACK, "
+    "TORCH_VERSION=1.13.0, USE_CUDA=OFF, \n";
+
+nlohmann::json build_env(const std::string& version, const char* build_config, bool bf16_flag) {
+  nlohmann::json j = sample_env(1, 7);
+  j["torch_version"] = version;
+  j["build_config"] = build_config;
+  if (bf16_flag) j["determinism"]["allow_bf16_reduction_cublas"] = {{"split_k", true}};
+  return j;
+}
+
+const EnvDifference* find_key(const std::vector<EnvDifference>& env, const std::string& key) {
+  for (const EnvDifference& d : env)
+    if (d.key == key) return &d;
+  return nullptr;
+}
+
+TEST(NumericsTest, TwoTorchBuildsDifferByTheLinesThatDoTheVersionFirst) {
+  std::map<std::string, std::string> a, b;
+  split_build_config(kBuild213, &a);
+  split_build_config(kBuild113, &b);
+  EXPECT_EQ(a.at("build_config.GCC"), "13.3");
+  EXPECT_EQ(a.at("build_config.Intel(R) MKL-DNN"), "v3.12.0 (Git Hash 80afa71)");
+  EXPECT_EQ(a.at("build_config.NNPACK is enabled"), "yes");
+  EXPECT_EQ(a.at("build_config.CPU capability usage"), "AVX2");
+  EXPECT_EQ(a.at("build_config.BLAS_INFO"), "mkl");
+  // A comma inside a setting's value does not start another setting.
+  EXPECT_EQ(a.at("build_config.CUDA_FLAGS"), "-Xfatbin -compress-all,--x,--y");
+  EXPECT_EQ(a.at("build_config.USE_CUDA"), "0");
+
+  a["torch_version"] = "2.13.0";
+  b["torch_version"] = "1.13.0";
+  a["intra_op_threads"] = b["intra_op_threads"] = "1";
+  a["command_line"] = "[\"python\",\"a.py\"]";
+  b["command_line"] = "[\"python3\",\"a.py\"]";
+  const auto env = diff_environment({{"r0.main", a}}, "", {{"r0.main", b}}, "");
+  ASSERT_GE(env.size(), 6u);
+  EXPECT_EQ(env[0].key, "torch_version");
+  EXPECT_EQ(env.back().key.rfind("build_config.", 0) == 0 || env.back().key == "command_line",
+            true)
+      << env.back().key;
+  // The library that computes comes before the compiler that built it.
+  size_t blas = 0, gcc = 0;
+  for (size_t i = 0; i < env.size(); ++i) {
+    if (env[i].key == "build_config.BLAS_INFO") blas = i;
+    if (env[i].key == "build_config.GCC") gcc = i;
+  }
+  EXPECT_LT(blas, gcc);
+  EXPECT_EQ(find_key(env, "build_config"), nullptr) << "the whole text is not a difference";
+  EXPECT_EQ(find_key(env, "build_config.TORCH_VERSION"), nullptr) << "torch_version says it";
+  EXPECT_EQ(find_key(env, "build_config.CPU capability usage"), nullptr) << "the same in both";
+  const EnvDifference* flags = find_key(env, "build_config.CXX_FLAGS (flags only in each)");
+  ASSERT_NE(flags, nullptr);
+  EXPECT_EQ(flags->a, "-DUSE_FBGEMM");
+  EXPECT_EQ(flags->b, "-g -DUSE_XNNPACK");
+  const EnvDifference* cuda_flags = find_key(env, "build_config.CUDA_FLAGS (flags only in each)");
+  ASSERT_NE(cuda_flags, nullptr);
+  EXPECT_EQ(cuda_flags->a, "2 flags");
+  EXPECT_EQ(cuda_flags->b, "(absent)");
+}
+
+// aten::mm reads the same tensors in both runs and writes other bits; relu reads them.
+TraceBuilder gemm_then_relu(uint8_t out) {
+  TraceBuilder t;
+  t.step(0);
+  int64_t y = t.op("aten::mm")
+                  .in_new(tensor(0x10))
+                  .in_new(tensor(0x11))
+                  .out_new(tensor(out))
+                  .done();
+  t.op("aten::relu").in_ref(y).out_new(tensor(uint8_t(out + 1))).done();
+  t.end();
+  return t;
+}
+
+TEST(NumericsTest, AnotherTorchBuildIsNamedWithTheLibraryThatComputesTheOp) {
+  RunDir a("numerics_build/run-0"), b("numerics_build/run-1");
+  a.add_stream("r0.main.t0", gemm_then_relu(0x20));
+  b.add_stream("r0.main.t0", gemm_then_relu(0x40));
+  // A determinism flag one torch has and the other lacks is no setting that differs.
+  a.env("r0.main", build_env("2.13.0", kBuild213, true));
+  b.env("r0.main", build_env("1.13.0", kBuild113, false));
+  DiffOptions o;
+  o.catalog = &shipped_catalog();
+  DiffReport r;
+  ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->op, "aten::mm");
+  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kTorchBuild) << r.first->detail;
+  EXPECT_NE(r.first->cause.find("torch 2.13.0 in run A, 1.13.0 in run B"), std::string::npos)
+      << r.first->cause;
+  EXPECT_NE(r.first->cause.find("the BLAS library (a CPU GEMM), mkl in run A and generic in run B"),
+            std::string::npos)
+      << r.first->cause;
+  EXPECT_EQ(r.first->cause.find("allow_bf16"), std::string::npos) << r.first->cause;
+  EXPECT_NE(render_report(r, ReportFormat::kJson, false).find("\"torch-build\""),
+            std::string::npos);
+
+  // The same build: the class stays a nondeterministic op's.
+  b.env("r0.main", build_env("2.13.0", kBuild213, true));
+  DiffReport same;
+  ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &same).ok());
+  ASSERT_TRUE(same.first);
+  EXPECT_EQ(same.first->divergence_class, DivergenceClass::kNondeterministicOp);
+}
+
+// A float32 tensor of 100 elements with the given statistics; `fill` sets its digest.
+TensorDesc with_stats(uint8_t fill, double min, double max, double mean, double l2) {
+  TensorDesc t = tensor(fill, {100});
+  t.stats.min = min;
+  t.stats.max = max;
+  t.stats.mean = mean;
+  t.stats.l2 = l2;
+  return t;
+}
+
+TraceBuilder one_output(const TensorDesc& out) {
+  TraceBuilder t;
+  t.step(0);
+  int64_t y = t.op("aten::sum").in_new(tensor(0x10, {100})).out_new(out).done();
+  t.op("aten::relu").in_ref(y).out_new(tensor(0x31)).done();
+  t.end();
+  return t;
+}
+
+bool gate_passes(const std::string& name, const TensorDesc& ta, const TensorDesc& tb,
+                 GateConfig gate) {
+  RunDir a(name + "/run-0"), b(name + "/run-1");
+  a.add_stream("r0.main.t0", one_output(ta));
+  b.add_stream("r0.main.t0", one_output(tb));
+  DiffOptions o;
+  o.gate = gate;
+  DiffReport r;
+  EXPECT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
+  EXPECT_EQ(r.verdict, Verdict::kDivergent);
+  return gate_exit_code(r) == ExitCode::kIdentical;
+}
+
+TEST(NumericsTest, AMeanNearZeroIsMeasuredAgainstTheTensorsRootMeanSquare) {
+  // A gradient: values of magnitude 1 (L2 10 over 100 elements) whose mean is nearly 0. Its
+  // mean moving from 1e-10 to 3e-10 is 2e-10 of its scale, not 200% of itself.
+  TensorDesc ta = with_stats(0x21, -1, 1, 1e-10, 10), tb = with_stats(0x22, -1, 1, 3e-10, 10);
+  EXPECT_TRUE(gate_passes("numerics_mean", ta, tb, GateConfig{"tolerance", 1e-6, 0}));
+  EXPECT_FALSE(gate_passes("numerics_mean_tight", ta, tb, GateConfig{"tolerance", 1e-12, 0}));
+}
+
+TEST(NumericsTest, UlpIsTheDtypesEpsilonAtEachStatisticsScale) {
+  const double eps = std::ldexp(1.0, -23);  // float32
+  GateConfig ulp16{"tolerance", 0, 0};
+  ulp16.ulp = 16;
+  // L2 10: 16 ulp is 10 * 16 * eps.
+  TensorDesc ta = with_stats(0x21, -1, 1, 0.1, 10);
+  TensorDesc inside = with_stats(0x22, -1, 1, 0.1, 10 + 10 * 8 * eps);
+  TensorDesc outside = with_stats(0x23, -1, 1, 0.1, 10 + 10 * 32 * eps);
+  EXPECT_TRUE(gate_passes("numerics_ulp_in", ta, inside, ulp16));
+  EXPECT_FALSE(gate_passes("numerics_ulp_out", ta, outside, ulp16));
+  // bfloat16's epsilon is 2^-7: the same gate lets its tensors move 2^16 times as far.
+  TensorDesc ba = ta, bb = with_stats(0x24, -1, 1, 0.1, 10 + 10 * 4 * std::ldexp(1.0, -7));
+  ba.dtype = bb.dtype = Dtype::kBFloat16;
+  EXPECT_TRUE(gate_passes("numerics_ulp_bf16", ba, bb, ulp16));
+}
+
+// Three ops in a chain at step 1: scale (within tolerance), gelu (beyond, its input within),
+// then a matmul whose input is already beyond. Step 0 agrees.
+TraceBuilder chain(bool b) {
+  const double eps = std::ldexp(1.0, -23);
+  TraceBuilder t;
+  for (uint64_t step = 0; step < 2; ++step) {
+    t.step(step);
+    const bool moved = b && step == 1;
+    int64_t x = t.op("aten::mul")
+                    .in_new(tensor(0x10, {100}))
+                    .in_double(2)
+                    .out_new(moved ? with_stats(0x12, -1, 1, 0.1, 10 + 10 * 2 * eps)
+                                   : with_stats(0x11, -1, 1, 0.1, 10))
+                    .done();
+    int64_t h = t.op("aten::gelu")
+                    .in_ref(x)
+                    .out_new(moved ? with_stats(0x22, -1, 1, 0.1, 10 * (1 + 1e-3))
+                                   : with_stats(0x21, -1, 1, 0.1, 10))
+                    .done();
+    t.op("aten::mm")
+        .in_ref(h)
+        .in_new(tensor(0x30, {100}))
+        .out_new(moved ? with_stats(0x32, -1, 1, 0.1, 10 * (1 + 1e-2))
+                       : with_stats(0x31, -1, 1, 0.1, 10))
+        .done();
+  }
+  t.end();
+  return t;
+}
+
+TEST(NumericsTest, TheFirstOpBeyondTheToleranceWithItsInputsWithinIsNamed) {
+  RunDir a("numerics_chain/run-0"), b("numerics_chain/run-1");
+  a.add_stream("r0.main.t0", chain(false));
+  b.add_stream("r0.main.t0", chain(true));
+  DiffOptions o;
+  o.gate = GateConfig{"tolerance", 0, 0};
+  o.gate.ulp = 16;
+  DiffReport r;
+  ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->op, "aten::mul") << "the first bit difference is the scale's";
+  ASSERT_TRUE(r.numerics_change);
+  const NumericsChange& n = *r.numerics_change;
+  EXPECT_EQ(n.op, "aten::gelu");
+  EXPECT_EQ(n.step, 1u);
+  EXPECT_EQ(n.tensor, "output 0");
+  EXPECT_NEAR(n.output_relative, 1e-3, 1e-9);
+  EXPECT_EQ(n.input, "input 0");
+  EXPECT_NEAR(n.input_ulps, 2, 1e-6);
+  EXPECT_EQ(gate_exit_code(r), ExitCode::kDivergent);
+  const std::string text = render_report(r, ReportFormat::kText, false);
+  EXPECT_NE(text.find("first beyond tolerance: rank 0 step 1, forward phase, aten::gelu"),
+            std::string::npos)
+      << text;
+  const auto json = nlohmann::json::parse(render_report(r, ReportFormat::kJson, false));
+  EXPECT_EQ(json["numerics_change"]["op"], "aten::gelu");
+  EXPECT_EQ(json["numerics_change"]["step"], 1);
+
+  // Looser than the gelu's move: nothing leaves the tolerance, and the gate passes.
+  o.gate.ulp = 0;
+  o.gate.rtol = 0.1;
+  DiffReport loose;
+  ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &loose).ok());
+  EXPECT_FALSE(loose.numerics_change);
+  EXPECT_EQ(gate_exit_code(loose), ExitCode::kIdentical);
+}
+
+}  // namespace
+}  // namespace detaudit
