@@ -112,6 +112,41 @@ json resume_json(const ResumedProcess& rp) {
           {"workers", rp.workers}};
 }
 
+json numerics_json(const std::optional<NumericsChange>& n) {
+  if (!n) return nullptr;
+  return {{"stream", n->stream},
+          {"rank", n->rank},
+          {"step", n->step},
+          {"index", n->index},
+          {"phase", n->phase},
+          {"op", n->op},
+          {"tensor", n->tensor},
+          {"dtype", n->dtype},
+          {"output_relative", n->output_relative},
+          {"output_ulps", n->output_ulps},
+          {"input", n->input},
+          {"input_relative", n->input_relative},
+          {"input_ulps", n->input_ulps}};
+}
+
+NumericsChange numerics_from(const json& j) {
+  NumericsChange c;
+  c.stream = j.at("stream").get<std::string>();
+  c.rank = j.at("rank").get<int64_t>();
+  c.step = j.at("step").get<uint64_t>();
+  c.index = j.at("index").get<uint64_t>();
+  c.phase = j.at("phase").get<std::string>();
+  c.op = j.at("op").get<std::string>();
+  c.tensor = j.at("tensor").get<std::string>();
+  c.dtype = j.at("dtype").get<std::string>();
+  c.output_relative = j.at("output_relative").get<double>();
+  c.output_ulps = j.at("output_ulps").get<double>();
+  c.input = j.at("input").get<std::string>();
+  c.input_relative = j.at("input_relative").get<double>();
+  c.input_ulps = j.at("input_ulps").get<double>();
+  return c;
+}
+
 ResumedProcess resume_from(const json& j) {
   ResumedProcess rp;
   rp.run = j.at("run").get<int>();
@@ -155,21 +190,6 @@ Status diff_part(const std::string& run_a, const std::string& run_b, const DiffO
   json folds = {{"a", folds_json(r.replica_folds[0])}, {"b", folds_json(r.replica_folds[1])}};
   json resumes = json::array();
   for (const ResumedProcess& rp : r.resumes) resumes.push_back(resume_json(rp));
-  json numerics = nullptr;
-  if (const auto& n = r.numerics_change)
-    numerics = {{"stream", n->stream},
-                {"rank", n->rank},
-                {"step", n->step},
-                {"index", n->index},
-                {"phase", n->phase},
-                {"op", n->op},
-                {"tensor", n->tensor},
-                {"dtype", n->dtype},
-                {"output_relative", n->output_relative},
-                {"output_ulps", n->output_ulps},
-                {"input", n->input},
-                {"input_relative", n->input_relative},
-                {"input_ulps", n->input_ulps}};
   *part = {{"schema", kPartSchema},
            {"run_a", fs::absolute(run_a).lexically_normal().string()},
            {"run_b", fs::absolute(run_b).lexically_normal().string()},
@@ -191,7 +211,7 @@ Status diff_part(const std::string& run_a, const std::string& run_b, const DiffO
            {"notes", r.notes},
            {"candidates", candidates},
            {"resumes", resumes},
-           {"numerics_change", numerics},
+           {"numerics_change", numerics_json(r.numerics_change)},
            {"folds", folds},
            {"seconds", r.seconds}};
   return Status();
@@ -251,23 +271,8 @@ Status merge_parts(const std::vector<json>& parts, const std::vector<std::string
       for (const json& note : p.at("notes")) notes.insert(note.get<std::string>());
       for (const json& c : p.at("candidates")) candidates.push_back(candidate_from(c));
       for (const json& rp : p.value("resumes", json::array())) r.resumes.push_back(resume_from(rp));
-      if (const json n = p.value("numerics_change", json()); n.is_object()) {
-        NumericsChange c;
-        c.stream = n.at("stream").get<std::string>();
-        c.rank = n.at("rank").get<int64_t>();
-        c.step = n.at("step").get<uint64_t>();
-        c.index = n.at("index").get<uint64_t>();
-        c.phase = n.at("phase").get<std::string>();
-        c.op = n.at("op").get<std::string>();
-        c.tensor = n.at("tensor").get<std::string>();
-        c.dtype = n.at("dtype").get<std::string>();
-        c.output_relative = n.at("output_relative").get<double>();
-        c.output_ulps = n.at("output_ulps").get<double>();
-        c.input = n.at("input").get<std::string>();
-        c.input_relative = n.at("input_relative").get<double>();
-        c.input_ulps = n.at("input_ulps").get<double>();
-        keep_earliest_numerics_change(std::move(c), &r);
-      }
+      if (const json n = p.value("numerics_change", json()); n.is_object())
+        keep_earliest_numerics_change(numerics_from(n), &r);
       folds_from(p.at("folds").at("a"), &folds[0]);
       folds_from(p.at("folds").at("b"), &folds[1]);
     }

@@ -69,8 +69,7 @@ TEST(NumericsTest, TwoTorchBuildsDifferByTheLinesThatDoTheVersionFirst) {
   const auto env = diff_environment({{"r0.main", a}}, "", {{"r0.main", b}}, "");
   ASSERT_GE(env.size(), 6u);
   EXPECT_EQ(env[0].key, "torch_version");
-  EXPECT_EQ(env.back().key.rfind("build_config.", 0) == 0 || env.back().key == "command_line",
-            true)
+  EXPECT_EQ(env.back().key.rfind("build_config.", 0) == 0 || env.back().key == "command_line", true)
       << env.back().key;
   // The library that computes comes before the compiler that built it.
   size_t blas = 0, gcc = 0;
@@ -96,11 +95,8 @@ TEST(NumericsTest, TwoTorchBuildsDifferByTheLinesThatDoTheVersionFirst) {
 TraceBuilder gemm_then_relu(uint8_t out) {
   TraceBuilder t;
   t.step(0);
-  int64_t y = t.op("aten::mm")
-                  .in_new(tensor(0x10))
-                  .in_new(tensor(0x11))
-                  .out_new(tensor(out))
-                  .done();
+  int64_t y =
+      t.op("aten::mm").in_new(tensor(0x10)).in_new(tensor(0x11)).out_new(tensor(out)).done();
   t.op("aten::relu").in_ref(y).out_new(tensor(uint8_t(out + 1))).done();
   t.end();
   return t;
