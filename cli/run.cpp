@@ -263,15 +263,20 @@ int prepare_recording(const RunArgs& args, Config* config, run::RunOptions* opti
   return 0;
 }
 
+// A sentinel only finds the step: unless chosen, its digest is the fastest one (a sentinel
+// baseline's too, so that a later sentinel run compares with it); the step's full recording
+// goes back to md5 (localize_divergent_step).
+void use_sentinel_digest(Config* config) {
+  if (config->sentinel && !config->digest_chosen && config->digest == trace::DigestAlgo::kMd5)
+    config->digest = trace::DigestAlgo::kXxh3;
+}
+
 int run_main(const RunArgs& args) {
   Config config;
   run::RunOptions options;
   if (int code = prepare_recording(args, &config, &options)) return code;
 
-  // A sentinel only finds the step: unless chosen, its digest is the fastest one; the step's
-  // full recording goes back to md5 (localize_divergent_step).
-  if (config.sentinel && !config.digest_chosen && config.digest == trace::DigestAlgo::kMd5)
-    config.digest = trace::DigestAlgo::kXxh3;
+  use_sentinel_digest(&config);
 
   // Before anything starts: --out is ours alone and can be written.
   run::OutLock out_lock;
@@ -418,6 +423,7 @@ int record_main(const RecordArgs& args) {
   Config config;
   run::RunOptions options;
   if (int code = prepare_recording(args.run, &config, &options)) return code;
+  use_sentinel_digest(&config);
   const std::string node = args.node.empty() ? run::default_node_name() : args.node;
   run::RunOutcome outcome;
   if (Status s = run::execute_node_run(config, options, args.run_dir, node, &outcome); !s.ok())
@@ -500,6 +506,9 @@ void add_record_verb(CLI::App& app, VerbAction* action) {
   sub->add_option("--node", args->node,
                   "this launcher's name in the run (default: the host's name; "
                   "\"<host>.task<id>\" under srun)");
+  sub->add_flag("--sentinel", args->run.flags.sentinel,
+                "record only each step's parameters, gradients, optimizer state and loss: a "
+                "baseline small enough to keep, for `detaudit diff BASELINE NEW`");
   sub->callback([args, action] {
     for (auto& f : args->run.finish) f();
     *action = [args] { return record_main(*args); };

@@ -254,6 +254,10 @@ double largest_relative_difference(const trace::OpRecord& a, const trace::TraceR
   return tensors_deviation(a.output_tensors, ra, b.output_tensors, rb, GateConfig{}).relative;
 }
 
+StatsDelta stats_delta(const TensorDesc& a, const TensorDesc& b, const GateConfig& gate) {
+  return delta_of(a, b, gate, "");
+}
+
 Deviation tensors_deviation(const std::vector<int64_t>& ids_a, const trace::TraceReader& ra,
                             const std::vector<int64_t>& ids_b, const trace::TraceReader& rb,
                             const GateConfig& gate, const char* role) {
@@ -671,6 +675,30 @@ std::string cuda_device_of(const FirstDivergence& fd) {
   return "";
 }
 
+// What computes a GPU op, where one library does: "cuBLAS (a GPU GEMM)"; "" otherwise.
+std::string gpu_library_of(const FirstDivergence& fd) {
+  const Implementer lib = implementer_of(fd, /*cpu=*/false, {});
+  return lib.what.rfind("torch's own", 0) == 0 ? "" : lib.what;
+}
+
+// Of the CUDA differences, the one most likely to have changed this op's bits: its own GPU's
+// model, then its library's version (cuBLAS for a GEMM, cuDNN for a convolution), else `first`.
+const EnvDifference* gpu_suspect(const std::vector<EnvDifference>& env, const FirstDivergence& fd,
+                                 const EnvDifference* first) {
+  std::string device = cuda_device_of(fd);
+  const size_t colon = device.find(':');
+  const std::string ordinal = colon == std::string::npos ? "0" : device.substr(colon + 1);
+  const std::string lib = gpu_library_of(fd);
+  const std::string version = lib.rfind("cuBLAS", 0) == 0  ? "cuda.cublas_version"
+                              : lib.rfind("cuDNN", 0) == 0 ? "cuda.cudnn_version"
+                                                           : "";
+  for (const std::string field : {"name", "compute_capability", "sm_count"})
+    if (const EnvDifference* d = find_key(env, "cuda.devices." + ordinal + "." + field)) return d;
+  if (!version.empty())
+    if (const EnvDifference* d = find_key(env, version)) return d;
+  return first;
+}
+
 // The same inputs gave other outputs: a setting that differs, else the catalog's entry.
 bool explain_nondeterministic(const std::vector<EnvDifference>& env, bool on_cpu,
                               FirstDivergence* fd) {
@@ -687,7 +715,12 @@ bool explain_nondeterministic(const std::vector<EnvDifference>& env, bool on_cpu
     fd->cause = describe(*det);
     fd->remedy = "use the same determinism settings in every run";
   } else if (cuda) {
-    fd->cause = describe(*cuda);
+    fd->cause = describe(*gpu_suspect(env, *fd, cuda));
+    if (const std::string lib = gpu_library_of(*fd); !lib.empty())
+      fd->cause += fmt::format(
+          "; {} is computed by {}, whose kernels are chosen by GPU model "
+          "and library version",
+          fd->op, lib);
     fd->remedy = cuda->key.rfind("env.", 0) == 0
                      ? "set the CUDA libraries' environment variables the same in every run"
                      : "compare runs on the same GPU model (architecture and SM count), driver "
@@ -845,6 +878,15 @@ bool explain_structural(const std::vector<EnvDifference>& env, bool, FirstDiverg
         "(torch.set_num_threads / OMP_NUM_THREADS): parallel kernels split their "
         "work, and allocate and combine partial results, by thread count";
     return false;
+  }
+  if (fd->same_values && !ver) {
+    fd->cause =
+        "the runs ran other ops for the same values (a refactor, or another decomposition): "
+        "every value the replaced ops hand on is equal bit for bit";
+    fd->remedy =
+        "nothing to fix if the change was meant; `detaudit diff --fail-on tolerance` passes "
+        "such regions and fails where values moved";
+    return true;
   }
   fd->cause = ver ? describe(*ver)
                   : "the runs executed different ops, shapes or arguments (control flow or "

@@ -77,6 +77,11 @@ Deviation tensors_deviation(const std::vector<int64_t>& ids_a, const trace::Trac
                             const std::vector<int64_t>& ids_b, const trace::TraceReader& rb,
                             const GateConfig& gate, const char* role = "output");
 
+// How far run B's tensor is from run A's, each statistic at its scale (docs/report.md,
+// "Numerics"), and whether that is within the gate's tolerance.
+StatsDelta stats_delta(const trace::TensorDesc& a, const trace::TensorDesc& b,
+                       const GateConfig& gate);
+
 // The spacing of a dtype's values near 1 (float32: 2^-23); 0 for integer and boolean dtypes.
 double dtype_epsilon(trace::Dtype dtype);
 

@@ -16,6 +16,7 @@
 #include "diff/classify.h"
 #include "diff/differing_versions.h"
 #include "diff/op_source.h"
+#include "diff/region_values.h"
 #include "run_layout.h"
 #include "trace/process_status.h"
 
@@ -240,6 +241,7 @@ class StreamComparator {
       if (op->beyond_tolerance) note_numerics_change(a, b);
       op->parameters = std::move(parameters);
       op->name = std::string(a_->name_of(a.rec));
+      note_growth(a, *op);
     }
     if (first_done_) {
       if (op) count(*op);
@@ -453,6 +455,31 @@ class StreamComparator {
     n.input_ulps = in.ulps;
   }
 
+  // The numerics change's step, op by op after it: how far each divergent op's outputs moved.
+  void note_growth(const BufferedOp& a, const DivergentOp& op) {
+    auto& n = out_->numerics_change;
+    if (!n || op.step != n->step || n->growth.size() >= NumericsChange::kMaxGrowth) return;
+    n->growth.push_back(
+        {a.index, op.name, std::string(trace::phase_name(a.rec.phase)), op.relative});
+  }
+
+  // A replaced region whose values handed on left the tolerance: its ops made them.
+  void note_region_numerics_change(const StructuralDifference& d) {
+    if (out_->numerics_change) return;
+    NumericsChange& n = out_->numerics_change.emplace();
+    n.stream = name_;
+    n.step = d.step;
+    n.index = d.index_a;
+    n.phase = d.phase;
+    n.op = d.values->op_a;
+    n.replaced_by = d.values->op_b;
+    n.tensor = "value handed on";
+    n.dtype = d.values->dtype;
+    n.output_relative = d.values->relative;
+    n.output_ulps = d.values->ulps;
+    n.growth.push_back({d.index_a, n.op, n.phase, n.output_relative});
+  }
+
   void count(const DivergentOp& op) {
     ++out_->divergent_ops;
     ++out_->summary.divergent;
@@ -610,11 +637,19 @@ class StreamComparator {
     ++out_->structural_count;
     ++out_->summary.structural;
     // Between torch builds, decompositions and defaults change (zero_grad's set_to_none, a
-    // kernel split in two): with the tolerance gate, the values compared after decide.
-    if (options_.gate.fail_on == "tolerance" && torch_builds_differ(env_))
-      out_->structure_tolerated = true;
-    else
+    // kernel split in two); a refactor replaces ops with others for the same values. With the
+    // tolerance gate, the values decide: those a replaced region hands on, and the ops after.
+    const bool replaced_alike = d.values && d.values->matched();
+    if (replaced_alike) ++out_->structure_matched;
+    if (options_.gate.fail_on == "tolerance" && d.values && d.values->beyond > 0) {
       out_->beyond_tolerance = true;
+      note_region_numerics_change(d);
+    } else if (options_.gate.fail_on == "tolerance" &&
+               (replaced_alike || torch_builds_differ(env_))) {
+      out_->structure_tolerated = true;
+    } else {
+      out_->beyond_tolerance = true;
+    }
     // A difference still open came first, and may be what changed the sequence: it counts.
     confirm_open("an op sequence difference followed it");
     if (!first_done_ && open_.empty()) {
@@ -632,6 +667,8 @@ class StreamComparator {
       fd.divergence_class = DivergenceClass::kStructural;
       fd.detail = d.detail;
       fd.nested = shape.nested;
+      fd.same_values = d.values && d.values->handed_on > 0 &&
+                       d.values->exact == d.values->handed_on;
       // The enclosing ops are common to both runs and end later: collect them as they come.
       Candidate& c = open_.emplace_back();
       c.fd = std::move(fd);
@@ -701,6 +738,10 @@ class StreamComparator {
                              d.op_a, j, d.op_b, outermost);
     }
     if (shape.nested) d.detail += "; all inside ops both runs ran (their internal ops differ)";
+    if (at && i > 0 && j > 0 && i <= kMaxMatchedRegion && j <= kMaxMatchedRegion) {
+      d.values = match_region_values(*a_, i, *b_, j, options_.gate);
+      d.detail += "; " + region_values_text(*d.values);
+    }
     add_structural(std::move(d), shape);
     a_->pop(i);
     b_->pop(j);

@@ -38,7 +38,8 @@ struct StreamResult {
   std::optional<NumericsChange> numerics_change;
   std::vector<Truncation> truncated;
   bool beyond_tolerance = false;
-  bool structure_tolerated = false;  // op sequence differences between torch builds, not counted
+  bool structure_tolerated = false;          // op sequence differences the tolerance gate let pass
+  uint64_t structure_matched = 0;            // replaced regions whose values handed on agree
   std::vector<EnvDifference> step_settings;  // STEP records whose threads or flags differ
   uint64_t records_a = 0, records_b = 0, bytes = 0;
   uint64_t max_step_a = 0, max_step_b = 0;  // the largest step of each run's ops

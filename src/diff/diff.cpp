@@ -193,6 +193,7 @@ void add_stream_results(std::vector<StreamResult>* results, DiffReport* r) {
     for (Truncation& t : res.truncated) r->truncated.push_back(std::move(t));
     r->beyond_tolerance = r->beyond_tolerance || res.beyond_tolerance;
     r->structure_tolerated = r->structure_tolerated || res.structure_tolerated;
+    r->structure_matched += res.structure_matched;
     r->ops_compared += res.summary.compared;
     r->records_a += res.records_a;
     r->records_b += res.records_b;
@@ -273,11 +274,35 @@ Status compare_library_pools(const trace::RunDirectory& run_a, const trace::RunD
   return Status();
 }
 
+// Sentinel runs record a step's loss and optimizer updates, not the ops that made their inputs:
+// "identical inputs, different outputs" is what they cannot see, not a finding.
+void at_step_level(FirstDivergence* f) {
+  if (f->divergence_class != DivergenceClass::kNondeterministicOp &&
+      f->divergence_class != DivergenceClass::kTorchBuild)
+    return;
+  const std::string what = f->phase == "optimizer" ? "optimizer input or update" : "loss";
+  const std::string unseen =
+      "both runs were recorded with --sentinel (each step's end only): the ops that made it "
+      "were not recorded";
+  // Another torch build stays the likeliest cause, named as before.
+  f->cause = f->divergence_class == DivergenceClass::kTorchBuild
+                 ? fmt::format("{}; {}", f->cause, unseen)
+                 : fmt::format("step {}'s {} differs; {}", f->step, what, unseen);
+  f->divergence_class = DivergenceClass::kStepLevel;
+  f->detail = fmt::format("step {}'s {} differs", f->step, what);
+  f->remedy = fmt::format(
+      "record steps {}-{} of both in full (--steps {}-{}, without --sentinel) and diff them to "
+      "find the op",
+      f->step ? f->step - 1 : 0, f->step, f->step ? f->step - 1 : 0, f->step);
+  f->catalog.reset();
+}
+
 }  // namespace
 
 Status check_environment_and_world(const trace::RunDirectory& run_a,
                                    const trace::RunDirectory& run_b, DiffReport* r,
                                    Fingerprints fingerprints[2]) {
+  if (Status s = check_recorded_alike(run_a, run_b, &r->sentinel_runs); !s.ok()) return s;
   if (Status s = load_environment(run_a, &fingerprints[0]); !s.ok()) return s;
   if (Status s = load_environment(run_b, &fingerprints[1]); !s.ok()) return s;
   r->environment = diff_environment(fingerprints[0], run_a.path(), fingerprints[1], run_b.path());
@@ -364,6 +389,7 @@ Status diff_runs(const std::string& dir_a, const std::string& dir_b, const DiffO
     add_spread(candidates, &*r.first);
     trace_origin(selection, firsts, &*r.first);
     explain_cause(r.environment, &*r.first);
+    if (r.sentinel_runs) at_step_level(&*r.first);
   }
 
   finish_report(run_a, run_b, tails, options.part, &r);

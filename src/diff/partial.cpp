@@ -114,12 +114,16 @@ json resume_json(const ResumedProcess& rp) {
 
 json numerics_json(const std::optional<NumericsChange>& n) {
   if (!n) return nullptr;
+  json growth = json::array();
+  for (const GrowthPoint& g : n->growth) growth.push_back({g.index, g.op, g.phase, g.relative});
   return {{"stream", n->stream},
+          {"growth", growth},
           {"rank", n->rank},
           {"step", n->step},
           {"index", n->index},
           {"phase", n->phase},
           {"op", n->op},
+          {"replaced_by", n->replaced_by},
           {"tensor", n->tensor},
           {"dtype", n->dtype},
           {"output_relative", n->output_relative},
@@ -137,6 +141,7 @@ NumericsChange numerics_from(const json& j) {
   c.index = j.at("index").get<uint64_t>();
   c.phase = j.at("phase").get<std::string>();
   c.op = j.at("op").get<std::string>();
+  c.replaced_by = j.value("replaced_by", "");
   c.tensor = j.at("tensor").get<std::string>();
   c.dtype = j.at("dtype").get<std::string>();
   c.output_relative = j.at("output_relative").get<double>();
@@ -144,6 +149,9 @@ NumericsChange numerics_from(const json& j) {
   c.input = j.at("input").get<std::string>();
   c.input_relative = j.at("input_relative").get<double>();
   c.input_ulps = j.at("input_ulps").get<double>();
+  for (const json& g : j.value("growth", json::array()))
+    c.growth.push_back({g.at(0).get<uint64_t>(), g.at(1).get<std::string>(),
+                        g.at(2).get<std::string>(), g.at(3).get<double>()});
   return c;
 }
 
@@ -204,6 +212,7 @@ Status diff_part(const std::string& run_a, const std::string& run_b, const DiffO
            {"unread_differences", r.unread_differences},
            {"beyond_tolerance", r.beyond_tolerance},
            {"structure_tolerated", r.structure_tolerated},
+           {"structure_matched", r.structure_matched},
            {"per_step", per_step},
            {"curve", curve},
            {"by_rank", by_rank},
@@ -255,6 +264,7 @@ Status merge_parts(const std::vector<json>& parts, const std::vector<std::string
       r.unread_differences += p.at("unread_differences").get<uint64_t>();
       r.beyond_tolerance = r.beyond_tolerance || p.at("beyond_tolerance").get<bool>();
       r.structure_tolerated = r.structure_tolerated || p.value("structure_tolerated", false);
+      r.structure_matched += p.value("structure_matched", uint64_t(0));
       for (const json& e : p.at("per_step"))
         r.divergent_ops_per_step[e.at(0).get<uint64_t>()] += e.at(1).get<uint64_t>();
       for (const json& e : p.at("curve")) {

@@ -135,6 +135,24 @@ struct EnvDifference {
   std::string a, b;     // JSON text; "(absent)" when missing
 };
 
+// A replaced region's values handed on (docs/report.md, "Numerics"): what each side's ops there
+// made that an op after the region reads, matched against what the other side's region made:
+// by digest, else the nearest by statistics among those of the same shape.
+struct RegionValues {
+  uint64_t handed_on = 0;  // both sides'
+  uint64_t exact = 0;      // equal bit for bit to one of the other side's
+  uint64_t within = 0;     // else within the tolerance of the nearest of its shape and dtype
+  uint64_t beyond = 0;     // else beyond it
+  uint64_t unmatched = 0;  // the other side's region made none of its shape
+  // The furthest of those beyond the tolerance (or within it, when none is beyond).
+  double relative = 0, ulps = -1;
+  std::string op_a, op_b, dtype;  // the ops that made that pair, in runs A and B
+  // Every value handed on that has a counterpart is within the tolerance of it, and one has:
+  // the region is the same computation, other ops. A value without one (a cast of a parameter
+  // saved for backward) is not compared here; what it reaches is, after the region.
+  bool matched() const { return handed_on > unmatched && beyond == 0; }
+};
+
 struct StructuralDifference {
   std::string stream;
   uint64_t step = 0;
@@ -144,6 +162,8 @@ struct StructuralDifference {
   std::string op_a, op_b;                 // "" when that side has none there
   uint64_t skipped_a = 0, skipped_b = 0;  // ops of each side with no counterpart
   std::string detail;
+  // Ops of both sides replaced by other ops (skipped_a and skipped_b > 0), realigned after.
+  std::optional<RegionValues> values;
 };
 
 struct CatalogRef {
@@ -207,6 +227,8 @@ struct FirstDivergence {
   // or why the diff could not rule a read out ("not overwritten before the stream ended").
   std::string confirmed_by;
   bool nested = false;  // structural: every differing op is inside ops both runs ran
+  // structural: other ops for the same values, every value they hand on equal bit for bit
+  bool same_values = false;
   bool args_differ = false;
   bool is_random = false;
   uint64_t rng_a = 0, rng_b = 0;
@@ -279,6 +301,14 @@ struct Truncation {
 // Where the numerics first left the gate's tolerance (diff --fail-on tolerance): the first op
 // whose outputs are beyond it while every input it read is within it. Errors that grow from
 // there are this op's amplification, not its inputs'.
+// One divergent op of the step where the numerics changed, from that op on: how the error grows
+// layer by layer (docs/report.md, "Numerics").
+struct GrowthPoint {
+  uint64_t index = 0;  // in the stream
+  std::string op, phase;
+  double relative = 0;  // its furthest output's move, as a fraction of its scale
+};
+
 struct NumericsChange {
   std::string stream;
   int64_t rank = 0;
@@ -286,8 +316,14 @@ struct NumericsChange {
   std::string phase, op;
   std::string tensor, dtype;  // the output furthest out: "output 0", "float32"
   double output_relative = 0, output_ulps = -1;
+  // The op that made run B's value, where run B ran other ops for it (a replaced region);
+  // "" when both ran `op`.
+  std::string replaced_by;
   std::string input;  // the input furthest out; "" when every input agrees
   double input_relative = 0, input_ulps = -1;
+  // The stream's divergent ops of `step` from this one on, in order (the first kMaxGrowth).
+  std::vector<GrowthPoint> growth;
+  static constexpr size_t kMaxGrowth = 400;
 };
 
 struct UnreadDifference {
@@ -382,6 +418,9 @@ struct DiffReport {
   bool beyond_tolerance = false;  // some divergence exceeds the gate's rtol/atol
   // With the tolerance gate between two torch builds: op sequence differences, listed, not counted.
   bool structure_tolerated = false;
+  // Op sequence differences that replaced ops with others for the same values (RegionValues).
+  uint64_t structure_matched = 0;
+  bool sentinel_runs = false;  // both runs recorded each step's end only (--sentinel)
   std::vector<EnvDifference> environment;
   std::optional<FirstDivergence> first;
   std::vector<StructuralDifference> structural;  // the first few, in stream order

@@ -42,6 +42,23 @@ std::string rank_list(const std::vector<int64_t>& ranks) {
 
 }  // namespace
 
+Status check_recorded_alike(const trace::RunDirectory& a, const trace::RunDirectory& b,
+                            bool* sentinel) {
+  Config ca, cb;
+  *sentinel = false;
+  if (!load_run_config(a, &ca) || !load_run_config(b, &cb)) return Status();
+  *sentinel = ca.sentinel && cb.sentinel && !ca.full_steps && !cb.full_steps;
+  if (ca.sentinel == cb.sentinel) return Status();
+  const trace::RunDirectory& only_ends = ca.sentinel ? a : b;
+  const trace::RunDirectory& full = ca.sentinel ? b : a;
+  return Status::error(
+      fmt::format("{} was recorded with --sentinel (each step's end only) and {} in full: "
+                  "record both alike (`detaudit record --sentinel` for a run to compare with a "
+                  "sentinel baseline)",
+                  only_ends.path(), full.path()),
+      ExitCode::kUsage);
+}
+
 Status check_world(const trace::RunDirectory& run, const Environment& environment,
                    WorldCheck* out) {
   out->world_size = 0;

@@ -22,6 +22,12 @@ Status check_world(const trace::RunDirectory& run,
                    const std::map<std::string, std::map<std::string, std::string>>& environment,
                    WorldCheck* out);
 
+// Both runs recorded alike: a sentinel run (each step's end only) is compared with a sentinel
+// run, not with a full recording. A usage error naming both otherwise; runs without a config
+// pass. *sentinel: both are sentinel runs.
+Status check_recorded_alike(const trace::RunDirectory& a, const trace::RunDirectory& b,
+                            bool* sentinel);
+
 inline bool lost_world(const WorldCheck& check) {
   return !check.missing.empty() || !check.unfinished.empty();
 }

@@ -62,7 +62,7 @@ struct Frame {
   double y(double fraction) const { return top + (height - top - bottom) * (1 - fraction); }
 };
 
-std::string axes(const Frame& f, const std::vector<uint64_t>& steps) {
+std::string axes(const Frame& f, const std::vector<uint64_t>& steps, const char* x_label = "step") {
   std::string s = fmt::format(
       "<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"#999\"/>"
       "<line x1=\"{0}\" y1=\"{3}\" x2=\"{0}\" y2=\"{1}\" stroke=\"#999\"/>",
@@ -71,8 +71,8 @@ std::string axes(const Frame& f, const std::vector<uint64_t>& steps) {
   for (size_t i = 0; i < steps.size(); i += every)
     s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>", f.x(i),
                      f.y(0) + 16, steps[i]);
-  s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">step</text>",
-                   (f.left + f.width - f.right) / 2, f.height - 4);
+  s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>",
+                   (f.left + f.width - f.right) / 2, f.height - 4, x_label);
   return s;
 }
 
@@ -154,6 +154,54 @@ std::string growth_plot(const DiffReport& r) {
       "difference of a divergent output, from its statistics (right, log scale; a "
       "step without a point differs below float32 statistics)</p>",
       kBarColour, kLineColour);
+  return s;
+}
+
+// The step where the numerics changed, op by op from the op that changed them: each divergent
+// op's furthest output move (log scale), through the layers of the forward, the backward and
+// the optimizer.
+std::string layer_growth_plot(const NumericsChange& n) {
+  std::vector<uint64_t> ops;
+  std::vector<double> rel;
+  for (const GrowthPoint& g : n.growth) {
+    ops.push_back(g.index);
+    rel.push_back(g.relative);
+  }
+  Frame f;
+  f.n = ops.size();
+  auto [lo, hi] = log_range(rel);
+  std::string s = fmt::format(
+      "<svg id=\"layer-growth-plot\" viewBox=\"0 0 {} {}\" width=\"100%\" role=\"img\" "
+      "aria-label=\"relative difference of each divergent op of step {}\">",
+      f.width, f.height, n.step);
+  s += axes(f, ops, "op # in the stream");
+  s += fmt::format(
+      "<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">1e{}</text><text x=\"{}\" "
+      "y=\"{:.1f}\" text-anchor=\"end\">1e{}</text>",
+      f.left - 6, f.y(1) + 4, int(hi), f.left - 6, f.y(0) + 4, int(lo));
+  std::string points;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (!(rel[i] > 0) || !std::isfinite(rel[i])) continue;
+    const double frac = (std::log10(rel[i]) - lo) / (hi - lo);
+    points += fmt::format("{:.1f},{:.1f} ", f.x(i), f.y(frac));
+    s += fmt::format(
+        "<circle class=\"rel\" cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"{}\" fill=\"{}\">"
+        "<title>op #{} {} ({}): {} of its scale</title></circle>",
+        f.x(i), f.y(frac), i == 0 ? 6 : 3, kLineColour, ops[i], esc(n.growth[i].op),
+        n.growth[i].phase, html_number(rel[i]));
+  }
+  if (!points.empty())
+    s += fmt::format(
+        "<polyline class=\"rel\" points=\"{}\" fill=\"none\" stroke=\"{}\" "
+        "stroke-width=\"2\"/>",
+        points, kLineColour);
+  s += "</svg>";
+  s += fmt::format(
+      "<p class=\"muted\">Step {}: each divergent op's furthest output move, as a fraction of "
+      "its scale (log scale), from {} (the large dot), where the numerics first left the "
+      "tolerance, in the order the ops ran{}.</p>",
+      n.step, esc(n.op),
+      n.growth.size() >= NumericsChange::kMaxGrowth ? " (the first ops only)" : "");
   return s;
 }
 
@@ -403,6 +451,10 @@ std::string render_html(const DiffReport& r) {
         esc(u->overwritten_by));
   if (r.first) b += first_divergence_card(*r.first);
   b += "<section><h2>How the difference grows</h2>" + growth_plot(r) + "</section>";
+  if (r.numerics_change && r.numerics_change->growth.size() >= 2)
+    b += fmt::format(
+        "<section id=\"numerics\"><h2>Through step {}, layer by layer</h2>{}</section>",
+        r.numerics_change->step, layer_growth_plot(*r.numerics_change));
   b += "<section><h2>Loss</h2>" + loss_plot(r) + "</section>";
   b += rank_lanes(r);
   for (const ReplicaCheck& c : r.replicas)

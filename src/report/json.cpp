@@ -19,6 +19,17 @@ json json_number(double v) {
   return v;
 }
 
+// The numerics change's step, op by op from it: [{"index", "op", "phase", "relative"}].
+json growth_json(const std::vector<GrowthPoint>& growth) {
+  json out = json::array();
+  for (const GrowthPoint& g : growth)
+    out.push_back({{"index", g.index},
+                   {"op", g.op},
+                   {"phase", g.phase},
+                   {"relative", json_number(g.relative)}});
+  return out;
+}
+
 json stats_json(const trace::TensorStats& s) {
   return json{{"min", json_number(s.min)},
               {"max", json_number(s.max)},
@@ -246,13 +257,15 @@ json report_to_json(const DiffReport& r) {
                {"atol", r.gate.atol},
                {"ulp", r.gate.ulp},
                {"beyond_tolerance", r.beyond_tolerance},
-               {"structure_tolerated", r.structure_tolerated}};
+               {"structure_tolerated", r.structure_tolerated},
+               {"structure_matched", r.structure_matched}};
   if (const auto& n = r.numerics_change)
     j["numerics_change"] = {{"stream", n->stream},
                             {"rank", n->rank},
                             {"step", n->step},
                             {"phase", n->phase},
                             {"op", n->op},
+                            {"replaced_by", n->replaced_by},
                             {"index", n->index},
                             {"output",
                              {{"tensor", n->tensor},
@@ -262,7 +275,8 @@ json report_to_json(const DiffReport& r) {
                             {"input",
                              {{"tensor", n->input},
                               {"relative", json_number(n->input_relative)},
-                              {"ulps", json_number(n->input_ulps)}}}};
+                              {"ulps", json_number(n->input_ulps)}}},
+                            {"growth", growth_json(n->growth)}};
   else
     j["numerics_change"] = nullptr;
   json env = json::array();
@@ -341,14 +355,29 @@ json report_to_json(const DiffReport& r) {
   }
 
   json st = json::array();
-  for (const StructuralDifference& d : r.structural)
+  for (const StructuralDifference& d : r.structural) {
+    json values = nullptr;
+    if (const auto& v = d.values)
+      values = {{"handed_on", v->handed_on},
+                {"exact", v->exact},
+                {"within", v->within},
+                {"beyond", v->beyond},
+                {"unmatched", v->unmatched},
+                {"matched", v->matched()},
+                {"furthest",
+                 {{"op", {{"a", v->op_a}, {"b", v->op_b}}},
+                  {"dtype", v->dtype},
+                  {"relative", json_number(v->relative)},
+                  {"ulps", json_number(v->ulps)}}}};
     st.push_back({{"stream", d.stream},
                   {"step", d.step},
                   {"phase", d.phase},
                   {"index", {{"a", d.index_a}, {"b", d.index_b}}},
                   {"op", {{"a", d.op_a}, {"b", d.op_b}}},
                   {"skipped", {{"a", d.skipped_a}, {"b", d.skipped_b}}},
+                  {"values", values},
                   {"detail", d.detail}});
+  }
   j["structural_differences"] = {{"count", r.structural_count}, {"first", st}};
 
   json per_step = json::array();

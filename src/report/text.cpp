@@ -52,19 +52,42 @@ std::string tolerance_text(const GateConfig& g) {
   return t;
 }
 
+// How the error grew through the step, op by op: the first few, then the largest and the last.
+std::string growth_text(const std::vector<GrowthPoint>& growth, uint64_t step) {
+  if (growth.size() < 2) return "";
+  auto point = [](const GrowthPoint& g) { return fmt::format("{} {:.2g}", g.op, g.relative); };
+  std::string out = fmt::format(
+      "    then through step {} ({} divergent op(s), of its scale): ", step, growth.size());
+  const size_t shown = std::min<size_t>(growth.size(), 4);
+  for (size_t i = 0; i < shown; ++i) out += (i ? ", " : "") + point(growth[i]);
+  if (growth.size() > shown) {
+    const auto top = std::max_element(
+        growth.begin() + long(shown), growth.end(),
+        [](const GrowthPoint& x, const GrowthPoint& y) { return x.relative < y.relative; });
+    out += fmt::format(" ... the largest {} (op #{}), the last {}", point(*top), top->index,
+                       point(growth.back()));
+  }
+  return out + "\n";
+}
+
 // Where the numerics first left the tolerance, and how the difference grew step by step.
 std::string numerics_section(const DiffReport& r, const Style& st) {
   std::string out = st("1", "\nNumerics\n");
   if (const auto& n = r.numerics_change) {
-    out += fmt::format("  first beyond tolerance: rank {} step {}, {} phase, {} (op #{} of {})\n",
-                       n->rank, n->step, n->phase, n->op, n->index, n->stream);
+    out += fmt::format(
+        "  first beyond tolerance: rank {} step {}, {} phase, {}{} (op #{} of {})\n", n->rank,
+        n->step, n->phase, n->op,
+        n->replaced_by.empty() ? "" : fmt::format(", replaced by {} in run B", n->replaced_by),
+        n->index, n->stream);
     out += fmt::format("    its {} ({}) moved {}; ", n->tensor, n->dtype,
                        deviation_text(n->output_relative, n->output_ulps));
-    out += n->input.empty() ? "every input it read agreed bit for bit\n"
-                            : fmt::format(
-                                  "its inputs stayed within tolerance (the furthest, {}, "
-                                  "{})\n",
-                                  n->input, deviation_text(n->input_relative, n->input_ulps));
+    out += !n->replaced_by.empty() ? "no op before it left the tolerance\n"
+           : n->input.empty()      ? "every input it read agreed bit for bit\n"
+                                   : fmt::format(
+                                         "its inputs stayed within tolerance (the furthest, {}, "
+                                              "{})\n",
+                                         n->input, deviation_text(n->input_relative, n->input_ulps));
+    out += growth_text(n->growth, n->step);
   } else if (r.divergent_ops) {
     double largest = 0;
     for (const auto& [step, p] : r.curve) largest = std::max(largest, p.max_relative);
@@ -73,10 +96,16 @@ std::string numerics_section(const DiffReport& r, const Style& st) {
         "op(s), the largest {:.2g} of its scale\n",
         r.divergent_ops, largest);
   }
+  if (r.structure_matched)
+    out += fmt::format(
+        "  {} of {} op sequence difference(s) replaced ops with others for the same values: "
+        "what each hands on to the ops after it agrees{}\n",
+        r.structure_matched, r.structural_count,
+        r.gate.fail_on == "tolerance" ? " within the tolerance" : "");
   if (r.structure_tolerated)
     out += fmt::format(
-        "  {} op sequence difference(s), as between torch builds (a decomposition "
-        "or a default changed): listed, not counted by the gate; the ops after "
+        "  {} op sequence difference(s), replaced alike or as between torch builds (a "
+        "decomposition or a default changed): listed, not counted by the gate; the ops after "
         "each are compared\n",
         r.structural_count);
   else if (r.structural_count)

@@ -231,6 +231,18 @@ def test_three_runs():
     model(torch.randn(8, 4)).sum().backward()
 
 
+@pytest.mark.reproducible(baseline="baselines/linear",
+                          args="--sentinel --fail-on tolerance --ulp 16")
+def test_matches_its_baseline():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=float(os.environ.get("PLUGIN_LR", "0.1")))
+    for step in range(3):
+        opt.zero_grad()
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        opt.step()
+
+
 def test_not_marked_runs_once_in_process():
     assert os.environ.get("DETAUDIT_PYTEST_CHILD") is None
 '''
@@ -267,7 +279,7 @@ class PytestPlugin(TmpDirCase):
     def test_racy_test_fails_with_the_verdict_and_a_deterministic_one_passes(self):
         for attempt in range(RACE_ATTEMPTS):
             r, cases, reports = self.pytest("-k", "racy or deterministic or not_marked")
-            self.assertIn("1 deselected", r.stdout)
+            self.assertIn("2 deselected", r.stdout)
             self.assertEqual(cases.get("test_deterministic_training_with_workers_and_threads",
                                        ("missing",))[0], "passed", r.stdout + r.stderr)
             self.assertEqual(cases.get("test_not_marked_runs_once_in_process", ("missing",))[0],
@@ -318,6 +330,30 @@ class PytestPlugin(TmpDirCase):
         run_dir = os.path.join(self.report_dir(reports, "test_not_marked_runs_once_in_process"),
                                "run-0")
         self.assertIn("DETAUDIT_PYTEST_CHILD", output_log(run_dir))
+
+    def test_a_baseline_is_recorded_once_then_later_runs_are_checked_against_it(self):
+        baseline = os.path.join(self.tmp, "baselines", "linear")  # the rootdir's
+        r, cases, _ = self.pytest("-k", "matches_its_baseline")
+        status, message = cases["test_matches_its_baseline"]
+        self.assertEqual(status, "failed", r.stdout)
+        self.assertIn("no baseline run at", message)
+        self.assertIn("--detaudit-update-baselines", message)
+
+        r, cases, _ = self.pytest("-k", "matches_its_baseline", "--detaudit-update-baselines")
+        self.assertEqual(cases["test_matches_its_baseline"][0], "passed", r.stdout)
+        self.assertTrue(os.path.isdir(os.path.join(baseline, "streams")), r.stdout)
+
+        r, cases, reports = self.pytest("-k", "matches_its_baseline")
+        self.assertEqual(cases["test_matches_its_baseline"][0], "passed", r.stdout)
+        out = self.report_dir(reports, "test_matches_its_baseline")
+        self.assertEqual(load_report(os.path.join(out, "report.json"))["verdict"], "identical")
+
+        # The learning rate doubled: the first update is where the numbers left the tolerance.
+        r, cases, _ = self.pytest("-k", "matches_its_baseline", env={"PLUGIN_LR": "0.2"})
+        status, message = cases["test_matches_its_baseline"]
+        self.assertEqual(status, "failed", r.stdout)
+        self.assertIn(f"does not match the baseline {baseline}", r.stdout)
+        self.assertIn("numerics changed first at rank 0 step 0 optimizer aten::add_", r.stdout)
 
 
 if __name__ == "__main__":

@@ -246,6 +246,15 @@ TEST(NumericsTest, TheFirstOpBeyondTheToleranceWithItsInputsWithinIsNamed) {
   const auto json = nlohmann::json::parse(render_report(r, ReportFormat::kJson, false));
   EXPECT_EQ(json["numerics_change"]["op"], "aten::gelu");
   EXPECT_EQ(json["numerics_change"]["step"], 1);
+  // Then through the step: the gelu's move, then the matmul after it, ten times further.
+  ASSERT_EQ(n.growth.size(), 2u);
+  EXPECT_EQ(n.growth[0].op, "aten::gelu");
+  EXPECT_EQ(n.growth[1].op, "aten::mm");
+  EXPECT_NEAR(n.growth[1].relative, 1e-2, 1e-8);
+  EXPECT_EQ(json["numerics_change"]["growth"].size(), 2u);
+  EXPECT_NE(text.find("then through step 1 (2 divergent op(s)"), std::string::npos) << text;
+  EXPECT_NE(render_report(r, ReportFormat::kHtml, false).find("id=\"layer-growth-plot\""),
+            std::string::npos);
 
   // Looser than the gelu's move: nothing leaves the tolerance, and the gate passes.
   o.gate.ulp = 0;
@@ -254,6 +263,149 @@ TEST(NumericsTest, TheFirstOpBeyondTheToleranceWithItsInputsWithinIsNamed) {
   ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &loose).ok());
   EXPECT_FALSE(loose.numerics_change);
   EXPECT_EQ(gate_exit_code(loose), ExitCode::kIdentical);
+}
+
+// One layer written two ways (issue 61's refactor): run A's nn.Linear (linear > addmm), run B's
+// `x @ W.t() + b` (mm, then add); the gelu after reads what each hands on. `result` is run B's
+// value (run A's is with_stats(0x21, ...) with 0x21's digest).
+TraceBuilder refactored(bool matmul, const TensorDesc& result) {
+  TraceBuilder t;
+  for (uint64_t step = 0; step < 2; ++step) {
+    t.step(step);
+    int64_t x = t.op("aten::randn").out_new(tensor(0x10, {100})).done();
+    int64_t y;
+    if (!matmul) {
+      y = t.op("aten::addmm", Phase::kForward, 1)
+              .in_ref(x)
+              .out_new(with_stats(0x21, -1, 1, 0.1, 10))
+              .done();
+      t.op("aten::linear").in_ref(x).out_ref(y).done();
+    } else {
+      int64_t m = t.op("aten::mm").in_ref(x).out_new(tensor(0x40, {100})).done();
+      y = t.op("aten::add").in_ref(m).out_new(result).done();
+    }
+    int64_t h = t.op("aten::gelu").in_ref(y).out_new(tensor(0x50, {100})).done();
+    for (const char* op : {"aten::relu", "aten::neg", "aten::abs", "aten::exp"})
+      h = t.op(op).in_ref(h).out_new(tensor(0x60, {100})).done();
+  }
+  t.end();
+  return t;
+}
+
+DiffReport diff_refactor(const std::string& name, const TensorDesc& result, GateConfig gate) {
+  RunDir a(name + "/run-0"), b(name + "/run-1");
+  a.add_stream("r0.main.t0", refactored(false, result));
+  b.add_stream("r0.main.t0", refactored(true, result));
+  DiffOptions o;
+  o.gate = gate;
+  DiffReport r;
+  EXPECT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
+  return r;
+}
+
+TEST(NumericsTest, OtherOpsForTheSameValuesAreMatchedByWhatTheyHandOn) {
+  const TensorDesc same = with_stats(0x21, -1, 1, 0.1, 10);
+  DiffReport strict = diff_refactor("refactor_same", same, GateConfig{});
+  ASSERT_TRUE(strict.first);
+  EXPECT_EQ(strict.first->divergence_class, DivergenceClass::kStructural);
+  EXPECT_TRUE(strict.first->same_values);
+  EXPECT_NE(strict.first->cause.find("other ops for the same values"), std::string::npos)
+      << strict.first->cause;
+  ASSERT_EQ(strict.structural.size(), 2u);
+  ASSERT_TRUE(strict.structural[0].values);
+  EXPECT_EQ(strict.structural[0].values->handed_on, 2u) << "linear's in A, add's in B";
+  EXPECT_EQ(strict.structural[0].values->exact, 2u);
+  EXPECT_EQ(strict.structure_matched, 2u);
+  // Bit for bit, another op sequence still fails; the tolerance gate asks whether values moved.
+  EXPECT_EQ(gate_exit_code(strict), ExitCode::kDivergent);
+  DiffReport tolerant = diff_refactor("refactor_same_t", same, GateConfig{"tolerance", 0, 0});
+  EXPECT_TRUE(tolerant.structure_tolerated);
+  EXPECT_FALSE(tolerant.numerics_change);
+  EXPECT_EQ(gate_exit_code(tolerant), ExitCode::kIdentical);
+}
+
+TEST(NumericsTest, AReplacedRegionWhoseValuesMovedIsWhereNumericsChanged) {
+  const double eps = std::ldexp(1.0, -23);
+  // Run B's add: 4 ulp off run A's addmm (other bits, so other downstream digests too).
+  const TensorDesc moved = with_stats(0x22, -1, 1, 0.1, 10 + 10 * 4 * eps);
+  GateConfig gate{"tolerance", 0, 0};
+  gate.ulp = 16;
+  DiffReport within = diff_refactor("refactor_within", moved, gate);
+  ASSERT_TRUE(within.structural.size() && within.structural[0].values);
+  EXPECT_EQ(within.structural[0].values->within, 2u);
+  EXPECT_FALSE(within.first->same_values);
+  EXPECT_EQ(gate_exit_code(within), ExitCode::kIdentical);
+
+  gate.ulp = 1;
+  DiffReport beyond = diff_refactor("refactor_beyond", moved, gate);
+  ASSERT_TRUE(beyond.numerics_change);
+  EXPECT_EQ(beyond.numerics_change->op, "aten::linear") << "the outermost op that returned it";
+  EXPECT_EQ(beyond.numerics_change->replaced_by, "aten::add");
+  EXPECT_EQ(beyond.numerics_change->step, 0u);
+  EXPECT_NEAR(beyond.numerics_change->output_ulps, 4, 1e-6);
+  EXPECT_EQ(gate_exit_code(beyond), ExitCode::kDivergent);
+  const std::string text = render_report(beyond, ReportFormat::kText, false);
+  EXPECT_NE(text.find("aten::linear, replaced by aten::add in run B"), std::string::npos) << text;
+}
+
+// The same torch build on two GPU models: a cuBLAS GEMM on cuda:1 reads the same inputs and
+// writes other bits.
+TraceBuilder gpu_gemm(uint8_t out) {
+  auto on_gpu = [](TensorDesc t) {
+    t.device_type = 1;  // c10::DeviceType::CUDA
+    t.device_index = 1;
+    return t;
+  };
+  TraceBuilder t;
+  t.step(0);
+  int64_t y = t.op("aten::mm")
+                  .in_new(on_gpu(tensor(0x10)))
+                  .in_new(on_gpu(tensor(0x11)))
+                  .out_new(on_gpu(tensor(out)))
+                  .done();
+  t.op("aten::relu").in_ref(y).out_new(on_gpu(tensor(uint8_t(out + 1)))).done();
+  t.end();
+  return t;
+}
+
+nlohmann::json gpu_env(const char* gpu1, int sms, const char* cublas) {
+  nlohmann::json j = sample_env(1, 7);
+  j["cuda"] = {{"available", true},
+               {"initialized", true},
+               {"device_count", 2},
+               {"cublas_version", cublas},
+               {"devices",
+                {{"0", {{"name", "NVIDIA H100 80GB HBM3"}, {"sm_count", 132}}},
+                 {"1", {{"name", gpu1}, {"sm_count", sms}}}}}};
+  return j;
+}
+
+TEST(NumericsTest, AGpuOpIsTiedToItsGpuModelAndTheLibraryThatComputesIt) {
+  RunDir a("numerics_gpu/run-0"), b("numerics_gpu/run-1");
+  a.add_stream("r0.main.t0", gpu_gemm(0x20));
+  b.add_stream("r0.main.t0", gpu_gemm(0x40));
+  a.env("r0.main", gpu_env("NVIDIA H100 80GB HBM3", 132, "12.9.1"));
+  b.env("r0.main", gpu_env("NVIDIA A100-SXM4-80GB", 108, "12.9.1"));
+  DiffOptions o;
+  DiffReport r;
+  ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kNondeterministicOp);
+  // The op's own GPU (cuda:1) named, not only the first CUDA difference listed.
+  EXPECT_NE(r.first->cause.find("cuda.devices.1.name differs"), std::string::npos)
+      << r.first->cause;
+  EXPECT_NE(r.first->cause.find("aten::mm is computed by cuBLAS (a GPU GEMM)"), std::string::npos)
+      << r.first->cause;
+  EXPECT_NE(r.first->remedy.find("same GPU model"), std::string::npos) << r.first->remedy;
+
+  // The same GPUs, another cuBLAS: the library's version is the suspect.
+  a.env("r0.main", gpu_env("NVIDIA A100-SXM4-80GB", 108, "12.9.1"));
+  b.env("r0.main", gpu_env("NVIDIA A100-SXM4-80GB", 108, "13.0.2"));
+  DiffReport lib;
+  ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &lib).ok());
+  ASSERT_TRUE(lib.first);
+  EXPECT_NE(lib.first->cause.find("cuda.cublas_version differs"), std::string::npos)
+      << lib.first->cause;
 }
 
 }  // namespace

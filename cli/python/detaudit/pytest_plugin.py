@@ -1,5 +1,5 @@
 """pytest plugin: a test marked `reproducible` (or every test, with `--detaudit`) must give the
-same bits twice.
+same bits twice; one marked `reproducible(baseline=PATH)` must match a run stored once.
 
 The marked test runs in two fresh pytest processes under `detaudit run --runs 2`, which records
 every op, then diffs the runs. A divergence fails the test with the first divergent op, its
@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -34,14 +35,17 @@ def pytest_addoption(parser):
                          "file, else .detaudit/ in the rootdir)")
     group.addoption("--detaudit-args", default=None,
                     help='more `detaudit run` flags, e.g. "--steps 0-3 --digest xxh3"')
+    group.addoption("--detaudit-update-baselines", action="store_true", default=False,
+                    help="record each `baseline=` test into its baseline instead of checking it")
     parser.addini("detaudit_args", "more `detaudit run` flags for every checked test", default="")
 
 
 def pytest_configure(config):
     config.addinivalue_line(
         "markers",
-        "reproducible(runs=2, args=''): run the test twice under detaudit and fail on the first "
-        "divergent op")
+        "reproducible(runs=2, args='', baseline=None): run the test twice under detaudit and "
+        "fail on the first divergent op; with baseline=PATH, run it once and diff it against "
+        "the run stored there")
 
 
 def _in_child():
@@ -97,6 +101,13 @@ def _child_command(item, junit):
     return command
 
 
+def _baseline(item):
+    """The marker's baseline run directory (relative to the rootdir), or None."""
+    marker = item.get_closest_marker("reproducible")
+    path = marker.kwargs.get("baseline") if marker else None
+    return os.path.join(str(item.config.rootpath), path) if path else None
+
+
 def _last_line(text):
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else ""
@@ -119,6 +130,13 @@ def _describe(report, html):
         lines.append(f"  catalog: {catalog['id']}")
     if first.get("remedy"):
         lines.append(f"  remedy: {first['remedy']}")
+    change = report.get("numerics_change")
+    if change:
+        moved = change["output"]
+        ulps = f", {moved['ulps']:.3g} ulp" if (moved.get("ulps") or -1) >= 0 else ""
+        lines.append(f"  numerics changed first at rank {change['rank']} step {change['step']} "
+                     f"{change['phase']} {change['op']}: {moved['relative']:.2g} of its "
+                     f"scale{ulps}")
     lines.append(f"  report: {html}")
     return "\n".join(lines)
 
@@ -142,12 +160,98 @@ def _pair_reports(out, runs):
     return [(i, os.path.join(out, f"report.run-{i}.json")) for i in range(1, runs)]
 
 
+def _recording_flags(flags):
+    """The flags of `run` that `record` takes: all but the gate's."""
+    kept, i = [], 0
+    while i < len(flags):
+        flag = flags[i].split("=", 1)[0]
+        if flag == "--allow-truncated":
+            i += 1
+        elif flag in _GATE_FLAGS:
+            i += 1 if "=" in flags[i] else 2
+        else:
+            kept.append(flags[i])
+            i += 1
+    return kept
+
+
+def _recorded_output(run_dir):
+    """The end of what the test printed in a `detaudit record` run (its nodes' logs)."""
+    nodes = os.path.join(run_dir, "nodes")
+    logs = sorted(os.listdir(nodes)) if os.path.isdir(nodes) else []
+    text = ""
+    for name in logs:
+        if name.endswith(".log"):
+            with open(os.path.join(nodes, name), errors="replace") as f:
+                text += f.read()
+    return text[-4000:]
+
+
+def _is_run_directory(path):
+    return os.path.isdir(os.path.join(path, "streams")) or os.path.isdir(
+        os.path.join(path, "nodes"))
+
+
+def _check_against_baseline(item, cli, baseline, flags):
+    """Records the test once, then diffs the baseline against it (or records the baseline, with
+    --detaudit-update-baselines)."""
+    out = os.path.join(_out_dir(item.config), _slug(item.nodeid))
+    os.makedirs(out, exist_ok=True)
+    update = item.config.getoption("detaudit_update_baselines")
+    target = baseline if update else os.path.join(out, "run")
+    if os.path.exists(target):
+        if not _is_run_directory(target):
+            pytest.fail(f"detaudit: {target} exists and is not a detaudit run: move it, or name "
+                        f"another baseline", pytrace=False)
+        shutil.rmtree(target)
+    if not update and not _is_run_directory(baseline):
+        pytest.fail(f"detaudit: no baseline run at {baseline}: record it once with pytest "
+                    f"--detaudit-update-baselines {item.nodeid}", pytrace=False)
+    command = [cli, "record", "--out", target, "-q"] + _recording_flags(flags)
+    command += ["--", *_child_command(item, os.path.join(out, "child-junit.xml"))]
+    done = subprocess.run(command, cwd=str(item.config.rootpath),
+                          env=dict(os.environ, **{_CHILD_ENV: "1"}),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if done.returncode in (_USAGE, _BAD_INPUT) and "interposer" in done.stderr:
+        pytest.skip(f"detaudit cannot attach: {_last_line(done.stderr)}")
+    if done.returncode == _TARGET_FAILED:
+        pytest.fail(f"detaudit: the test failed under recording ({_last_line(done.stderr)})\n"
+                    f"{_recorded_output(target)}", pytrace=False)
+    if done.returncode != 0:
+        pytest.fail(f"detaudit record exited {done.returncode}: {_last_line(done.stderr)}",
+                    pytrace=False)
+    if update:
+        item.user_properties.append(("detaudit_baseline", baseline))
+        return
+    report_path, html = os.path.join(out, "report.json"), os.path.join(out, "report.html")
+    gate = _gate_flags(flags)
+    diff = subprocess.run([cli, "diff", baseline, target, "--format", "json", "--output",
+                           report_path] + gate, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+    if diff.returncode not in (0, 1, 5, 6) or not os.path.exists(report_path):
+        pytest.fail(f"detaudit diff {baseline} {target} exited {diff.returncode}: "
+                    f"{_last_line(diff.stderr)}", pytrace=False)
+    subprocess.run([cli, "diff", baseline, target, "--format", "html", "--output", html] + gate,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(report_path) as f:
+        report = json.load(f)
+    item.user_properties.append(("detaudit_report", html))
+    item.user_properties.append(("detaudit_verdict", report.get("verdict", "")))
+    if diff.returncode != _IDENTICAL:
+        pytest.fail(_describe(report, html).replace("not reproducible", "does not match "
+                                                    f"the baseline {baseline}", 1), pytrace=False)
+
+
 def _check(item):
     cli = _cli()
     if cli is None:
         pytest.skip("detaudit: no detaudit CLI found (pip install --no-build-isolation the "
                     "detaudit source, or set DETAUDIT_CLI)")
     runs, flags = _run_flags(item)
+    baseline = _baseline(item)
+    if baseline:
+        _check_against_baseline(item, cli, baseline, flags)
+        return
     if runs < 2:
         pytest.fail(f"detaudit: runs={runs}: a reproducibility check needs at least 2 runs",
                     pytrace=False)
@@ -190,12 +294,15 @@ def _check(item):
         pytest.fail(_describe(report, html), pytrace=False)
 
 
+_GATE_FLAGS = ("--fail-on", "--rtol", "--atol", "--ulp")
+
+
 def _gate_flags(flags):
     """The flags of `run` that `diff` takes too: the gate's."""
     kept, i = [], 0
     while i < len(flags):
         flag = flags[i].split("=", 1)[0]
-        if flag in ("--fail-on", "--rtol", "--atol"):
+        if flag in _GATE_FLAGS:
             kept += flags[i:i + (1 if "=" in flags[i] else 2)]
             i += 1 if "=" in flags[i] else 2
             continue

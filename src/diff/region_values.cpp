@@ -1,0 +1,164 @@
+#include "diff/region_values.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "diff/classify.h"
+
+namespace detaudit {
+namespace {
+
+struct Value {
+  const trace::TensorDesc* tensor;
+  std::string_view made_by;  // the outermost op that returned these bytes
+  uint32_t depth;
+};
+
+bool same_geometry(const trace::TensorDesc& x, const trace::TensorDesc& y) {
+  return x.dtype == y.dtype && x.sizes == y.sizes;
+}
+
+bool same_bits(const trace::TensorDesc& x, const trace::TensorDesc& y) {
+  return same_geometry(x, y) && x.digest_len > 0 && x.same_digest(y);
+}
+
+bool floating(trace::Dtype d) { return dtype_epsilon(d) > 0; }
+
+// A counterpart to compare by statistics: the same shape, and the same dtype or both floating
+// (a layer computed in float64 and cast back holds its float32 values in float64).
+bool comparable(const trace::TensorDesc& x, const trace::TensorDesc& y) {
+  return x.sizes == y.sizes && (x.dtype == y.dtype || (floating(x.dtype) && floating(y.dtype)));
+}
+
+// The values side s's first n ops made, each once.
+std::vector<Value> made_in(const OpSource& s, size_t n) {
+  const trace::TraceReader& r = s.reader();
+  std::vector<Value> made;
+  for (size_t k = 0; k < n; ++k) {
+    for (int64_t id : s.at(k).rec.output_tensors) {
+      const trace::TensorDesc* t = r.tensor(id);
+      if (!t || !t->has_contents() || t->digest_len == 0) continue;
+      const trace::OpRecord& op = s.at(k).rec;
+      auto again = std::find_if(made.begin(), made.end(),
+                                [&](const Value& v) { return same_bits(*v.tensor, *t); });
+      if (again == made.end())
+        made.push_back({t, s.name_of(op), op.depth});
+      else if (op.depth < again->depth)  // an enclosing op ends after its inner ones
+        *again = {again->tensor, s.name_of(op), op.depth};
+    }
+  }
+  return made;
+}
+
+// Of those, the ones an op after them (in the buffer) reads: by digest, a read of the same
+// bytes under another tensor id (a view, a re-described tensor) included, until an op makes
+// the same bytes again (the next step's zeros are not this region's).
+std::vector<Value> handed_on(const OpSource& s, size_t n, std::vector<Value> made) {
+  const trace::TraceReader& r = s.reader();
+  std::vector<Value> out;
+  auto take = [&](const std::vector<int64_t>& ids, bool read) {
+    for (int64_t id : ids) {
+      const trace::TensorDesc* t = r.tensor(id);
+      if (!t || !t->has_contents()) continue;
+      auto it = std::find_if(made.begin(), made.end(),
+                             [&](const Value& v) { return same_bits(*v.tensor, *t); });
+      if (it == made.end()) continue;
+      if (read) out.push_back(*it);
+      made.erase(it);
+    }
+  };
+  for (size_t k = n; k < s.size() && !made.empty(); ++k) {
+    take(s.at(k).rec.input_tensors, /*read=*/true);
+    take(s.at(k).rec.output_tensors, /*read=*/false);
+  }
+  return out;
+}
+
+// Each value one side hands on against every value the other side's region made (its own
+// handed-on values may differ: autograd saves other tensors for other ops), counted into *rv;
+// `from_a`: `from` is run A's.
+void match(const std::vector<Value>& from, const std::vector<Value>& to, bool from_a,
+           const GateConfig& gate, RegionValues* rv, bool* furthest_beyond) {
+  for (const Value& v : from) {
+    ++rv->handed_on;
+    if (std::any_of(to.begin(), to.end(),
+                    [&](const Value& w) { return same_bits(*v.tensor, *w.tensor); })) {
+      ++rv->exact;
+      continue;
+    }
+    const Value* nearest = nullptr;
+    StatsDelta best;
+    for (const Value& w : to) {
+      if (!comparable(*v.tensor, *w.tensor)) continue;
+      // Measured against run A's value, as every other difference is.
+      StatsDelta d = from_a ? stats_delta(*v.tensor, *w.tensor, gate)
+                            : stats_delta(*w.tensor, *v.tensor, gate);
+      if (!d.has_stats) d.relative = std::numeric_limits<double>::infinity();
+      if (!nearest || d.relative < best.relative) {
+        nearest = &w;
+        best = d;
+      }
+    }
+    if (!nearest) {
+      ++rv->unmatched;
+      continue;
+    }
+    const bool beyond = !best.within_tolerance;
+    ++(beyond ? rv->beyond : rv->within);
+    // The furthest beyond the tolerance, or within it while none is beyond.
+    if ((beyond && !*furthest_beyond) || (beyond == *furthest_beyond && best.relative > rv->relative)) {
+      *furthest_beyond = beyond;
+      rv->relative = best.relative;
+      rv->ulps = best.ulps;
+      rv->dtype = std::string(trace::dtype_name(v.tensor->dtype));
+      rv->op_a = std::string(from_a ? v.made_by : nearest->made_by);
+      rv->op_b = std::string(from_a ? nearest->made_by : v.made_by);
+    }
+  }
+}
+
+}  // namespace
+
+RegionValues match_region_values(const OpSource& a, size_t n, const OpSource& b, size_t m,
+                                 const GateConfig& gate) {
+  const std::vector<Value> made_a = made_in(a, n);
+  const std::vector<Value> made_b = made_in(b, m);
+  RegionValues rv;
+  bool furthest_beyond = false;
+  match(handed_on(a, n, made_a), made_b, /*from_a=*/true, gate, &rv, &furthest_beyond);
+  match(handed_on(b, m, made_b), made_a, /*from_a=*/false, gate, &rv, &furthest_beyond);
+  return rv;
+}
+
+std::string region_values_text(const RegionValues& v) {
+  if (v.handed_on == 0) return "no value its ops made is read after it";
+  const uint64_t paired = v.handed_on - v.unmatched;
+  std::string out;
+  if (v.exact == v.handed_on)
+    out = fmt::format("the {} value(s) it hands on agree bit for bit", v.handed_on);
+  else if (v.matched())
+    out = fmt::format(
+        "the {} value(s) it hands on with a counterpart agree within the tolerance ({} bit for "
+        "bit; the furthest {:.2g} of its scale)",
+        paired, v.exact, v.relative);
+  else
+    out = fmt::format("of the {} value(s) it hands on with a counterpart, {} agree bit for bit, {} "
+                      "within the tolerance",
+                      paired, v.exact, v.within);
+  if (v.beyond)
+    out += fmt::format("; {} beyond it, the furthest {}'s in run A against {}'s in run B ({:.2g} of "
+                       "its scale{})",
+                       v.beyond, v.op_a, v.op_b, v.relative,
+                       v.ulps >= 0 ? fmt::format(", {:.3g} ulp of {}", v.ulps, v.dtype) : "");
+  if (v.unmatched)
+    out += fmt::format("; {} more with no value of its shape in the other run's region",
+                       v.unmatched);
+  return out;
+}
+
+}  // namespace detaudit

@@ -1,0 +1,28 @@
+// Where two runs ran other ops for the same computation (a refactor: nn.Linear's addmm against
+// `x @ W.t() + b`; a decomposition that changed between torch builds), the aligner skips a
+// region of each side. The region is matched by the values it hands on: those its ops made
+// that an op after it reads.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "config/config.h"
+#include "diff/op_source.h"
+#include "diff/report_model.h"
+
+namespace detaudit {
+
+// Regions longer than this (ops a side) are not matched: another program, not a refactor, and
+// the matching is quadratic in a region's values.
+inline constexpr size_t kMaxMatchedRegion = 512;
+
+// Run A's first n buffered ops against run B's first m, each side's later buffered ops being
+// what reads their values.
+RegionValues match_region_values(const OpSource& a, size_t n, const OpSource& b, size_t m,
+                                 const GateConfig& gate);
+
+// "the 5 values it hands on agree bit for bit", for a structural difference's detail.
+std::string region_values_text(const RegionValues& v);
+
+}  // namespace detaudit
