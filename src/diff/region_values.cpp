@@ -1,12 +1,12 @@
 #include "diff/region_values.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "diff/classify.h"
 
@@ -111,7 +111,8 @@ void match(const std::vector<Value>& from, const std::vector<Value>& to, bool fr
     const bool beyond = !best.within_tolerance;
     ++(beyond ? rv->beyond : rv->within);
     // The furthest beyond the tolerance, or within it while none is beyond.
-    if ((beyond && !*furthest_beyond) || (beyond == *furthest_beyond && best.relative > rv->relative)) {
+    if ((beyond && !*furthest_beyond) ||
+        (beyond == *furthest_beyond && best.relative > rv->relative)) {
       *furthest_beyond = beyond;
       rv->relative = best.relative;
       rv->ulps = best.ulps;
@@ -147,14 +148,16 @@ std::string region_values_text(const RegionValues& v) {
         "bit; the furthest {:.2g} of its scale)",
         paired, v.exact, v.relative);
   else
-    out = fmt::format("of the {} value(s) it hands on with a counterpart, {} agree bit for bit, {} "
-                      "within the tolerance",
-                      paired, v.exact, v.within);
+    out = fmt::format(
+        "of the {} value(s) it hands on with a counterpart, {} agree bit for bit, {} "
+        "within the tolerance",
+        paired, v.exact, v.within);
   if (v.beyond)
-    out += fmt::format("; {} beyond it, the furthest {}'s in run A against {}'s in run B ({:.2g} of "
-                       "its scale{})",
-                       v.beyond, v.op_a, v.op_b, v.relative,
-                       v.ulps >= 0 ? fmt::format(", {:.3g} ulp of {}", v.ulps, v.dtype) : "");
+    out += fmt::format(
+        "; {} beyond it, the furthest {}'s in run A against {}'s in run B ({:.2g} of "
+        "its scale{})",
+        v.beyond, v.op_a, v.op_b, v.relative,
+        v.ulps >= 0 ? fmt::format(", {:.3g} ulp of {}", v.ulps, v.dtype) : "");
   if (v.unmatched)
     out += fmt::format("; {} more with no value of its shape in the other run's region",
                        v.unmatched);

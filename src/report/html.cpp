@@ -90,6 +90,26 @@ std::pair<double, double> log_range(const std::vector<double>& values) {
   return {a, b};
 }
 
+// A line through the positive values on a log scale [1e`lo`, 1e`hi`], a point each: `circle(i,
+// x, y)` draws it.
+template <typename CircleFn>
+std::string log_line(const Frame& f, const std::vector<double>& values, double lo, double hi,
+                     int stroke_width, CircleFn circle) {
+  std::string s, points;
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!(values[i] > 0) || !std::isfinite(values[i])) continue;
+    const double y = f.y((std::log10(values[i]) - lo) / (hi - lo));
+    points += fmt::format("{:.1f},{:.1f} ", f.x(i), y);
+    s += circle(i, f.x(i), y);
+  }
+  if (!points.empty())
+    s += fmt::format(
+        "<polyline class=\"rel\" points=\"{}\" fill=\"none\" stroke=\"{}\" "
+        "stroke-width=\"{}\"/>",
+        points, kLineColour, stroke_width);
+  return s;
+}
+
 // Divergent ops per step (bars, left axis) and the largest relative difference (line, log
 // scale, right axis): how fast the difference blows up.
 std::string growth_plot(const DiffReport& r) {
@@ -132,21 +152,13 @@ std::string growth_plot(const DiffReport& r) {
         "height=\"{:.1f}\" fill=\"{}\"><title>step {}: {} divergent ops</title></rect>",
         f.x(i) - bar / 2, top, bar, f.y(0) - top, kBarColour, steps[i], counts[i]);
   }
-  std::string points;
-  for (size_t i = 0; i < steps.size(); ++i) {
-    if (!(rel[i] > 0)) continue;
-    const double frac = (std::log10(rel[i]) - lo) / (hi - lo);
-    points += fmt::format("{:.1f},{:.1f} ", f.x(i), f.y(frac));
-    s += fmt::format(
-        "<circle class=\"rel\" cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"4\" fill=\"{}\">"
-        "<title>step {}: largest relative difference {}</title></circle>",
-        f.x(i), f.y(frac), kLineColour, steps[i], html_number(rel[i]));
-  }
-  if (!points.empty())
-    s += fmt::format(
-        "<polyline class=\"rel\" points=\"{}\" fill=\"none\" stroke=\"{}\" "
-        "stroke-width=\"3\"/>",
-        points, kLineColour);
+  s += log_line(f, rel, lo, hi, 3, [&](size_t i, double x, double y) {
+    return fmt::format(
+        "<circle class=\"rel\" cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"4\" "
+        "fill=\"{}\"><title>step {}: largest relative difference {}</title>"
+        "</circle>",
+        x, y, kLineColour, steps[i], html_number(rel[i]));
+  });
   s += "</svg>";
   s += fmt::format(
       "<p class=\"muted\"><span style=\"color:{}\">&#9632;</span> divergent ops "
@@ -179,22 +191,13 @@ std::string layer_growth_plot(const NumericsChange& n) {
       "<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">1e{}</text><text x=\"{}\" "
       "y=\"{:.1f}\" text-anchor=\"end\">1e{}</text>",
       f.left - 6, f.y(1) + 4, int(hi), f.left - 6, f.y(0) + 4, int(lo));
-  std::string points;
-  for (size_t i = 0; i < ops.size(); ++i) {
-    if (!(rel[i] > 0) || !std::isfinite(rel[i])) continue;
-    const double frac = (std::log10(rel[i]) - lo) / (hi - lo);
-    points += fmt::format("{:.1f},{:.1f} ", f.x(i), f.y(frac));
-    s += fmt::format(
-        "<circle class=\"rel\" cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"{}\" fill=\"{}\">"
-        "<title>op #{} {} ({}): {} of its scale</title></circle>",
-        f.x(i), f.y(frac), i == 0 ? 6 : 3, kLineColour, ops[i], esc(n.growth[i].op),
-        n.growth[i].phase, html_number(rel[i]));
-  }
-  if (!points.empty())
-    s += fmt::format(
-        "<polyline class=\"rel\" points=\"{}\" fill=\"none\" stroke=\"{}\" "
-        "stroke-width=\"2\"/>",
-        points, kLineColour);
+  s += log_line(f, rel, lo, hi, 2, [&](size_t i, double x, double y) {
+    return fmt::format(
+        "<circle class=\"rel\" cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"{}\" "
+        "fill=\"{}\"><title>op #{} {} ({}): {} of its scale</title></circle>",
+        x, y, i == 0 ? 6 : 3, kLineColour, ops[i], esc(n.growth[i].op), n.growth[i].phase,
+        html_number(rel[i]));
+  });
   s += "</svg>";
   s += fmt::format(
       "<p class=\"muted\">Step {}: each divergent op's furthest output move, as a fraction of "
