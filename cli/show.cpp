@@ -10,6 +10,7 @@
 
 #include "cli/verbs.h"
 #include "summary/summary.h"
+#include "util/units.h"
 
 namespace detaudit::cli {
 namespace {
@@ -22,17 +23,6 @@ struct ShowArgs {
   int64_t step = -1;
   bool json = false;
 };
-
-std::string human_bytes(uint64_t b) {
-  const char* units[] = {"B", "KB", "MB", "GB", "TB"};
-  double v = double(b);
-  int u = 0;
-  while (v >= 1000 && u < 4) {
-    v /= 1000;
-    ++u;
-  }
-  return u == 0 ? fmt::format("{} B", b) : fmt::format("{:.1f} {}", v, units[u]);
-}
 
 std::string shape_text(const std::vector<int64_t>& shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));

@@ -6,6 +6,7 @@
 //   <out>/run-<i>/streams/<stream>.dtr      one trace per thread of each process
 //   <out>/run-<i>/streams/<process>.env.json  the environment fingerprint of each process
 //   <out>/run-<i>/streams/<process>.status  written by the interposer: "attached" or why not
+//   <out>/run-<i>/streams/<process>.progress  the step it is in ("step N"), for the launcher
 //   <out>/run-<i>/compile-cache/            torch.compile's caches, fresh for each run
 //
 // A run recorded across nodes (`detaudit record`, one per node or SLURM task) has no run.json or
@@ -44,6 +45,7 @@ inline constexpr const char* kOutputLog = "output.log";
 inline constexpr const char* kTraceExt = ".dtr";
 inline constexpr const char* kEnvExt = ".env.json";
 inline constexpr const char* kStatusExt = ".status";
+inline constexpr const char* kProgressExt = ".progress";
 inline constexpr const char* kCompileCacheDir = "compile-cache";
 inline constexpr const char* kNodesDir = "nodes";
 inline constexpr const char* kNodeConfigExt = ".config.json";

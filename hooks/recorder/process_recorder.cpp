@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -202,6 +203,23 @@ void ProcessRecorder::set_step(uint64_t step) {
   launch_open_batches(Launch::kStep);
   step_.store(step, std::memory_order_relaxed);
   refresh_step_state(step);
+  if (worker_ != Worker::kYes) write_progress(step);
+}
+
+// "step N", rewritten in place at each step: the launcher reads how far a run is, and what a
+// step costs, from it (src/run/recording_watch.h). Best effort: a failure costs nothing else.
+void ProcessRecorder::write_progress(uint64_t step) {
+  const pid_t self = ::getpid();
+  if (progress_pid_ != self) {
+    if (progress_fd_ >= 0) ::close(progress_fd_);  // a fork's copy of its parent's
+    const std::string path = streams_dir_ + "/" + process_name() + layout::kProgressExt;
+    progress_fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    progress_pid_ = self;
+  }
+  if (progress_fd_ < 0) return;
+  char line[40];
+  const int n = std::snprintf(line, sizeof line, "step %020llu\n", (unsigned long long)step);
+  if (n > 0) (void)!::pwrite(progress_fd_, line, size_t(n), 0);
 }
 
 void ProcessRecorder::at_top_level_op() {

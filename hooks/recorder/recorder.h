@@ -126,6 +126,7 @@ class ProcessRecorder {
   ProcessRecorder() = default;
   void advance_step();
   void set_step(uint64_t step);
+  void write_progress(uint64_t step);
   void refresh_step_state(uint64_t step);
   void follow_worker_batch();
   std::vector<std::string> closing_status_lines(const std::string& ending);
@@ -138,7 +139,9 @@ class ProcessRecorder {
   std::string role_ = "main";
   std::string process_name_;  // claimed; empty until then
   std::string status_path_;   // its .status file, for a signal handler (no allocation there)
-  std::string claim_note_;    // the first line of the .status file when it is claimed
+  int progress_fd_ = -1;      // its .progress file, opened by progress_pid_ (a fork reopens)
+  pid_t progress_pid_ = 0;
+  std::string claim_note_;  // the first line of the .status file when it is claimed
   bool is_python_ = false;
   int forks_ = 0;
   std::atomic<uint64_t> order_{0};

@@ -393,12 +393,17 @@ Status parse_config(const json& j, Config* out) {
     const json& r = j["record"];
     if (Status s = check_object(r, "record",
                                 {"stats", "inputs", "rehash_inputs", "device_batch_mib",
-                                 "compiled_kernels", "sentinel", "full_steps"});
+                                 "compiled_kernels", "sentinel", "full_steps", "warn_after_steps"});
         !s.ok())
       return s;
     if (r.contains("device_batch_mib"))
       if (Status s = get_int(r["device_batch_mib"], "record.device_batch_mib", 0, 1 << 20,
                              &c.device_batch_mib);
+          !s.ok())
+        return s;
+    if (r.contains("warn_after_steps"))
+      if (Status s = get_int(r["warn_after_steps"], "record.warn_after_steps", 0, int64_t(1) << 40,
+                             &c.warn_after_steps);
           !s.ok())
         return s;
     if (r.contains("stats"))
@@ -505,7 +510,8 @@ json config_to_json(const Config& c) {
                  {"device_batch_mib", c.device_batch_mib},
                  {"compiled_kernels", c.compiled_kernels},
                  {"sentinel", c.sentinel},
-                 {"full_steps", c.full_steps ? c.full_steps->to_json() : json(nullptr)}};
+                 {"full_steps", c.full_steps ? c.full_steps->to_json() : json(nullptr)},
+                 {"warn_after_steps", c.warn_after_steps}};
   json det;
   det["seed"] = c.determinism.seed ? json(*c.determinism.seed) : json(nullptr);
   det["algorithms"] = c.determinism.algorithms.empty() ? json(nullptr)

@@ -85,6 +85,9 @@ struct Config {
   int64_t device_batch_mib = 256;
   // Each kernel torch.compile generates recorded as an op (hooks/python/), not only its region.
   bool compiled_kernels = true;
+  // A run recording every step in full says, once it has this many, what a step costs in disk
+  // and time and suggests --sentinel (src/run/recording_watch.h); 0: never.
+  int64_t warn_after_steps = 100;
   DeterminismConfig determinism;
   GateConfig gate;
   std::string format = "text";  // report format when runs >= 2

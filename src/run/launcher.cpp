@@ -211,6 +211,7 @@ Status launch_and_wait(const LaunchSpec& spec, LaunchResult* result) {
       write_all(echo_fds[i], buf, size_t(r));
       write_all(log_fd, buf, size_t(r));
     }
+    if (spec.on_tick) spec.on_tick();
     if (!exited && ::waitpid(pid, &status, WNOHANG) == pid) {
       exited = true;
       exited_at = std::chrono::steady_clock::now();

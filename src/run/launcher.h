@@ -7,6 +7,7 @@
 //   if (!result.succeeded()) ...                                  // it ran and failed
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@ struct LaunchSpec {
   std::string cwd;                // empty: ours
   std::string log_path;           // the target's stdout and stderr, interleaved; empty: none
   bool echo = true;               // also copy its output to our stdout and stderr
+  std::function<void()> on_tick;  // called about every 200 ms while it runs
 };
 
 struct LaunchResult {

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include <set>
 #include <sstream>
 
+#include "run/recording_watch.h"
 #include "run_layout.h"
 #include "trace/process_status.h"
 #include "trace/run_directory.h"
@@ -400,6 +402,10 @@ Status launch_into(const Config& c, const RunOptions& options, const std::string
   spec.log_path = node.empty() ? (fs::path(abs_dir) / layout::kOutputLog).string()
                                : (fs::path(abs_dir) / layout::kNodesDir / (node + ".log")).string();
   spec.echo = options.echo;
+  // The cost of a full recording is said for a launcher's first run: each is alike.
+  static std::atomic<bool> cost_said{false};
+  RecordingWatch watch(c, abs_dir, index, !cost_said.exchange(true));
+  spec.on_tick = [&watch] { watch.tick(); };
   if (Status s = launch_and_wait(spec, &outcome->result); !s.ok()) return s;
 
   const LaunchResult& r = outcome->result;

@@ -1,16 +1,18 @@
 """`detaudit run` options on a real training run: --runs 2 reports identical, show and export
 read the run, --steps and --ops select what is recorded, --digest picks the digest (and its
 length), --no-stats drops statistics, and --threads/--seed/--deterministic reach the program and
-its environment fingerprint.
+its environment fingerprint; a long run recorded in full says what it costs, and a disk about
+to fill is said before it is.
 
     cd tests/e2e && ../../.venv/bin/python -m unittest -v test_run_options
 """
 import fnmatch
 import json
 import os
+import subprocess
 import unittest
 
-from detaudit_testlib import (RecordedRuns, PYTHON, example, export_records, in_parallel, make_temp_dir, ops,
+from detaudit_testlib import (BIN, RecordedRuns, PYTHON, example, export_records, in_parallel, make_temp_dir, ops,
                               output_log, program, read_json, record, remove_dir, run_detaudit,
                               steps, tensors)
 
@@ -193,6 +195,61 @@ class RunOptions(RecordedRuns):
         a, b = self.seeded_draws()
         self.assertEqual(a["torch"], b["torch"])
 
+
+
+class LongRunCost(unittest.TestCase):
+    """A long run recorded in full says once, early, what a step costs and suggests --sentinel
+    (record.warn_after_steps); a disk about to fill is said before it does."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = make_temp_dir()
+        cls.config = os.path.join(cls.tmp, "warn.json")
+        with open(cls.config, "w") as f:
+            json.dump({"record": {"warn_after_steps": 100}}, f)
+
+    @classmethod
+    def tearDownClass(cls):
+        remove_dir(cls.tmp)
+
+    def long_run(self, name, *flags, steps=800):
+        return run_detaudit(["run", "--config", self.config, "--out",
+                             os.path.join(self.tmp, name), "-q", *flags, "--", PYTHON,
+                             program("long_run.py"), "--steps", str(steps)])
+
+    def test_a_full_recording_says_its_cost_once(self):
+        # (A sentinel run, or chosen steps, say nothing: tests/unit/recording_watch_test.cpp.)
+        full = self.long_run("full", "--runs", "2")
+        self.assertEqual(full.returncode, 0, full.stderr)
+        said = [l for l in full.stderr.splitlines() if "steps in full" in l]
+        self.assertEqual(len(said), 1, full.stderr)
+        self.assertRegex(said[0], r"^detaudit: run-0 has recorded \d+ steps in full: \S+ \S+ so "
+                         r"far, \S+ \S+ and \S+ \S+ a step; 1,000 steps would take .* in each of "
+                         r"the 2 runs")
+        self.assertIn("--sentinel", said[0])
+        # The interposer's step, which the launcher read: the last step the program reached.
+        with open(os.path.join(self.tmp, "full", "run-0", "streams", "r0.main.progress")) as f:
+            word, step = f.read().split()
+        self.assertEqual(word, "step")
+        self.assertGreaterEqual(int(step), 799)
+
+    def test_a_disk_about_to_fill_is_said_before_it_is_full(self):
+        # --out on a 2 MiB tmpfs, in a mount namespace of the test's own (as test_faults does).
+        mnt = os.path.join(self.tmp, "mnt")
+        os.makedirs(mnt)
+        script = ('mount -t tmpfs -o size=2m tmpfs "$1" || exit 90; '
+                  '"$2" run --out "$1/audit" -q -- "$3" "$4" --steps 3000')
+        r = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script,
+                            "sh", mnt, BIN, PYTHON, program("long_run.py")],
+                           capture_output=True, text=True, timeout=300)
+        self.assertNotEqual(r.returncode, 90, "cannot mount a tmpfs here: " + r.stderr)
+        self.assertEqual(r.returncode, 5, r.stderr[-3000:])
+        lines = r.stderr.splitlines()
+        warned = [i for i, l in enumerate(lines) if "it fills in about" in l]
+        full = [i for i, l in enumerate(lines) if "is full" in l]
+        self.assertEqual(len(warned), 1, r.stderr[-3000:])
+        self.assertTrue(full and warned[0] < full[0], r.stderr[-3000:])
+        self.assertIn("exit 5", lines[warned[0]])
 
 
 if __name__ == "__main__":
