@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "diff/classify.h"
@@ -35,21 +36,46 @@ bool comparable(const trace::TensorDesc& x, const trace::TensorDesc& y) {
   return x.sizes == y.sizes && (x.dtype == y.dtype || (floating(x.dtype) && floating(y.dtype)));
 }
 
-// The values side s's first n ops made, each once.
-std::vector<Value> made_in(const OpSource& s, size_t n) {
+uint64_t bits_key(const trace::TensorDesc& t) {
+  uint64_t k = 0;
+  std::memcpy(&k, t.digest.data(), std::min<size_t>(sizeof k, t.digest_len));
+  return k;
+}
+
+// The values one side's region made, each once, found by their bits in constant time: a
+// region's values are looked up once for each input of every op after it in the buffer.
+struct Made {
+  std::vector<Value> values;
+  std::unordered_multimap<uint64_t, size_t> by_digest;
+
+  // The index of the value with these bits, or -1.
+  int64_t find(const trace::TensorDesc& t) const {
+    if (t.digest_len == 0) return -1;
+    auto [first, last] = by_digest.equal_range(bits_key(t));
+    for (auto it = first; it != last; ++it)
+      if (same_bits(*values[it->second].tensor, t)) return int64_t(it->second);
+    return -1;
+  }
+};
+
+// The values side s's first n ops made.
+Made made_in(const OpSource& s, size_t n) {
   const trace::TraceReader& r = s.reader();
-  std::vector<Value> made;
+  Made made;
   for (size_t k = 0; k < n; ++k) {
-    for (int64_t id : s.at(k).rec.output_tensors) {
+    const trace::OpRecord& op = s.at(k).rec;
+    for (int64_t id : op.output_tensors) {
       const trace::TensorDesc* t = r.tensor(id);
       if (!t || !t->has_contents() || t->digest_len == 0) continue;
-      const trace::OpRecord& op = s.at(k).rec;
-      auto again = std::find_if(made.begin(), made.end(),
-                                [&](const Value& v) { return same_bits(*v.tensor, *t); });
-      if (again == made.end())
-        made.push_back({t, s.name_of(op), op.depth});
-      else if (op.depth < again->depth)  // an enclosing op ends after its inner ones
-        *again = {again->tensor, s.name_of(op), op.depth};
+      const int64_t again = made.find(*t);
+      if (again < 0) {
+        made.by_digest.emplace(bits_key(*t), made.values.size());
+        made.values.push_back({t, s.name_of(op), op.depth});
+      } else if (op.depth < made.values[size_t(again)].depth) {
+        // An enclosing op ends after its inner ones: name the outermost.
+        made.values[size_t(again)].made_by = s.name_of(op);
+        made.values[size_t(again)].depth = op.depth;
+      }
     }
   }
   return made;
@@ -58,21 +84,23 @@ std::vector<Value> made_in(const OpSource& s, size_t n) {
 // Of those, the ones an op after them (in the buffer) reads: by digest, a read of the same
 // bytes under another tensor id (a view, a re-described tensor) included, until an op makes
 // the same bytes again (the next step's zeros are not this region's).
-std::vector<Value> handed_on(const OpSource& s, size_t n, std::vector<Value> made) {
+std::vector<Value> handed_on(const OpSource& s, size_t n, const Made& made) {
   const trace::TraceReader& r = s.reader();
   std::vector<Value> out;
+  std::vector<char> settled(made.values.size(), 0);
+  size_t open = made.values.size();
   auto take = [&](const std::vector<int64_t>& ids, bool read) {
     for (int64_t id : ids) {
       const trace::TensorDesc* t = r.tensor(id);
       if (!t || !t->has_contents()) continue;
-      auto it = std::find_if(made.begin(), made.end(),
-                             [&](const Value& v) { return same_bits(*v.tensor, *t); });
-      if (it == made.end()) continue;
-      if (read) out.push_back(*it);
-      made.erase(it);
+      const int64_t i = made.find(*t);
+      if (i < 0 || settled[size_t(i)]) continue;
+      if (read) out.push_back(made.values[size_t(i)]);
+      settled[size_t(i)] = 1;
+      --open;
     }
   };
-  for (size_t k = n; k < s.size() && !made.empty(); ++k) {
+  for (size_t k = n; k < s.size() && open > 0; ++k) {
     take(s.at(k).rec.input_tensors, /*read=*/true);
     take(s.at(k).rec.output_tensors, /*read=*/false);
   }
@@ -82,18 +110,17 @@ std::vector<Value> handed_on(const OpSource& s, size_t n, std::vector<Value> mad
 // Each value one side hands on against every value the other side's region made (its own
 // handed-on values may differ: autograd saves other tensors for other ops), counted into *rv;
 // `from_a`: `from` is run A's.
-void match(const std::vector<Value>& from, const std::vector<Value>& to, bool from_a,
-           const GateConfig& gate, RegionValues* rv, bool* furthest_beyond) {
+void match(const std::vector<Value>& from, const Made& to, bool from_a, const GateConfig& gate,
+           RegionValues* rv, bool* furthest_beyond) {
   for (const Value& v : from) {
     ++rv->handed_on;
-    if (std::any_of(to.begin(), to.end(),
-                    [&](const Value& w) { return same_bits(*v.tensor, *w.tensor); })) {
+    if (to.find(*v.tensor) >= 0) {
       ++rv->exact;
       continue;
     }
     const Value* nearest = nullptr;
     StatsDelta best;
-    for (const Value& w : to) {
+    for (const Value& w : to.values) {
       if (!comparable(*v.tensor, *w.tensor)) continue;
       // Measured against run A's value, as every other difference is.
       StatsDelta d = from_a ? stats_delta(*v.tensor, *w.tensor, gate)
@@ -127,8 +154,8 @@ void match(const std::vector<Value>& from, const std::vector<Value>& to, bool fr
 
 RegionValues match_region_values(const OpSource& a, size_t n, const OpSource& b, size_t m,
                                  const GateConfig& gate) {
-  const std::vector<Value> made_a = made_in(a, n);
-  const std::vector<Value> made_b = made_in(b, m);
+  const Made made_a = made_in(a, n);
+  const Made made_b = made_in(b, m);
   RegionValues rv;
   bool furthest_beyond = false;
   match(handed_on(a, n, made_a), made_b, /*from_a=*/true, gate, &rv, &furthest_beyond);
