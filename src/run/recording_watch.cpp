@@ -36,9 +36,8 @@ RecordingWatch::RecordingWatch(const Config& config, std::string run_dir, int ru
       runs_(config.runs),
       warn_after_steps_(config.warn_after_steps),
       full_(!config.sentinel && config.select.steps.all()),
-      say_(say ? std::move(say) : [](const std::string& line) {
-        std::fprintf(stderr, "%s\n", line.c_str());
-      }),
+      say_(say ? std::move(say)
+               : [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); }),
       start_(std::chrono::steady_clock::now()),
       last_look_(start_) {}
 
@@ -94,8 +93,7 @@ void RecordingWatch::observe(const RecordingSample& s) {
         run_index_, s.step, human_bytes(s.bytes), human_bytes(uint64_t(bytes_a_step)),
         seconds_a_step < 1 ? fmt::format("{:.1f} ms", seconds_a_step * 1000)
                            : fmt::format("{:.2f} s", seconds_a_step),
-        human_bytes(uint64_t(bytes_a_step * 1000)),
-        human_seconds(seconds_a_step * 1000),
+        human_bytes(uint64_t(bytes_a_step * 1000)), human_seconds(seconds_a_step * 1000),
         runs_ > 1 ? fmt::format(", in each of the {} runs", runs_) : ""));
   }
 
@@ -114,13 +112,11 @@ void RecordingWatch::observe_disk(const RecordingSample& s, double bytes_a_step)
           "detaudit: the filesystem holding {} has {} left and the run writes {}/s: it fills "
           "in about {}{}. A full disk cuts the trace there (what was recorded is kept, and the "
           "diff says incomplete, exit 5); free space, or record less (--sentinel, --steps)",
-          run_dir_, human_bytes(s.free_bytes), human_bytes(uint64_t(rate)),
-          human_seconds(fills_in),
-          bytes_a_step > 0
-              ? fmt::format(" ({} more steps at {} a step)",
-                            uint64_t(double(s.free_bytes) / bytes_a_step),
-                            human_bytes(uint64_t(bytes_a_step)))
-              : ""));
+          run_dir_, human_bytes(s.free_bytes), human_bytes(uint64_t(rate)), human_seconds(fills_in),
+          bytes_a_step > 0 ? fmt::format(" ({} more steps at {} a step)",
+                                         uint64_t(double(s.free_bytes) / bytes_a_step),
+                                         human_bytes(uint64_t(bytes_a_step)))
+                           : ""));
     }
   }
   previous_ = s;

@@ -18,11 +18,11 @@ namespace detaudit::run {
 
 // What the run directory shows at one moment.
 struct RecordingSample {
-  double seconds = 0;        // since the watch began
-  uint64_t step = 0;         // the furthest step any process is in (its .progress)
-  bool any_step = false;     // some process said its step
-  uint64_t bytes = 0;        // the run's stream files
-  uint64_t free_bytes = 0;   // left on the filesystem that holds them
+  double seconds = 0;       // since the watch began
+  uint64_t step = 0;        // the furthest step any process is in (its .progress)
+  bool any_step = false;    // some process said its step
+  uint64_t bytes = 0;       // the run's stream files
+  uint64_t free_bytes = 0;  // left on the filesystem that holds them
   bool free_known = false;
 };
 
