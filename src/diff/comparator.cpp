@@ -667,8 +667,7 @@ class StreamComparator {
       fd.divergence_class = DivergenceClass::kStructural;
       fd.detail = d.detail;
       fd.nested = shape.nested;
-      fd.same_values = d.values && d.values->handed_on > 0 &&
-                       d.values->exact == d.values->handed_on;
+      fd.same_values = d.values && d.values->same_bits();
       // The enclosing ops are common to both runs and end later: collect them as they come.
       Candidate& c = open_.emplace_back();
       c.fd = std::move(fd);

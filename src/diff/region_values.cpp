@@ -167,7 +167,7 @@ std::string region_values_text(const RegionValues& v) {
   if (v.handed_on == 0) return "no value its ops made is read after it";
   const uint64_t paired = v.handed_on - v.unmatched;
   std::string out;
-  if (v.exact == v.handed_on)
+  if (v.same_bits())
     out = fmt::format("the {} value(s) it hands on agree bit for bit", v.handed_on);
   else if (v.matched())
     out = fmt::format(

@@ -151,6 +151,8 @@ struct RegionValues {
   // the region is the same computation, other ops. A value without one (a cast of a parameter
   // saved for backward) is not compared here; what it reaches is, after the region.
   bool matched() const { return handed_on > unmatched && beyond == 0; }
+  // Every value handed on is equal bit for bit to one of the other side's.
+  bool same_bits() const { return handed_on > 0 && exact == handed_on; }
 };
 
 struct StructuralDifference {

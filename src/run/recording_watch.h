@@ -38,9 +38,6 @@ class RecordingWatch {
   RecordingSample sample() const;
   void observe(const RecordingSample& s);
 
-  bool said_cost() const { return said_cost_; }
-  bool said_disk() const { return said_disk_; }
-
  private:
   void observe_disk(const RecordingSample& s, double bytes_a_step);
 
