@@ -2,8 +2,8 @@
 // dropout layers, trained with SGD on synthetic data. detaudit records it unchanged; the one
 // detaudit line is the optional step marker.
 //
-//   train_cnn [--steps N] [--threads N] [--batch N] [--race] [--params-out FILE] [--no-marker]
-//             [--abort-at-exit]
+//   train_cnn [--steps N] [--threads N] [--batch N] [--race] [--race-from K] [--params-out FILE]
+//             [--no-marker] [--mark-backward] [--abort-at-exit]
 //
 // --abort-at-exit: after its last step the program dies of SIGABRT at exit, from a thread an exit
 // handler starts, as a library's worker does when it meets teardown (gloo's, pytorch PR 179291).
@@ -11,8 +11,12 @@
 // --no-marker leaves out the detaudit step and optimizer marks: the program detaudit sees is then
 // a plain libtorch loop (recorded as one step 0).
 //
+// --mark-backward adds the optional backward mark (DETAUDIT_BACKWARD), which lets `run --sentinel`
+// leave the forward and backward ops unseen.
+//
 // --race adds a gather from a large parameter (w[idx] with repeated indices) whose backward,
-// index_put_(accumulate=True), races on float atomics with more than one intra-op thread.
+// index_put_(accumulate=True), races on float atomics with more than one intra-op thread; with
+// --race-from K, from step K on.
 #include <detaudit/marker.h>
 #include <torch/torch.h>
 
@@ -53,8 +57,8 @@ struct Net : torch::nn::Module {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int steps = 3, threads = 0, batch = 16;
-  bool race = false, marker = true;
+  int steps = 3, threads = 0, batch = 16, race_from = 0;
+  bool race = false, marker = true, mark_backward = false;
   std::string params_out;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -66,16 +70,21 @@ int main(int argc, char** argv) {
       batch = std::stoi(argv[++i]);
     else if (a == "--race")
       race = true;
+    else if (a == "--race-from" && i + 1 < argc)
+      race = true, race_from = std::stoi(argv[++i]);
     else if (a == "--params-out" && i + 1 < argc)
       params_out = argv[++i];
     else if (a == "--no-marker")
       marker = false;
+    else if (a == "--mark-backward")
+      mark_backward = true;
     else if (a == "--abort-at-exit")
       std::atexit([] { std::thread([] { std::abort(); }).join(); });
     else {
       std::fprintf(stderr,
                    "usage: train_cnn [--steps N] [--threads N] [--batch N] [--race] "
-                   "[--params-out FILE] [--no-marker] [--abort-at-exit]\n");
+                   "[--race-from K] [--params-out FILE] [--no-marker] [--mark-backward] "
+                   "[--abort-at-exit]\n");
       return 2;
     }
   }
@@ -97,8 +106,13 @@ int main(int argc, char** argv) {
     if (marker) step_mark.emplace();  // DETAUDIT_STEP(), optional for the unmarked case
     optimizer.zero_grad();
     torch::Tensor loss = torch::nll_loss(torch::log_softmax(net->forward(images), 1), labels);
-    if (race) loss = loss + (table.index({index}) - target).pow(2).mean();
-    loss.backward();
+    if (race && step >= race_from) loss = loss + (table.index({index}) - target).pow(2).mean();
+    if (mark_backward) {
+      DETAUDIT_BACKWARD(loss);
+      loss.backward();
+    } else {
+      loss.backward();
+    }
     if (marker) {
       DETAUDIT_OPTIMIZER();
       optimizer.step();

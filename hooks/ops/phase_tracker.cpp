@@ -19,6 +19,7 @@ Mark PhaseTracker::classify(const at::RecordFunction& fn) {
     if (starts_with(name, "Optimizer.") || name == "detaudit::optimizer")
       return Mark::kOptimizerOther;
     if (name == "detaudit::step") return Mark::kStepEnd;
+    if (name == "detaudit::backward") return Mark::kBackwardFrom;
     return Mark::kUserScope;
   }
   if (starts_with(name, "autograd::engine::evaluate_function")) return Mark::kBackwardNode;
@@ -40,6 +41,7 @@ void PhaseTracker::enter(Mark mark, std::string_view name) {
       if (name == kBatchIntakeScope) ++batch_intake_depth_;
       break;
     case Mark::kStepEnd:
+    case Mark::kBackwardFrom:
     case Mark::kOp: break;
   }
 }
@@ -61,6 +63,7 @@ bool PhaseTracker::leave(Mark mark) {
       scope_path_stale_ = true;
       ++scope_changes_;
       return false;
+    case Mark::kBackwardFrom:
     case Mark::kOp: return false;
   }
   return false;

@@ -4,7 +4,8 @@
 // RecordFunctions are of three kinds here:
 // - ops, recorded, each one level of depth;
 // - marks that mean something: the autograd engine's node wrapper (backward), the optimizer's
-//   `Optimizer.step#...` and `Optimizer.zero_grad#...` scopes, detaudit's own step marker;
+//   `Optimizer.step#...` and `Optimizer.zero_grad#...` scopes, detaudit's own step marker, and
+//   `detaudit::backward`, which carries the loss a backward starts from (hooks/python, marker.h);
 // - every other user scope (`record_function("x")`, DDP's, the DataLoader's): a label. It never
 //   changes depth, phase or step; ops inside it carry its path ("outer/inner").
 #pragma once
@@ -26,6 +27,7 @@ enum class Mark : uint8_t {
   kOptimizerStep,   // Optimizer.step#...: ends a step; a closure inside runs forward
   kOptimizerOther,  // Optimizer.zero_grad#... and detaudit::optimizer
   kStepEnd,         // detaudit::step, from C++ programs
+  kBackwardFrom,    // detaudit::backward: its input is the loss
   kUserScope,       // a label
 };
 
@@ -43,6 +45,7 @@ class PhaseTracker {
   // An Optimizer.step mark outside any optimizer or backward work: back-to-back step() calls
   // (2.x LBFGS runs no op between them) must still start a new step.
   bool at_top_level_optimizer_step() const { return optimizer_depth_ == 0 && backward_depth_ == 0; }
+  bool outside_optimizer() const { return optimizer_depth_ == 0; }
   // Outside backward and optimizer work: where a pending step may begin.
   bool outside_backward_and_optimizer() const {
     return backward_depth_ == 0 && optimizer_depth_ == 0;

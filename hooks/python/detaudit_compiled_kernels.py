@@ -17,11 +17,11 @@ writes and then updates (a mean: the sum, then the division), whose bytes before
 whatever the allocator left there.
 """
 import contextlib
-import importlib.abc
-import importlib.util
 import re
 import sys
 import threading
+
+from detaudit_after_import import after_import
 
 NAMESPACE = "inductor_kernel"
 _CODECACHE = "torch._inductor.codecache"
@@ -41,39 +41,7 @@ def install():
     if _CODECACHE in sys.modules:
         _patch(sys.modules[_CODECACHE])
     else:
-        sys.meta_path.insert(0, _Finder())
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name != _CODECACHE:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _PatchingLoader(spec.loader)
-        return spec
-
-
-class _PatchingLoader(importlib.abc.Loader):
-    """The module's own loader, which patches the module once it ran; then the module's loader
-    is its own again (inspect and tracebacks ask it for the source)."""
-
-    def __init__(self, loader):
-        self._loader = loader
-
-    def __getattr__(self, name):
-        return getattr(self._loader, name)
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        module.__loader__ = self._loader
-        if getattr(module, "__spec__", None) is not None:
-            module.__spec__.loader = self._loader
-        self._loader.exec_module(module)
-        _patch(module)
+        after_import(_CODECACHE, _patch)
 
 
 def _patch(codecache):

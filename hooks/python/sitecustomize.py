@@ -1,7 +1,8 @@
 """Loaded at interpreter start in the programs `detaudit run` launches (it puts this folder first
-on PYTHONPATH): records the kernels torch.compile runs (compiled_kernels.py), and stops and
-resumes Trainer or Lightning for `detaudit resume` (detaudit_resume.py). A sitecustomize
-this one shadows, the user's or the distribution's, is run too."""
+on PYTHONPATH): records the kernels torch.compile runs (compiled_kernels.py), shows a sentinel
+each backward's loss (backward_mark.py), and stops and resumes Trainer or Lightning for
+`detaudit resume` (detaudit_resume.py). A sitecustomize this one shadows, the user's or the
+distribution's, is run too."""
 import importlib.util
 import os
 import sys
@@ -23,8 +24,11 @@ try:
     _run_shadowed()
 finally:
     if os.environ.get("DETAUDIT_RUN_DIR"):
+        import detaudit_backward_mark
         import detaudit_compiled_kernels
         import detaudit_resume
 
         detaudit_compiled_kernels.install()
         detaudit_resume.install()
+        if detaudit_backward_mark.wanted():
+            detaudit_backward_mark.install()

@@ -82,6 +82,8 @@ bool ProcessRecorder::init(const std::string& run_dir, const Config& config, std
     role_ = exec_child_role(dot == std::string::npos ? "main" : parent_name.substr(dot + 1));
   }
   is_python_ = python::host_is_python();
+  if (const char* world = std::getenv("WORLD_SIZE"))
+    several_ranks_ = std::strtol(world, nullptr, 10) > 1;
   if (!config_.select.ranks.contains(uint64_t(rank_))) return false;
   // The name this process means to claim (claimed at its first record: process_name()).
   ::setenv(layout::kEnvParentProcess, layout::process_name(rank_, role_).c_str(), 1);
@@ -163,8 +165,12 @@ void ProcessRecorder::refresh_step_state(uint64_t step) {
   // A worker needs its ops seen in every step: they tell which batch it is making.
   if (worker_ != Worker::kNo) return;
   std::lock_guard<std::mutex> lock(op_callback_mu_);
-  if (op_callback_ == 0 || selected == op_callback_on_.load()) return;
-  if (selected) {
+  switch_op_callback(selected && !(lean_step(step) && !optimizer_window_.load()));
+}
+
+void ProcessRecorder::switch_op_callback(bool on) {
+  if (op_callback_ == 0 || on == op_callback_on_.load()) return;
+  if (on) {
     op_callback_epoch_.fetch_add(1, std::memory_order_release);
     at::reenableCallback(op_callback_);
     at::disableCallback(marks_callback_);
@@ -172,7 +178,46 @@ void ProcessRecorder::refresh_step_state(uint64_t step) {
     at::reenableCallback(marks_callback_);
     at::disableCallback(op_callback_);
   }
-  op_callback_on_.store(selected);
+  op_callback_on_.store(on);
+}
+
+bool ProcessRecorder::lean_step(uint64_t step) const {
+  return lean_.load(std::memory_order_relaxed) && step >= lean_from_.load() &&
+         !(config_.full_steps && config_.full_steps->contains(step));
+}
+
+void ProcessRecorder::learn_lean_sentinel() {
+  if (!config_.sentinel || lean_.load() || worker_ != Worker::kNo || several_ranks_ ||
+      collective_seen_.load() || !optimizer_marked_.load() || !backward_marked_.load())
+    return;
+  lean_from_.store(step());
+  lean_.store(true);
+}
+
+void ProcessRecorder::saw_collective() {
+  if (collective_seen_.exchange(true) || !lean_.load()) return;
+  // Seen with the op callback on (a full or optimizer window's step): from now on, every op.
+  lean_.store(false);
+  refresh_step_state(step());
+}
+
+void ProcessRecorder::open_optimizer_window() {
+  if (!lean_step(step()) || !step_selected() || worker_ != Worker::kNo) return;
+  std::lock_guard<std::mutex> lock(op_callback_mu_);
+  optimizer_window_.store(true);
+  switch_op_callback(true);
+}
+
+void ProcessRecorder::close_optimizer_window() {
+  if (!optimizer_window_.load()) return;
+  std::lock_guard<std::mutex> lock(op_callback_mu_);
+  optimizer_window_.store(false);
+  switch_op_callback(step_selected() && !lean_step(step()));
+}
+
+bool ProcessRecorder::loss_from_marks() const {
+  return lean_step(step()) && step_selected() && !optimizer_window_.load() &&
+         worker_ == Worker::kNo;
 }
 
 void ProcessRecorder::set_callbacks(at::CallbackHandle ops, at::CallbackHandle marks) {
@@ -202,6 +247,7 @@ void ProcessRecorder::set_step(uint64_t step) {
   // off, and write those bytes unseen.
   launch_open_batches(Launch::kStep);
   step_.store(step, std::memory_order_relaxed);
+  learn_lean_sentinel();
   refresh_step_state(step);
   if (worker_ != Worker::kYes) write_progress(step);
 }
@@ -311,6 +357,9 @@ std::vector<std::string> ProcessRecorder::closing_status_lines(const std::string
   }
   const std::string write_error = StreamWriter::instance().first_write_error();
   if (!write_error.empty()) lines.push_back("trace write failed: " + write_error);
+  if (lean_.load())
+    lines.push_back("sentinel: no op seen outside the optimizer from step " +
+                    std::to_string(lean_from_.load()) + ", the loss taken from its backward mark");
   lines.push_back(ending);
   return lines;
 }
@@ -396,12 +445,8 @@ void ProcessRecorder::after_fork_child() {
     worker_base_step_ = step() + (step_pending_.exchange(false) ? 1 : 0);
     worker_epoch_offset_ = 0;
     worker_last_batch_ = -1;
-    if (!op_callback_on_.load()) {
-      at::reenableCallback(op_callback_);
-      at::disableCallback(marks_callback_);
-      op_callback_on_.store(true);
-      op_callback_epoch_.fetch_add(1, std::memory_order_release);
-    }
+    optimizer_window_.store(false);
+    switch_op_callback(true);
   }
 }
 

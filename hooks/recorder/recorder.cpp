@@ -54,6 +54,10 @@ void report_swallowed(const char* op, const std::exception& e) {
   }
 }
 
+bool is_optimizer_mark(Mark mark) {
+  return mark == Mark::kOptimizerStep || mark == Mark::kOptimizerOther;
+}
+
 // An op that made a FakeTensor (aten::empty under torch.compile's FakeTensorMode).
 template <typename Outputs>
 bool produced_fake_tensor(const Outputs& outputs) {
@@ -264,6 +268,11 @@ void ThreadRecorder::on_start(const at::RecordFunction& fn) {
   if (f.mark != Mark::kOp) {
     if (f.mark == Mark::kOptimizerStep && phases_.at_top_level_optimizer_step())
       proc.at_top_level_op();
+    if (is_optimizer_mark(f.mark)) {
+      proc.saw_optimizer_mark();
+      if (phases_.outside_optimizer()) proc.open_optimizer_window();
+    }
+    if (f.mark == Mark::kBackwardFrom) take_loss_from_mark(fn);
     phases_.enter(f.mark, fn.name());
     return;
   }
@@ -385,6 +394,17 @@ bool ThreadRecorder::sentinel_wants(Frame& f, trace::Phase phase) const {
   return phase == trace::Phase::kOptimizer;
 }
 
+const OpInfo& ThreadRecorder::loss_op_info() {
+  constexpr const char* kName = "detaudit::loss";
+  auto it = ops_.find(kName);
+  if (it == ops_.end()) {
+    const bool selected = ProcessRecorder::instance().config().select.wants_op(kName);
+    it = ops_.emplace(kName, describe_op(kName, OptionalOperatorName(), selected)).first;
+    it->second.name_id = UINT32_MAX;
+  }
+  if (it->second.name_id == UINT32_MAX) it->second.name_id = sink_.intern(kName);
+  return it->second;
+}
 namespace {
 
 // DETAUDIT_KNOWN_OUTPUTS=off: every output read, for the GPU check that the bits are the same.
@@ -396,11 +416,12 @@ bool known_outputs_wanted() {
   return on;
 }
 
-// What a loss looks like where it is made: one floating scalar that autograd will differentiate.
-bool looks_like_loss(const std::vector<c10::IValue>& outputs) {
-  if (outputs.size() != 1 || !outputs[0].isTensor()) return false;
-  const at::Tensor& t = outputs[0].toTensor();
+// What a loss looks like: one floating scalar that autograd will differentiate.
+bool looks_like_loss(const at::Tensor& t) {
   return t.defined() && t.dim() == 0 && t.is_floating_point() && t.requires_grad();
+}
+bool looks_like_loss(const std::vector<c10::IValue>& outputs) {
+  return outputs.size() == 1 && outputs[0].isTensor() && looks_like_loss(outputs[0].toTensor());
 }
 
 }  // namespace
@@ -426,6 +447,45 @@ void ThreadRecorder::launch_device_batches_before(const at::RecordFunction& fn,
         if (e.isTensor()) launch_batches_holding(e.toTensor());
     }
   }
+}
+
+void ThreadRecorder::take_loss_from_mark(const at::RecordFunction& mark) {
+  auto inputs = mark.inputs();
+  if (inputs.empty() || !inputs[0].isTensor() || !looks_like_loss(inputs[0].toTensor())) return;
+  ProcessRecorder& proc = ProcessRecorder::instance();
+  proc.saw_backward_mark();
+  // Elsewhere the op that made the loss was seen, and recorded (sentinel_wants).
+  if (!proc.loss_from_marks()) return;
+  const OpInfo& info = loss_op_info();
+  trace::Phase phase;
+  if (!recording_wanted(info, &phase)) return;
+  // Ops ran unseen since the cache was right, and the loss may sit where a described tensor was.
+  cache_.clear();
+  Frame f;
+  f.depth = phases_.op_depth();
+  f.items_begin = f.items_end = items_.size();
+  f.bytes_begin = bytes_.size();
+  f.snaps_begin = snaps_top_;
+  f.written_begin = f.written_end = written_.size();
+  f.info = &info;
+  f.loss_candidate = true;  // no inputs: the loss is its one output
+  begin_op(mark, f, phase);
+  if (f.recorded) {
+    InBuffer in_buffer = sink_.enter();
+    if (in_buffer.entered()) {
+      Busy busy(&busy_);
+      try {
+        write_record(f, {inputs[0]});
+      } catch (const std::exception& e) {
+        report_swallowed(info.name.c_str(), e);
+        holes_.clear();
+      }
+    }
+  }
+  items_.resize(f.items_begin);
+  bytes_.resize(f.bytes_begin);
+  bytes_item_start_ = bytes_.size();
+  snaps_top_ = f.snaps_begin;
 }
 
 void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f, trace::Phase phase) {
@@ -465,7 +525,11 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f, trace::Pha
       f.rng = rng_state(fn);
     }
     uint64_t overwritten = info.overwritten_args, written = info.written_args;
+    // A lean sentinel step ran ops unseen before its optimizer window: what an op there writes is
+    // described by what it becomes (its output), not hashed first (on a device, a launch each).
+    if (proc.in_optimizer_window()) overwritten |= info.mutable_args;
     if (info.collective.defined()) {
+      proc.saw_collective();
       f.collective = true;
       // A receive buffer is filled in full when the Work completes.
       overwritten = written = start_collective(fn, info, f.order);
@@ -611,7 +675,7 @@ void ThreadRecorder::forget_written_args(const Frame& f) {
     if (at::Tensor t(written_[k].impl.lock()); t.defined()) cache_.wrote_unseen(t);
 }
 
-void ThreadRecorder::write_record(const Frame& f, const at::RecordFunction& fn) {
+void ThreadRecorder::write_record(const Frame& f, const std::vector<c10::IValue>& outputs) {
   ProcessRecorder& proc = ProcessRecorder::instance();
   if (!sink_.started()) open_stream();
   trace::RecordEncoder& encoder = sink_.encoder();
@@ -643,7 +707,6 @@ void ThreadRecorder::write_record(const Frame& f, const at::RecordFunction& fn) 
     else
       w.raw(bytes_.data() + item.begin, item.end - item.begin);
   }
-  const auto& outputs = fn.outputs();
   w.varint(outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) {
     if (f.collective || collectives_.returns_unfilled_buffer(outputs[i]))
@@ -693,7 +756,11 @@ void ThreadRecorder::on_end(const at::RecordFunction& fn) {
   depth_ = i - 1;
 
   if (f.mark != Mark::kOp) {
-    if (phases_.leave(f.mark)) ProcessRecorder::instance().mark_step_end();
+    ProcessRecorder& proc = ProcessRecorder::instance();
+    const bool step_ends = phases_.leave(f.mark);
+    // Closed first: with the op callback off, the step ends at once.
+    if (is_optimizer_mark(f.mark) && phases_.outside_optimizer()) proc.close_optimizer_window();
+    if (step_ends) proc.mark_step_end();
     return;
   }
   phases_.leave_op(f.backward);
@@ -713,7 +780,7 @@ void ThreadRecorder::on_end(const at::RecordFunction& fn) {
     if (in_buffer.entered()) {
       Busy busy(&busy_);
       try {
-        write_record(f, fn);
+        write_record(f, fn.outputs());
       } catch (const std::exception& e) {
         // Never throw into libtorch. The record was being encoded apart, and is dropped; what
         // the buffer holds is whole records.

@@ -78,6 +78,22 @@ class ProcessRecorder {
   // Bumped each time the op callback comes back on: the ops it missed may have changed any
   // tensor a thread's cache describes.
   uint64_t op_callback_epoch() const { return op_callback_epoch_.load(std::memory_order_acquire); }
+
+  // The lean sentinel. A sentinel records what a step leaves: the optimizer's ops and the loss.
+  // Once a process has shown both by marks (an optimizer mark, and a `detaudit::backward` mark
+  // carrying a loss), its later watched steps run with the op callback off but inside the
+  // optimizer's marks, and take the loss from the backward mark: the forward's and backward's
+  // ops cost libtorch nothing. Never where collectives tell ranks apart (WORLD_SIZE > 1, or a
+  // collective seen), nor in a DataLoader worker.
+  void saw_optimizer_mark() { optimizer_marked_.store(true, std::memory_order_relaxed); }
+  void saw_backward_mark() { backward_marked_.store(true, std::memory_order_relaxed); }
+  void saw_collective();
+  // An optimizer mark opens (or closes) the window in which a lean step sees ops.
+  void open_optimizer_window();
+  void close_optimizer_window();
+  // A lean step outside its optimizer window: the loss is the backward mark's.
+  bool loss_from_marks() const;
+  bool in_optimizer_window() const { return optimizer_window_.load(std::memory_order_relaxed); }
   void mark_step_end();
   // Called at the start of each top-level op: begins the next step if one ended, or in a
   // DataLoader worker, the step of the batch it is making.
@@ -128,6 +144,10 @@ class ProcessRecorder {
   void set_step(uint64_t step);
   void write_progress(uint64_t step);
   void refresh_step_state(uint64_t step);
+  // With op_callback_mu_ held: the op callback on (the marks callback off), or the other way.
+  void switch_op_callback(bool on);
+  void learn_lean_sentinel();
+  bool lean_step(uint64_t step) const;
   void follow_worker_batch();
   std::vector<std::string> closing_status_lines(const std::string& ending);
 
@@ -160,6 +180,11 @@ class ProcessRecorder {
   at::CallbackHandle op_callback_ = 0, marks_callback_ = 0;
   std::atomic<bool> op_callback_on_{true};
   std::atomic<uint64_t> op_callback_epoch_{0};
+  std::atomic<bool> optimizer_marked_{false}, backward_marked_{false}, collective_seen_{false};
+  bool several_ranks_ = false;     // WORLD_SIZE > 1
+  std::atomic<bool> lean_{false};  // learned: lean steps from lean_from_ on
+  std::atomic<uint64_t> lean_from_{UINT64_MAX};
+  std::atomic<bool> optimizer_window_{false};
   std::mutex groups_mu_;                                  // taken once per collective
   std::vector<std::pair<const void*, uint64_t>> groups_;  // key, collectives so far
   std::mutex threads_mu_;                                 // taken once per thread, never per op
@@ -266,6 +291,10 @@ class ThreadRecorder {
   bool sentinel_wants(Frame& f, trace::Phase phase) const;
   // This op's step is watched by the sentinel, not recorded in full (Config::full_steps).
   bool sentinel_step(const ProcessRecorder& proc) const;
+  // A `detaudit::backward` mark: its input, if a loss, shows the lean sentinel the loss; in a
+  // lean step, recorded as the output of a `detaudit::loss` record (ProcessRecorder).
+  void take_loss_from_mark(const at::RecordFunction& mark);
+  const OpInfo& loss_op_info();
   // Whether the op enclosing frames_[frame] runs a kernel of its own (unknown: yes) and its
   // nested ops added tensors to the device batch that this kernel may write once they end: all
   // but copies the batch made, and the inputs of an op that writes none of its arguments.
@@ -320,7 +349,7 @@ class ThreadRecorder {
   void emit_written_args(const Frame& f, trace::ByteWriter& w);
   // An op not recorded wrote them: what the cache holds over their storages is void.
   void forget_written_args(const Frame& f);
-  void write_record(const Frame& f, const at::RecordFunction& fn);
+  void write_record(const Frame& f, const std::vector<c10::IValue>& outputs);
   uint64_t rng_state(const at::RecordFunction& fn);
 
   uint32_t fork_generation_;

@@ -188,6 +188,10 @@ def mode_env(args, mode_config, run_dir, name=""):
         env["DETAUDIT_INTERPOSER"] = hooks
     else:
         env["LD_PRELOAD"] = hooks
+    # and its Python side first on PYTHONPATH (torch.compile's kernels, the backward's mark).
+    python_hooks = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(hooks))), "python")
+    if os.path.exists(os.path.join(python_hooks, "sitecustomize.py")):
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (python_hooks, env.get("PYTHONPATH")) if p)
     env["DETAUDIT_RUN_DIR"] = run_dir
     env["DETAUDIT_CONFIG"] = config_path
     return env

@@ -14,6 +14,12 @@ namespace {
 
 using Step = std::function<void()>;
 
+// The backward, marked with its loss as a C++ program marks its phases (detaudit/marker.h).
+void backward(const torch::Tensor& loss) {
+  DETAUDIT_BACKWARD(loss);
+  loss.backward();
+}
+
 Step cnn() {
   torch::nn::Sequential model;
   int64_t c = 3;
@@ -37,7 +43,7 @@ Step cnn() {
   return [=]() mutable {
     DETAUDIT_STEP();
     opt->zero_grad();
-    torch::nn::functional::cross_entropy(model->forward(x), y).backward();
+    backward(torch::nn::functional::cross_entropy(model->forward(x), y));
     DETAUDIT_OPTIMIZER();
     opt->step();
   };
@@ -56,7 +62,7 @@ Step embed() {
   return [=]() mutable {
     DETAUDIT_STEP();
     opt->zero_grad();
-    torch::nn::functional::cross_entropy(mlp->forward(emb->forward(tokens).mean(1)), y).backward();
+    backward(torch::nn::functional::cross_entropy(mlp->forward(emb->forward(tokens).mean(1)), y));
     DETAUDIT_OPTIMIZER();
     opt->step();
   };
@@ -76,7 +82,7 @@ Step lstm() {
     auto h = torch::zeros({4, 32}), c = torch::zeros({4, 32});
     for (int64_t t = 0; t < xs.size(0); ++t)
       std::tie(h, c) = cell->forward(xs[t], std::make_tuple(h, c));
-    torch::mse_loss(head->forward(h), target).backward();
+    backward(torch::mse_loss(head->forward(h), target));
     DETAUDIT_OPTIMIZER();
     opt->step();
   };

@@ -2,6 +2,9 @@
 optimizer state, loss); the first divergent step is then recorded in full and diffed to the op.
 Real programs under the real interposer: a 160-step loop whose CPU index_put race starts at
 step 150, the same loop without it, a difference that never comes back, and DDP over gloo.
+From its second step a process whose optimizer and backward are marked (every Python program;
+C++ with DETAUDIT_OPTIMIZER and DETAUDIT_BACKWARD) sees no op outside the optimizer: its loss
+is the backward mark's, recorded as `detaudit::loss`.
 The loops are short: what the sentinel does at step 150 of 160 it does at step 9,000 of 10,000,
 and each step costs CI its time, twice a run and once for each full recording.
 
@@ -12,7 +15,7 @@ import re
 import unittest
 
 from detaudit_testlib import (PYTHON, TmpDirCase, build_binary, export_records, output_log,
-                              program, record, record_pair, run_program)
+                              program, record, record_pair, run_program, tensors)
 
 LONG_RUN = [PYTHON, program("long_run.py")]
 DDP = [PYTHON, program("ddp_train.py")]
@@ -20,6 +23,28 @@ STEPS, RACE_FROM = 160, 150
 # The race adds for tens of milliseconds a thread, so it changes the bits in nearly every step
 # even on a loaded machine; pairs tried at most, each needing it to fire again in the window.
 RACE_ATTEMPTS = 3
+
+
+def audit_until_the_race_comes_back(test, name, command, attempts=RACE_ATTEMPTS):
+    """Sentinel audits of command until one finds a step whose full recording diverges too;
+    returns its (proc, report, out)."""
+    for attempt in range(attempts):
+        out = os.path.join(test.tmp, f"{name}{attempt}")
+        proc, report = record_pair(out, command, flags=["--sentinel"])
+        if report["sentinel"]["divergent"] and report["sentinel"]["came_back"]:
+            return proc, report, out
+    test.fail(f"the index_put race did not fire twice at one step in {attempts} audits")
+
+
+def lean_from(run_dir, process="r0.main"):
+    """The step from which the process saw no op outside the optimizer, from its .status."""
+    with open(os.path.join(run_dir, "streams", process + ".status")) as f:
+        m = re.search(r"sentinel: no op seen outside the optimizer from step (\d+)", f.read())
+    return int(m.group(1)) if m else None
+
+
+def loss_op(step, lean, made_by):
+    return "detaudit::loss" if lean is not None and step >= lean else made_by
 
 
 def op_names_by_step(run_dir):
@@ -45,36 +70,88 @@ class DeterministicLongRun(TmpDirCase):
         for i in (0, 1):
             self.assertEqual(output_log(os.path.join(out, f"run-{i}")).strip(),
                              plain.stdout.strip())
-        # Each step: the loss, then the optimizer's top-level updates, and nothing else.
+        # Each step: the loss, then the optimizer's top-level updates, and nothing else. Step 0
+        # shows the optimizer's and the backward's marks; from step 1 on no op is seen outside
+        # the optimizer, and the loss is the backward mark's.
+        lean = lean_from(os.path.join(out, "run-0"))
+        self.assertEqual(lean, 1)
         by_step = op_names_by_step(os.path.join(out, "run-0"))
         self.assertEqual(sorted(by_step), list(range(STEPS)))
         for step, seen in by_step.items():
+            loss = (loss_op(step, lean, "aten::cross_entropy_loss"), "forward", 0)
             # torch 1.13's zero_grad zeroes the gradients (and its scope makes a handle with
             # `empty`): optimizer phase too, before the forward.
-            self.assertTrue(set(seen) <= {("aten::cross_entropy_loss", "forward", 0),
-                                          ("aten::add_", "optimizer", 0),
+            self.assertTrue(set(seen) <= {loss, ("aten::add_", "optimizer", 0),
                                           ("aten::zero_", "optimizer", 0),
                                           ("aten::empty", "optimizer", 0)}, (step, seen))
-            self.assertEqual(seen.count(("aten::cross_entropy_loss", "forward", 0)), 1, step)
+            self.assertEqual(seen.count(loss), 1, step)
             self.assertEqual(seen.count(("aten::add_", "optimizer", 0)), 4, step)
-        # The loss is found in every step.
-        self.assertEqual([p["step"] for p in report["spread"]["loss"]], list(range(STEPS)))
+        # The loss is found in every step, and it is the program's: the mark carries the tensor
+        # the op made (the program prints it every 100 steps, to 6 places).
+        points = {p["step"]: p for p in report["spread"]["loss"]}
+        self.assertEqual(sorted(points), list(range(STEPS)))
+        printed = dict(re.findall(r"step (\d+) loss ([0-9.]+)", plain.stdout))
+        self.assertTrue(printed, plain.stdout)
+        for step, value in printed.items():
+            self.assertAlmostEqual(points[int(step)]["a"], float(value), places=5)
+
+    def test_the_loss_from_its_mark_is_the_loss_from_its_op(self):
+        # The same run recorded in full at steps 0-3: each step's loss, from the op that made it,
+        # has the bits the sentinel's mark gave.
+        sentinel, sentinel_run = record(os.path.join(self.tmp, "sentinel"),
+                                        LONG_RUN + ["--steps", "4"], flags=["--sentinel"])
+        full, full_run = record(os.path.join(self.tmp, "full"), LONG_RUN + ["--steps", "4"],
+                                flags=["--digest", "xxh3"])
+        self.assertEqual((sentinel.returncode, full.returncode), (0, 0), sentinel.stderr)
+
+        def loss_digests(run_dir, name):
+            return {r["step"]: tensors(r["outputs"])[0]["digest"]
+                    for r in export_records(run_dir, stream="r0.main.t-main")
+                    if r["record"] == "op" and r["name"] == name and r["depth"] == 0}
+        marked = loss_digests(sentinel_run, "detaudit::loss")
+        made = loss_digests(full_run, "aten::cross_entropy_loss")
+        self.assertEqual(sorted(marked), [1, 2, 3])
+        self.assertEqual({s: made[s] for s in marked}, marked)
 
 
     def test_a_cpp_program_alike(self):
         # libtorch's SGD with momentum, no Python: its optimizer ops and nll_loss each step.
-        out = os.path.join(self.tmp, "cpp")
-        proc, report = record_pair(out, [build_binary("train_cnn"), "--steps", "4"],
-                                   flags=["--sentinel"])
-        self.assertEqual(proc.returncode, 0, proc.stderr)
-        self.assertEqual(report["verdict"], "identical", report.get("first_divergence"))
-        by_step = op_names_by_step(os.path.join(out, "run-0"))
-        self.assertEqual(sorted(by_step), [0, 1, 2, 3])
-        for step, seen in by_step.items():
-            self.assertEqual(seen[0], ("aten::nll_loss", "forward", 0), (step, seen))
-            self.assertTrue(seen[1:] and all(p == "optimizer" and d == 0 for _, p, d in seen[1:]),
-                            (step, seen))
-        self.assertEqual([p["step"] for p in report["spread"]["loss"]], [0, 1, 2, 3])
+        # Without a backward mark every op is seen; with one (--mark-backward), from step 1 only
+        # the optimizer's, and the loss from the mark.
+        for flags, lean_step in (([], None), (["--mark-backward"], 1)):
+            out = os.path.join(self.tmp, "cpp" + "".join(flags))
+            proc, report = record_pair(out, [build_binary("train_cnn"), "--steps", "4"] + flags,
+                                       flags=["--sentinel"])
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            self.assertEqual(report["verdict"], "identical", report.get("first_divergence"))
+            lean = lean_from(os.path.join(out, "run-0"))
+            self.assertEqual(lean, lean_step, flags)
+            by_step = op_names_by_step(os.path.join(out, "run-0"))
+            self.assertEqual(sorted(by_step), [0, 1, 2, 3])
+            for step, seen in by_step.items():
+                self.assertEqual(seen[0], (loss_op(step, lean, "aten::nll_loss"), "forward", 0),
+                                 (step, seen))
+                self.assertTrue(seen[1:] and all(p == "optimizer" and d == 0
+                                                 for _, p, d in seen[1:]), (step, seen))
+            self.assertEqual([p["step"] for p in report["spread"]["loss"]], [0, 1, 2, 3])
+            # No changed results: the losses it printed are the plain program's.
+            plain = run_program([build_binary("train_cnn"), "--steps", "4"] + flags)
+            self.assertEqual(output_log(os.path.join(out, "run-0")).strip(), plain.stdout.strip())
+
+    def test_a_cpp_race_from_step_2_is_found_there(self):
+        # The race planted from step 2 of a lean C++ loop: the first divergent step is 2 or later
+        # (a race may not fire at once), never earlier, and the full window names the op. Its
+        # race is smaller than long_run.py's, and fires less often on a loaded machine: more
+        # audits, each a few seconds.
+        proc, report, out = audit_until_the_race_comes_back(
+            self, "cpp-race", [build_binary("train_cnn"), "--steps", "8", "--threads", "2",
+                               "--race-from", "2", "--mark-backward"], 2 * RACE_ATTEMPTS)
+        sentinel = report["sentinel"]
+        self.assertEqual(lean_from(os.path.join(out, "run-0")), 1)
+        self.assertEqual(proc.returncode, 1, proc.stderr)
+        self.assertGreaterEqual(sentinel["step"], 2, sentinel)
+        self.assertEqual(report["first_divergence"]["op"], "aten::_index_put_impl_",
+                         report["first_divergence"])
 
 
     def test_device_digest_is_one_batch_a_step(self):
@@ -97,16 +174,9 @@ class DeterministicLongRun(TmpDirCase):
 
 class LateRace(TmpDirCase):
     def test_named_at_its_step_then_at_its_index_put(self):
-        for attempt in range(RACE_ATTEMPTS):
-            out = os.path.join(self.tmp, f"audit{attempt}")
-            proc, report = record_pair(out, LONG_RUN + ["--steps", str(STEPS), "--race-from",
-                                                        str(RACE_FROM)], flags=["--sentinel"])
-            sentinel = report["sentinel"]
-            if sentinel["divergent"] and sentinel["came_back"]:
-                break
-        else:
-            self.fail(f"the index_put race did not fire twice at one step in {RACE_ATTEMPTS} "
-                      f"audits")
+        proc, report, _ = audit_until_the_race_comes_back(
+            self, "audit", LONG_RUN + ["--steps", str(STEPS), "--race-from", str(RACE_FROM)])
+        sentinel = report["sentinel"]
         self.assertEqual(proc.returncode, 1, proc.stderr)
         # The race fires in nearly every step from RACE_FROM, maybe not in the first. Never
         # before it: the steps before the race are identical.
