@@ -188,17 +188,34 @@ bool ProcessRecorder::lean_step(uint64_t step) const {
 
 void ProcessRecorder::learn_lean_sentinel() {
   if (!config_.sentinel || lean_.load() || worker_ != Worker::kNo || several_ranks_ ||
-      collective_seen_.load() || !optimizer_marked_.load() || !backward_marked_.load())
+      collective_seen_.load() || optimizer_threads_.load() || !optimizer_marked_.load() ||
+      !backward_marked_.load())
     return;
   lean_from_.store(step());
   lean_.store(true);
 }
 
-void ProcessRecorder::saw_collective() {
-  if (collective_seen_.exchange(true) || !lean_.load()) return;
-  // Seen with the op callback on (a full or optimizer window's step): from now on, every op.
-  lean_.store(false);
+void ProcessRecorder::stop_lean_sentinel(const char* why) {
+  if (!lean_.exchange(false)) return;
+  {
+    std::lock_guard<std::mutex> lock(lean_stop_mu_);
+    lean_stop_ = "from step " + std::to_string(step()) + ": " + why;
+  }
   refresh_step_state(step());
+}
+
+void ProcessRecorder::saw_optimizer_mark() {
+  optimizer_marked_.store(true, std::memory_order_relaxed);
+  const pid_t self = pid_t(::syscall(SYS_gettid));
+  pid_t first = 0;
+  if (optimizer_thread_.compare_exchange_strong(first, self) || first == self) return;
+  optimizer_threads_.store(true);
+  stop_lean_sentinel("a second thread entered an optimizer mark");
+}
+
+void ProcessRecorder::saw_collective() {
+  // Seen with the op callback on (a full or optimizer window's step).
+  if (!collective_seen_.exchange(true)) stop_lean_sentinel("a collective ran");
 }
 
 void ProcessRecorder::open_optimizer_window() {
@@ -357,9 +374,12 @@ std::vector<std::string> ProcessRecorder::closing_status_lines(const std::string
   }
   const std::string write_error = StreamWriter::instance().first_write_error();
   if (!write_error.empty()) lines.push_back("trace write failed: " + write_error);
-  if (lean_.load())
+  if (lean_from_.load() != UINT64_MAX) {
     lines.push_back("sentinel: no op seen outside the optimizer from step " +
                     std::to_string(lean_from_.load()) + ", the loss taken from its backward mark");
+    std::lock_guard<std::mutex> lock(lean_stop_mu_);
+    if (!lean_stop_.empty()) lines.push_back("sentinel: every op seen again " + lean_stop_);
+  }
   lines.push_back(ending);
   return lines;
 }
@@ -446,6 +466,7 @@ void ProcessRecorder::after_fork_child() {
     worker_epoch_offset_ = 0;
     worker_last_batch_ = -1;
     optimizer_window_.store(false);
+    optimizer_thread_.store(0);
     switch_op_callback(true);
   }
 }

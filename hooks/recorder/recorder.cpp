@@ -270,7 +270,11 @@ void ThreadRecorder::on_start(const at::RecordFunction& fn) {
       proc.at_top_level_op();
     if (is_optimizer_mark(f.mark)) {
       proc.saw_optimizer_mark();
-      if (phases_.outside_optimizer()) proc.open_optimizer_window();
+      // zero_grad's ops write only gradients, which the optimizer's ops read: not opened for
+      // them (each window costs libtorch a rebuild of its callback lists on every thread).
+      if (phases_.outside_optimizer() &&
+          std::string_view(fn.name()).rfind("Optimizer.zero_grad#", 0) != 0)
+        proc.open_optimizer_window();
     }
     if (f.mark == Mark::kBackwardFrom) take_loss_from_mark(fn);
     phases_.enter(f.mark, fn.name());

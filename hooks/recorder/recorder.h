@@ -84,8 +84,9 @@ class ProcessRecorder {
   // carrying a loss), its later watched steps run with the op callback off but inside the
   // optimizer's marks, and take the loss from the backward mark: the forward's and backward's
   // ops cost libtorch nothing. Never where collectives tell ranks apart (WORLD_SIZE > 1, or a
-  // collective seen), nor in a DataLoader worker.
-  void saw_optimizer_mark() { optimizer_marked_.store(true, std::memory_order_relaxed); }
+  // collective seen), where two threads run optimizers (Hogwild: one's window would show the
+  // other's ops), nor in a DataLoader worker.
+  void saw_optimizer_mark();
   void saw_backward_mark() { backward_marked_.store(true, std::memory_order_relaxed); }
   void saw_collective();
   // An optimizer mark opens (or closes) the window in which a lean step sees ops.
@@ -147,6 +148,8 @@ class ProcessRecorder {
   // With op_callback_mu_ held: the op callback on (the marks callback off), or the other way.
   void switch_op_callback(bool on);
   void learn_lean_sentinel();
+  // For good: every op seen from now on, and the .status says from which step and why.
+  void stop_lean_sentinel(const char* why);
   bool lean_step(uint64_t step) const;
   void follow_worker_batch();
   std::vector<std::string> closing_status_lines(const std::string& ending);
@@ -181,10 +184,14 @@ class ProcessRecorder {
   std::atomic<bool> op_callback_on_{true};
   std::atomic<uint64_t> op_callback_epoch_{0};
   std::atomic<bool> optimizer_marked_{false}, backward_marked_{false}, collective_seen_{false};
-  bool several_ranks_ = false;     // WORLD_SIZE > 1
-  std::atomic<bool> lean_{false};  // learned: lean steps from lean_from_ on
+  std::atomic<pid_t> optimizer_thread_{0};      // the first thread that entered an optimizer mark
+  std::atomic<bool> optimizer_threads_{false};  // and then another one
+  bool several_ranks_ = false;                  // WORLD_SIZE > 1
+  std::atomic<bool> lean_{false};               // learned: lean steps from lean_from_ on
   std::atomic<uint64_t> lean_from_{UINT64_MAX};
   std::atomic<bool> optimizer_window_{false};
+  std::mutex lean_stop_mu_;
+  std::string lean_stop_;                                 // "from step N: why", once stopped
   std::mutex groups_mu_;                                  // taken once per collective
   std::vector<std::pair<const void*, uint64_t>> groups_;  // key, collectives so far
   std::mutex threads_mu_;                                 // taken once per thread, never per op

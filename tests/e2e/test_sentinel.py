@@ -138,6 +138,31 @@ class DeterministicLongRun(TmpDirCase):
             plain = run_program([build_binary("train_cnn"), "--steps", "4"] + flags)
             self.assertEqual(output_log(os.path.join(out, "run-0")).strip(), plain.stdout.strip())
 
+    def test_every_op_seen_again_once_a_second_thread_runs_an_optimizer(self):
+        # Hogwild in threads: each thread's optimizer window would show the other's ops, and its
+        # losses land in either. Lean from step 1 on the main thread; from the second thread's
+        # first optimizer mark (step 6), every op is seen again.
+        code = ("import threading, torch\n"
+                "def train(seed):\n"
+                "    torch.manual_seed(seed)\n"
+                "    m = torch.nn.Linear(8, 1); opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                "    for _ in range(6):\n"
+                "        opt.zero_grad(); m(torch.ones(4, 8)).pow(2).mean().backward(); opt.step()\n"
+                "train(0)\n"
+                "t = threading.Thread(target=train, args=(1,)); t.start(); t.join()\n")
+        proc, run = record(os.path.join(self.tmp, "threads"), [PYTHON, "-c", code],
+                           flags=["--sentinel"])
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(lean_from(run), 1)
+        with open(os.path.join(run, "streams", "r0.main.status")) as f:
+            self.assertIn("sentinel: every op seen again from step 6: a second thread entered an "
+                          "optimizer mark", f.read())
+        # Its steps from 6 on are recorded as before: the thread's loss is the op that made it.
+        names = {(r["step"], r["name"]) for r in export_records(run) if r["record"] == "op"}
+        self.assertIn((7, "aten::mean"), names)
+        self.assertNotIn((7, "detaudit::loss"), names)
+        self.assertIn((2, "detaudit::loss"), names)
+
     def test_a_cpp_race_from_step_2_is_found_there(self):
         # The race planted from step 2 of a lean C++ loop: the first divergent step is 2 or later
         # (a race may not fire at once), never earlier, and the full window names the op. Its
