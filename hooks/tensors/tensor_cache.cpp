@@ -214,6 +214,14 @@ void TensorCache::make_room() {
 }
 
 void TensorCache::clear() {
+  // The TensorImpls and StorageImpls the entries refer to weakly are let go one clear later.
+  // Freed all at once, at each of the lean sentinel's steps, they let glibc consolidate and trim
+  // its heap under the program's large tensors, then fault them back in: embed, 1.5x plain
+  // against 1.1x (docs/performance.md).
+  retired_impls_.clear();
+  retired_storages_.clear();
+  for (auto& [key, e] : entries_) retired_impls_.push_back(std::move(e.impl));
+  for (auto& [key, st] : storages_) retired_storages_.push_back(std::move(st.storage));
   entries_.clear();
   storages_.clear();
 }

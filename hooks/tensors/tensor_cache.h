@@ -27,6 +27,7 @@
 #include <array>
 #include <memory_resource>
 #include <unordered_map>
+#include <vector>
 
 #include "stream/pending_records.h"
 #include "trace/records.h"
@@ -158,6 +159,9 @@ class TensorCache {
   std::pmr::unsynchronized_pool_resource memory_;
   std::pmr::unordered_map<const c10::TensorImpl*, Entry> entries_{&memory_};
   std::pmr::unordered_map<const c10::StorageImpl*, StorageState> storages_{&memory_};
+  // What the last clear() let go, held one clear longer (clear()).
+  std::vector<WeakImpl> retired_impls_;
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> retired_storages_;
 };
 
 // The cached description still matches the tensor's view of its storage: dtype, offset, sizes
