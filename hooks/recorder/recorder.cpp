@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
+#include <torch/csrc/autograd/function.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <typeinfo>
 
 #include "ops/rng_source.h"
 #include "process/environment.h"
@@ -458,9 +460,18 @@ void ThreadRecorder::take_loss_from_mark(const at::RecordFunction& mark) {
   if (inputs.empty() || !inputs[0].isTensor() || !looks_like_loss(inputs[0].toTensor())) return;
   ProcessRecorder& proc = ProcessRecorder::instance();
   proc.saw_backward_mark();
-  // Elsewhere the op that made the loss was seen, and recorded (sentinel_wants).
-  if (!proc.loss_from_marks()) return;
-  const OpInfo& info = loss_op_info();
+  const at::Tensor& loss = inputs[0].toTensor();
+  const torch::autograd::Node* made_by = loss.grad_fn().get();
+  if (!proc.loss_from_marks()) {
+    // The op that made the loss was seen, and recorded (sentinel_wants): a lean step names its
+    // loss after it, so that its trace reads as a sentinel's always did, while the autograd
+    // node of its loss is of the same type (the same kind of op made it).
+    if (made_by && loss.unsafeGetTensorImpl() == last_loss_.impl)
+      loss_maker_ = {&typeid(*made_by), last_loss_.info};
+    return;
+  }
+  const bool same_maker = made_by && loss_maker_.node && typeid(*made_by) == *loss_maker_.node;
+  const OpInfo& info = same_maker ? *loss_maker_.info : loss_op_info();
   trace::Phase phase;
   if (!recording_wanted(info, &phase)) return;
   // Ops ran unseen since the cache was right, and the loss may sit where a described tensor was.
@@ -474,6 +485,8 @@ void ThreadRecorder::take_loss_from_mark(const at::RecordFunction& mark) {
   f.info = &info;
   f.loss_candidate = true;  // no inputs: the loss is its one output
   begin_op(mark, f, phase);
+  if (same_maker)  // as the op's own record: a function's scope
+    f.bits = uint8_t((f.bits & ~(3u << 2)) | (uint8_t(trace::Scope::kFunction) << 2));
   if (f.recorded) {
     InBuffer in_buffer = sink_.enter();
     if (in_buffer.entered()) {
@@ -768,8 +781,10 @@ void ThreadRecorder::on_end(const at::RecordFunction& fn) {
     return;
   }
   phases_.leave_op(f.backward);
-  if (f.loss_candidate && !f.info->is_random && looks_like_loss(fn.outputs()))
+  if (f.loss_candidate && !f.info->is_random && looks_like_loss(fn.outputs())) {
     begin_op(fn, f, trace::Phase::kForward);
+    if (f.recorded) last_loss_ = {fn.outputs()[0].toTensor().unsafeGetTensorImpl(), f.info};
+  }
   if (!f.recorded && f.info && f.info->writes && !f.info->metadata_only) {
     // A write we do not record still changes bytes the cache describes.
     for (const c10::IValue& v : fn.outputs())

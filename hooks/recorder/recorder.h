@@ -23,6 +23,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <typeinfo>
 #include <unordered_map>
 #include <vector>
 
@@ -299,7 +300,8 @@ class ThreadRecorder {
   // This op's step is watched by the sentinel, not recorded in full (Config::full_steps).
   bool sentinel_step(const ProcessRecorder& proc) const;
   // A `detaudit::backward` mark: its input, if a loss, shows the lean sentinel the loss; in a
-  // lean step, recorded as the output of a `detaudit::loss` record (ProcessRecorder).
+  // lean step, recorded as the output of a record named after the op that made the loss when it
+  // was last seen (`loss_maker_`), else `detaudit::loss` (ProcessRecorder).
   void take_loss_from_mark(const at::RecordFunction& mark);
   const OpInfo& loss_op_info();
   // Whether the op enclosing frames_[frame] runs a kernel of its own (unknown: yes) and its
@@ -387,6 +389,17 @@ class ThreadRecorder {
   TensorCache cache_;
   int64_t next_tensor_id_ = 0;
   uint64_t top_level_serial_ = 0;
+  // The last loss candidate recorded (its output, compared by address only), and the op that
+  // made the loss a backward mark carried in a step that saw every op, with the type of that
+  // loss's autograd node.
+  struct LastLoss {
+    const c10::TensorImpl* impl = nullptr;
+    const OpInfo* info = nullptr;
+  } last_loss_;
+  struct LossMaker {
+    const std::type_info* node = nullptr;
+    const OpInfo* info = nullptr;
+  } loss_maker_;
 
   PhaseTracker phases_;
   std::vector<Frame> frames_;

@@ -184,8 +184,12 @@ class StoredBaseline(RecordedRuns):
         self.assertEqual((change["step"], change["phase"], change["op"]),
                          (2, "optimizer", "aten::add_"), change)
         self.assertGreater(change["output"]["ulps"], 16, change)
+        # Bit for bit, another host may part sooner: torch picks its kernels by the CPU's vector
+        # width (the baseline's host ran AVX2 ones; on an AVX-512 host the step-0 gradients
+        # differ by ~1e-9, and the diff's environment says "CPU capability usage: AVX2 vs
+        # AVX512"), within the tolerance. Never later than the change.
         first = report["first_divergence"]
-        self.assertEqual(first["step"], 2, first)
+        self.assertLessEqual(first["step"], 2, first)
 
     def test_a_full_recording_is_not_compared_with_a_sentinel_baseline(self):
         self.records("now")

@@ -4,7 +4,8 @@ Real programs under the real interposer: a 160-step loop whose CPU index_put rac
 step 150, the same loop without it, a difference that never comes back, and DDP over gloo.
 From its second step a process whose optimizer and backward are marked (every Python program;
 C++ with DETAUDIT_OPTIMIZER and DETAUDIT_BACKWARD) sees no op outside the optimizer: its loss
-is the backward mark's, recorded as `detaudit::loss`.
+is the backward mark's, recorded under the name of the op that made it when every op was seen
+(while its autograd node is of the same type), else as `detaudit::loss`.
 The loops are short: what the sentinel does at step 150 of 160 it does at step 9,000 of 10,000,
 and each step costs CI its time, twice a run and once for each full recording.
 
@@ -43,10 +44,6 @@ def lean_from(run_dir, process="r0.main"):
     return int(m.group(1)) if m else None
 
 
-def loss_op(step, lean, made_by):
-    return "detaudit::loss" if lean is not None and step >= lean else made_by
-
-
 def op_names_by_step(run_dir):
     by_step = {}
     for r in export_records(run_dir, stream="r0.main.t-main"):
@@ -72,13 +69,12 @@ class DeterministicLongRun(TmpDirCase):
                              plain.stdout.strip())
         # Each step: the loss, then the optimizer's top-level updates, and nothing else. Step 0
         # shows the optimizer's and the backward's marks; from step 1 on no op is seen outside
-        # the optimizer, and the loss is the backward mark's.
-        lean = lean_from(os.path.join(out, "run-0"))
-        self.assertEqual(lean, 1)
+        # the optimizer, and the loss is the backward mark's, named after the op that made it.
+        self.assertEqual(lean_from(os.path.join(out, "run-0")), 1)
         by_step = op_names_by_step(os.path.join(out, "run-0"))
         self.assertEqual(sorted(by_step), list(range(STEPS)))
+        loss = ("aten::cross_entropy_loss", "forward", 0)
         for step, seen in by_step.items():
-            loss = (loss_op(step, lean, "aten::cross_entropy_loss"), "forward", 0)
             # torch 1.13's zero_grad zeroes the gradients (and its scope makes a handle with
             # `empty`): optimizer phase too, before the forward.
             self.assertTrue(set(seen) <= {loss, ("aten::add_", "optimizer", 0),
@@ -97,7 +93,7 @@ class DeterministicLongRun(TmpDirCase):
 
     def test_the_loss_from_its_mark_is_the_loss_from_its_op(self):
         # The same run recorded in full at steps 0-3: each step's loss, from the op that made it,
-        # has the bits the sentinel's mark gave.
+        # has the bits the sentinel's mark gave (steps 1-3, lean).
         sentinel, sentinel_run = record(os.path.join(self.tmp, "sentinel"),
                                         LONG_RUN + ["--steps", "4"], flags=["--sentinel"])
         full, full_run = record(os.path.join(self.tmp, "full"), LONG_RUN + ["--steps", "4"],
@@ -108,10 +104,11 @@ class DeterministicLongRun(TmpDirCase):
             return {r["step"]: tensors(r["outputs"])[0]["digest"]
                     for r in export_records(run_dir, stream="r0.main.t-main")
                     if r["record"] == "op" and r["name"] == name and r["depth"] == 0}
-        marked = loss_digests(sentinel_run, "detaudit::loss")
+        self.assertEqual(lean_from(sentinel_run), 1)
+        marked = loss_digests(sentinel_run, "aten::cross_entropy_loss")
         made = loss_digests(full_run, "aten::cross_entropy_loss")
-        self.assertEqual(sorted(marked), [1, 2, 3])
-        self.assertEqual({s: made[s] for s in marked}, marked)
+        self.assertEqual(sorted(marked), [0, 1, 2, 3])
+        self.assertEqual(made, marked)
 
 
     def test_a_cpp_program_alike(self):
@@ -129,8 +126,7 @@ class DeterministicLongRun(TmpDirCase):
             by_step = op_names_by_step(os.path.join(out, "run-0"))
             self.assertEqual(sorted(by_step), [0, 1, 2, 3])
             for step, seen in by_step.items():
-                self.assertEqual(seen[0], (loss_op(step, lean, "aten::nll_loss"), "forward", 0),
-                                 (step, seen))
+                self.assertEqual(seen[0], ("aten::nll_loss", "forward", 0), (step, seen))
                 self.assertTrue(seen[1:] and all(p == "optimizer" and d == 0
                                                  for _, p, d in seen[1:]), (step, seen))
             self.assertEqual([p["step"] for p in report["spread"]["loss"]], [0, 1, 2, 3])
@@ -157,11 +153,9 @@ class DeterministicLongRun(TmpDirCase):
         with open(os.path.join(run, "streams", "r0.main.status")) as f:
             self.assertIn("sentinel: every op seen again from step 6: a second thread entered an "
                           "optimizer mark", f.read())
-        # Its steps from 6 on are recorded as before: the thread's loss is the op that made it.
+        # Each step's loss, lean or not, is named after the op that made it.
         names = {(r["step"], r["name"]) for r in export_records(run) if r["record"] == "op"}
-        self.assertIn((7, "aten::mean"), names)
-        self.assertNotIn((7, "detaudit::loss"), names)
-        self.assertIn((2, "detaudit::loss"), names)
+        self.assertEqual({s for s, n in names if n == "aten::mean"}, set(range(12)))
 
     def test_a_cpp_race_from_step_2_is_found_there(self):
         # The race planted from step 2 of a lean C++ loop: the first divergent step is 2 or later
@@ -173,6 +167,12 @@ class DeterministicLongRun(TmpDirCase):
                                "--race-from", "2", "--mark-backward"], 2 * RACE_ATTEMPTS)
         sentinel = report["sentinel"]
         self.assertEqual(lean_from(os.path.join(out, "run-0")), 1)
+        # From step 2 the loss is `nll_loss + ...`: another op made it than in step 0 (its
+        # autograd node says so), and it is recorded as what it is, the mark's loss.
+        losses = {step: seen[0] for step, seen in op_names_by_step(
+            os.path.join(out, "run-0")).items()}
+        self.assertEqual(losses[1], ("aten::nll_loss", "forward", 0))
+        self.assertEqual(losses[3], ("detaudit::loss", "forward", 0))
         self.assertEqual(proc.returncode, 1, proc.stderr)
         self.assertGreaterEqual(sentinel["step"], 2, sentinel)
         self.assertEqual(report["first_divergence"]["op"], "aten::_index_put_impl_",
