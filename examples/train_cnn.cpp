@@ -16,7 +16,7 @@
 //
 // --race adds a gather from a large parameter (w[idx] with repeated indices) whose backward,
 // index_put_(accumulate=True), races on float atomics with more than one intra-op thread; with
-// --race-from K, from step K on.
+// --race-from K, from step K on, and over 8x as many values.
 #include <detaudit/marker.h>
 #include <torch/torch.h>
 
@@ -98,9 +98,12 @@ int main(int argc, char** argv) {
 
   torch::Tensor images = torch::randn({batch, 3, 32, 32});
   torch::Tensor labels = torch::randint(0, 10, {batch});
-  torch::Tensor index = torch::randint(0, 1 << 12, {1 << 17});  // many repeats
+  // Many repeats. From a later step (--race-from), 8x as many: each thread adds for longer, so
+  // the race shows in nearly every step even on a loaded machine.
+  const int64_t gathered = race_from > 0 ? int64_t(1) << 20 : int64_t(1) << 17;
+  torch::Tensor index = torch::randint(0, 1 << 12, {gathered});
   // Distinct addends per slot: with equal ones, any summation order gives the same bits.
-  torch::Tensor target = torch::randn({1 << 17});
+  torch::Tensor target = torch::randn({gathered});
   for (int step = 0; step < steps; ++step) {
     std::optional<detaudit::StepGuard> step_mark;
     if (marker) step_mark.emplace();  // DETAUDIT_STEP(), optional for the unmarked case

@@ -82,8 +82,10 @@ bool ProcessRecorder::init(const std::string& run_dir, const Config& config, std
     role_ = exec_child_role(dot == std::string::npos ? "main" : parent_name.substr(dot + 1));
   }
   is_python_ = python::host_is_python();
-  if (const char* world = std::getenv("WORLD_SIZE"))
-    several_ranks_ = std::strtol(world, nullptr, 10) > 1;
+  // Ranks whose collectives may come only after the first step (`srun python train.py`, each
+  // task its own rank, sets SLURM_NTASKS and no WORLD_SIZE): never lean.
+  for (const char* var : {"WORLD_SIZE", "SLURM_NTASKS"})
+    if (const char* n = std::getenv(var)) several_ranks_ |= std::strtol(n, nullptr, 10) > 1;
   if (!config_.select.ranks.contains(uint64_t(rank_))) return false;
   // The name this process means to claim (claimed at its first record: process_name()).
   ::setenv(layout::kEnvParentProcess, layout::process_name(rank_, role_).c_str(), 1);

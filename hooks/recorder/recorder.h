@@ -84,8 +84,8 @@ class ProcessRecorder {
   // Once a process has shown both by marks (an optimizer mark, and a `detaudit::backward` mark
   // carrying a loss), its later watched steps run with the op callback off but inside the
   // optimizer's marks, and take the loss from the backward mark: the forward's and backward's
-  // ops cost libtorch nothing. Never where collectives tell ranks apart (WORLD_SIZE > 1, or a
-  // collective seen), where two threads run optimizers (Hogwild: one's window would show the
+  // ops cost libtorch nothing. Never where collectives tell ranks apart (WORLD_SIZE or
+  // SLURM_NTASKS > 1, or a collective seen), where two threads run optimizers (Hogwild: one's window would show the
   // other's ops), nor in a DataLoader worker.
   void saw_optimizer_mark();
   void saw_backward_mark() { backward_marked_.store(true, std::memory_order_relaxed); }
@@ -187,7 +187,7 @@ class ProcessRecorder {
   std::atomic<bool> optimizer_marked_{false}, backward_marked_{false}, collective_seen_{false};
   std::atomic<pid_t> optimizer_thread_{0};      // the first thread that entered an optimizer mark
   std::atomic<bool> optimizer_threads_{false};  // and then another one
-  bool several_ranks_ = false;                  // WORLD_SIZE > 1
+  bool several_ranks_ = false;                  // WORLD_SIZE or SLURM_NTASKS > 1
   std::atomic<bool> lean_{false};               // learned: lean steps from lean_from_ on
   std::atomic<uint64_t> lean_from_{UINT64_MAX};
   std::atomic<bool> optimizer_window_{false};

@@ -150,6 +150,12 @@ class DeterministicLongRun(TmpDirCase):
                            flags=["--sentinel"])
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertEqual(lean_from(run), 1)
+        # One of several SLURM tasks, each its own rank, is never lean: its collectives may come
+        # after the first step.
+        slurm = record(os.path.join(self.tmp, "slurm"), [PYTHON, "-c", code],
+                       flags=["--sentinel", "--env", "SLURM_NTASKS=2"])
+        self.assertEqual(slurm[0].returncode, 0, slurm[0].stderr)
+        self.assertIsNone(lean_from(slurm[1]))
         with open(os.path.join(run, "streams", "r0.main.status")) as f:
             self.assertIn("sentinel: every op seen again from step 6: a second thread entered an "
                           "optimizer mark", f.read())
