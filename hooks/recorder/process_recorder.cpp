@@ -183,9 +183,12 @@ void ProcessRecorder::switch_op_callback(bool on) {
   op_callback_on_.store(on);
 }
 
+bool ProcessRecorder::watched_step(uint64_t step) const {
+  return config_.sentinel && !(config_.full_steps && config_.full_steps->contains(step));
+}
+
 bool ProcessRecorder::lean_step(uint64_t step) const {
-  return lean_.load(std::memory_order_relaxed) && step >= lean_from_.load() &&
-         !(config_.full_steps && config_.full_steps->contains(step));
+  return lean_.load(std::memory_order_relaxed) && step >= lean_from_.load() && watched_step(step);
 }
 
 void ProcessRecorder::learn_lean_sentinel() {
@@ -207,6 +210,7 @@ void ProcessRecorder::stop_lean_sentinel(const char* why) {
 }
 
 void ProcessRecorder::saw_optimizer_mark() {
+  if (!config_.sentinel) return;
   optimizer_marked_.store(true, std::memory_order_relaxed);
   const pid_t self = pid_t(::syscall(SYS_gettid));
   pid_t first = 0;

@@ -385,8 +385,7 @@ bool ThreadRecorder::recording_wanted(const OpInfo& info, trace::Phase* phase) {
 }
 
 bool ThreadRecorder::sentinel_step(const ProcessRecorder& proc) const {
-  const Config& c = proc.config();
-  return c.sentinel && !(c.full_steps && c.full_steps->contains(proc.step()));
+  return proc.watched_step(proc.step());
 }
 
 bool ThreadRecorder::sentinel_wants(Frame& f, trace::Phase phase) const {
@@ -456,6 +455,7 @@ void ThreadRecorder::launch_device_batches_before(const at::RecordFunction& fn,
 }
 
 void ThreadRecorder::take_loss_from_mark(const at::RecordFunction& mark) {
+  if (!ProcessRecorder::instance().config().sentinel) return;
   auto inputs = mark.inputs();
   if (inputs.empty() || !inputs[0].isTensor() || !looks_like_loss(inputs[0].toTensor())) return;
   ProcessRecorder& proc = ProcessRecorder::instance();

@@ -85,8 +85,8 @@ class ProcessRecorder {
   // carrying a loss), its later watched steps run with the op callback off but inside the
   // optimizer's marks, and take the loss from the backward mark: the forward's and backward's
   // ops cost libtorch nothing. Never where collectives tell ranks apart (WORLD_SIZE or
-  // SLURM_NTASKS > 1, or a collective seen), where two threads run optimizers (Hogwild: one's window would show the
-  // other's ops), nor in a DataLoader worker.
+  // SLURM_NTASKS > 1, or a collective seen), where two threads run optimizers (Hogwild: one's
+  // window would show the other's ops), nor in a DataLoader worker.
   void saw_optimizer_mark();
   void saw_backward_mark() { backward_marked_.store(true, std::memory_order_relaxed); }
   void saw_collective();
@@ -96,6 +96,8 @@ class ProcessRecorder {
   // A lean step outside its optimizer window: the loss is the backward mark's.
   bool loss_from_marks() const;
   bool in_optimizer_window() const { return optimizer_window_.load(std::memory_order_relaxed); }
+  // A step the sentinel watches (Config::sentinel), not one recorded in full (full_steps).
+  bool watched_step(uint64_t step) const;
   void mark_step_end();
   // Called at the start of each top-level op: begins the next step if one ended, or in a
   // DataLoader worker, the step of the batch it is making.

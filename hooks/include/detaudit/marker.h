@@ -12,8 +12,9 @@
 //
 // Without markers the whole process is step 0. DETAUDIT_BACKWARD is optional: with it and
 // DETAUDIT_OPTIMIZER, `run --sentinel` takes the loss from the mark and sees no other op outside
-// the optimizer, at about plain speed (Python programs get it without a line). The marks are RecordFunction user scopes: they
-// cost nothing unless a RecordFunction callback (detaudit's, or a profiler) is registered.
+// the optimizer, at about plain speed (Python programs get it without a line). The marks are
+// RecordFunction user scopes: they cost nothing unless a RecordFunction callback (detaudit's, or
+// a profiler) is registered.
 #pragma once
 
 #include <ATen/record_function.h>
