@@ -187,6 +187,13 @@ bool ProcessRecorder::watched_step(uint64_t step) const {
   return config_.sentinel && !(config_.full_steps && config_.full_steps->contains(step));
 }
 
+bool ProcessRecorder::may_be_a_replica() {
+  if (several_ranks_ || collective_seen_.load()) return true;
+  process_name();  // a spawned child learns its rank when it claims its name
+  std::lock_guard<std::mutex> lock(claim_mu_);
+  return rank_known_;
+}
+
 bool ProcessRecorder::lean_step(uint64_t step) const {
   return lean_.load(std::memory_order_relaxed) && step >= lean_from_.load() && watched_step(step);
 }

@@ -136,6 +136,7 @@ void ThreadRecorder::reset_after_fork() {
   thread_name_.clear();
   identity_.reset();
   capture_seen_.clear();
+  step_state_ = StepState{};
   for (auto& [name, info] : ops_) info.name_id = UINT32_MAX;
   cache_.clear();
   next_tensor_id_ = 0;
@@ -275,8 +276,10 @@ void ThreadRecorder::on_start(const at::RecordFunction& fn) {
       // zero_grad's ops write only gradients, which the optimizer's ops read: not opened for
       // them (each window costs libtorch a rebuild of its callback lists on every thread).
       if (phases_.outside_optimizer() &&
-          std::string_view(fn.name()).rfind("Optimizer.zero_grad#", 0) != 0)
+          std::string_view(fn.name()).rfind("Optimizer.zero_grad#", 0) != 0) {
         proc.open_optimizer_window();
+        open_step_state(fn);
+      }
     }
     if (f.mark == Mark::kBackwardFrom) take_loss_from_mark(fn);
     phases_.enter(f.mark, fn.name());
@@ -299,8 +302,19 @@ void ThreadRecorder::on_start(const at::RecordFunction& fn) {
   // Recorded or not, what it writes beside its returns must be seen when it ends.
   if (!info.unreturned_writes.empty()) take_written_args(fn, f);
   trace::Phase phase;
-  if (recording_wanted(info, &phase) && (!sentinel_step(proc) || sentinel_wants(f, phase)))
-    begin_op(fn, f, phase);
+  if (recording_wanted(info, &phase)) {
+    if (!sentinel_step(proc)) {
+      begin_op(fn, f, phase);
+    } else if (step_state_.open && f.depth == 0 && phase == trace::Phase::kOptimizer &&
+               !info.collective.defined()) {
+      f.in_step_state = true;
+      auto inputs = fn.inputs();
+      for (size_t i = 0; i < inputs.size(); ++i)
+        note_step_state(inputs[i], i < 64 && (info.mutable_args >> i & 1));
+    } else if (sentinel_wants(f, phase)) {
+      begin_op(fn, f, phase);
+    }
+  }
   // Recorded or not, the op must not write bytes an open batch is still to digest.
   if (device_digest_) {
     launch_device_batches_before(fn, info);
@@ -399,16 +413,68 @@ bool ThreadRecorder::sentinel_wants(Frame& f, trace::Phase phase) const {
   return phase == trace::Phase::kOptimizer;
 }
 
-const OpInfo& ThreadRecorder::loss_op_info() {
-  constexpr const char* kName = "detaudit::loss";
-  auto it = ops_.find(kName);
+const OpInfo& ThreadRecorder::record_info(const std::string& name) {
+  auto it = ops_.find(name);
   if (it == ops_.end()) {
-    const bool selected = ProcessRecorder::instance().config().select.wants_op(kName);
-    it = ops_.emplace(kName, describe_op(kName, OptionalOperatorName(), selected)).first;
+    const bool selected = ProcessRecorder::instance().config().select.wants_op(name);
+    it = ops_.emplace(name, describe_op(name.c_str(), OptionalOperatorName(), selected)).first;
     it->second.name_id = UINT32_MAX;
   }
-  if (it->second.name_id == UINT32_MAX) it->second.name_id = sink_.intern(kName);
+  if (it->second.name_id == UINT32_MAX) it->second.name_id = sink_.intern(name);
   return it->second;
+}
+
+void ThreadRecorder::open_step_state(const at::RecordFunction& mark) {
+  ProcessRecorder& proc = ProcessRecorder::instance();
+  if (!proc.step_selected() || !sentinel_step(proc) || proc.is_dataloader_worker() ||
+      proc.may_be_a_replica())
+    return;
+  step_state_.open = true;
+  step_state_.mark = mark.name();
+}
+
+void ThreadRecorder::note_step_state(const c10::IValue& v, bool leaves) {
+  auto note = [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    auto [it, first] = step_state_.left_of.emplace(impl, leaves);
+    if (!first && (it->second || !leaves)) return;
+    it->second = leaves;
+    auto& list = leaves ? step_state_.left : step_state_.read;
+    list.emplace_back(t.getIntrusivePtr());
+  };
+  if (v.isTensor()) {
+    note(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) note(t);
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef())
+      if (e.isTensor()) note(e.toTensor());
+  } else if (v.isTuple()) {
+    for (const c10::IValue& e : v.toTupleRef().elements())
+      if (e.isTensor()) note(e.toTensor());
+  }
+}
+
+void ThreadRecorder::write_step_state(const at::RecordFunction& mark) {
+  StepState state = std::move(step_state_);
+  step_state_ = StepState{};
+  // What the step read and did not write, and what it leaves: alive, in order of first use.
+  c10::List<at::Tensor> read, left;
+  for (const TensorCache::WeakImpl& w : state.read) {
+    auto impl = w.lock();
+    if (impl && !state.left_of[impl.get()]) read.push_back(at::Tensor(std::move(impl)));
+  }
+  for (const TensorCache::WeakImpl& w : state.left)
+    if (auto impl = w.lock()) left.push_back(at::Tensor(std::move(impl)));
+  if (read.empty() && left.empty()) return;  // nothing stepped (no gradients yet)
+  const OpInfo& info = record_info(state.mark);
+  ProcessRecorder& proc = ProcessRecorder::instance();
+  if (!info.recorded() || !proc.config().select.wants_phase(trace::Phase::kOptimizer)) return;
+  Frame f = mark_record_frame(info, /*depth=*/0);
+  const std::vector<c10::IValue> inputs{c10::IValue(read)};
+  begin_op(mark, f, trace::Phase::kOptimizer, &inputs);
+  write_mark_record(f, {c10::IValue(left)});
 }
 namespace {
 
@@ -471,30 +537,39 @@ void ThreadRecorder::take_loss_from_mark(const at::RecordFunction& mark) {
     return;
   }
   const bool same_maker = made_by && loss_maker_.node && typeid(*made_by) == *loss_maker_.node;
-  const OpInfo& info = same_maker ? *loss_maker_.info : loss_op_info();
+  const OpInfo& info = same_maker ? *loss_maker_.info : record_info("detaudit::loss");
   trace::Phase phase;
   if (!recording_wanted(info, &phase)) return;
   // Ops ran unseen since the cache was right, and the loss may sit where a described tensor was.
   cache_.clear();
+  Frame f = mark_record_frame(info, phases_.op_depth());
+  f.loss_candidate = true;  // no inputs: the loss is its one output
+  begin_op(mark, f, phase);
+  if (same_maker)  // as the op's own record: a function's scope
+    f.bits = uint8_t((f.bits & ~(3u << 2)) | (uint8_t(trace::Scope::kFunction) << 2));
+  write_mark_record(f, {inputs[0]});
+}
+
+ThreadRecorder::Frame ThreadRecorder::mark_record_frame(const OpInfo& info, uint32_t depth) {
   Frame f;
-  f.depth = phases_.op_depth();
+  f.depth = depth;
   f.items_begin = f.items_end = items_.size();
   f.bytes_begin = bytes_.size();
   f.snaps_begin = snaps_top_;
   f.written_begin = f.written_end = written_.size();
   f.info = &info;
-  f.loss_candidate = true;  // no inputs: the loss is its one output
-  begin_op(mark, f, phase);
-  if (same_maker)  // as the op's own record: a function's scope
-    f.bits = uint8_t((f.bits & ~(3u << 2)) | (uint8_t(trace::Scope::kFunction) << 2));
+  return f;
+}
+
+void ThreadRecorder::write_mark_record(const Frame& f, const std::vector<c10::IValue>& outputs) {
   if (f.recorded) {
     InBuffer in_buffer = sink_.enter();
     if (in_buffer.entered()) {
       Busy busy(&busy_);
       try {
-        write_record(f, {inputs[0]});
+        write_record(f, outputs);
       } catch (const std::exception& e) {
-        report_swallowed(info.name.c_str(), e);
+        report_swallowed(f.info->name.c_str(), e);
         holes_.clear();
       }
     }
@@ -505,7 +580,8 @@ void ThreadRecorder::take_loss_from_mark(const at::RecordFunction& mark) {
   snaps_top_ = f.snaps_begin;
 }
 
-void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f, trace::Phase phase) {
+void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f, trace::Phase phase,
+                              const std::vector<c10::IValue>* given_inputs) {
   ProcessRecorder& proc = ProcessRecorder::instance();
   const OpInfo& info = *f.info;
   f.recorded = true;
@@ -570,7 +646,10 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f, trace::Pha
     if (proc.config().inputs && !f.loss_candidate) {
       // Inside the buffer, so that small inputs can join the MD5 batch (md5_batch_).
       InBuffer in_buffer = sink_.enter(md5_batch_ != nullptr);
-      auto inputs = fn.inputs();
+      c10::ArrayRef<const c10::IValue> inputs = given_inputs ? c10::ArrayRef<const c10::IValue>(
+                                                                   given_inputs->data(),
+                                                                   given_inputs->size())
+                                                             : fn.inputs();
       ByteWriter(&bytes_).varint(inputs.size());
       for (size_t i = 0; i < inputs.size(); ++i) {
         const uint64_t bit = i < 64 ? uint64_t(1) << i : 0;
@@ -776,11 +855,16 @@ void ThreadRecorder::on_end(const at::RecordFunction& fn) {
     ProcessRecorder& proc = ProcessRecorder::instance();
     const bool step_ends = phases_.leave(f.mark);
     // Closed first: with the op callback off, the step ends at once.
-    if (is_optimizer_mark(f.mark) && phases_.outside_optimizer()) proc.close_optimizer_window();
+    if (is_optimizer_mark(f.mark) && phases_.outside_optimizer()) {
+      if (step_state_.open) write_step_state(fn);
+      proc.close_optimizer_window();
+    }
     if (step_ends) proc.mark_step_end();
     return;
   }
   phases_.leave_op(f.backward);
+  if (f.in_step_state)
+    for (const c10::IValue& v : fn.outputs()) note_step_state(v, /*leaves=*/true);
   if (f.loss_candidate && !f.info->is_random && looks_like_loss(fn.outputs())) {
     begin_op(fn, f, trace::Phase::kForward);
     if (f.recorded) last_loss_ = {fn.outputs()[0].toTensor().unsafeGetTensorImpl(), f.info};

@@ -98,6 +98,9 @@ class ProcessRecorder {
   bool in_optimizer_window() const { return optimizer_window_.load(std::memory_order_relaxed); }
   // A step the sentinel watches (Config::sentinel), not one recorded in full (full_steps).
   bool watched_step(uint64_t step) const;
+  // One of several ranks, maybe: a rank variable, a spawn index, WORLD_SIZE or SLURM_NTASKS > 1,
+  // or a collective. The replica check reads such a process's optimizer writes one by one.
+  bool may_be_a_replica();
   void mark_step_end();
   // Called at the start of each top-level op: begins the next step if one ended, or in a
   // DataLoader worker, the step of the batch it is making.
@@ -278,6 +281,8 @@ class ThreadRecorder {
     const c10::TensorImpl* known_output_of = nullptr;
     // Sentinel mode: a top-level forward op, kept only if it returns what a loss looks like.
     bool loss_candidate = false;
+    // Sentinel mode: an optimizer op whose tensors join the step's state (StepState).
+    bool in_step_state = false;
     // Its arguments it may write and does not return (OpInfo::unreturned_writes), in written_.
     size_t written_begin = 0, written_end = 0;
   };
@@ -293,7 +298,9 @@ class ThreadRecorder {
   void open_stream();
   void reset_after_fork();
   const OpInfo& op_info(const at::RecordFunction& fn);
-  void begin_op(const at::RecordFunction& fn, Frame& f, trace::Phase phase);
+  // `inputs`: what to describe as the op's inputs instead of fn's (a step's state record).
+  void begin_op(const at::RecordFunction& fn, Frame& f, trace::Phase phase,
+                const std::vector<c10::IValue>* inputs = nullptr);
   // Whether this op is to be recorded (and in which phase), once its OpInfo is known.
   bool recording_wanted(const OpInfo& info, trace::Phase* phase);
   // Sentinel mode (Config::sentinel): the optimizer's top-level ops, and top-level forward ops
@@ -301,11 +308,31 @@ class ThreadRecorder {
   bool sentinel_wants(Frame& f, trace::Phase phase) const;
   // This op's step is watched by the sentinel, not recorded in full (Config::full_steps).
   bool sentinel_step(const ProcessRecorder& proc) const;
+  // Sentinel mode, inside an optimizer step's mark: its ops are not recorded one by one. What
+  // they read from before it (the gradients) and what they leave (parameters and state, written
+  // or made, alive when the mark ends) are described once, when it ends, as the inputs and
+  // outputs of one record named after the mark: fewer records and bytes than its ops' own, and
+  // what the step leaves, which is all a sentinel compares.
+  struct StepState {
+    bool open = false;
+    std::string mark;  // "Optimizer.step#AdamW.step", "detaudit::optimizer"
+    // In order of first use; weak: a temporary dies, and its address is not reused meanwhile.
+    std::vector<TensorCache::WeakImpl> read, left;
+    std::unordered_map<const c10::TensorImpl*, bool> left_of;  // seen: true once written or made
+  };
+  void open_step_state(const at::RecordFunction& mark);
+  void note_step_state(const c10::IValue& v, bool leaves);
+  void write_step_state(const at::RecordFunction& mark);
   // A `detaudit::backward` mark: its input, if a loss, shows the lean sentinel the loss; in a
   // lean step, recorded as the output of a record named after the op that made the loss when it
   // was last seen (`loss_maker_`), else `detaudit::loss` (ProcessRecorder).
   void take_loss_from_mark(const at::RecordFunction& mark);
-  const OpInfo& loss_op_info();
+  // A record no op makes, written at a mark (the loss, a step's state): its frame, at the tops
+  // of the stacks, then, once begun, its record with these outputs, popping what it took.
+  Frame mark_record_frame(const OpInfo& info, uint32_t depth);
+  void write_mark_record(const Frame& f, const std::vector<c10::IValue>& outputs);
+  // A record's OpInfo by a name no op has ("detaudit::loss", an optimizer's mark).
+  const OpInfo& record_info(const std::string& name);
   // Whether the op enclosing frames_[frame] runs a kernel of its own (unknown: yes) and its
   // nested ops added tensors to the device batch that this kernel may write once they end: all
   // but copies the batch made, and the inputs of an op that writes none of its arguments.
@@ -402,6 +429,8 @@ class ThreadRecorder {
     const std::type_info* node = nullptr;
     const OpInfo* info = nullptr;
   } loss_maker_;
+
+  StepState step_state_;
 
   PhaseTracker phases_;
   std::vector<Frame> frames_;

@@ -19,6 +19,7 @@
 #include "diff/region_values.h"
 #include "run_layout.h"
 #include "trace/process_status.h"
+#include "trace/records.h"
 
 namespace detaudit {
 namespace {
@@ -400,6 +401,8 @@ class StreamComparator {
       out_->first = std::move(c.fd);
       first_done_ = true;
       fold_collectives(out_->first->index);
+      // Its own ops first: a parameter's first divergent step is the earliest one counted.
+      for (const DivergentOp& op : open_.front().ops) count(op);
       // Later candidates count as spread, unless they were overwritten unread.
       for (size_t i = 1; i < open_.size(); ++i) {
         if (unread(open_[i])) {
@@ -409,7 +412,6 @@ class StreamComparator {
         }
         for (const DivergentOp& op : open_[i].ops) count(op);
       }
-      for (const DivergentOp& op : open_.front().ops) count(op);
       open_.clear();
       return;
     }
@@ -557,10 +559,12 @@ class StreamComparator {
       param_step_ = a.rec.step;
       param_pos_ = 0;
     }
-    if (a.rec.phase != trace::Phase::kOptimizer || a.rec.scope != trace::Scope::kFunction)
-      return {};
+    if (a.rec.phase != trace::Phase::kOptimizer) return {};
     std::string_view name = a_->name_of(a.rec);
-    if (!ends_with_underscore(name) || name == "aten::zero_" || name == "aten::_foreach_zero_")
+    // A sentinel's step state record: what it leaves, a position each.
+    if (!trace::is_step_state_record(name) &&
+        (a.rec.scope != trace::Scope::kFunction || !ends_with_underscore(name) ||
+         name == "aten::zero_" || name == "aten::_foreach_zero_"))
       return {};
     std::vector<uint64_t> diverged;
     for (size_t i = 0; i < a.rec.output_tensors.size() && param_pos_ < kMaxParameters; ++i) {

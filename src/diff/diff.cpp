@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 
@@ -19,6 +20,7 @@
 #include "diff/resume.h"
 #include "diff/stream_selection.h"
 #include "diff/world.h"
+#include "trace/records.h"
 #include "trace/run_directory.h"
 #include "util/parallel.h"
 
@@ -277,19 +279,33 @@ Status compare_library_pools(const trace::RunDirectory& run_a, const trace::RunD
 // Sentinel runs record a step's loss and optimizer updates, not the ops that made their inputs:
 // "identical inputs, different outputs" is what they cannot see, not a finding.
 void at_step_level(FirstDivergence* f) {
+  const bool step_state = trace::is_step_state_record(f->op);
+  // A step's state record reads gradients no record made: their difference is the finding.
   if (f->divergence_class != DivergenceClass::kNondeterministicOp &&
-      f->divergence_class != DivergenceClass::kTorchBuild)
+      f->divergence_class != DivergenceClass::kTorchBuild &&
+      !(step_state && (f->divergence_class == DivergenceClass::kExternalInput ||
+                       f->divergence_class == DivergenceClass::kInputDiffers)))
     return;
-  const std::string what = f->phase == "optimizer" ? "optimizer input or update" : "loss";
+  const bool read_differs = std::any_of(f->inputs.begin(), f->inputs.end(),
+                                        [](const TensorPair& p) { return p.differs; });
+  const std::string finding =
+      !step_state ? fmt::format("step {}'s {} differs", f->step,
+                                f->phase == "optimizer" ? "optimizer input or update" : "loss")
+      : read_differs
+          ? fmt::format("step {}'s gradients differ (what its optimizer step read)", f->step)
+          : fmt::format(
+                "step {}'s optimizer update differs: the same gradients in, other "
+                "parameters or state out",
+                f->step);
   const std::string unseen =
       "both runs were recorded with --sentinel (each step's end only): the ops that made it "
       "were not recorded";
   // Another torch build stays the likeliest cause, named as before.
   f->cause = f->divergence_class == DivergenceClass::kTorchBuild
                  ? fmt::format("{}; {}", f->cause, unseen)
-                 : fmt::format("step {}'s {} differs; {}", f->step, what, unseen);
+                 : fmt::format("{}; {}", finding, unseen);
   f->divergence_class = DivergenceClass::kStepLevel;
-  f->detail = fmt::format("step {}'s {} differs", f->step, what);
+  f->detail = finding;
   f->remedy = fmt::format(
       "record steps {}-{} of both in full (--steps {}-{}, without --sentinel) and diff them to "
       "find the op",

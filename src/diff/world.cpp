@@ -10,6 +10,7 @@
 #include <set>
 
 #include "config/config.h"
+#include "trace/reader.h"
 
 namespace detaudit {
 namespace fs = std::filesystem;
@@ -36,6 +37,13 @@ bool load_run_config(const trace::RunDirectory& run, Config* config) {
   return !run.node_configs().empty() && load_config(run.node_configs().front().path, config).ok();
 }
 
+// The trace format of the run's first stream; 0 when none can be read.
+uint32_t format_of(const trace::RunDirectory& run) {
+  if (run.traces().empty()) return 0;
+  trace::TraceReader r;
+  return r.open(run.traces().front().path).ok() ? r.header().version : 0;
+}
+
 std::string rank_list(const std::vector<int64_t>& ranks) {
   return fmt::format("{}", fmt::join(ranks, ", "));
 }
@@ -48,6 +56,18 @@ Status check_recorded_alike(const trace::RunDirectory& a, const trace::RunDirect
   *sentinel = false;
   if (!load_run_config(a, &ca) || !load_run_config(b, &cb)) return Status();
   *sentinel = ca.sentinel && cb.sentinel && !ca.full_steps && !cb.full_steps;
+  if (*sentinel) {
+    const uint32_t fa = format_of(a), fb = format_of(b);
+    if (fa && fb && (fa < trace::kStepStateFormat) != (fb < trace::kStepStateFormat)) {
+      const trace::RunDirectory& older = fa < fb ? a : b;
+      return Status::error(
+          fmt::format("{} is a sentinel run of an older detaudit (trace format {}: each optimizer "
+                      "op recorded), which does not pair with this one's (one record a step): "
+                      "record it again with this detaudit",
+                      older.path(), std::min(fa, fb)),
+          ExitCode::kUsage);
+    }
+  }
   if (ca.sentinel == cb.sentinel) return Status();
   const trace::RunDirectory& only_ends = ca.sentinel ? a : b;
   const trace::RunDirectory& full = ca.sentinel ? b : a;

@@ -59,6 +59,12 @@ inline constexpr uint64_t kEndInsideOp = 2;     // its thread was inside open-op
 inline constexpr uint64_t kEndThreadKnown = 4;  // the signal stopped this thread: whether an op
                                                 // was open is known (else only "not saved open")
 
+// A sentinel's record of an optimizer step, named after its mark: its inputs are what the step
+// read from before it (the gradients), its outputs what it leaves (parameters and state).
+inline bool is_step_state_record(std::string_view op_name) {
+  return op_name.substr(0, 15) == "Optimizer.step#" || op_name == "detaudit::optimizer";
+}
+
 // The most bytes encode_end() writes.
 inline constexpr size_t kMaxEndRecordBytes = 256;
 

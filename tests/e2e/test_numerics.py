@@ -182,7 +182,11 @@ class StoredBaseline(RecordedRuns):
         self.assertEqual(code, 1)
         change = report["numerics_change"]
         self.assertEqual((change["step"], change["phase"], change["op"]),
-                         (2, "optimizer", "aten::add_"), change)
+                         (2, "optimizer", "Optimizer.step#SGD.step"), change)
+        # The same gradients in, other parameters out: the update itself changed.
+        self.assertTrue(change["output"]["tensor"].startswith("output "), change)
+        self.assertIn("optimizer update differs: the same gradients in",
+                      report["first_divergence"]["detail"])
         self.assertGreater(change["output"]["ulps"], 16, change)
         # Bit for bit, another host may part sooner: torch picks its kernels by the CPU's vector
         # width (the baseline's host ran AVX2 ones; on an AVX-512 host the step-0 gradients
@@ -190,6 +194,17 @@ class StoredBaseline(RecordedRuns):
         # AVX512"), within the tolerance. Never later than the change.
         first = report["first_divergence"]
         self.assertLessEqual(first["step"], 2, first)
+
+    def test_a_baseline_of_the_sentinel_before_its_step_records_is_refused_in_one_line(self):
+        # Recorded by the detaudit whose sentinel recorded each optimizer op (trace format 8):
+        # its records do not pair with this one's, which is said, not reported as a divergence.
+        self.records("now")
+        r = run_detaudit(["diff", BASELINE + "_format8", os.path.join(self.tmp, "now", "run-0")])
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("numerics_mlp_format8 is a sentinel run of an older detaudit (trace format "
+                      "8", r.stderr)
+        self.assertIn("record it again with this detaudit", r.stderr)
+        self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
 
     def test_a_full_recording_is_not_compared_with_a_sentinel_baseline(self):
         self.records("now")

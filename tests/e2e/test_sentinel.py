@@ -67,21 +67,32 @@ class DeterministicLongRun(TmpDirCase):
         for i in (0, 1):
             self.assertEqual(output_log(os.path.join(out, f"run-{i}")).strip(),
                              plain.stdout.strip())
-        # Each step: the loss, then the optimizer's top-level updates, and nothing else. Step 0
+        # Each step: the loss, then the optimizer step's one record (its gradients in, its
+        # parameters and state out), and nothing else. Step 0
         # shows the optimizer's and the backward's marks; from step 1 on no op is seen outside
         # the optimizer, and the loss is the backward mark's, named after the op that made it.
         self.assertEqual(lean_from(os.path.join(out, "run-0")), 1)
         by_step = op_names_by_step(os.path.join(out, "run-0"))
         self.assertEqual(sorted(by_step), list(range(STEPS)))
         loss = ("aten::cross_entropy_loss", "forward", 0)
+        state = ("Optimizer.step#SGD.step", "optimizer", 0)
         for step, seen in by_step.items():
             # torch 1.13's zero_grad zeroes the gradients (and its scope makes a handle with
             # `empty`): optimizer phase too, before the forward.
-            self.assertTrue(set(seen) <= {loss, ("aten::add_", "optimizer", 0),
-                                          ("aten::zero_", "optimizer", 0),
+            self.assertTrue(set(seen) <= {loss, state, ("aten::zero_", "optimizer", 0),
                                           ("aten::empty", "optimizer", 0)}, (step, seen))
             self.assertEqual(seen.count(loss), 1, step)
-            self.assertEqual(seen.count(("aten::add_", "optimizer", 0)), 4, step)
+            self.assertEqual(seen.count(state), 1, step)
+        # What the record holds: the 4 gradients, then the 4 parameters SGD wrote, as they are
+        # at the step's end (a planted change there is found: LateRace, test_numerics).
+        state_records = [r for r in export_records(os.path.join(out, "run-0"),
+                                                   stream="r0.main.t-main")
+                         if r["record"] == "op" and r["name"] == state[0] and r["step"] == 1]
+        self.assertEqual(len(state_records), 1)
+        grads, = state_records[0]["inputs"]
+        params, = state_records[0]["outputs"]
+        self.assertEqual([g["shape"] for g in grads], [p["shape"] for p in params])
+        self.assertEqual(len(params), 4, params)
         # The loss is found in every step, and it is the program's: the mark carries the tensor
         # the op made (the program prints it every 100 steps, to 6 places).
         points = {p["step"]: p for p in report["spread"]["loss"]}
@@ -219,10 +230,11 @@ class LateRace(TmpDirCase):
         self.assertEqual(hi - lo, 1)
         self.assertEqual((lo, hi) == (k - 1, k), not sentinel["moved"], sentinel)
         self.assertTrue(os.path.isdir(os.path.join(sentinel["full_runs"], "run-1")))
-        # What differed first at step level: the optimizer's update, read from the gradient.
-        self.assertIn("aten::add_ (optimizer)", sentinel["first"])
-        self.assertTrue(any(t.startswith("input 1 float32 [256]") for t in sentinel["tensors"]),
-                        sentinel["tensors"])
+        # What differed first at step level: the optimizer step's record, from a gradient (the
+        # race is in the backward; the loss agrees).
+        self.assertIn("Optimizer.step#SGD.step (optimizer)", sentinel["first"])
+        self.assertTrue(any(t.startswith("input ") and "float32 [256]" in t
+                            for t in sentinel["tensors"]), sentinel["tensors"])
         # Then the op: the report is the full recording's diff.
         first = report["first_divergence"]
         self.assertEqual(first["op"], "aten::_index_put_impl_", first)

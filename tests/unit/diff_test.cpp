@@ -162,6 +162,59 @@ TEST(DiffTest, NondeterministicOpWithCatalogEntry) {
   EXPECT_TRUE(f.magnitude[0].has_stats);
 }
 
+// Two sentinel runs of format 9: per step, the loss and the optimizer step's state record (its
+// gradients in, its parameters out). B's differ from step 2 on: in the gradients, or in the
+// update alone.
+Case sentinel_case(const std::string& name, bool gradients_differ) {
+  Case c(name, Scenario{});
+  for (int side = 0; side < 2; ++side) {
+    TraceBuilder b;
+    for (uint64_t step = 0; step < 4; ++step) {
+      b.step(step);
+      const uint8_t late = side == 1 && step >= 2 ? 100 : 0;
+      b.op("aten::cross_entropy_loss").out_new(tensor(uint8_t(1 + step), {})).done();
+      b.op("Optimizer.step#SGD.step", Phase::kOptimizer, 0, -1, Scope::kOther)
+          .in_list(2)
+          .in_new(tensor(uint8_t(10 + step + (gradients_differ ? late : 0)), {4},
+                         Provenance::kExternal))
+          .in_new(tensor(uint8_t(20 + step), {4, 4}, Provenance::kExternal))
+          .out_list(2)
+          .out_new(tensor(uint8_t(30 + step + late), {4}))
+          .out_new(tensor(uint8_t(40 + step + late), {4, 4}))
+          .done();
+    }
+    b.end();
+    RunDir& run = side ? c.b : c.a;
+    std::filesystem::remove_all(run.path() + "/streams");
+    std::filesystem::create_directories(run.path() + "/streams");
+    run.add_stream("r0.main.t0", b);
+    RunDir::write(run.path() + "/config.json", R"({"record": {"sentinel": true}})");
+  }
+  return c;
+}
+
+TEST(DiffTest, ASentinelsStepStateRecordNamesItsStepAndWhichHalfDiffers) {
+  for (bool gradients_differ : {false, true}) {
+    Case c = sentinel_case(gradients_differ ? "state_gradients" : "state_update", gradients_differ);
+    DiffReport r = diff(c);
+    ASSERT_EQ(r.verdict, Verdict::kDivergent);
+    ASSERT_TRUE(r.first);
+    const FirstDivergence& f = *r.first;
+    EXPECT_EQ(f.op, "Optimizer.step#SGD.step");
+    EXPECT_EQ(f.step, 2u);
+    EXPECT_EQ(f.divergence_class, DivergenceClass::kStepLevel);
+    EXPECT_EQ(f.detail, gradients_differ
+                            ? "step 2's gradients differ (what its optimizer step read)"
+                            : "step 2's optimizer update differs: the same gradients in, other "
+                              "parameters or state out");
+    EXPECT_NE(f.remedy.find("--steps 1-2"), std::string::npos) << f.remedy;
+    // Each tensor the step leaves is a parameter, first divergent at step 2 (the first
+    // divergence's own step, though later steps' differences were open before it settled).
+    ASSERT_EQ(r.parameters.size(), 2u);
+    for (const auto& p : r.parameters) EXPECT_EQ(p.first_step, 2u) << p.position;
+  }
+}
+
 TEST(DiffTest, AccumulateFalseIsNotTheCpuAtomicsEntry) {
   Scenario s;
   s.nondet_step = 0;

@@ -95,13 +95,8 @@ class TraceBuilder {
     Op& in_double(double v) {
       return scalar(&in_, ValueType::kDouble, [&](ByteWriter& w) { w.f64(v); });
     }
-    Op& in_list(uint64_t n) {
-      count(&in_);
-      ByteWriter(&in_.bytes).u8(uint8_t(ValueType::kList));
-      ByteWriter(&in_.bytes).varint(n);
-      in_.list_left = n;
-      return *this;
-    }
+    Op& in_list(uint64_t n) { return list(&in_, n); }
+    Op& out_list(uint64_t n) { return list(&out_, n); }
     Op& out_new(const TensorDesc& t, int64_t base_id = -1) { return tensor_new(&out_, t, base_id); }
     Op& out_ref(int64_t id) { return tensor_ref(&out_, id); }
     // A scalar return (aten::item's).
@@ -117,6 +112,14 @@ class TraceBuilder {
       std::string bytes;
       uint64_t top = 0, list_left = 0;
     };
+    // A list of the next n values.
+    Op& list(Values* v, uint64_t n) {
+      count(v);
+      ByteWriter(&v->bytes).u8(uint8_t(ValueType::kList));
+      ByteWriter(&v->bytes).varint(n);
+      v->list_left = n;
+      return *this;
+    }
     void count(Values* v) {
       if (v->list_left)
         --v->list_left;
