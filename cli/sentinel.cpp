@@ -184,8 +184,8 @@ void localize_divergent_step(const Config& config, const run::RunOptions& option
     full_report.divergent_ops = report->divergent_ops;
     full_report.divergent_ops_per_step = std::move(report->divergent_ops_per_step);
     full_report.notes.push_back(fmt::format(
-        "sentinel: the spread, loss and parameters are the sentinel runs' ({}: every step, the "
-        "optimizer's top-level ops and the loss); the first divergence is from step(s) {} "
+        "sentinel: the spread, loss and parameters are the sentinel runs' ({}: every step, what "
+        "the optimizer step read and left, and the loss); the first divergence is from step(s) {} "
         "recorded in full ({})",
         s.runs, s.full_steps, s.full_runs));
     full_report.sentinel = std::move(s);
