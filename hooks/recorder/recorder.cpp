@@ -457,20 +457,23 @@ void ThreadRecorder::note_step_state(const c10::IValue& v, bool leaves) {
 }
 
 void ThreadRecorder::write_step_state(const at::RecordFunction& mark) {
-  StepState state = std::move(step_state_);
-  step_state_ = StepState{};
+  const OpInfo& info = record_info(step_state_.mark);
   // What the step read and did not write, and what it leaves: alive, in order of first use.
   c10::List<at::Tensor> read, left;
-  for (const TensorCache::WeakImpl& w : state.read) {
-    auto impl = w.lock();
-    if (impl && !state.left_of[impl.get()]) read.push_back(at::Tensor(std::move(impl)));
+  if (info.recorded() &&
+      ProcessRecorder::instance().config().select.wants_phase(trace::Phase::kOptimizer)) {
+    for (const TensorCache::WeakImpl& w : step_state_.read)
+      if (auto impl = w.lock(); impl && !step_state_.left_of.find(impl.get())->second)
+        read.push_back(at::Tensor(std::move(impl)));
+    for (const TensorCache::WeakImpl& w : step_state_.left)
+      if (auto impl = w.lock()) left.push_back(at::Tensor(std::move(impl)));
   }
-  for (const TensorCache::WeakImpl& w : state.left)
-    if (auto impl = w.lock()) left.push_back(at::Tensor(std::move(impl)));
+  // Emptied, not rebuilt: the next step reuses the capacity.
+  step_state_.open = false;
+  step_state_.read.clear();
+  step_state_.left.clear();
+  step_state_.left_of.clear();
   if (read.empty() && left.empty()) return;  // nothing stepped (no gradients yet)
-  const OpInfo& info = record_info(state.mark);
-  ProcessRecorder& proc = ProcessRecorder::instance();
-  if (!info.recorded() || !proc.config().select.wants_phase(trace::Phase::kOptimizer)) return;
   Frame f = mark_record_frame(info, /*depth=*/0);
   const std::vector<c10::IValue> inputs{c10::IValue(read)};
   begin_op(mark, f, trace::Phase::kOptimizer, &inputs);
