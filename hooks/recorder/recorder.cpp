@@ -32,15 +32,17 @@ namespace {
 
 // DETAUDIT_MD5_BATCH=off hashes every small tensor alone when the op reaches it: the same trace,
 // for tests that compare the two, and benchmarks.
-bool md5_batch_wanted() {
+// DETAUDIT_MD5_BATCH (docs/config.md): "off", "digest-thread", or unset.
+std::string md5_batch_setting() {
   const char* v = std::getenv("DETAUDIT_MD5_BATCH");
-  return !(v && std::string(v) == "off");
+  return v ? v : "";
 }
 
 // The thread's MD5 batch, when the config's digest is MD5 and this CPU batches it.
 std::unique_ptr<Md5TensorBatch> md5_batch_for(const Config& config) {
-  if (config.digest == trace::DigestAlgo::kMd5 && Md5Batch::available() && md5_batch_wanted())
-    return std::make_unique<Md5TensorBatch>();
+  static const std::string setting = md5_batch_setting();
+  if (config.digest == trace::DigestAlgo::kMd5 && Md5Batch::available() && setting != "off")
+    return std::make_unique<Md5TensorBatch>(setting != "digest-thread");
   return nullptr;
 }
 

@@ -14,13 +14,17 @@
 namespace detaudit::hooks {
 
 namespace {
-std::atomic<uint64_t> g_runs{0}, g_tensors{0}, g_on_digest_thread{0};
+std::atomic<uint64_t> g_runs{0}, g_tensors{0}, g_on_digest_thread{0}, g_on_intra_op_threads{0};
 
-void run_slot(Md5BatchSlots::Slot& s) {
-  s.batch.run();
+void finish_slot(Md5BatchSlots::Slot& s) {
   g_runs.fetch_add(1, std::memory_order_relaxed);
   g_tensors.fetch_add(s.pending.size(), std::memory_order_relaxed);
   for (size_t i = 0; i < s.pending.size(); ++i) s.pending[i]->complete(s.batch.result(i));
+}
+
+void run_slot(Md5BatchSlots::Slot& s) {
+  s.batch.run();
+  finish_slot(s);
 }
 
 // The process's digest thread: runs the batches that op threads hand it, in turn. Signals are
@@ -100,7 +104,9 @@ std::string md5_batch_status() {
   return "md5 batches: " + std::to_string(runs) + " runs, " +
          std::to_string(g_tensors.load(std::memory_order_relaxed)) + " tensors, " +
          std::to_string(g_on_digest_thread.load(std::memory_order_relaxed)) +
-         " runs on the digest thread";
+         " runs on the digest thread, " +
+         std::to_string(g_on_intra_op_threads.load(std::memory_order_relaxed)) +
+         " on the intra-op threads";
 }
 
 uint8_t* Md5BatchSlots::reserve(size_t n) {
@@ -117,13 +123,24 @@ std::shared_ptr<PendingDigest> Md5BatchSlots::commit(trace::Dtype dtype, bool wi
   return digest;
 }
 
+bool Md5BatchSlots::run_on_intra_op_threads(Slot& s) {
+  const size_t threads = threads_.available ? threads_.available() : 1;
+  if (threads < 2) return false;
+  s.batch.run(threads_.parallel, threads);
+  finish_slot(s);
+  g_on_intra_op_threads.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
 void Md5BatchSlots::hand_off(Slot& s) {
   // The slot filled next must be back from the digest thread first.
   reclaim(slots_[filling_ ^ 1]);
-  s.busy.store(true, std::memory_order_release);
-  if (!DigestThread::instance()->push(&s)) {
-    run_slot(s);
-    s.busy.store(false, std::memory_order_release);
+  if (!run_on_intra_op_threads(s)) {
+    s.busy.store(true, std::memory_order_release);
+    if (!DigestThread::instance()->push(&s)) {
+      run_slot(s);
+      s.busy.store(false, std::memory_order_release);
+    }
   }
   filling_ ^= 1;
 }

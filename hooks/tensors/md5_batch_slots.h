@@ -8,14 +8,17 @@
 //   slots.submit_if_idle();   // at a hand-over: the batch goes if the digest thread is idle
 //   slots.run();              // every digest complete (the stream's end, a capture)
 //
-// A full batch goes to the digest thread at once; the op's thread waits only when it has filled
-// the other batch before the digest thread gave the first back. Only the op's thread calls these,
+// A full batch runs at once: on the program's intra-op threads when the op's thread can use
+// several (they would wait at their barrier meanwhile, spinning, and a digest thread beside them
+// takes the core that one of them is needed on); else on the digest thread, and the op's thread
+// waits only when it has filled the other batch before the digest thread gave the first back. Only the op's thread calls these,
 // or a stop signal's save (on the writer thread) once that thread is out of its buffer for good.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,14 +28,23 @@
 
 namespace detaudit::hooks {
 
+// The program's intra-op threads (tensor_digest.h's on_torch_pool), as the calling thread can
+// use them now.
+struct IntraOpThreads {
+  ParallelFor parallel;
+  std::function<size_t()> available;  // 1: the caller alone (one thread, or a parallel region)
+};
+
 class Md5BatchSlots {
  public:
-  // Room for the next message's n bytes (0 < n <= Md5Batch::kMaxMessageBytes), which the caller
+  explicit Md5BatchSlots(IntraOpThreads threads = {}) : threads_(std::move(threads)) {}
+  // Room for the next message's n bytes (0 < n <= Md5Batch::kMaxTensorBytes), which the caller
   // writes before commit(). A message reserved and not committed is dropped by the next reserve().
   uint8_t* reserve(size_t n);
   // The reserved message, of a tensor of `dtype`: its digest and statistics, computed later.
   std::shared_ptr<PendingDigest> commit(trace::Dtype dtype, bool with_stats);
-  // Hands the batch being filled to the digest thread if that thread is idle; never waits.
+  // Runs the batch being filled if the digest thread is idle, on the intra-op threads if there
+  // are several, else on the digest thread; never waits for the digest thread.
   void submit_if_idle();
   // Completes every pending digest: waits for the batch in flight, runs the other here. For a
   // stop signal's save, waits at most `max_wait_ms` for the digest thread, and returns false
@@ -55,6 +67,10 @@ class Md5BatchSlots {
   // its digests, which are complete. False on time-out.
   bool reclaim(Slot& s, long max_wait_ms = -1);
   void hand_off(Slot& s);
+  // Runs s here, over the intra-op threads; false if there is one only.
+  bool run_on_intra_op_threads(Slot& s);
+
+  IntraOpThreads threads_;
 
   Slot slots_[2];
   int filling_ = 0;  // never busy

@@ -8,9 +8,13 @@
 
 namespace detaudit::hooks {
 
+Md5TensorBatch::Md5TensorBatch(bool on_intra_op_threads)
+    : slots_(on_intra_op_threads ? IntraOpThreads{on_torch_pool, torch_pool_threads}
+                                 : IntraOpThreads{}) {}
+
 bool Md5TensorBatch::takes(const at::Tensor& t) {
   const size_t bytes = t.nbytes();
-  return bytes > 0 && bytes <= Md5Batch::kMaxMessageBytes && t.is_cpu() && !t.is_conj() &&
+  return bytes > 0 && bytes <= Md5Batch::kMaxTensorBytes && t.is_cpu() && !t.is_conj() &&
          !t.is_neg() && (t.is_contiguous() || size_t(t.dim()) <= trace::Dims::kInline);
 }
 

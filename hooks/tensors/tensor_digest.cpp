@@ -42,23 +42,27 @@ namespace {
 // thread records, and their number is the one the program chose.
 std::atomic<uint64_t> g_pool_tensors{0}, g_pool_units{0}, g_units_elsewhere{0};
 
-void on_torch_pool(size_t n, const std::function<void(size_t, size_t)>& fn) {
+void leaves_on_torch_pool(size_t n, const std::function<void(size_t, size_t)>& fn) {
   const std::thread::id caller = std::this_thread::get_id();
   g_pool_tensors.fetch_add(1, std::memory_order_relaxed);
   g_pool_units.fetch_add(n, std::memory_order_relaxed);
-  at::parallel_for(0, int64_t(n), 1, [&](int64_t begin, int64_t end) {
+  on_torch_pool(n, [&](size_t begin, size_t end) {
     if (std::this_thread::get_id() != caller)
       g_units_elsewhere.fetch_add(uint64_t(end - begin), std::memory_order_relaxed);
-    fn(size_t(begin), size_t(end));
+    fn(begin, end);
   });
 }
 
-// The threads on_torch_pool runs on: one inside a parallel region, where parallel_for is serial.
+}  // namespace
+
+void on_torch_pool(size_t n, const std::function<void(size_t, size_t)>& fn) {
+  at::parallel_for(0, int64_t(n), 1,
+                   [&](int64_t begin, int64_t end) { fn(size_t(begin), size_t(end)); });
+}
+
 size_t torch_pool_threads() {
   return at::in_parallel_region() ? 1 : size_t(std::max(1, at::get_num_threads()));
 }
-
-}  // namespace
 
 std::string torch_pool_status() {
   const uint64_t tensors = g_pool_tensors.load(std::memory_order_relaxed);
@@ -107,7 +111,7 @@ uint64_t describe_tensor(const at::Tensor& tensor, Hasher* hasher, bool with_sta
     if (t.is_contiguous()) {
       const size_t nbytes = size_t(t.numel()) * size_t(t.element_size());
       // Only a tensor of several leaves asks torch for its threads (a thread-local read).
-      digester.update_all(t.data_ptr(), nbytes, on_torch_pool,
+      digester.update_all(t.data_ptr(), nbytes, leaves_on_torch_pool,
                           nbytes > kLeafBytes ? torch_pool_threads() : 1);
     } else {
       feed_strided(t.data_ptr(), size_t(t.element_size()), t.sizes().data(), t.strides().data(),

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <string>
 
 #include "digest/digest.h"
@@ -28,6 +29,12 @@ void describe_geometry(const at::Tensor& t, size_t digest_len, trace::TensorDesc
 // Fills everything but the provenance bits. Returns the number of bytes hashed.
 uint64_t describe_tensor(const at::Tensor& t, Hasher* hasher, bool with_stats,
                          trace::TensorDesc* desc);
+
+// Work on torch's own intra-op threads, the program's choice of them: fn over [0, n) split
+// across them by at::parallel_for, and how many the calling thread may use now (1 inside a
+// parallel region, where parallel_for runs serially).
+void on_torch_pool(size_t n, const std::function<void(size_t, size_t)>& fn);
+size_t torch_pool_threads();
 
 // The .status line on large tensors' leaves: how many units of work ran on torch's intra-op
 // threads other than the op's; "" when no tensor was large enough.

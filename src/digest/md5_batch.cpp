@@ -4,7 +4,6 @@
 #include <cstring>
 
 #include "digest/md5_lanes.h"
-#include "digest/stats.h"
 
 namespace detaudit {
 
@@ -14,6 +13,16 @@ constexpr size_t kBlock = Md5Lanes::kBlockBytes;
 
 // A message of n bytes and MD5's padding: 0x80, zeros, and the length in bits.
 constexpr size_t padded_blocks(size_t n) { return (n + 8) / kBlock + 1; }
+
+// What follows a whole leaf of a larger tensor: its own padding, the same for every such leaf.
+struct FullLeafPadding {
+  alignas(64) uint8_t block[kBlock] = {0x80};
+  FullLeafPadding() {
+    const uint64_t bits = uint64_t(kLeafBytes) * 8;
+    std::memcpy(block + kBlock - 8, &bits, 8);  // little-endian on every platform we build for
+  }
+};
+const FullLeafPadding kFullLeafPadding;
 
 }  // namespace
 
@@ -25,10 +34,10 @@ void Md5Batch::Result::fill(trace::TensorDesc* out) const {
 
 bool Md5Batch::available() { return Md5Lanes::available(); }
 
-Md5Batch::Md5Batch() : single_(trace::DigestAlgo::kMd5) {}
+Md5Batch::Md5Batch() : single_(trace::DigestAlgo::kMd5) { leaf_stats_.reserve(kMaxLeaves); }
 
 bool Md5Batch::has_room(size_t n) const {
-  return count_ < kMaxMessages && used_ + padded_blocks(n) * kBlock <= kArenaBytes;
+  return count_ < kMaxTensors && used_ + padded_blocks(n) * kBlock <= kArenaBytes;
 }
 
 uint8_t* Md5Batch::reserve(size_t n) {
@@ -39,63 +48,112 @@ uint8_t* Md5Batch::reserve(size_t n) {
 }
 
 size_t Md5Batch::commit(trace::Dtype dtype, bool with_stats) {
-  const Message m{used_, reserved_, padded_blocks(reserved_), dtype, with_stats};
-  pad(m);
-  used_ += m.blocks * kBlock;
-  messages_[count_] = m;
+  // A tensor of exactly one leaf is hashed plain, as TensorDigester does.
+  const size_t leaves = std::max<size_t>(1, (reserved_ + kLeafBytes - 1) / kLeafBytes);
+  const Tensor t{used_, reserved_, uint16_t(leaf_count_), uint16_t(leaves), dtype, with_stats};
+  pad(t);
+  for (size_t l = 0; l < leaves; ++l) {
+    const bool last = l + 1 == leaves;
+    const size_t bytes = last ? t.bytes - l * kLeafBytes : kLeafBytes;
+    leaves_[leaf_count_] = {t.offset + l * kLeafBytes, bytes,
+                            last ? padded_blocks(bytes) : kLeafBytes / kBlock, !last,
+                            uint16_t(count_)};
+    leaf_stats_.emplace_back(dtype);
+    ++leaf_count_;
+  }
+  used_ += padded_blocks(t.bytes) * kBlock;
+  tensors_[count_] = t;
   return count_++;
 }
 
-void Md5Batch::pad(const Message& m) {
-  uint8_t* p = arena_.get() + m.offset;
-  const size_t end = m.blocks * kBlock;
-  p[m.bytes] = 0x80;
-  std::memset(p + m.bytes + 1, 0, end - 8 - m.bytes - 1);
-  const uint64_t bits = uint64_t(m.bytes) * 8;
+void Md5Batch::pad(const Tensor& t) {
+  // After the last leaf: its length is the leaf's, not the tensor's.
+  const size_t last_leaf = t.leaves == 1 ? t.bytes : t.bytes - (t.leaves - 1) * kLeafBytes;
+  uint8_t* p = arena_.get() + t.offset;
+  const size_t end = padded_blocks(t.bytes) * kBlock;
+  p[t.bytes] = 0x80;
+  std::memset(p + t.bytes + 1, 0, end - 8 - t.bytes - 1);
+  const uint64_t bits = uint64_t(last_leaf) * 8;
   std::memcpy(p + end - 8, &bits, 8);  // little-endian on every platform we build for
 }
 
-void Md5Batch::statistics(const Message& m, Result* r) const {
-  // As TensorDigester feeds a tensor: blocks of kStatsBlockBytes from its first byte.
-  StatsAccumulator acc(m.dtype);
-  r->integral = acc.integral();
-  r->has_stats = m.with_stats && acc.supported();
-  if (!r->has_stats) return;
-  const uint8_t* p = arena_.get() + m.offset;
-  for (size_t off = 0; off < m.bytes; off += kStatsBlockBytes)
-    acc.update(p + off, std::min(kStatsBlockBytes, m.bytes - off));
-  r->stats = acc.finish();
+void Md5Batch::statistics(const Leaf& leaf) {
+  // As TensorDigester feeds a leaf: blocks of kStatsBlockBytes from its first byte.
+  const Tensor& t = tensors_[leaf.tensor];
+  if (!t.with_stats) return;
+  StatsAccumulator& acc = leaf_stats_[size_t(&leaf - leaves_.data())];
+  if (!acc.supported()) return;
+  const uint8_t* p = arena_.get() + leaf.offset;
+  for (size_t off = 0; off < leaf.bytes; off += kStatsBlockBytes)
+    acc.update(p + off, std::min(kStatsBlockBytes, leaf.bytes - off));
 }
 
 void Md5Batch::run() {
-  for (size_t i = 0; i < count_; ++i) statistics(messages_[i], &results_[i]);
-  if (count_ == 1) {
-    single_.digest_once(arena_.get() + messages_[0].offset, messages_[0].bytes,
-                        results_[0].digest.data());
-    return;
-  }
+  run([](size_t n, const std::function<void(size_t, size_t)>& fn) { fn(0, n); }, 1);
+}
+
+void Md5Batch::run(const ParallelFor& parallel, size_t threads) {
   if (count_ == 0) return;
+  if (leaf_count_ == 1) {
+    statistics(leaves_[0]);
+    single_.digest_once(arena_.get() + leaves_[0].offset, leaves_[0].bytes,
+                        leaf_digests_[0].data());
+  } else {
+    // Longest first: a lane freed by a short message takes the next, and the lanes end together.
+    std::array<uint16_t, kMaxLeaves> order;
+    for (size_t i = 0; i < leaf_count_; ++i) order[i] = uint16_t(i);
+    std::stable_sort(order.begin(), order.begin() + leaf_count_,
+                     [&](uint16_t a, uint16_t b) { return leaves_[a].blocks > leaves_[b].blocks; });
+    // A pass costs about the same for 8 lanes as for 16: a group gets 8 leaves at least. Each
+    // leaf goes to the group with the fewest blocks so far, so that the groups end together.
+    constexpr size_t kMaxGroups = 16;
+    const size_t groups = std::clamp<size_t>(std::min(threads, leaf_count_ / 8), 1, kMaxGroups);
+    std::array<uint16_t, kMaxLeaves> grouped;
+    std::array<size_t, kMaxGroups + 1> begin{};
+    if (groups == 1) {
+      grouped = order;
+    } else {
+      std::array<uint8_t, kMaxLeaves> group_of;
+      std::array<size_t, kMaxGroups> blocks{};
+      for (size_t k = 0; k < leaf_count_; ++k) {
+        const size_t g = size_t(std::min_element(blocks.begin(), blocks.begin() + groups) -
+                                blocks.begin());
+        group_of[k] = uint8_t(g);
+        blocks[g] += leaves_[order[k]].blocks;
+        ++begin[g + 1];
+      }
+      for (size_t g = 0; g < groups; ++g) begin[g + 1] += begin[g];
+      std::array<size_t, kMaxGroups> next;
+      std::copy(begin.begin(), begin.begin() + groups, next.begin());
+      for (size_t k = 0; k < leaf_count_; ++k) grouped[next[group_of[k]]++] = order[k];
+    }
+    begin[groups] = leaf_count_;
+    parallel(groups, [&](size_t from, size_t to) {
+      for (size_t g = from; g < to; ++g) {
+        for (size_t k = begin[g]; k < begin[g + 1]; ++k) statistics(leaves_[grouped[k]]);
+        digest_leaves(grouped.data() + begin[g], begin[g + 1] - begin[g]);
+      }
+    });
+  }
+  for (size_t i = 0; i < count_; ++i) finish_tensor(i);
+}
 
-  // Longest first: a lane freed by a short message takes the next, and the lanes end together.
-  std::array<uint16_t, kMaxMessages> order;
-  for (size_t i = 0; i < count_; ++i) order[i] = uint16_t(i);
-  std::stable_sort(order.begin(), order.begin() + count_, [&](uint16_t a, uint16_t b) {
-    return messages_[a].blocks > messages_[b].blocks;
-  });
-
+void Md5Batch::digest_leaves(const uint16_t* leaves, size_t n) {
   struct Lane {
-    size_t message;
+    size_t leaf;
     size_t blocks_left;
     const uint8_t* next;
+    bool padding_next;  // kFullLeafPadding once the leaf's blocks are in
   };
   Lane lanes[Md5Lanes::kLanes];
   size_t next = 0;
   auto start = [&](Lane* lane) {
-    const size_t i = order[next++];
-    *lane = {i, messages_[i].blocks, arena_.get() + messages_[i].offset};
+    const Leaf& leaf = leaves_[leaves[next++]];
+    *lane = {size_t(&leaf - leaves_.data()), leaf.blocks, arena_.get() + leaf.offset,
+             leaf.padding_apart};
   };
   size_t used = 0;
-  while (used < Md5Lanes::kLanes && next < count_) start(&lanes[used++]);
+  while (used < Md5Lanes::kLanes && next < n) start(&lanes[used++]);
 
   Md5Lanes md5;
   const uint8_t* pointers[Md5Lanes::kLanes];
@@ -110,26 +168,54 @@ void Md5Batch::run() {
       lanes[l].next += step * kBlock;
     }
     for (size_t l = 0; l < used;) {
-      if (lanes[l].blocks_left > 0) {
+      Lane& lane = lanes[l];
+      if (lane.blocks_left > 0) {
         ++l;
         continue;
       }
-      md5.lane_digest(l, results_[lanes[l].message].digest.data());
-      if (next < count_) {
+      if (lane.padding_next) {
+        lane = {lane.leaf, 1, kFullLeafPadding.block, false};
+        ++l;
+        continue;
+      }
+      md5.lane_digest(l, leaf_digests_[lane.leaf].data());
+      if (next < n) {
         md5.restart_lane(l);
-        start(&lanes[l]);
+        start(&lane);
         ++l;
       } else if (l != --used) {
         md5.move_lane(used, l);  // keeps the busy lanes first; lane l is looked at again
-        lanes[l] = lanes[used];
+        lane = lanes[used];
       }
     }
   }
 }
 
+void Md5Batch::finish_tensor(size_t i) {
+  const Tensor& t = tensors_[i];
+  Result& r = results_[i];
+  StatsAccumulator total(t.dtype);
+  r.integral = total.integral();
+  r.has_stats = t.with_stats && total.supported();
+  if (t.leaves == 1) {
+    r.digest = leaf_digests_[t.first_leaf];
+    total = leaf_stats_[t.first_leaf];
+  } else {
+    begin_tree_digest(&single_, t.bytes);
+    for (size_t l = t.first_leaf; l < size_t(t.first_leaf) + t.leaves; ++l) {
+      single_.update(leaf_digests_[l].data(), 16);
+      total.merge(leaf_stats_[l]);
+    }
+    single_.finish(r.digest.data());
+  }
+  if (r.has_stats) r.stats = total.finish();
+}
+
 void Md5Batch::clear() {
   count_ = 0;
   used_ = 0;
+  leaf_count_ = 0;
+  leaf_stats_.clear();
 }
 
 }  // namespace detaudit

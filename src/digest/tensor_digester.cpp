@@ -84,6 +84,15 @@ double lane_pass_cost(size_t used) {
 
 }  // namespace
 
+void begin_tree_digest(Hasher* hasher, uint64_t tensor_bytes) {
+  // A header that no plain tensor of these bytes could collide with by accident.
+  static constexpr char kTreeTag[16] = "detaudit-tree-1";
+  const uint64_t sizes[2] = {kLeafBytes, tensor_bytes};
+  hasher->reset();
+  hasher->update(kTreeTag, sizeof kTreeTag);
+  hasher->update(sizes, sizeof sizes);  // little-endian on every platform we build for
+}
+
 TensorDigester::TensorDigester(Hasher* hasher, trace::Dtype dtype, bool with_stats)
     : hasher_(hasher), dtype_(dtype), leaf_stats_(dtype) {
   with_stats_ = with_stats && leaf_stats_.supported();
@@ -232,13 +241,7 @@ void TensorDigester::finish(trace::TensorDesc* out) {
     total = leaf_stats_;
   } else {
     if (leaf_used_ > 0) close_leaf();
-    // The root: a header that no plain tensor of these bytes could collide with by accident,
-    // then the leaves' digests in order.
-    static constexpr char kTreeTag[16] = "detaudit-tree-1";
-    const uint64_t sizes[2] = {kLeafBytes, bytes_};
-    hasher_->reset();
-    hasher_->update(kTreeTag, sizeof kTreeTag);
-    hasher_->update(sizes, sizeof sizes);  // little-endian on every platform we build for
+    begin_tree_digest(hasher_, bytes_);
     for (const Leaf& leaf : closed_) {
       hasher_->update(leaf.digest.data(), hasher_->length());
       total.merge(leaf.stats);

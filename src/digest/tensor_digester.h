@@ -28,6 +28,10 @@ namespace detaudit {
 inline constexpr size_t kLeafBytes = size_t(1) << 20;
 static_assert(kLeafBytes % kStatsBlockBytes == 0, "no statistics block straddles two leaves");
 
+// A tensor of several leaves: its digest is the hasher's over this header (reset first), then the
+// leaves' digests in order (docs/trace-format.md).
+void begin_tree_digest(Hasher* hasher, uint64_t tensor_bytes);
+
 // Runs fn(begin, end) over disjoint ranges covering [0, n), possibly on several threads.
 using ParallelFor = std::function<void(size_t n, const std::function<void(size_t, size_t)>& fn)>;
 

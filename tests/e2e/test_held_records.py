@@ -4,8 +4,9 @@
   the same pipeline as CUDA tensors on a GPU (a batch per op's inputs and per op's outputs, a
   ring, a collector thread), with a host queue that digests a batch when it is enqueued and
   completes it late.
-- MD5 of small CPU tensors, copied into a batch on the op's thread and hashed in vector lanes on
-  the digest thread (the default digest; DETAUDIT_MD5_BATCH=off hashes each tensor alone).
+- MD5 of CPU tensors of up to 4 MiB, copied into a batch on the op's thread and hashed in vector
+  lanes, on torch's intra-op threads or on the digest thread (the default digest;
+  DETAUDIT_MD5_BATCH=off hashes each tensor alone, =digest-thread runs every batch there).
 
 The trace must be byte for byte what the direct path writes; forked DataLoader workers, extra
 threads and a SIGTERM while digests are pending must leave whole records in program order.
@@ -24,6 +25,7 @@ HELD = {"DETAUDIT_DEVICE_QUEUE": "host"}
 # As CudaQueue's fused kernel takes them: strided views read in place, one CUDA call a launch.
 HELD_FUSED = dict(HELD, DETAUDIT_DEVICE_KERNEL="fused")
 SERIAL_MD5 = {"DETAUDIT_MD5_BATCH": "off"}
+MD5_ON_DIGEST_THREAD = {"DETAUDIT_MD5_BATCH": "digest-thread"}
 SGD = [PYTHON, example("train_sgd.py"), "--steps", "3"]
 HAZARDS = [PYTHON, program("batch_hazards.py"), "--steps", "3"]
 
@@ -239,11 +241,26 @@ class BatchesAcrossOps(HeldRecordsCase):
         self.assertGreaterEqual(d["peak"], 2 << 20, d["line"])
 
 
+def md5_batch_line(run_dir):
+    return next(l for l in status(run_dir).splitlines() if l.startswith("md5 batches:"))
+
+
+def md5_batches(run_dir):
+    """'md5 batches: R runs, T tensors, D runs on the digest thread, I on the intra-op threads'."""
+    m = re.match(r"md5 batches: (\d+) runs, (\d+) tensors, (\d+) runs on the digest thread, "
+                 r"(\d+) on the intra-op threads", md5_batch_line(run_dir))
+    return tuple(int(g) for g in m.groups())
+
+
 @unittest.skipUnless(cpu_has_md5_lanes(), "no AVX2 or AVX-512F: MD5 is never batched on this CPU")
 class Md5Batches(HeldRecordsCase):
+    LEAVES = HAZARDS + ["--leaves-mb", "3"]
     JOBS = {
         "serial": (["--digest", "md5"], SGD, SERIAL_MD5),
         "batched": (["--digest", "md5"], SGD, None),
+        "leaves serial": (["--digest", "md5"], LEAVES, SERIAL_MD5),
+        "leaves batched": (["--digest", "md5"], LEAVES, None),
+        "leaves on the digest thread": (["--digest", "md5"], LEAVES, MD5_ON_DIGEST_THREAD),
         "workers": (["--runs", "2", "--digest", "md5"],
                     [PYTHON, example("dataloader_workers.py"), "--steps", "3"], None),
         "threads": (["--runs", "2", "--digest", "md5"], [PYTHON, program("python_threads.py")], None),
@@ -252,13 +269,28 @@ class Md5Batches(HeldRecordsCase):
     def test_batched_records_are_the_serial_paths_bytes(self):
         b = self.same_trace("serial", "batched")
         # The batch really ran, with several tensors a run; the serial path never did.
-        line = next(l for l in status(self.runs["batched"][1]).splitlines() if l.startswith("md5 batches:"))
-        runs, hashed, on_digest_thread = (int(line.split()[i]) for i in (2, 4, 6))
+        runs, hashed, on_digest_thread, on_intra_op_threads = md5_batches(self.runs["batched"][1])
+        line = md5_batch_line(self.runs["batched"][1])
         self.assertGreater(hashed, len(ops(b)) // 2, line)
         self.assertGreater(hashed, 4 * runs, line)
-        # Off the op's thread: the batches filled during the run were hashed beside it.
-        self.assertGreater(on_digest_thread, 0, line)
+        # The batches filled during the run were hashed as it went: on its intra-op threads.
+        self.assertGreater(on_intra_op_threads, 0, line)
         self.assertNotIn("md5 batches:", status(self.runs["serial"][1]))
+
+    def test_tensors_of_several_leaves_and_their_hazards_are_the_serial_paths_bytes(self):
+        # Copied whole, leaf by leaf, before the next op writes them; gathered through strides.
+        b = self.same_trace("leaves serial", "leaves batched")
+        self.same_trace("leaves serial", "leaves on the digest thread")
+        n = 3 * (1 << 20) // 4
+        sizes = [t["shape"] for o in ops(b) for t in tensors(o["inputs"] + o["outputs"])]
+        self.assertIn([n + 7], sizes)
+        self.assertIn([n // 64, 64], sizes)
+        _, _, on_digest_thread, on_intra_op_threads = md5_batches(self.runs["leaves batched"][1])
+        self.assertGreater(on_intra_op_threads, 0, md5_batch_line(self.runs["leaves batched"][1]))
+        _, _, on_digest_thread, on_intra_op_threads = md5_batches(
+            self.runs["leaves on the digest thread"][1])
+        self.assertGreater(on_digest_thread, 0)
+        self.assertEqual(on_intra_op_threads, 0)
 
     def test_dataloader_workers_and_threads_are_identical_twice(self):
         for name in ("workers", "threads"):

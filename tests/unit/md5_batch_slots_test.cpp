@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "digest/hashers.h"
@@ -75,7 +76,7 @@ TEST(Md5BatchSlotsTest, EveryDigestIsItsBytesWhicheverThreadRanTheBatch) {
   std::vector<Message> messages;
   size_t seen_done = 0;
   for (int i = 0; i < 3000; ++i) {
-    const size_t n = i % 500 == 499 ? Md5Batch::kMaxMessageBytes : 1 + rng() % 5000;
+    const size_t n = i % 500 == 499 ? Md5Batch::kMaxTensorBytes : 1 + rng() % 5000;
     messages.push_back(add(&slots, &rng, n));
     if (rng() % 64 == 0) slots.submit_if_idle();
     while (seen_done < messages.size() && messages[seen_done].digest->done()) ++seen_done;
@@ -91,6 +92,49 @@ TEST(Md5BatchSlotsTest, EveryDigestIsItsBytesWhicheverThreadRanTheBatch) {
   EXPECT_EQ(status.find(" 0 runs on the digest thread"), std::string::npos) << status;
 }
 
+// With several intra-op threads to use, a full batch runs on them at once, on the op's thread's
+// call: its digests are done when the next tensor is added, and right, tensors of several leaves
+// included. With one, the digest thread runs it, as before.
+TEST(Md5BatchSlotsTest, AFullBatchRunsOnTheIntraOpThreadsWhenThereAreSeveral) {
+  if (!Md5Batch::available())
+    GTEST_SKIP() << "no AVX-512F or AVX2 on this CPU: the batch is not used";
+  size_t threads = 3, calls = 0;
+  hooks::IntraOpThreads intra_op{[&](size_t n, const std::function<void(size_t, size_t)>& fn) {
+                                   ++calls;
+                                   std::vector<std::thread> pool;
+                                   for (size_t t = 0; t < threads; ++t)
+                                     if (n * t / threads < n * (t + 1) / threads)
+                                       pool.emplace_back(fn, n * t / threads,
+                                                         n * (t + 1) / threads);
+                                   for (std::thread& t : pool) t.join();
+                                 },
+                                 [&] { return threads; }};
+  Md5BatchSlots slots(intra_op);
+  std::mt19937 rng(17);
+  std::vector<Message> messages;
+  for (int i = 0; i < 3 * int(Md5Batch::kMaxTensors); ++i) {
+    const size_t n = i % 50 == 7 ? kLeafBytes * 2 + size_t(i) : 1 + rng() % 5000;
+    messages.push_back(add(&slots, &rng, n));
+  }
+  ASSERT_GE(calls, 3u);
+  size_t done = 0;
+  while (done < messages.size() && messages[done].digest->done()) ++done;
+  EXPECT_GE(done, 3 * Md5Batch::kMaxTensors - Md5Batch::kMaxTensors)
+      << "the full batches' digests are done when the op's thread goes on";
+  ASSERT_TRUE(slots.run());
+  expect_done_and_right(messages);
+  EXPECT_NE(hooks::md5_batch_status().find(" on the intra-op threads"), std::string::npos);
+
+  threads = 1;
+  const size_t calls_before = calls;
+  std::vector<Message> alone;
+  for (int i = 0; i < 2 * int(Md5Batch::kMaxTensors) + 3; ++i)
+    alone.push_back(add(&slots, &rng, 1 + rng() % 5000));
+  ASSERT_TRUE(slots.run());
+  EXPECT_EQ(calls, calls_before) << "one intra-op thread: the batches go to the digest thread";
+  expect_done_and_right(alone);
+}
+
 // A stop signal's handler waits a bounded time for the batch in flight: with batches of 1 MiB
 // messages still hashing, run(0) comes back at once, and a later run() completes everything.
 TEST(Md5BatchSlotsTest, ABoundedRunNeverBlocksAndAnUnboundedOneFinishes) {
@@ -99,7 +143,7 @@ TEST(Md5BatchSlotsTest, ABoundedRunNeverBlocksAndAnUnboundedOneFinishes) {
   std::mt19937 rng(11);
   Md5BatchSlots slots;
   std::vector<Message> messages;
-  for (int i = 0; i < 7; ++i) messages.push_back(add(&slots, &rng, Md5Batch::kMaxMessageBytes));
+  for (int i = 0; i < 7; ++i) messages.push_back(add(&slots, &rng, Md5Batch::kMaxTensorBytes));
   slots.submit_if_idle();
   for (int i = 0; i < 2; ++i) messages.push_back(add(&slots, &rng, 100));
   const auto start = std::chrono::steady_clock::now();

@@ -715,51 +715,75 @@ TEST(Md5LanesTest, EachLaneIsTheMd5OfItsMessage) {
     }
 }
 
-// A batch's messages of any lengths, sharing lanes, each get the digest and the statistics that
-// TensorDigester gives their bytes: one message alone, a few, more than the lanes, a full batch,
-// and lengths on each side of MD5's padding edges.
-TEST(Md5BatchTest, EachMessageHasTheDigestAndStatisticsOfItsBytes) {
+// fn over [0, n) cut across `threads` std::threads, as at::parallel_for cuts it.
+void on_threads(size_t threads, size_t n, const std::function<void(size_t, size_t)>& fn) {
+  std::vector<std::thread> pool;
+  for (size_t t = 0; t < threads; ++t) {
+    const size_t begin = n * t / threads, end = n * (t + 1) / threads;
+    if (begin < end) pool.emplace_back(fn, begin, end);
+  }
+  for (std::thread& t : pool) t.join();
+}
+
+// A batch's tensors of any lengths, sharing lanes, each get the digest and the statistics that
+// TensorDigester gives their bytes: one tensor alone, a few, more than the lanes, a full batch;
+// lengths on each side of MD5's padding edges and of a leaf's, tensors of several leaves (a tree,
+// its leaves in the lanes beside the small tensors); run on this thread, or cut into groups on
+// several.
+TEST(Md5BatchTest, EachTensorHasTheDigestAndStatisticsOfItsBytes) {
   if (!Md5Batch::available())
     GTEST_SKIP() << "no AVX-512F or AVX2 on this CPU: the batch is not used";
-  // Messages start at offsets up to 56 bytes in, so the longest still ends inside.
-  std::vector<uint8_t> bytes(Md5Batch::kMaxMessageBytes + 64);
+  // Tensors start at offsets up to 56 bytes in, so the longest still ends inside.
+  std::vector<uint8_t> bytes(Md5Batch::kMaxTensorBytes + 64);
   for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = uint8_t((i * 2654435761u) >> 11);
   const size_t lengths[] = {1, 55, 56, 63, 64, 65, 119, 120, 128, 4096, 20000, 70000, 4, 8};
+  const size_t large[] = {Md5Batch::kMaxTensorBytes, kLeafBytes,    kLeafBytes + 1, 2 * kLeafBytes,
+                          3 * kLeafBytes + 12345,    kLeafBytes - 1};
   auto serially = [](size_t n, const std::function<void(size_t, size_t)>& fn) { fn(0, n); };
   Md5Batch batch;
-  for (size_t count :
-       {size_t(1), size_t(2), size_t(7), size_t(16), size_t(17), Md5Batch::kMaxMessages}) {
-    std::vector<TensorDesc> want(count);
-    std::vector<size_t> index(count);
-    for (size_t m = 0; m < count; ++m) {
-      const size_t n = m == 5 ? Md5Batch::kMaxMessageBytes
-                              : lengths[(m * 7 + count) % std::size(lengths)];
-      const Dtype dtype = m % 3 == 0   ? Dtype::kFloat32
-                          : m % 3 == 1 ? Dtype::kInt32
-                                       : Dtype::kFloat64;
-      const bool with_stats = m % 4 != 3;
-      const uint8_t* data = bytes.data() + (m * 8) % 64;
-      ASSERT_TRUE(batch.has_room(n));
-      std::memcpy(batch.reserve(n), data, n);
-      index[m] = batch.commit(dtype, with_stats);
-      Hasher h(DigestAlgo::kMd5);
-      TensorDigester d(&h, dtype, with_stats);
-      d.update_all(data, n, serially);
-      d.finish(&want[m]);
+  for (size_t threads : {size_t(1), size_t(2), size_t(5)}) {
+    for (size_t count :
+         {size_t(1), size_t(2), size_t(7), size_t(16), size_t(17), Md5Batch::kMaxTensors}) {
+      std::vector<TensorDesc> want(count);
+      std::vector<size_t> index(count);
+      for (size_t m = 0; m < count; ++m) {
+        const size_t n = m % 8 == 5 && m / 8 < std::size(large)
+                             ? large[(m / 8 + count) % std::size(large)]
+                             : lengths[(m * 7 + count) % std::size(lengths)];
+        const Dtype dtype = m % 3 == 0   ? Dtype::kFloat32
+                            : m % 3 == 1 ? Dtype::kInt32
+                                         : Dtype::kFloat64;
+        const bool with_stats = m % 4 != 3;
+        const uint8_t* data = bytes.data() + (m * 8) % 64;
+        ASSERT_TRUE(batch.has_room(n)) << "tensor " << m << " of " << count;
+        std::memcpy(batch.reserve(n), data, n);
+        index[m] = batch.commit(dtype, with_stats);
+        Hasher h(DigestAlgo::kMd5);
+        TensorDigester d(&h, dtype, with_stats);
+        d.update_all(data, n, serially);
+        d.finish(&want[m]);
+      }
+      EXPECT_EQ(batch.full(), count == Md5Batch::kMaxTensors);
+      if (threads == 1)
+        batch.run();
+      else
+        batch.run(
+            [&](size_t n, const std::function<void(size_t, size_t)>& fn) {
+              on_threads(threads, n, fn);
+            },
+            threads);
+      for (size_t m = 0; m < count; ++m) {
+        TensorDesc got;
+        batch.result(index[m]).fill(&got);
+        const std::string where = "tensor " + std::to_string(m) + " of " + std::to_string(count) +
+                                  ", " + std::to_string(threads) + " threads";
+        EXPECT_EQ(0, std::memcmp(want[m].digest.data(), got.digest.data(), 16)) << where;
+        EXPECT_EQ(want[m].digest_len, got.digest_len);
+        EXPECT_EQ(want[m].bits, got.bits) << where;
+        EXPECT_EQ(0, std::memcmp(&want[m].stats, &got.stats, sizeof got.stats)) << where;
+      }
+      batch.clear();
     }
-    EXPECT_EQ(batch.full(), count == Md5Batch::kMaxMessages);
-    batch.run();
-    for (size_t m = 0; m < count; ++m) {
-      TensorDesc got;
-      batch.result(index[m]).fill(&got);
-      EXPECT_EQ(0, std::memcmp(want[m].digest.data(), got.digest.data(), 16))
-          << "message " << m << " of " << count;
-      EXPECT_EQ(want[m].digest_len, got.digest_len);
-      EXPECT_EQ(want[m].bits, got.bits) << "message " << m << " of " << count;
-      EXPECT_EQ(0, std::memcmp(&want[m].stats, &got.stats, sizeof got.stats))
-          << "message " << m << " of " << count;
-    }
-    batch.clear();
   }
 }
 
@@ -768,7 +792,7 @@ TEST(Md5BatchTest, HasRoomForAsManyMessagesAndBytesAsItHolds) {
   if (!Md5Batch::available())
     GTEST_SKIP() << "no AVX-512F or AVX2 on this CPU: the batch is not used";
   Md5Batch batch;
-  for (size_t m = 0; m < Md5Batch::kMaxMessages; ++m) {
+  for (size_t m = 0; m < Md5Batch::kMaxTensors; ++m) {
     ASSERT_TRUE(batch.has_room(100));
     std::memset(batch.reserve(100), int(m), 100);
     batch.commit(Dtype::kUInt8, false);
@@ -776,16 +800,16 @@ TEST(Md5BatchTest, HasRoomForAsManyMessagesAndBytesAsItHolds) {
   EXPECT_FALSE(batch.has_room(1));
   batch.clear();
   size_t whole = 0;
-  while (batch.has_room(Md5Batch::kMaxMessageBytes)) {
-    std::memset(batch.reserve(Md5Batch::kMaxMessageBytes), 1, Md5Batch::kMaxMessageBytes);
+  while (batch.has_room(Md5Batch::kMaxTensorBytes)) {
+    std::memset(batch.reserve(Md5Batch::kMaxTensorBytes), 1, Md5Batch::kMaxTensorBytes);
     batch.commit(Dtype::kUInt8, false);
     ++whole;
   }
   EXPECT_EQ(whole,
-            Md5Batch::kArenaBytes / Md5Batch::kMaxMessageBytes - 1);  // padding takes a block each
+            Md5Batch::kArenaBytes / Md5Batch::kMaxTensorBytes - 1);  // padding takes a block each
   EXPECT_TRUE(batch.has_room(1000));
   batch.clear();
-  EXPECT_TRUE(batch.has_room(Md5Batch::kMaxMessageBytes));
+  EXPECT_TRUE(batch.has_room(Md5Batch::kMaxTensorBytes));
 }
 
 }  // namespace

@@ -5,10 +5,13 @@ strided column was read, fills and copies whose digests come from their value an
 an autograd step whose optimizer writes every parameter. Run with DETAUDIT_DEVICE_QUEUE=host, the batch holds CPU tensors across ops;
 each recorded digest must be that of the bytes the op produced, as the direct path records them.
 
-    python batch_hazards.py [--steps 3] [--big-mb 0]
+    python batch_hazards.py [--steps 3] [--big-mb 0] [--leaves-mb 0]
 
 --big-mb N: each step also makes tensors of N MiB, so that a run holds more than a small
 record.device_batch_mib.
+--leaves-mb N: each step also makes a tensor of N MiB and a bit (several digest leaves, the last
+one short), writes it in place right after, and reads it through a transposed view: what an MD5
+batch copies whole, leaf by leaf.
 """
 import argparse
 import os
@@ -18,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 
-def step(k, big_mb):
+def step(k, big_mb, leaves_mb):
     x = torch.arange(4096, dtype=torch.float32) * (k + 1)
     y = x * 2
     y.add_(1)                    # the very next op writes what the last one returned
@@ -64,6 +67,12 @@ def step(k, big_mb):
         # New tensors only, none written again: the batch grows until its cap launches it.
         big = [torch.full((n,), float(i + k)) * 2 for i in range(4)]
         s = s + sum(float(b[0]) for b in big)
+    if leaves_mb:
+        n = leaves_mb * (1 << 20) // 4
+        ramp = torch.arange(n + 7, dtype=torch.float32) * (k + 1)
+        ramp.mul_(3)                                # the very next op writes what the last one returned
+        cols = ramp[:n].view(64, -1).t().sin()      # read through its strides, several leaves
+        s = s + float(ramp[-1]) + float(cols[1, 0])
     return s
 
 
@@ -71,6 +80,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--big-mb", type=int, default=0)
+    ap.add_argument("--leaves-mb", type=int, default=0)
     args = ap.parse_args()
     torch.manual_seed(0)
     store = os.path.join(tempfile.mkdtemp(), "store")
@@ -80,7 +90,7 @@ def main():
     data = torch.randn(8, 16)
     for k in range(args.steps):
         opt.zero_grad()
-        loss = net(data).pow(2).mean() + step(k, args.big_mb) * 1e-9
+        loss = net(data).pow(2).mean() + step(k, args.big_mb, args.leaves_mb) * 1e-9
         loss.backward()
         opt.step()               # writes every parameter in place
         print(f"step {k} loss {loss.item():.6f}", flush=True)
