@@ -33,6 +33,7 @@ class Md5TensorBatch final : public AsyncDigests {
   void discard() override { slots_.discard(); }
 
  private:
+  bool on_intra_op_threads_;
   Md5BatchSlots slots_;
 };
 

@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -60,8 +61,15 @@ void on_torch_pool(size_t n, const std::function<void(size_t, size_t)>& fn) {
                    [&](int64_t begin, int64_t end) { fn(size_t(begin), size_t(end)); });
 }
 
+namespace {
+// In a forked child libgomp's team is still the parent's: a parallel region there can wait for
+// threads the fork left behind, where the program itself may never open one.
+const pid_t g_loaded_in = ::getpid();
+}  // namespace
+
 size_t torch_pool_threads() {
-  return at::in_parallel_region() ? 1 : size_t(std::max(1, at::get_num_threads()));
+  if (at::in_parallel_region() || ::getpid() != g_loaded_in) return 1;
+  return size_t(std::max(1, at::get_num_threads()));
 }
 
 std::string torch_pool_status() {

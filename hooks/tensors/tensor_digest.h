@@ -32,7 +32,7 @@ uint64_t describe_tensor(const at::Tensor& t, Hasher* hasher, bool with_stats,
 
 // Work on torch's own intra-op threads, the program's choice of them: fn over [0, n) split
 // across them by at::parallel_for, and how many the calling thread may use now (1 inside a
-// parallel region, where parallel_for runs serially).
+// parallel region, where parallel_for runs serially, and in a forked child).
 void on_torch_pool(size_t n, const std::function<void(size_t, size_t)>& fn);
 size_t torch_pool_threads();
 
