@@ -241,14 +241,14 @@ class BatchesAcrossOps(HeldRecordsCase):
         self.assertGreaterEqual(d["peak"], 2 << 20, d["line"])
 
 
-def md5_batch_line(run_dir):
-    return next(l for l in status(run_dir).splitlines() if l.startswith("md5 batches:"))
+def md5_batch_line(run_dir, process="r0.main"):
+    return next(l for l in status(run_dir, process).splitlines() if l.startswith("md5 batches:"))
 
 
-def md5_batches(run_dir):
+def md5_batches(run_dir, process="r0.main"):
     """'md5 batches: R runs, T tensors, D runs on the digest thread, I on the intra-op threads'."""
     m = re.match(r"md5 batches: (\d+) runs, (\d+) tensors, (\d+) runs on the digest thread, "
-                 r"(\d+) on the intra-op threads", md5_batch_line(run_dir))
+                 r"(\d+) on the intra-op threads", md5_batch_line(run_dir, process))
     return tuple(int(g) for g in m.groups())
 
 
@@ -291,6 +291,17 @@ class Md5Batches(HeldRecordsCase):
             self.runs["leaves on the digest thread"][1])
         self.assertGreater(on_digest_thread, 0)
         self.assertEqual(on_intra_op_threads, 0)
+
+    def test_a_forked_child_batches_on_the_digest_thread_and_never_hangs(self):
+        # The parent ran a parallel region before the fork: a batch run on the intra-op threads
+        # in the child would wait forever for threads the fork left behind.
+        r, run_dir = record(os.path.join(self.tmp, "forked"), [PYTHON, program("forked_child.py")],
+                            flags=["--digest", "md5"], timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        runs, hashed, on_digest_thread, on_intra_op_threads = md5_batches(run_dir, "r0.main.0")
+        self.assertGreater(hashed, 1000, md5_batch_line(run_dir, "r0.main.0"))
+        self.assertGreater(on_digest_thread, 0, md5_batch_line(run_dir, "r0.main.0"))
+        self.assertEqual(on_intra_op_threads, 0, md5_batch_line(run_dir, "r0.main.0"))
 
     def test_dataloader_workers_and_threads_are_identical_twice(self):
         for name in ("workers", "threads"):
