@@ -1,6 +1,8 @@
 """Times detaudit's recorder against plain runs and the peer approaches, side by side in one run.
 
-For each workload (cnn, embed, lstm in Python and C++; gpt2, a GPT-2-shaped transformer, in Python), every mode runs as its own process, the
+For each workload (cnn, embed, lstm in Python and C++; gpt2, a GPT-2-shaped transformer, in Python;
+with --only, hf-gpt2, the same shape as Hugging Face's GPT2LMHeadModel with its Trainer's fused
+AdamW, where transformers is installed), every mode runs as its own process, the
 modes interleaved in each repeat so drift hits them alike; the median ms/step is reported with its
 ratio to plain, and the fastest repeats' ratio (load from other guests only adds time). The peers (Python only): a TorchDispatchMode hashing with MD5, and PyTorch's own
 DebugMode where the interpreter's torch has it (--python picks the interpreter). Also: bytes

@@ -1,6 +1,6 @@
 """Benchmark workloads for detaudit: each times its own training steps and prints one JSON line.
 
-  workloads.py --workload cnn|embed|lstm|gpt2 [--steps N] [--warmup N] [--threads N]
+  workloads.py --workload cnn|embed|lstm|gpt2|hf-gpt2 [--steps N] [--warmup N] [--threads N]
                [--peer [md5|debugmode|debugmode-norm]]
 
 --peer runs the steps under a peer approach:
@@ -163,6 +163,29 @@ def gpt2(compiled=False):
     return step
 
 
+def hf_gpt2():
+    """gpt2's shape as Hugging Face builds it (GPT2LMHeadModel, built from a config, no download),
+    with the optimizer its Trainer makes by default (fused AdamW on torch 2.x's CPU), stepped as
+    the Trainer steps it: labels in, the model's loss backward, clipping to 1.0, step, zero_grad."""
+    import tempfile
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+    torch.manual_seed(0)
+    vocab, seq, batch = 1024, 64, 8
+    model = GPT2LMHeadModel(GPT2Config(n_layer=4, n_head=4, n_embd=128, vocab_size=vocab,
+                                       n_positions=seq, bos_token_id=0, eos_token_id=0))
+    model.train()
+    args = TrainingArguments(output_dir=tempfile.mkdtemp(), use_cpu=True, report_to=[])
+    opt = Trainer(model=model, args=args).create_optimizer()
+    tokens = torch.randint(0, vocab, (batch, seq))
+
+    def step():
+        model(input_ids=tokens, labels=tokens).loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        opt.step()
+        opt.zero_grad()
+    return step
+
+
 def cpu_seconds():
     """User and system time of all threads: not inflated by another guest on our cores."""
     u = resource.getrusage(resource.RUSAGE_SELF)
@@ -171,7 +194,7 @@ def cpu_seconds():
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--workload", choices=["cnn", "embed", "lstm", "gpt2", "gpt2-compiled"],
+    p.add_argument("--workload", choices=["cnn", "embed", "lstm", "gpt2", "gpt2-compiled", "hf-gpt2"],
                    required=True)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
@@ -180,7 +203,7 @@ def main():
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     step = {"cnn": cnn, "embed": embed, "lstm": lstm, "gpt2": gpt2,
-            "gpt2-compiled": lambda: gpt2(compiled=True)}[a.workload]()
+            "gpt2-compiled": lambda: gpt2(compiled=True), "hf-gpt2": hf_gpt2}[a.workload]()
     for _ in range(a.warmup):
         step()
     mode, stack = None, contextlib.ExitStack()
