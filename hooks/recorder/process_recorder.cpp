@@ -471,6 +471,8 @@ void ProcessRecorder::after_fork_child() {
   groups_.clear();
   threads_.clear();
   forget_open_batches_after_fork();
+  forget_md5_batch_status();  // the .status counts this process's work
+  forget_torch_pool_status();
   StreamWriter::instance().reset_after_fork();
   if (is_python_ && op_callback_ != 0) {
     // Maybe a DataLoader worker: its batch 0 is consumed in the step that was about to begin.

@@ -79,5 +79,7 @@ class Md5BatchSlots {
 // A line for the .status file ("" when no batch ran): runs and messages, and how many batches
 // ran on the digest thread, over the process.
 std::string md5_batch_status();
+// A forked child's counters start from zero: the parent's runs are not its own.
+void forget_md5_batch_status();
 
 }  // namespace detaudit::hooks

@@ -72,6 +72,11 @@ size_t torch_pool_threads() {
   return size_t(std::max(1, at::get_num_threads()));
 }
 
+void forget_torch_pool_status() {
+  for (auto* counter : {&g_pool_tensors, &g_pool_units, &g_units_elsewhere})
+    counter->store(0, std::memory_order_relaxed);
+}
+
 std::string torch_pool_status() {
   const uint64_t tensors = g_pool_tensors.load(std::memory_order_relaxed);
   if (tensors == 0) return "";

@@ -39,6 +39,8 @@ size_t torch_pool_threads();
 // The .status line on large tensors' leaves: how many units of work ran on torch's intra-op
 // threads other than the op's; "" when no tensor was large enough.
 std::string torch_pool_status();
+// A forked child's counters start from zero.
+void forget_torch_pool_status();
 
 // A 64-bit digest of a generator's full state (engine and cached normal samples).
 uint64_t generator_digest(const at::Generator& gen);

@@ -34,7 +34,7 @@ void Md5Batch::Result::fill(trace::TensorDesc* out) const {
 
 bool Md5Batch::available() { return Md5Lanes::available(); }
 
-Md5Batch::Md5Batch() : single_(trace::DigestAlgo::kMd5) { leaf_stats_.reserve(kMaxLeaves); }
+Md5Batch::Md5Batch() : single_(trace::DigestAlgo::kMd5) {}
 
 bool Md5Batch::has_room(size_t n) const {
   return count_ < kMaxTensors && used_ + padded_blocks(n) * kBlock <= kArenaBytes;
@@ -42,7 +42,11 @@ bool Md5Batch::has_room(size_t n) const {
 
 uint8_t* Md5Batch::reserve(size_t n) {
   // Uninitialised: every byte a message's blocks cover is written before it is read.
-  if (!arena_) arena_.reset(new uint8_t[kArenaBytes]);
+  if (!arena_) {
+    arena_.reset(new uint8_t[kArenaBytes]);
+    room_ = std::make_unique<Room>();
+    room_->leaf_stats.reserve(kMaxLeaves);
+  }
   reserved_ = n;
   return arena_.get() + used_;
 }
@@ -55,14 +59,14 @@ size_t Md5Batch::commit(trace::Dtype dtype, bool with_stats) {
   for (size_t l = 0; l < leaves; ++l) {
     const bool last = l + 1 == leaves;
     const size_t bytes = last ? t.bytes - l * kLeafBytes : kLeafBytes;
-    leaves_[leaf_count_] = {t.offset + l * kLeafBytes, bytes,
-                            last ? padded_blocks(bytes) : kLeafBytes / kBlock, !last,
-                            uint16_t(count_)};
-    leaf_stats_.emplace_back(dtype);
+    room_->leaves[leaf_count_] = {t.offset + l * kLeafBytes, bytes,
+                                  last ? padded_blocks(bytes) : kLeafBytes / kBlock, !last,
+                                  uint16_t(count_)};
+    room_->leaf_stats.emplace_back(dtype);
     ++leaf_count_;
   }
   used_ += padded_blocks(t.bytes) * kBlock;
-  tensors_[count_] = t;
+  room_->tensors[count_] = t;
   return count_++;
 }
 
@@ -79,9 +83,9 @@ void Md5Batch::pad(const Tensor& t) {
 
 void Md5Batch::statistics(const Leaf& leaf) {
   // As TensorDigester feeds a leaf: blocks of kStatsBlockBytes from its first byte.
-  const Tensor& t = tensors_[leaf.tensor];
+  const Tensor& t = room_->tensors[leaf.tensor];
   if (!t.with_stats) return;
-  StatsAccumulator& acc = leaf_stats_[size_t(&leaf - leaves_.data())];
+  StatsAccumulator& acc = room_->leaf_stats[size_t(&leaf - room_->leaves.data())];
   if (!acc.supported()) return;
   const uint8_t* p = arena_.get() + leaf.offset;
   for (size_t off = 0; off < leaf.bytes; off += kStatsBlockBytes)
@@ -95,15 +99,16 @@ void Md5Batch::run() {
 void Md5Batch::run(const ParallelFor& parallel, size_t threads) {
   if (count_ == 0) return;
   if (leaf_count_ == 1) {
-    statistics(leaves_[0]);
-    single_.digest_once(arena_.get() + leaves_[0].offset, leaves_[0].bytes,
-                        leaf_digests_[0].data());
+    statistics(room_->leaves[0]);
+    single_.digest_once(arena_.get() + room_->leaves[0].offset, room_->leaves[0].bytes,
+                        room_->leaf_digests[0].data());
   } else {
     // Longest first: a lane freed by a short message takes the next, and the lanes end together.
     std::array<uint16_t, kMaxLeaves> order;
     for (size_t i = 0; i < leaf_count_; ++i) order[i] = uint16_t(i);
-    std::stable_sort(order.begin(), order.begin() + leaf_count_,
-                     [&](uint16_t a, uint16_t b) { return leaves_[a].blocks > leaves_[b].blocks; });
+    std::stable_sort(order.begin(), order.begin() + leaf_count_, [&](uint16_t a, uint16_t b) {
+      return room_->leaves[a].blocks > room_->leaves[b].blocks;
+    });
     // A pass costs about the same for 8 lanes as for 16: a group gets 8 leaves at least. Each
     // leaf goes to the group with the fewest blocks so far, so that the groups end together.
     constexpr size_t kMaxGroups = 16;
@@ -119,7 +124,7 @@ void Md5Batch::run(const ParallelFor& parallel, size_t threads) {
         const size_t g = size_t(std::min_element(blocks.begin(), blocks.begin() + groups) -
                                 blocks.begin());
         group_of[k] = uint8_t(g);
-        blocks[g] += leaves_[order[k]].blocks;
+        blocks[g] += room_->leaves[order[k]].blocks;
         ++begin[g + 1];
       }
       for (size_t g = 0; g < groups; ++g) begin[g + 1] += begin[g];
@@ -130,7 +135,7 @@ void Md5Batch::run(const ParallelFor& parallel, size_t threads) {
     begin[groups] = leaf_count_;
     parallel(groups, [&](size_t from, size_t to) {
       for (size_t g = from; g < to; ++g) {
-        for (size_t k = begin[g]; k < begin[g + 1]; ++k) statistics(leaves_[grouped[k]]);
+        for (size_t k = begin[g]; k < begin[g + 1]; ++k) statistics(room_->leaves[grouped[k]]);
         digest_leaves(grouped.data() + begin[g], begin[g + 1] - begin[g]);
       }
     });
@@ -148,8 +153,8 @@ void Md5Batch::digest_leaves(const uint16_t* leaves, size_t n) {
   Lane lanes[Md5Lanes::kLanes];
   size_t next = 0;
   auto start = [&](Lane* lane) {
-    const Leaf& leaf = leaves_[leaves[next++]];
-    *lane = {size_t(&leaf - leaves_.data()), leaf.blocks, arena_.get() + leaf.offset,
+    const Leaf& leaf = room_->leaves[leaves[next++]];
+    *lane = {size_t(&leaf - room_->leaves.data()), leaf.blocks, arena_.get() + leaf.offset,
              leaf.padding_apart};
   };
   size_t used = 0;
@@ -178,7 +183,7 @@ void Md5Batch::digest_leaves(const uint16_t* leaves, size_t n) {
         ++l;
         continue;
       }
-      md5.lane_digest(l, leaf_digests_[lane.leaf].data());
+      md5.lane_digest(l, room_->leaf_digests[lane.leaf].data());
       if (next < n) {
         md5.restart_lane(l);
         start(&lane);
@@ -192,19 +197,19 @@ void Md5Batch::digest_leaves(const uint16_t* leaves, size_t n) {
 }
 
 void Md5Batch::finish_tensor(size_t i) {
-  const Tensor& t = tensors_[i];
-  Result& r = results_[i];
+  const Tensor& t = room_->tensors[i];
+  Result& r = room_->results[i];
   StatsAccumulator total(t.dtype);
   r.integral = total.integral();
   r.has_stats = t.with_stats && total.supported();
   if (t.leaves == 1) {
-    r.digest = leaf_digests_[t.first_leaf];
-    total = leaf_stats_[t.first_leaf];
+    r.digest = room_->leaf_digests[t.first_leaf];
+    total = room_->leaf_stats[t.first_leaf];
   } else {
     begin_tree_digest(&single_, t.bytes);
     for (size_t l = t.first_leaf; l < size_t(t.first_leaf) + t.leaves; ++l) {
-      single_.update(leaf_digests_[l].data(), 16);
-      total.merge(leaf_stats_[l]);
+      single_.update(room_->leaf_digests[l].data(), 16);
+      total.merge(room_->leaf_stats[l]);
     }
     single_.finish(r.digest.data());
   }
@@ -215,7 +220,7 @@ void Md5Batch::clear() {
   count_ = 0;
   used_ = 0;
   leaf_count_ = 0;
-  leaf_stats_.clear();
+  if (room_) room_->leaf_stats.clear();
 }
 
 }  // namespace detaudit

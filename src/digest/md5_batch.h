@@ -62,7 +62,7 @@ class Md5Batch {
   // cut into groups that `parallel` runs on up to `threads` threads. The same bits either way.
   void run();
   void run(const ParallelFor& parallel, size_t threads);
-  const Result& result(size_t i) const { return results_[i]; }
+  const Result& result(size_t i) const { return room_->results[i]; }
   void clear();
 
  private:
@@ -86,15 +86,22 @@ class Md5Batch {
   void digest_leaves(const uint16_t* leaves, size_t n);  // in the lanes, on the calling thread
   void finish_tensor(size_t i);
 
+  // What a batch holds, allocated with its arena when the first tensor comes, not with the batch:
+  // a thread's first op may be the program's allocation of a block just freed, and a garbage read
+  // of it must still see what the program left there.
+  struct Room {
+    std::array<Tensor, kMaxTensors> tensors;
+    std::array<Result, kMaxTensors> results;
+    std::array<Leaf, kMaxLeaves> leaves;
+    std::array<trace::DigestBytes, kMaxLeaves> leaf_digests;
+    std::vector<StatsAccumulator> leaf_stats;  // one a leaf, its room kept across clear()
+  };
+
   std::unique_ptr<uint8_t[]> arena_;
+  std::unique_ptr<Room> room_;
   size_t used_ = 0;
   size_t reserved_ = 0;  // bytes of the tensor being written
-  std::array<Tensor, kMaxTensors> tensors_;
-  std::array<Result, kMaxTensors> results_;
   size_t count_ = 0;
-  std::array<Leaf, kMaxLeaves> leaves_;
-  std::array<trace::DigestBytes, kMaxLeaves> leaf_digests_;
-  std::vector<StatsAccumulator> leaf_stats_;  // one a leaf, room kept across clear()
   size_t leaf_count_ = 0;
   Hasher single_;  // a batch of one leaf: the serial MD5 is faster than a lane
 };
