@@ -109,30 +109,9 @@ void Md5Batch::run(const ParallelFor& parallel, size_t threads) {
     std::stable_sort(order.begin(), order.begin() + leaf_count_, [&](uint16_t a, uint16_t b) {
       return room_->leaves[a].blocks > room_->leaves[b].blocks;
     });
-    // A pass costs about the same for 8 lanes as for 16: a group gets 8 leaves at least. Each
-    // leaf goes to the group with the fewest blocks so far, so that the groups end together.
-    constexpr size_t kMaxGroups = 16;
-    const size_t groups = std::clamp<size_t>(std::min(threads, leaf_count_ / 8), 1, kMaxGroups);
     std::array<uint16_t, kMaxLeaves> grouped;
-    std::array<size_t, kMaxGroups + 1> begin{};
-    if (groups == 1) {
-      grouped = order;
-    } else {
-      std::array<uint8_t, kMaxLeaves> group_of;
-      std::array<size_t, kMaxGroups> blocks{};
-      for (size_t k = 0; k < leaf_count_; ++k) {
-        const size_t g = size_t(std::min_element(blocks.begin(), blocks.begin() + groups) -
-                                blocks.begin());
-        group_of[k] = uint8_t(g);
-        blocks[g] += room_->leaves[order[k]].blocks;
-        ++begin[g + 1];
-      }
-      for (size_t g = 0; g < groups; ++g) begin[g + 1] += begin[g];
-      std::array<size_t, kMaxGroups> next;
-      std::copy(begin.begin(), begin.begin() + groups, next.begin());
-      for (size_t k = 0; k < leaf_count_; ++k) grouped[next[group_of[k]]++] = order[k];
-    }
-    begin[groups] = leaf_count_;
+    std::array<size_t, kMaxGroups + 1> begin;
+    const size_t groups = split_into_groups(order.data(), threads, grouped.data(), begin.data());
     parallel(groups, [&](size_t from, size_t to) {
       for (size_t g = from; g < to; ++g) {
         for (size_t k = begin[g]; k < begin[g + 1]; ++k) statistics(room_->leaves[grouped[k]]);
@@ -141,6 +120,28 @@ void Md5Batch::run(const ParallelFor& parallel, size_t threads) {
     });
   }
   for (size_t i = 0; i < count_; ++i) finish_tensor(i);
+}
+
+size_t Md5Batch::split_into_groups(const uint16_t* order, size_t threads, uint16_t* grouped,
+                                   size_t* begin) const {
+  // A pass costs about the same for 8 lanes as for 16: a group gets 8 leaves at least. Each leaf
+  // goes to the group with the fewest blocks so far, so that the groups end together.
+  const size_t groups = std::clamp<size_t>(std::min(threads, leaf_count_ / 8), 1, kMaxGroups);
+  std::array<uint8_t, kMaxLeaves> group_of{};
+  std::array<size_t, kMaxGroups> blocks{};
+  std::fill(begin, begin + groups + 1, size_t(0));
+  for (size_t k = 0; k < leaf_count_; ++k) {
+    const size_t g = size_t(std::min_element(blocks.begin(), blocks.begin() + groups) -
+                            blocks.begin());
+    group_of[k] = uint8_t(g);
+    blocks[g] += room_->leaves[order[k]].blocks;
+    ++begin[g + 1];
+  }
+  for (size_t g = 0; g < groups; ++g) begin[g + 1] += begin[g];
+  std::array<size_t, kMaxGroups> next;
+  std::copy(begin, begin + groups, next.begin());
+  for (size_t k = 0; k < leaf_count_; ++k) grouped[next[group_of[k]]++] = order[k];
+  return groups;
 }
 
 void Md5Batch::digest_leaves(const uint16_t* leaves, size_t n) {

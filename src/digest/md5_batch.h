@@ -83,6 +83,11 @@ class Md5Batch {
 
   void pad(const Tensor& t);
   void statistics(const Leaf& leaf);
+  // Leaves in `order` (longest first) cut into groups of equal work, at most one a thread:
+  // group g is grouped[begin[g], begin[g + 1]). Returns the number of groups.
+  static constexpr size_t kMaxGroups = 16;
+  size_t split_into_groups(const uint16_t* order, size_t threads, uint16_t* grouped,
+                           size_t* begin) const;
   void digest_leaves(const uint16_t* leaves, size_t n);  // in the lanes, on the calling thread
   void finish_tensor(size_t i);
 
