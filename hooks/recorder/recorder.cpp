@@ -115,11 +115,15 @@ ThreadRecorder::ThreadRecorder()
 }
 
 ThreadRecorder::~ThreadRecorder() {
-  ProcessRecorder::instance().unregister_thread(this);
+  // Ended while still registered: a process exiting meanwhile (a DataLoader worker leaves
+  // without joining its queue's feeder thread) waits in finish_all for this END, rather than
+  // ending before it is written.
   if (fork_generation_ == ProcessRecorder::instance().fork_generation()) finish();
+  ProcessRecorder::instance().unregister_thread(this);
 }
 
 void ThreadRecorder::finish() {
+  std::lock_guard<std::mutex> lock(finish_mu_);
   if (collectives_.any_pending()) write_completed_collectives(/*at_end=*/true);
   if (!sink_.started()) return;
   InBuffer in_buffer = sink_.enter();
@@ -133,6 +137,7 @@ void ThreadRecorder::finish() {
 void ThreadRecorder::reset_after_fork() {
   // Everything here describes the parent's stream: the child starts its own.
   fork_generation_ = ProcessRecorder::instance().fork_generation();
+  new (&finish_mu_) std::mutex();  // the parent may have been ending another thread
   sink_.reset_after_fork();
   device_batch_.forget_after_fork();
   thread_name_.clear();

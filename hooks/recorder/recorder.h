@@ -215,7 +215,8 @@ class ThreadRecorder {
 
   void on_start(const at::RecordFunction& fn);
   void on_end(const at::RecordFunction& fn);
-  // Writes the END record and hands everything over.
+  // Writes the END record and hands everything over; once, whether the thread's end or the
+  // process's calls it first.
   void finish();
   StreamBuffer* stream() { return sink_.buffer(); }
   // For a stop signal's save, once this thread is out of its buffer for good: the held
@@ -391,7 +392,8 @@ class ThreadRecorder {
   uint64_t rng_state(const at::RecordFunction& fn);
 
   uint32_t fork_generation_;
-  bool busy_ = false;                       // set while the recorder itself runs tensor ops
+  std::mutex finish_mu_;  // the thread's own end and the process's exit, one after the other
+  bool busy_ = false;     // set while the recorder itself runs tensor ops
   bool saw_fake_tensor_ = false;            // an input of the op being captured has no data
   bool compiled_region_in_step_ = false;    // tensors first seen now are likely a region's output
   std::optional<ThreadIdentity> identity_;  // asked at this thread's first op

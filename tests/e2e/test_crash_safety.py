@@ -18,6 +18,8 @@ from detaudit_testlib import (PYTHON, example, export_records, in_parallel, make
                               steps)
 
 CRASH_AT = 2
+ENDER_DELAYS_US = (0, 0, 0, 50, 50, 100)
+ENDER_TENSORS = 100
 TRACE = os.path.join("streams", "r0.main.t-main.dtr")
 
 
@@ -29,6 +31,10 @@ class CrashSafety(unittest.TestCase):
             "abort": [PYTHON, example("crash.py"), "--crash-at", str(CRASH_AT), "--mode", "abort"],
             "raise": [PYTHON, example("crash.py"), "--crash-at", str(CRASH_AT), "--mode", "raise"],
         }
+        # Before the fix, about half of these lost the thread's stream.
+        for i, delay_us in enumerate(ENDER_DELAYS_US):
+            cls.jobs[f"ender-{i}"] = [PYTHON, program("thread_ends_at_exit.py"),
+                                      "--delay-us", str(delay_us), "--tensors", str(ENDER_TENSORS)]
         names = list(cls.jobs)
         results = in_parallel([lambda n=n: record(os.path.join(cls.tmp, n), cls.jobs[n])
                                for n in names])
@@ -160,6 +166,22 @@ class CrashSafety(unittest.TestCase):
         self.assertGreaterEqual(max(main_steps), 30)
         d = run_detaudit(["diff", run_dir, run_dir])
         self.assertEqual(d.returncode, 5, d.stdout + d.stderr)
+
+    def test_a_thread_ending_as_the_process_exits_keeps_its_stream(self):
+        """A thread whose end (its MD5 batch run, its END) overlaps the process's os._exit, as a
+        DataLoader worker's queue feeder thread does: the exit waits for that END (it used to
+        leave the stream at its header: "no END record", exit 5 from the diff)."""
+        for i, delay_us in enumerate(ENDER_DELAYS_US):
+            r, run_dir = self.runs[f"ender-{i}"]
+            about = f"ender-{i}, os._exit {delay_us} us after the join"
+            self.assertEqual(r.returncode, 0, f"{about}: {r.stderr}")
+            recs = export_records(run_dir)
+            ender = [x for x in recs if x.get("stream") == "r0.main.t-ender"]
+            self.assertEqual(len(ops(ender, "aten::add")), ENDER_TENSORS, about)
+            self.assertEqual(ender[-1]["record"], "end", about)
+            for name in {x["stream"] for x in recs if "stream" in x}:
+                last = [x for x in recs if x.get("stream") == name][-1]
+                self.assertEqual(last["record"], "end", f"{about}: {name}")
 
     # --- a damaged trace ---------------------------------------------------------------------
 
