@@ -96,7 +96,9 @@ def overwritten(read_first, out):
     torch.set_num_threads(2)  # the race needs two intra-op threads
     torch.manual_seed(0)
     n = 1 << 17
-    idx = torch.randint(0, n // 64, (1 << 20,))
+    # 4M values: each thread's share outlasts a time slice, so the two interleave even on a loaded
+    # machine (with 1M, one often ran before the other: the same bits in every run).
+    idx = torch.randint(0, n // 64, (1 << 22,))
     vals = torch.randn(idx.numel())
     base = torch.randn(n)
     scratch = torch.zeros(n)
