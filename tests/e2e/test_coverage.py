@@ -23,7 +23,9 @@ import unittest
 from detaudit_testlib import (BIN, PYTHON, TmpDirCase, example, parse_json_output, program,
                               read_json, record, run_detaudit)
 
-INDEX_PUT = [PYTHON, example("nondet_index_put.py"), "--steps", "2", "--threads", "1"]
+# 1M values, not the example's 4M: the pair runs on 1 thread, and the replays race on 2 at 1M.
+INDEX_PUT = [PYTHON, example("nondet_index_put.py"), "--steps", "2", "--threads", "1",
+             "--values", str(1 << 20)]
 BUDGET_LEFT_OUT = "the time budget ran out before its replays"
 
 
@@ -139,7 +141,7 @@ class DeterministicPrograms(TmpDirCase):
 
     def test_a_replayer_that_dies_loses_only_the_type_it_was_on(self):
         _, run = record(os.path.join(self.tmp, "killed"), [*INDEX_PUT[:2], "--steps", "1",
-                                                           "--threads", "1"])
+                                                           *INDEX_PUT[4:]])
         out = os.path.join(self.tmp, "killed_coverage")
         # A budget a loaded machine still replays the rest in (15 s replayed nothing under
         # `stress`); 100 replays a type keep the replayer busy when it is killed.

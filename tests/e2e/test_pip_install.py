@@ -185,7 +185,7 @@ def train_index_put(steps, threads):
     torch.manual_seed(0)
     n = 1 << 17
     w = torch.nn.Parameter(torch.randn(n))
-    idx = torch.randint(0, n // 64, (1 << 20,))
+    idx = torch.randint(0, n // 64, (1 << 22,))  # as examples/nondet_index_put.py
     target = torch.randn(idx.numel())
     opt = torch.optim.SGD([w], lr=0.1)
     for step in range(steps):

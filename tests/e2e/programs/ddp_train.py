@@ -7,7 +7,7 @@
 
 Each rank trains a seeded DDP model on its own shard. Options make one rank misbehave:
   --race-rank R     rank R's model gathers its input through an embedding-like `w[idx]`, whose
-                    backward is the CPU index_put_(accumulate=True) race on 2 threads (2^20
+                    backward is the CPU index_put_(accumulate=True) race on 2 threads (2^22
                     values into 2,048 slots);
   --corrupt-rank R  after step --corrupt-step's optimizer step, rank R changes a parameter in
                     place with no collective: the replicas now disagree;
@@ -91,9 +91,9 @@ def train(rank, world, args):
     for step in range(args.steps):
         x = torch.randn(8, 16, generator=gen)
         y = torch.randint(0, 2, (8,), generator=gen)
-        # 2^20 indices: the racing rank's threads add for tens of milliseconds, so the scheduler
+        # 2^22 indices: the racing rank's threads add for tens of milliseconds, so the scheduler
         # interleaves them even on a loaded machine, and the bits differ in nearly every step.
-        idx = torch.randint(0, max(n // 64, 1), (8 * 131072 if args.race_rank >= 0 else 128,),
+        idx = torch.randint(0, max(n // 64, 1), (1 << 22 if args.race_rank >= 0 else 128,),
                             generator=gen)
         opt.zero_grad()
         loss = nn.functional.cross_entropy(model(x, idx), y)

@@ -18,7 +18,7 @@ def main():
     torch.manual_seed(0)
     n = 1 << 17
     w = torch.nn.Parameter(torch.randn(n))
-    idx = torch.randint(0, n // 64, (1 << 20,), dtype=torch.long)
+    idx = torch.randint(0, n // 64, (1 << 22,), dtype=torch.long)  # as nondet_index_put.py
     target = torch.randn(idx.numel())
     opt = torch.optim.SGD([w], lr=0.1)
     for step in range(args.steps):
