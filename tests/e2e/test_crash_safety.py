@@ -2,7 +2,8 @@
 one that raises leave streams that read cleanly up to their last whole record; a corrupted byte is
 a one-line error naming file and offset (exit 3) from show, export and diff; a file cut
 mid-record reads up to the cut, with a message. A subprocess whose exec fails leaves the
-program's trace whole.
+program's trace whole, and a thread that ends as its process leaves through os._exit keeps its
+END.
 
     cd tests/e2e && ../../.venv/bin/python -m unittest -v test_crash_safety
 """
