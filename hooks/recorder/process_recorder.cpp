@@ -387,6 +387,9 @@ std::vector<std::string> ProcessRecorder::closing_status_lines(const std::string
   }
   const std::string write_error = StreamWriter::instance().first_write_error();
   if (!write_error.empty()) lines.push_back("trace write failed: " + write_error);
+  if (const uint64_t spread = spread_step_states_.load())
+    lines.push_back("step states: " + std::to_string(spread) +
+                    " hashed across torch's intra-op threads");
   if (lean_from_.load() != UINT64_MAX) {
     lines.push_back("sentinel: no op seen outside the optimizer from step " +
                     std::to_string(lean_from_.load()) + ", the loss taken from its backward mark");
@@ -473,6 +476,7 @@ void ProcessRecorder::after_fork_child() {
   forget_open_batches_after_fork();
   forget_md5_batch_status();  // the .status counts this process's work
   forget_torch_pool_status();
+  spread_step_states_.store(0);
   StreamWriter::instance().reset_after_fork();
   if (is_python_ && op_callback_ != 0) {
     // Maybe a DataLoader worker: its batch 0 is consumed in the step that was about to begin.

@@ -481,10 +481,63 @@ void ThreadRecorder::write_step_state(const at::RecordFunction& mark) {
   step_state_.left.clear();
   step_state_.left_of.clear();
   if (read.empty() && left.empty()) return;  // nothing stepped (no gradients yet)
+  prehash_step_state(read, left);
   Frame f = mark_record_frame(info, /*depth=*/0);
   const std::vector<c10::IValue> inputs{c10::IValue(read)};
   begin_op(mark, f, trace::Phase::kOptimizer, &inputs);
   write_mark_record(f, {c10::IValue(left)});
+  prehashed_.clear();
+  prehashed_at_.clear();
+}
+
+void ThreadRecorder::prehash_step_state(const c10::List<at::Tensor>& read,
+                                        const c10::List<at::Tensor>& left) {
+  // Below this a parallel region's wake-up costs more than it saves.
+  constexpr uint64_t kMinBytes = uint64_t(1) << 20;
+  if (md5_batch_ || device_digest_) return;
+  const size_t threads = torch_pool_threads();
+  if (threads < 2) return;
+  uint64_t total = 0;
+  for (const c10::List<at::Tensor>* list : {&read, &left})
+    for (size_t i = 0; i < list->size(); ++i) {
+      at::Tensor t = list->get(i);
+      if (!t.defined() || !t.is_cpu() || t.is_conj() || t.is_neg() || t.numel() == 0 ||
+          unhashable_reason(t) || has_no_data(t))
+        continue;
+      if (!prehashed_at_.emplace(t.unsafeGetTensorImpl(), prehashed_.size()).second) continue;
+      total += t.nbytes();
+      prehashed_.push_back({std::move(t), {}, 0});
+    }
+  if (total < kMinBytes) {
+    prehashed_.clear();
+    prehashed_at_.clear();
+    return;
+  }
+  // Largest first, each to the group with the fewest bytes so far: the groups end together.
+  std::vector<size_t> order(prehashed_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return prehashed_[a].tensor.nbytes() > prehashed_[b].tensor.nbytes();
+  });
+  const size_t groups = std::min(threads, order.size());
+  std::vector<std::vector<size_t>> members(groups);
+  std::vector<uint64_t> bytes(groups, 0);
+  for (size_t i : order) {
+    const size_t g = size_t(std::min_element(bytes.begin(), bytes.end()) - bytes.begin());
+    members[g].push_back(i);
+    bytes[g] += prehashed_[i].tensor.nbytes();
+  }
+  const bool stats = ProcessRecorder::instance().config().stats;
+  const trace::DigestAlgo algo = hasher_->algo();
+  ProcessRecorder::instance().count_spread_step_state();
+  on_torch_pool(groups, [&](size_t from, size_t to) {
+    Hasher hasher(algo);
+    for (size_t g = from; g < to; ++g)
+      for (size_t i : members[g]) {
+        Prehashed& p = prehashed_[i];
+        p.bytes = describe_tensor(p.tensor, &hasher, stats, &p.desc);
+      }
+  });
 }
 namespace {
 

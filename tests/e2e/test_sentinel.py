@@ -122,6 +122,32 @@ class DeterministicLongRun(TmpDirCase):
         self.assertEqual(made, marked)
 
 
+    def test_a_steps_state_holds_the_bytes_it_names(self):
+        """A step's state record, its tensors hashed across torch's two intra-op threads (MD5
+        unbatched here, so that the program can compute the digests itself): each step's record
+        holds, in order, the digest and range of each gradient read and each momentum buffer and
+        parameter written that the program printed, a 2 MiB tree among them."""
+        r, run_dir = record(os.path.join(self.tmp, "state-digests"),
+                            [PYTHON, program("step_state_digests.py"), "--steps", "3"],
+                            flags=["--sentinel", "--digest", "md5"],
+                            env={"DETAUDIT_MD5_BATCH": "off"})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(os.path.join(run_dir, "streams", "r0.main.status")) as f:
+            self.assertIn("step states: 3 hashed across torch's intra-op threads", f.read())
+        printed = {}
+        for step, role, digest, low, high in re.findall(
+                r"^step (\d+) (read|left) md5 (\w+) min (\S+) max (\S+)$", output_log(run_dir),
+                re.M):
+            printed.setdefault((int(step), role), []).append((digest, float(low), float(high)))
+        states = [rec for rec in export_records(run_dir, stream="r0.main.t-main")
+                  if rec["record"] == "op" and rec["name"].startswith("Optimizer.step#")]
+        self.assertEqual([rec["step"] for rec in states], [0, 1, 2])
+        for rec in states:
+            for role, values in (("read", rec["inputs"]), ("left", rec["outputs"])):
+                got = [(t["digest"], t["stats"]["min"], t["stats"]["max"])
+                       for t in tensors(values)]
+                self.assertEqual(got, printed[(rec["step"], role)], f"step {rec['step']} {role}")
+
     def test_a_cpp_program_alike(self):
         # libtorch's SGD with momentum, no Python: its optimizer ops and nll_loss each step.
         # Without a backward mark every op is seen; with one (--mark-backward), from step 1 only
