@@ -290,13 +290,15 @@ class TrainerSentinel(unittest.TestCase):
                 about = json.dumps(report.get("sentinel"), indent=1)[:3000]
                 self.assertEqual(r.returncode, 1, r.stdout[-3000:] + r.stderr[-2000:])
                 self.assertGreaterEqual(report["sentinel"]["step"], 50, about)
+                if not report["sentinel"]["came_back"]:
+                    continue  # the race did not fire again at that step when recorded in full
                 fd = report["first_divergence"]
                 self.assertEqual(fd["op"], "aten::_index_put_impl_", about)
                 self.assertEqual(fd["class"], "nondeterministic-op", about)
                 self.assertGreaterEqual(fd["step"], 50, about)
                 self.assertTrue(report["spread"]["parameters_diverged"], about)
                 return
-            self.fail(f"the race left the parameters alone in {ATTEMPTS} pairs")
+            self.fail(f"the race did not part the parameters and come back in {ATTEMPTS} pairs")
         finally:
             remove_dir(tmp)
 
