@@ -27,8 +27,10 @@ class RacyGPT2(torch.nn.Module):
         self.race_from = race_from
         self.calls = 0
         g = torch.Generator().manual_seed(7)
-        self.register_buffer("idx", torch.randint(0, 64, (40000,), generator=g), persistent=False)
-        self.register_buffer("weights", torch.randn(40000, 32, generator=g), persistent=False)
+        # 160,000 rows: the backward's index_put adds for over 10 ms, so its two threads
+        # interleave even on a loaded machine (at 40,000 one often ran before the other).
+        self.register_buffer("idx", torch.randint(0, 64, (160000,), generator=g), persistent=False)
+        self.register_buffer("weights", torch.randn(160000, 32, generator=g), persistent=False)
 
     def forward(self, input_ids, labels=None, **kwargs):
         out = self.gpt2(input_ids=input_ids, labels=labels)
