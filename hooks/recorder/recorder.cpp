@@ -15,6 +15,7 @@
 #include <cstring>
 #include <typeinfo>
 
+#include "digest/tensor_digester.h"
 #include "ops/rng_source.h"
 #include "process/environment.h"
 #include "process/stream_identity.h"
@@ -501,8 +502,9 @@ void ThreadRecorder::prehash_step_state(const c10::List<at::Tensor>& read,
   for (const c10::List<at::Tensor>* list : {&read, &left})
     for (size_t i = 0; i < list->size(); ++i) {
       at::Tensor t = list->get(i);
+      // A tensor of several leaves is left to describe_tensor, which spreads its leaves.
       if (!t.defined() || !t.is_cpu() || t.is_conj() || t.is_neg() || t.numel() == 0 ||
-          unhashable_reason(t) || has_no_data(t))
+          t.nbytes() > kLeafBytes || unhashable_reason(t) || has_no_data(t))
         continue;
       if (!prehashed_at_.emplace(t.unsafeGetTensorImpl(), prehashed_.size()).second) continue;
       total += t.nbytes();

@@ -126,7 +126,8 @@ class DeterministicLongRun(TmpDirCase):
         """A step's state record, its tensors hashed across torch's two intra-op threads (MD5
         unbatched here, so that the program can compute the digests itself): each step's record
         holds, in order, the digest and range of each gradient read and each momentum buffer and
-        parameter written that the program printed, a 2 MiB tree among them."""
+        parameter written that the program printed, a 2 MiB tree (hashed leaf by leaf, not
+        across threads) among them."""
         r, run_dir = record(os.path.join(self.tmp, "state-digests"),
                             [PYTHON, program("step_state_digests.py"), "--steps", "3"],
                             flags=["--sentinel", "--digest", "md5"],

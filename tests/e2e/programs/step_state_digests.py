@@ -36,8 +36,10 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(2)
     torch.manual_seed(0)
-    # A 2 MiB weight (a tree of two leaves) beside small ones: over 4 MiB a step.
-    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.Tanh(),
+    # Tensors of one leaf, 3 MiB and more of them a step, hashed across threads; a 2 MiB weight
+    # (a tree of two leaves, hashed leaf by leaf) among them.
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Tanh(),
+                                torch.nn.Linear(512, 1024), torch.nn.Tanh(),
                                 torch.nn.Linear(1024, 8))
     opt = Momentum(model.parameters(), lr=1e-2)
     params = list(model.parameters())
