@@ -22,6 +22,7 @@
 #include "recorder/scoped.h"
 #include "run_layout.h"
 #include "tensors/tensor_digest.h"
+#include "util/balance.h"
 #include "util/check.h"
 
 namespace detaudit::hooks {
@@ -521,22 +522,20 @@ void ThreadRecorder::prehash_step_state(const c10::List<at::Tensor>& read,
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     return prehashed_[a].tensor.nbytes() > prehashed_[b].tensor.nbytes();
   });
-  const size_t groups = std::min(threads, order.size());
-  std::vector<std::vector<size_t>> members(groups);
-  std::vector<uint64_t> bytes(groups, 0);
-  for (size_t i : order) {
-    const size_t g = size_t(std::min_element(bytes.begin(), bytes.end()) - bytes.begin());
-    members[g].push_back(i);
-    bytes[g] += prehashed_[i].tensor.nbytes();
-  }
+  constexpr size_t kMaxGroups = 64;
+  const size_t groups = std::min({threads, order.size(), kMaxGroups});
+  std::vector<uint8_t> group_of(order.size());
+  balance_groups<kMaxGroups>(
+      order.size(), groups, [&](size_t k) { return prehashed_[order[k]].tensor.nbytes(); },
+      group_of.data());
   const bool stats = ProcessRecorder::instance().config().stats;
   const trace::DigestAlgo algo = hasher_->algo();
   ProcessRecorder::instance().count_spread_step_state();
   on_torch_pool(groups, [&](size_t from, size_t to) {
     Hasher hasher(algo);
-    for (size_t g = from; g < to; ++g)
-      for (size_t i : members[g]) {
-        Prehashed& p = prehashed_[i];
+    for (size_t k = 0; k < order.size(); ++k)
+      if (group_of[k] >= from && group_of[k] < to) {
+        Prehashed& p = prehashed_[order[k]];
         p.bytes = describe_tensor(p.tensor, &hasher, stats, &p.desc);
       }
   });

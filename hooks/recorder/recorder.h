@@ -328,9 +328,9 @@ class ThreadRecorder {
   void note_step_state(const c10::IValue& v, bool leaves);
   void write_step_state(const at::RecordFunction& mark);
   // The step state's CPU tensors of one leaf, digested before its record is written, spread
-  // over torch's intra-op threads (the op's thread alone took 1.3 ms a step on GPT-2: 3% of its step);
-  // describe_contents takes each one's description from here. Not under MD5 (its batch spreads
-  // them) nor the device digest.
+  // over torch's intra-op threads (the op's thread alone took 1.3 ms a step on GPT-2: 3% of
+  // it); describe_contents takes each one's description from here. Not under MD5 (its batch
+  // spreads them) nor the device digest.
   struct Prehashed {
     at::Tensor tensor;
     trace::TensorDesc desc;

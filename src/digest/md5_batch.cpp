@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "digest/md5_lanes.h"
+#include "util/balance.h"
 
 namespace detaudit {
 
@@ -124,19 +125,15 @@ void Md5Batch::run(const ParallelFor& parallel, size_t threads) {
 
 size_t Md5Batch::split_into_groups(const uint16_t* order, size_t threads, uint16_t* grouped,
                                    size_t* begin) const {
-  // A pass costs about the same for 8 lanes as for 16: a group gets 8 leaves at least. Each leaf
-  // goes to the group with the fewest blocks so far, so that the groups end together.
+  // A pass costs about the same for 8 lanes as for 16: a group gets 8 leaves at least, and the
+  // groups are balanced by blocks.
   const size_t groups = std::clamp<size_t>(std::min(threads, leaf_count_ / 8), 1, kMaxGroups);
   std::array<uint8_t, kMaxLeaves> group_of{};
-  std::array<size_t, kMaxGroups> blocks{};
+  balance_groups<kMaxGroups>(
+      leaf_count_, groups, [&](size_t k) { return room_->leaves[order[k]].blocks; },
+      group_of.data());
   std::fill(begin, begin + groups + 1, size_t(0));
-  for (size_t k = 0; k < leaf_count_; ++k) {
-    const size_t g = size_t(std::min_element(blocks.begin(), blocks.begin() + groups) -
-                            blocks.begin());
-    group_of[k] = uint8_t(g);
-    blocks[g] += room_->leaves[order[k]].blocks;
-    ++begin[g + 1];
-  }
+  for (size_t k = 0; k < leaf_count_; ++k) ++begin[group_of[k] + 1];
   for (size_t g = 0; g < groups; ++g) begin[g + 1] += begin[g];
   std::array<size_t, kMaxGroups> next;
   std::copy(begin, begin + groups, next.begin());
