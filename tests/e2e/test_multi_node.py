@@ -40,25 +40,36 @@ def torchrun_nodes(run_dir, program_args, port):
     return [launch_node(run_dir, f"n{n}", launcher, program_args) for n in (0, 1)]
 
 
+def at_teardown(how, signal_name):
+    """Whether a process's ending, as detaudit printed it, is SIGNAL_NAME after its last recorded
+    op while the process was exiting."""
+    return (how.startswith(("killed by " + signal_name, "interrupted by " + signal_name)) and
+            how.endswith("while exiting") and "after its last recorded op" in how)
+
+
 def finish(procs, timeout=300, logs=None):
     """[(exit code, stderr)] of each launcher, in order. Exit 4 where the only failure was torch's
     own gloo teardown abort (platform-facts.md: a rank's pt_gloo_runloop thread meets interpreter
-    teardown, SIGABRT after its last op, while exiting) counts as 0, with a note. A rank not
-    recorded (--ranks) has no ending to say so; its node's log in `logs` shows it instead: the
-    program's last line, then the C++ runtime's abort."""
-    out = []
-    for i, p in enumerate(procs):
+    teardown, SIGABRT after its last op, while exiting) counts as 0, with a note; so do the
+    SIGTERMs a launcher then sends its other ranks, also exiting after their last op, when some
+    rank of the job did abort so. A rank not recorded (--ranks) has no ending to say so; its
+    node's log in `logs` shows it instead: the program's last line, then the C++ runtime's
+    abort."""
+    waited = []
+    for p in procs:
         try:
             _, err = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             raise AssertionError(hung(procs, timeout, logs)) from None
-        code = p.returncode
-        ends = re.findall(r"^detaudit: run-\d+: (r\d+\.main) (.*)$", err, re.M)
-        if code == 4 and ends and all(
-                how.startswith("killed by SIGABRT") and how.endswith("while exiting") and
-                "after its last recorded op" in how for _, how in ends):
-            print(f"\nnote: torch aborted {', '.join(p for p, _ in ends)} at teardown, after its "
-                  "last recorded op; the recording stands", file=sys.stderr)
+        waited.append((p.returncode, err,
+                       re.findall(r"^detaudit: run-\d+: (r\d+\.main) (.*)$", err, re.M)))
+    some_aborted = any(at_teardown(how, "SIGABRT") for _, _, ends in waited for _, how in ends)
+    out = []
+    for i, (code, err, ends) in enumerate(waited):
+        if code == 4 and ends and some_aborted and all(
+                at_teardown(how, "SIGABRT") or at_teardown(how, "SIGTERM") for _, how in ends):
+            print(f"\nnote: torch aborted a rank at teardown; {', '.join(p for p, _ in ends)} "
+                  "ended after its last recorded op; the recording stands", file=sys.stderr)
             code = 0
         elif code == 4 and not ends and logs and "(killed by SIGABRT)" in err:
             with open(logs[i], errors="replace") as f:
