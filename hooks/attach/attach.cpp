@@ -91,8 +91,19 @@ void die_of(int sig) {
   raise(sig);
 }
 
+// How long a stop signal waits for its thread's next whole record (defer_stop_signal): inside
+// its buffer, the rest of the record (or a thread's last MD5 batch, at its end); outside, the
+// next op, which a training loop reaches within milliseconds.
+constexpr long kStopDeferInsideMs = 3000;
+constexpr long kStopDeferOutsideMs = 500;
+
 void on_fatal_signal(int sig) {
   const pid_t self = this_thread_id();
+  if ((sig == SIGTERM || sig == SIGINT) && g_signal_thread.load() == 0)
+    if (ThreadRecorder* t = ThreadRecorder::current_if_any(); t && t->stream_open()) {
+      const long bound = t->stream()->writing.load() ? kStopDeferInsideMs : kStopDeferOutsideMs;
+      if (StreamWriter::instance().defer_stop_signal(t->stream(), sig, self, bound)) return;
+    }
   pid_t first = 0;
   if (!g_signal_thread.compare_exchange_strong(first, self)) {
     // A fault inside this thread's own save dies at once. Another thread's crash waits for the

@@ -222,6 +222,8 @@ class ThreadRecorder {
   // process's calls it first.
   void finish();
   StreamBuffer* stream() { return sink_.buffer(); }
+  // Its stream file is open: begun, and not ended yet.
+  bool stream_open() const { return sink_.started(); }
   // For a stop signal's save, once this thread is out of its buffer for good: the held
   // records whose digests are in, into the buffer to be saved. Waits at most `max_wait_ms` for
   // the digest thread.

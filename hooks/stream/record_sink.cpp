@@ -124,6 +124,7 @@ void RecordSink::reset_after_fork() {
   stream_.fd = -1;
   stream_.bytes.clear();
   stream_.committed.store(0);
+  stream_.deferred_signal.store(0);
   held_ = PendingRecords();
   if (digests_) digests_->discard();
   started_ = false;

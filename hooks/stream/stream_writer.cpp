@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -144,8 +145,38 @@ void StreamWriter::run() {
       signal_job_claimed_.store(false, std::memory_order_release);
       signal_jobs_done_.store(asked, std::memory_order_release);
     }
+    raise_overdue_stop();
     if (n == 0) sleep_ms(2);
   }
+}
+
+bool StreamWriter::defer_stop_signal(StreamBuffer* own, int sig, pid_t tid, long bound_ms) {
+  if (raised_again_.exchange(false)) return false;  // the one put off: saved now
+  if (!own || !started_.load() || g_streams_frozen.load()) return false;
+  if (deferred_stream_.load()) return true;  // one is put off already: this one waits with it
+  deferred_tid_.store(tid);
+  deferred_until_ms_.store(monotonic_ms() + bound_ms);
+  own->deferred_signal.store(sig);
+  deferred_stream_.store(own);
+  return true;
+}
+
+void raise_deferred_stop(StreamBuffer* stream) {
+  const int sig = stream->deferred_signal.exchange(0);
+  if (sig == 0) return;  // the writer thread raised it meanwhile
+  StreamWriter& writer = StreamWriter::instance();
+  writer.raised_again_.store(true);
+  writer.deferred_stream_.store(nullptr);
+  ::raise(sig);
+}
+
+void StreamWriter::raise_overdue_stop() {
+  StreamBuffer* stream = deferred_stream_.load(std::memory_order_relaxed);
+  if (!stream || monotonic_ms() < deferred_until_ms_.load()) return;
+  const int sig = stream->deferred_signal.exchange(0);
+  if (sig != 0) raised_again_.store(true);
+  deferred_stream_.store(nullptr);
+  if (sig != 0) ::syscall(SYS_tgkill, ::getpid(), deferred_tid_.load(), sig);
 }
 
 void StreamWriter::run_from_signal(void (*job)(void*), void* arg, long max_wait_ms) {
@@ -224,6 +255,8 @@ void StreamWriter::reset_after_fork() {
   signal_jobs_done_.store(0);
   signal_job_claimed_.store(false);
   started_.store(false);
+  deferred_stream_.store(nullptr);
+  raised_again_.store(false);
 }
 
 }  // namespace detaudit::hooks

@@ -12,6 +12,8 @@
 // from run to run, and a kernel whose result depends on alignment would follow them.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -26,12 +28,18 @@ namespace detaudit::hooks {
 // Set once a stop signal's save freezes every buffer: from then on no thread changes its own.
 inline std::atomic<bool> g_streams_frozen{false};
 
+struct StreamBuffer;
+// Raises the stop signal put off until the buffer's thread left it (StreamWriter::
+// defer_stop_signal); its own leave_write calls it.
+void raise_deferred_stop(StreamBuffer* stream);
+
 // One stream's file and the bytes its thread has not handed over yet.
 struct StreamBuffer {
   int fd = -1;
-  std::string bytes;                 // whole records only, at chunk boundaries
-  std::atomic<size_t> committed{0};  // bytes.size() after the last whole record
-  std::atomic<bool> writing{false};  // its thread is appending or handing over
+  std::string bytes;                    // whole records only, at chunk boundaries
+  std::atomic<size_t> committed{0};     // bytes.size() after the last whole record
+  std::atomic<bool> writing{false};     // its thread is appending or handing over
+  std::atomic<int> deferred_signal{0};  // StreamWriter::defer_stop_signal
 
   // Around the op thread's changes to `bytes`; false once the streams are frozen. Both sides
   // are sequentially consistent: either the handler sees `writing` and waits, or the thread
@@ -44,7 +52,10 @@ struct StreamBuffer {
     writing.store(false);
     return false;
   }
-  void leave_write() { writing.store(false, std::memory_order_release); }
+  void leave_write() {
+    writing.store(false, std::memory_order_release);
+    if (deferred_signal.load(std::memory_order_relaxed) != 0) raise_deferred_stop(this);
+  }
 };
 
 class StreamWriter {
@@ -81,6 +92,15 @@ class StreamWriter {
   size_t freeze_and_save(const std::vector<StreamBuffer*>& streams, StreamBuffer* own,
                          const std::function<void(size_t, long)>& settle, long budget_ms,
                          const std::function<void(size_t)>& saved = nullptr);
+  // From a stop signal's handler (SIGTERM, SIGINT) on the thread of `own`, whose stream is open:
+  // the signal is put off until that thread next leaves its buffer, a whole record later
+  // (leave_write raises it again), and true is returned. Saved there, the thread is at a known
+  // point: not inside malloc holding its arena's lock, which the save's freeing needs, and not
+  // halfway through a record, so the records it holds for their digests are saved too. Should
+  // it not get there within `bound_ms` (a thread waiting in a collective or for data), the
+  // writer thread raises the signal on it (thread id `tid`) again, and that one is saved at
+  // once, with what is whole. A stop signal meanwhile waits with the one put off.
+  bool defer_stop_signal(StreamBuffer* own, int sig, pid_t tid, long bound_ms);
   // In a forked child: forget the parent's queue and thread.
   void reset_after_fork();
 
@@ -98,6 +118,8 @@ class StreamWriter {
   void ensure_thread();
   void run();
   size_t write_pending();
+  void raise_overdue_stop();
+  friend void raise_deferred_stop(StreamBuffer* stream);
 
   std::atomic<Chunk*> head_{nullptr};
   std::atomic<uint64_t> pushed_{0}, written_{0};
@@ -112,6 +134,11 @@ class StreamWriter {
   std::atomic<bool> started_{false};
   std::atomic<int> write_errno_{0};
   std::atomic<int> write_error_fd_{-1};
+  // The stop signal put off (defer_stop_signal): whose buffer, its thread, and until when.
+  std::atomic<StreamBuffer*> deferred_stream_{nullptr};
+  std::atomic<pid_t> deferred_tid_{0};
+  std::atomic<int64_t> deferred_until_ms_{0};
+  std::atomic<bool> raised_again_{false};  // the next stop signal is the one put off: saved now
 };
 
 // Writes all of [p, p + n) to fd; false with errno set when the disk refused some of it.

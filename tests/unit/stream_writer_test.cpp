@@ -8,6 +8,7 @@
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -347,6 +348,127 @@ TEST(StreamWriterTest, DrainGivesUpOnAStalledWriter) {
   ::close(fds[0]);  // the blocked write() fails with EPIPE and the writer moves on
   StreamWriter::instance().drain();
   ::close(fds[1]);
+}
+
+// A stop signal's handler as the interposer's: put off while its thread is inside its buffer,
+// else "saved" at once; what the buffer showed then is kept for the test.
+struct StopSave {
+  StreamBuffer* buffer = nullptr;
+  pid_t tid = 0;
+  long bound_ms = 0;
+  std::atomic<int> calls{0};
+  std::atomic<bool> saved{false};
+  std::atomic<bool> saved_while_writing{false};
+  std::atomic<size_t> saved_committed{0};
+  std::atomic<int64_t> saved_at_ms{0};
+};
+StopSave* g_stop = nullptr;
+void on_test_stop(int sig) {
+  g_stop->calls.fetch_add(1);
+  if (StreamWriter::instance().defer_stop_signal(g_stop->buffer, sig, g_stop->tid,
+                                                 g_stop->bound_ms))
+    return;
+  g_stop->saved_while_writing.store(g_stop->buffer->writing.load());
+  g_stop->saved_committed.store(g_stop->buffer->committed.load());
+  g_stop->saved_at_ms.store(monotonic_ms());
+  g_stop->saved.store(true);
+}
+
+// Runs `body` on a thread of its own with on_test_stop as SIGUSR2's handler.
+template <typename Body>
+void with_stop_handler(StopSave* stop, Body body) {
+  StreamWriter::instance().start();
+  g_stop = stop;
+  struct sigaction sa {};
+  sa.sa_handler = on_test_stop;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_NODEFER;  // as the interposer's
+  ASSERT_EQ(sigaction(SIGUSR2, &sa, nullptr), 0);
+  std::thread t([&] {
+    stop->tid = pid_t(::syscall(SYS_gettid));
+    body();
+  });
+  t.join();
+  ::signal(SIGUSR2, SIG_DFL);
+  g_stop = nullptr;
+}
+
+// A stop signal that comes while its thread is changing its buffer waits until the thread leaves
+// it: the save then sees the record the thread was writing, whole. A second one meanwhile waits
+// with it.
+TEST(StreamWriterTest, AStopSignalInsideTheBufferIsSavedAsTheThreadLeavesIt) {
+  StreamBuffer s;
+  StopSave stop;
+  stop.buffer = &s;
+  stop.bound_ms = 10000;
+  int64_t left_at = 0;
+  with_stop_handler(&stop, [&] {
+    ASSERT_TRUE(s.enter_write());
+    s.bytes += record(0, 0);
+    ::raise(SIGUSR2);  // as a SIGTERM that lands mid-record
+    ::raise(SIGUSR2);
+    EXPECT_FALSE(stop.saved.load()) << "saved while the thread was inside its buffer";
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    s.bytes += record(0, 1);
+    s.committed.store(s.bytes.size());
+    left_at = monotonic_ms();
+    s.leave_write();  // raises it again, here
+  });
+  EXPECT_TRUE(stop.saved.load());
+  EXPECT_EQ(stop.calls.load(), 3);
+  EXPECT_FALSE(stop.saved_while_writing.load());
+  EXPECT_EQ(stop.saved_committed.load(), (record(0, 0) + record(0, 1)).size());
+  EXPECT_GE(stop.saved_at_ms.load(), left_at);
+  EXPECT_EQ(s.deferred_signal.load(), 0);
+}
+
+// Between records a thread may be anywhere, inside malloc too: its stop signal is saved after
+// its next whole record, at a point the test (the interposer) knows.
+TEST(StreamWriterTest, AStopSignalBetweenRecordsIsSavedAfterTheThreadsNextRecord) {
+  StreamBuffer s;
+  StopSave stop;
+  stop.buffer = &s;
+  stop.bound_ms = 10000;
+  with_stop_handler(&stop, [&] {
+    ::raise(SIGUSR2);
+    EXPECT_FALSE(stop.saved.load()) << "saved between records";
+    ASSERT_TRUE(s.enter_write());
+    s.bytes += record(0, 0);
+    s.committed.store(s.bytes.size());
+    s.leave_write();
+  });
+  EXPECT_TRUE(stop.saved.load());
+  EXPECT_EQ(stop.calls.load(), 2);
+  EXPECT_FALSE(stop.saved_while_writing.load());
+  EXPECT_EQ(stop.saved_committed.load(), record(0, 0).size());
+}
+
+// A thread that does not leave its buffer within the bound (stuck in an op's record; or, between
+// records, waiting in a collective) is not waited for longer: the writer thread raises the
+// signal on it again, and that one is saved there and then, with what is whole. Leaving the
+// buffer later raises nothing more.
+TEST(StreamWriterTest, AStopSignalPutOffPastItsBoundIsRaisedByTheWriterThread) {
+  StreamBuffer s;
+  StopSave stop;
+  stop.buffer = &s;
+  stop.bound_ms = 100;
+  int64_t raised_at = 0;
+  with_stop_handler(&stop, [&] {
+    ASSERT_TRUE(s.enter_write());
+    s.bytes += record(0, 0);
+    s.committed.store(s.bytes.size());
+    raised_at = monotonic_ms();
+    ::raise(SIGUSR2);
+    const int64_t give_up = monotonic_ms() + 10000;
+    while (!stop.saved.load() && monotonic_ms() < give_up)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    s.leave_write();
+  });
+  ASSERT_TRUE(stop.saved.load()) << "the writer thread never raised the signal put off";
+  EXPECT_TRUE(stop.saved_while_writing.load());
+  EXPECT_EQ(stop.saved_committed.load(), record(0, 0).size());
+  EXPECT_GE(stop.saved_at_ms.load() - raised_at, 100);
+  EXPECT_EQ(stop.calls.load(), 2);
 }
 
 }  // namespace
