@@ -131,7 +131,9 @@ void install_signal_handlers() {
     sigemptyset(&sa.sa_mask);
     // Not SA_RESETHAND: a second thread's crash would take the default action at once, under
     // the first one's save. SA_NODEFER lets a fault in the handler reach it again, and die.
-    sa.sa_flags = SA_NODEFER;
+    // SA_RESTART: a stop signal put off returns from the handler, and a read or wait of the
+    // program's that it interrupted goes on, rather than failing with EINTR.
+    sa.sa_flags = SA_NODEFER | SA_RESTART;
     sigaction(sig, &sa, &g_previous[sig]);
   }
 }
