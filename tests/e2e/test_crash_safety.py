@@ -199,6 +199,23 @@ class CrashSafety(unittest.TestCase):
             with open(os.path.join(run_dir, "streams", f"r0.main.{i}.status")) as f:
                 self.assertIn("ended: interrupted by SIGTERM | thread main |", f.read(), stream)
 
+    def test_a_sigterm_to_a_thread_that_runs_no_more_ops_still_ends_the_program(self):
+        """A stop signal waits for its thread's next record; one that never comes (the program
+        waits for data, or in a collective) has the signal raised again after its bound, and the
+        program ends of it with every step saved."""
+        run_dir, code, stderr = signal_mid_run(os.path.join(self.tmp, "waiting"), signal.SIGTERM,
+                                               ["--steps", "5", "--then-wait"], at_step=4)
+        self.assertEqual(code, 4, stderr)
+        with open(os.path.join(run_dir, "streams", "r0.main.status")) as f:
+            self.assertIn("ended: interrupted by SIGTERM | thread main | after its last recorded op",
+                          f.read())
+        recs, e = export_records(run_dir, check=False)
+        self.assertEqual(e.returncode, 0, e.stderr)
+        for k in range(5):
+            phases = {o["phase"] for o in ops(recs) if o["step"] == k}
+            self.assertEqual(phases, {"forward", "backward", "optimizer"}, k)
+        self.assertEqual(ops(recs)[-1]["name"], "aten::item")  # step 4's print, the last op
+
     def test_a_thread_ending_as_the_process_exits_keeps_its_stream(self):
         """A thread whose end (its MD5 batch run, its END) overlaps the process's os._exit, as a
         DataLoader worker's queue feeder thread does: the exit waits for that END (it used to

@@ -1,11 +1,13 @@
 """Trains a small MLP until it is killed, printing each step: for the crash-safety tests (SIGKILL,
 and SIGTERM as CI runners and schedulers send it). With --spin-threads N, N Python threads run ops
-of their own meanwhile; with --steps N it stops after N steps.
+of their own meanwhile; with --steps N it stops after N steps, and with --then-wait it then
+waits to be killed, running no op.
 
-    python tests/e2e/programs/train_forever.py [--spin-threads 2] [--steps N]
+    python tests/e2e/programs/train_forever.py [--spin-threads 2] [--steps N [--then-wait]]
 """
 import argparse
 import threading
+import time
 
 import torch
 import torch.nn as nn
@@ -21,6 +23,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--spin-threads", type=int, default=0)
     ap.add_argument("--steps", type=int, default=0, help="0: until killed")
+    ap.add_argument("--then-wait", action="store_true")
     args = ap.parse_args()
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
@@ -39,6 +42,9 @@ def main():
         opt.step()
         print(f"step {step} loss {loss.item():.6f}", flush=True)
         step += 1
+    if args.then_wait:
+        print("waiting", flush=True)
+        time.sleep(3600)
 
 
 if __name__ == "__main__":
