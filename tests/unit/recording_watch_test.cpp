@@ -59,8 +59,9 @@ TEST(RecordingWatchTest, NothingIsSaidOfASentinelOrChosenSteps) {
   for (int which = 0; which < 3; ++which) {
     Config c = full_recording(which == 2 ? 0 : 10);
     if (which == 0) c.sentinel = true;
-    if (which == 1)
+    if (which == 1) {
       ASSERT_TRUE(RangeSet::parse(nlohmann::json("0-3"), "steps", &c.select.steps).ok());
+    }
     std::vector<std::string> said;
     RecordingWatch w(c, "audit/run-0", 0, true, [&](const std::string& l) { said.push_back(l); });
     for (uint64_t step = 0; step <= 100; step += 10)
