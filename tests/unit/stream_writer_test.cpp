@@ -353,9 +353,10 @@ TEST(StreamWriterTest, DrainGivesUpOnAStalledWriter) {
 // A stop signal's handler as the interposer's: put off while its thread is inside its buffer,
 // else "saved" at once; what the buffer showed then is kept for the test.
 struct StopSave {
-  StreamBuffer* buffer = nullptr;
+  StopSave(StreamBuffer* b, long bound) : buffer(b), bound_ms(bound) {}
+  StreamBuffer* buffer;
+  long bound_ms;
   pid_t tid = 0;
-  long bound_ms = 0;
   std::atomic<int> calls{0};
   std::atomic<bool> saved{false};
   std::atomic<bool> saved_while_writing{false};
@@ -398,9 +399,7 @@ void with_stop_handler(StopSave* stop, Body body) {
 // with it.
 TEST(StreamWriterTest, AStopSignalInsideTheBufferIsSavedAsTheThreadLeavesIt) {
   StreamBuffer s;
-  StopSave stop;
-  stop.buffer = &s;
-  stop.bound_ms = 10000;
+  StopSave stop(&s, 10000);
   int64_t left_at = 0;
   with_stop_handler(&stop, [&] {
     ASSERT_TRUE(s.enter_write());
@@ -426,9 +425,7 @@ TEST(StreamWriterTest, AStopSignalInsideTheBufferIsSavedAsTheThreadLeavesIt) {
 // its next whole record, at a point the test (the interposer) knows.
 TEST(StreamWriterTest, AStopSignalBetweenRecordsIsSavedAfterTheThreadsNextRecord) {
   StreamBuffer s;
-  StopSave stop;
-  stop.buffer = &s;
-  stop.bound_ms = 10000;
+  StopSave stop(&s, 10000);
   with_stop_handler(&stop, [&] {
     ::raise(SIGUSR2);
     EXPECT_FALSE(stop.saved.load()) << "saved between records";
@@ -449,9 +446,7 @@ TEST(StreamWriterTest, AStopSignalBetweenRecordsIsSavedAfterTheThreadsNextRecord
 // buffer later raises nothing more.
 TEST(StreamWriterTest, AStopSignalPutOffPastItsBoundIsRaisedByTheWriterThread) {
   StreamBuffer s;
-  StopSave stop;
-  stop.buffer = &s;
-  stop.bound_ms = 100;
+  StopSave stop(&s, 100);
   int64_t raised_at = 0;
   with_stop_handler(&stop, [&] {
     ASSERT_TRUE(s.enter_write());
