@@ -153,7 +153,9 @@ void StreamWriter::run() {
 bool StreamWriter::defer_stop_signal(StreamBuffer* own, int sig, pid_t tid, long bound_ms) {
   if (raised_again_.exchange(false)) return false;  // the one put off: saved now
   if (!own || !started_.load() || g_streams_frozen.load()) return false;
-  if (deferred_stream_.load()) return true;  // one is put off already: this one waits with it
+  // One is put off already: this one waits with it, unless its bound has passed (the writer
+  // thread, which would have raised it, may be stuck in a write to a dead disk).
+  if (deferred_stream_.load()) return monotonic_ms() < deferred_until_ms_.load();
   deferred_tid_.store(tid);
   deferred_until_ms_.store(monotonic_ms() + bound_ms);
   own->deferred_signal.store(sig);

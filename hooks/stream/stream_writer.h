@@ -99,7 +99,8 @@ class StreamWriter {
   // halfway through a record, so the records it holds for their digests are saved too. Should
   // it not get there within `bound_ms` (a thread waiting in a collective or for data), the
   // writer thread raises the signal on it (thread id `tid`) again, and that one is saved at
-  // once, with what is whole. A stop signal meanwhile waits with the one put off.
+  // once, with what is whole. A stop signal meanwhile waits with the one put off, or once that
+  // one's bound has passed, is saved at once (should the writer thread be stuck in a write).
   bool defer_stop_signal(StreamBuffer* own, int sig, pid_t tid, long bound_ms);
   // In a forked child: forget the parent's queue and thread.
   void reset_after_fork();

@@ -466,5 +466,33 @@ TEST(StreamWriterTest, AStopSignalPutOffPastItsBoundIsRaisedByTheWriterThread) {
   EXPECT_EQ(stop.calls.load(), 2);
 }
 
+// A writer thread stuck in a write (a dead disk) cannot raise the signal put off: a stop signal
+// that comes after its bound (the scheduler's second, Ctrl-C pressed again) is saved at once.
+TEST(StreamWriterTest, AStopSignalAfterTheBoundOfTheOnePutOffIsSavedAtOnce) {
+  ::signal(SIGPIPE, SIG_IGN);
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  StreamBuffer stuck;
+  stuck.fd = fds[1];
+  hand_over_chunks(&stuck, 4, 64 * 1024);  // more than the pipe holds, and nobody reads
+  StreamBuffer s;
+  StopSave stop(&s, 100);
+  with_stop_handler(&stop, [&] {
+    ASSERT_TRUE(s.enter_write());
+    ::raise(SIGUSR2);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_FALSE(stop.saved.load()) << "the writer thread was not stuck";
+    ::raise(SIGUSR2);
+    EXPECT_TRUE(stop.saved.load());
+    EXPECT_TRUE(stop.saved_while_writing.load());
+    s.leave_write();  // the one put off, raised here while the writer is still stuck
+  });
+  EXPECT_EQ(stop.calls.load(), 3);
+  EXPECT_EQ(s.deferred_signal.load(), 0);
+  ::close(fds[0]);  // the writer's write fails with EPIPE, and it moves on
+  StreamWriter::instance().drain();
+  ::close(fds[1]);
+}
+
 }  // namespace
 }  // namespace detaudit::hooks
