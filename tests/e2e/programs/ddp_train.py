@@ -19,6 +19,10 @@ Each rank trains a seeded DDP model on its own shard. Options make one rank misb
                     interpreter exits: gloo's thread then meets interpreter teardown and torch
                     aborts the process (SIGABRT, "terminate called without an active exception"),
                     torch's own teardown race (pytorch PR 179291) made to happen every time.
+  --exit-at-once    each rank leaves through os._exit(0) once its process group is destroyed,
+                    as a DataLoader worker does: no interpreter teardown, so no teardown abort
+                    (tests whose subject is not that race; under torchrun, a node whose rank
+                    aborted fails, and the other waits 300 s at torch's exit barrier for it).
 --optimizer adam and --threads 1 make it the plain loop users write most: Adam, one intra-op thread
 a rank (as torchrun sets).
 Every rank prints, per step, the MD5 of the all-reduced loss and of its gradients in DDP's bucket
@@ -118,6 +122,8 @@ def train(rank, world, args):
         leave_a_callback_running(rank == args.teardown_abort_rank)
         return
     dist.destroy_process_group()
+    if args.exit_at_once:
+        os._exit(0)
 
 
 def kill_now(marker):
@@ -172,6 +178,7 @@ def main():
     ap.add_argument("--kill-step", type=int, default=1)
     ap.add_argument("--kill-marker", default="")
     ap.add_argument("--teardown-abort-rank", type=int, default=-1)
+    ap.add_argument("--exit-at-once", action="store_true")
     args = ap.parse_args()
     args.port = args.port or free_port()
     if args.launch == "none":
