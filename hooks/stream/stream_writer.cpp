@@ -137,6 +137,7 @@ void StreamWriter::run() {
   pthread_sigmask(SIG_BLOCK, &async, nullptr);
   t_on_writer_thread = true;
   for (;;) {
+    writer_beat_ms_.store(monotonic_ms(), std::memory_order_relaxed);
     size_t n = write_pending();
     const uint64_t asked = signal_jobs_asked_.load(std::memory_order_acquire);
     if (asked != signal_jobs_done_.load(std::memory_order_relaxed)) {
@@ -153,6 +154,9 @@ void StreamWriter::run() {
 bool StreamWriter::defer_stop_signal(StreamBuffer* own, int sig, pid_t tid, long bound_ms) {
   if (raised_again_.exchange(false)) return false;  // the one put off: saved now
   if (!own || !started_.load() || g_streams_frozen.load()) return false;
+  // A writer thread stuck in a write (a dead disk) would not raise it after its bound.
+  if (monotonic_ms() - writer_beat_ms_.load(std::memory_order_relaxed) > kWriterStuckMs)
+    return false;
   // One is put off already: this one waits with it, unless its bound has passed (the writer
   // thread, which would have raised it, may be stuck in a write to a dead disk).
   if (deferred_stream_.load()) return monotonic_ms() < deferred_until_ms_.load();

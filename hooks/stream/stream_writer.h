@@ -101,7 +101,9 @@ class StreamWriter {
   // writer thread raises the signal on it (thread id `tid`) again, and that one is saved at
   // once, with what is whole. A stop signal meanwhile waits with the one put off, or once that
   // one's bound has passed, is saved at once (should the writer thread be stuck in a write).
+  // Nothing is put off while the writer has been in one write for over kWriterStuckMs.
   bool defer_stop_signal(StreamBuffer* own, int sig, pid_t tid, long bound_ms);
+  static constexpr int64_t kWriterStuckMs = 1000;
   // In a forked child: forget the parent's queue and thread.
   void reset_after_fork();
 
@@ -139,7 +141,8 @@ class StreamWriter {
   std::atomic<StreamBuffer*> deferred_stream_{nullptr};
   std::atomic<pid_t> deferred_tid_{0};
   std::atomic<int64_t> deferred_until_ms_{0};
-  std::atomic<bool> raised_again_{false};  // the next stop signal is the one put off: saved now
+  std::atomic<int64_t> writer_beat_ms_{0};  // when the writer thread last began a round
+  std::atomic<bool> raised_again_{false};   // the next stop signal is the one put off: saved now
 };
 
 // Writes all of [p, p + n) to fd; false with errno set when the disk refused some of it.

@@ -494,5 +494,29 @@ TEST(StreamWriterTest, AStopSignalAfterTheBoundOfTheOnePutOffIsSavedAtOnce) {
   ::close(fds[1]);
 }
 
+// Nor is a stop signal put off at all while the writer has been stuck in one write for a while:
+// nothing would raise it again.
+TEST(StreamWriterTest, AStopSignalIsNotPutOffWhileTheWriterIsStuck) {
+  ::signal(SIGPIPE, SIG_IGN);
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  StreamBuffer stuck;
+  stuck.fd = fds[1];
+  hand_over_chunks(&stuck, 4, 64 * 1024);  // more than the pipe holds, and nobody reads
+  std::this_thread::sleep_for(std::chrono::milliseconds(StreamWriter::kWriterStuckMs + 200));
+  StreamBuffer s;
+  StopSave stop(&s, 10000);
+  with_stop_handler(&stop, [&] {
+    ASSERT_TRUE(s.enter_write());
+    ::raise(SIGUSR2);
+    EXPECT_TRUE(stop.saved.load());
+    s.leave_write();
+  });
+  EXPECT_EQ(stop.calls.load(), 1);
+  ::close(fds[0]);
+  StreamWriter::instance().drain();
+  ::close(fds[1]);
+}
+
 }  // namespace
 }  // namespace detaudit::hooks
