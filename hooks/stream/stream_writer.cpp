@@ -52,7 +52,10 @@ StreamWriter& StreamWriter::instance() {
 
 void StreamWriter::ensure_thread() {
   bool expected = false;
-  if (started_.compare_exchange_strong(expected, true)) std::thread([this] { run(); }).detach();
+  if (started_.compare_exchange_strong(expected, true)) {
+    writer_beat_ms_.store(monotonic_ms());  // a writer not yet in its loop is not stuck
+    std::thread([this] { run(); }).detach();
+  }
 }
 
 void StreamWriter::release(Chunk* chunk) { ::munmap(chunk, sizeof(Chunk) + chunk->size); }
