@@ -466,15 +466,28 @@ TEST(StreamWriterTest, AStopSignalPutOffPastItsBoundIsRaisedByTheWriterThread) {
   EXPECT_EQ(stop.calls.load(), 2);
 }
 
+// The writer thread stuck in a write, as on a dead disk: more than a pipe holds, handed over to
+// it while nobody reads; freed at the end of the scope (the write fails with EPIPE).
+struct StuckWriter {
+  StuckWriter() {
+    ::signal(SIGPIPE, SIG_IGN);
+    EXPECT_EQ(::pipe(fds), 0);
+    buffer.fd = fds[1];
+    hand_over_chunks(&buffer, 4, 64 * 1024);
+  }
+  ~StuckWriter() {
+    ::close(fds[0]);
+    StreamWriter::instance().drain();
+    ::close(fds[1]);
+  }
+  int fds[2] = {-1, -1};
+  StreamBuffer buffer;
+};
+
 // A writer thread stuck in a write (a dead disk) cannot raise the signal put off: a stop signal
 // that comes after its bound (the scheduler's second, Ctrl-C pressed again) is saved at once.
 TEST(StreamWriterTest, AStopSignalAfterTheBoundOfTheOnePutOffIsSavedAtOnce) {
-  ::signal(SIGPIPE, SIG_IGN);
-  int fds[2];
-  ASSERT_EQ(::pipe(fds), 0);
-  StreamBuffer stuck;
-  stuck.fd = fds[1];
-  hand_over_chunks(&stuck, 4, 64 * 1024);  // more than the pipe holds, and nobody reads
+  StuckWriter stuck;
   StreamBuffer s;
   StopSave stop(&s, 100);
   with_stop_handler(&stop, [&] {
@@ -489,20 +502,12 @@ TEST(StreamWriterTest, AStopSignalAfterTheBoundOfTheOnePutOffIsSavedAtOnce) {
   });
   EXPECT_EQ(stop.calls.load(), 3);
   EXPECT_EQ(s.deferred_signal.load(), 0);
-  ::close(fds[0]);  // the writer's write fails with EPIPE, and it moves on
-  StreamWriter::instance().drain();
-  ::close(fds[1]);
 }
 
 // Nor is a stop signal put off at all while the writer has been stuck in one write for a while:
 // nothing would raise it again.
 TEST(StreamWriterTest, AStopSignalIsNotPutOffWhileTheWriterIsStuck) {
-  ::signal(SIGPIPE, SIG_IGN);
-  int fds[2];
-  ASSERT_EQ(::pipe(fds), 0);
-  StreamBuffer stuck;
-  stuck.fd = fds[1];
-  hand_over_chunks(&stuck, 4, 64 * 1024);  // more than the pipe holds, and nobody reads
+  StuckWriter stuck;
   std::this_thread::sleep_for(std::chrono::milliseconds(StreamWriter::kWriterStuckMs + 200));
   StreamBuffer s;
   StopSave stop(&s, 10000);
@@ -513,9 +518,6 @@ TEST(StreamWriterTest, AStopSignalIsNotPutOffWhileTheWriterIsStuck) {
     s.leave_write();
   });
   EXPECT_EQ(stop.calls.load(), 1);
-  ::close(fds[0]);
-  StreamWriter::instance().drain();
-  ::close(fds[1]);
 }
 
 }  // namespace
