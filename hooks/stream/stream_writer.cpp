@@ -1,5 +1,6 @@
 #include "stream/stream_writer.h"
 
+#include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -108,6 +109,28 @@ void StreamWriter::hand_over(StreamBuffer* stream) {
   }
   pushed_.fetch_add(1, std::memory_order_release);
   ensure_thread();
+  wake();
+}
+
+void StreamWriter::wake() {
+  wake_seq_.fetch_add(1, std::memory_order_seq_cst);
+  if (writer_idle_.load(std::memory_order_seq_cst))
+    ::syscall(SYS_futex, &wake_seq_, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+}
+
+void StreamWriter::idle(long ms) {
+  // Idle first, then the sequence, then the work: a wake() that saw the writer busy bumped the
+  // sequence before it is read here, and its work is seen below.
+  writer_idle_.store(true, std::memory_order_seq_cst);
+  const uint32_t seen = wake_seq_.load(std::memory_order_seq_cst);
+  const bool work = head_.load(std::memory_order_acquire) != nullptr ||
+                    signal_jobs_asked_.load(std::memory_order_acquire) !=
+                        signal_jobs_done_.load(std::memory_order_relaxed);
+  if (!work) {
+    timespec ts{ms / 1000, (ms % 1000) * 1000000L};
+    ::syscall(SYS_futex, &wake_seq_, FUTEX_WAIT_PRIVATE, seen, &ts, nullptr, 0);
+  }
+  writer_idle_.store(false, std::memory_order_relaxed);
 }
 
 size_t StreamWriter::write_pending() {
@@ -141,6 +164,7 @@ void StreamWriter::run() {
   t_on_writer_thread = true;
   for (;;) {
     writer_beat_ms_.store(monotonic_ms(), std::memory_order_relaxed);
+    rounds_.fetch_add(1, std::memory_order_relaxed);
     size_t n = write_pending();
     const uint64_t asked = signal_jobs_asked_.load(std::memory_order_acquire);
     if (asked != signal_jobs_done_.load(std::memory_order_relaxed)) {
@@ -150,7 +174,11 @@ void StreamWriter::run() {
       signal_jobs_done_.store(asked, std::memory_order_release);
     }
     raise_overdue_stop();
-    if (n == 0) sleep_ms(2);
+    if (n > 0) continue;
+    long wait_ms = idle_ms_.load();  // polling every 2 ms woke a core 500 times a second
+    if (deferred_stream_.load())
+      wait_ms = std::clamp<long>(long(deferred_until_ms_.load() - monotonic_ms()), 1, wait_ms);
+    idle(wait_ms);
   }
 }
 
@@ -167,6 +195,7 @@ bool StreamWriter::defer_stop_signal(StreamBuffer* own, int sig, pid_t tid, long
   deferred_until_ms_.store(monotonic_ms() + bound_ms);
   own->deferred_signal.store(sig);
   deferred_stream_.store(own);
+  wake();  // to wait no longer than its bound
   return true;
 }
 
@@ -202,6 +231,7 @@ void StreamWriter::run_from_signal(void (*job)(void*), void* arg, long max_wait_
   }
   signal_job_ = SignalJob{job, arg};
   const uint64_t ticket = signal_jobs_asked_.fetch_add(1, std::memory_order_acq_rel) + 1;
+  wake();
   while (signal_jobs_done_.load(std::memory_order_acquire) < ticket && monotonic_ms() < deadline)
     sleep_ms(1);
 }
@@ -266,6 +296,7 @@ void StreamWriter::reset_after_fork() {
   started_.store(false);
   deferred_stream_.store(nullptr);
   raised_again_.store(false);
+  writer_idle_.store(false);
 }
 
 }  // namespace detaudit::hooks

@@ -106,6 +106,12 @@ class StreamWriter {
   static constexpr int64_t kWriterStuckMs = 1000;
   // In a forked child: forget the parent's queue and thread.
   void reset_after_fork();
+  // The writer thread's rounds so far; an idle one makes about one each idle_ms.
+  uint64_t rounds() const { return rounds_.load(std::memory_order_relaxed); }
+  // The longest an idle writer sleeps before its next round (tests make it long: a wake()
+  // missed then shows). kIdleMs by default.
+  void set_idle_ms(long ms) { idle_ms_.store(ms); }
+  static constexpr long kIdleMs = 100;  // its beat stays far fresher than kWriterStuckMs
 
  private:
   // One mapping: this header, then `size` bytes.
@@ -120,6 +126,11 @@ class StreamWriter {
   void write_all(int fd, const char* p, size_t n);  // remembers the first failure
   void ensure_thread();
   void run();
+  // The writer thread, out of work: waits until wake() or for at most `ms`.
+  void idle(long ms);
+  // Tells an idle writer thread there is work: a chunk, a signal's job, a stop put off.
+  // Async-signal-safe.
+  void wake();
   size_t write_pending();
   void raise_overdue_stop();
   friend void raise_deferred_stop(StreamBuffer* stream);
@@ -143,6 +154,12 @@ class StreamWriter {
   std::atomic<int64_t> deferred_until_ms_{0};
   std::atomic<int64_t> writer_beat_ms_{0};  // when the writer thread last began a round
   std::atomic<bool> raised_again_{false};   // the next stop signal is the one put off: saved now
+  // The futex an idle writer waits on: bumped by wake(), which calls into the kernel only
+  // while writer_idle_ says the writer may be asleep.
+  std::atomic<uint32_t> wake_seq_{0};
+  std::atomic<bool> writer_idle_{false};
+  std::atomic<long> idle_ms_{kIdleMs};
+  std::atomic<uint64_t> rounds_{0};
 };
 
 // Writes all of [p, p + n) to fd; false with errno set when the disk refused some of it.

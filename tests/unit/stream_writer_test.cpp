@@ -520,5 +520,71 @@ TEST(StreamWriterTest, AStopSignalIsNotPutOffWhileTheWriterIsStuck) {
   EXPECT_EQ(stop.calls.load(), 1);
 }
 
+// An idle writer thread sleeps until it has work, rather than polling: it polled every 2 ms,
+// and on a host of two cores each round took one from the program's OpenMP team.
+TEST(StreamWriterTest, AnIdleWriterMakesAboutOneRoundEachIdleInterval) {
+  StreamWriter& writer = StreamWriter::instance();
+  writer.drain();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const uint64_t before = writer.rounds();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_LE(writer.rounds() - before, 500 / StreamWriter::kIdleMs + 3);
+}
+
+// Each test below runs with the writer asleep for 10 s unless woken: what it waits for must wake
+// it, or take those 10 s.
+struct LongIdle {
+  LongIdle() {
+    StreamWriter::instance().drain();
+    StreamWriter::instance().set_idle_ms(10000);
+    // Its last short sleep ends; then it is in the long one.
+    std::this_thread::sleep_for(std::chrono::milliseconds(StreamWriter::kIdleMs + 200));
+  }
+  ~LongIdle() {
+    StreamWriter::instance().set_idle_ms(StreamWriter::kIdleMs);
+    // A chunk wakes it, and from then on it sleeps for kIdleMs again.
+    StreamBuffer s;
+    s.fd = ::open("/dev/null", O_WRONLY);
+    hand_over_chunks(&s, 1, 16);
+    StreamWriter::instance().drain();
+    ::close(s.fd);
+  }
+};
+
+TEST(StreamWriterTest, AChunkHandedOverWakesTheWriter) {
+  LongIdle idle;
+  Streams streams("woken", 1);
+  hand_over_chunks(&streams.buffers[0], 1, 100);
+  EXPECT_LT(seconds_to_drain(/*stall_ms=*/3000), 3.0);
+  EXPECT_EQ(read_file(streams.paths[0]), std::string(100, 'a'));
+}
+
+TEST(StreamWriterTest, ASignalsJobWakesTheWriter) {
+  LongIdle idle;
+  static std::atomic<bool> ran{false};
+  ran = false;
+  StreamWriter::instance().run_from_signal([](void*) { ran = true; }, nullptr,
+                                           /*max_wait_ms=*/3000);
+  EXPECT_TRUE(ran.load()) << "the writer thread slept through the signal's job";
+}
+
+TEST(StreamWriterTest, AStopSignalPutOffWakesTheWriterToRaiseItAtItsBound) {
+  LongIdle idle;
+  StreamBuffer s;
+  StopSave stop(&s, 100);
+  int64_t raised_at = 0;
+  with_stop_handler(&stop, [&] {
+    ASSERT_TRUE(s.enter_write());
+    raised_at = monotonic_ms();
+    ::raise(SIGUSR2);
+    const int64_t give_up = monotonic_ms() + 5000;
+    while (!stop.saved.load() && monotonic_ms() < give_up)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    s.leave_write();
+  });
+  ASSERT_TRUE(stop.saved.load()) << "the writer thread slept past the bound";
+  EXPECT_LT(stop.saved_at_ms.load() - raised_at, 3000);
+}
+
 }  // namespace
 }  // namespace detaudit::hooks
