@@ -179,9 +179,6 @@ void TensorCache::wrote(const at::Tensor& t, uint32_t version, Entry& e, bool fi
 }
 
 void TensorCache::wrote_unseen(const at::Tensor& t) {
-  // A storage the cache holds nothing of has nothing to retire: not added (a sentinel's
-  // optimizer window writes hundreds a step, each otherwise a node made and freed).
-  if (!t.has_storage() || !storages_.count(t.storage().unsafeGetStorageImpl())) return;
   if (StorageState* st = storage_of(t)) {
     ++st->writes;
     st->uninitialized = st->garbage = false;  // some kernel wrote it
