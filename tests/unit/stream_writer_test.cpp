@@ -440,6 +440,16 @@ TEST(StreamWriterTest, AStopSignalBetweenRecordsIsSavedAfterTheThreadsNextRecord
   EXPECT_EQ(stop.saved_committed.load(), record(0, 0).size());
 }
 
+// Raises the stop signal on this thread, then waits for its save (made by the writer thread's
+// raise, the thread being inside its buffer) or for give_up_ms; returns when it was raised.
+int64_t raise_and_wait_for_the_save(const StopSave& stop, int64_t give_up_ms) {
+  const int64_t raised_at = monotonic_ms();
+  ::raise(SIGUSR2);
+  while (!stop.saved.load() && monotonic_ms() < raised_at + give_up_ms)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return raised_at;
+}
+
 // A thread that does not leave its buffer within the bound (stuck in an op's record; or, between
 // records, waiting in a collective) is not waited for longer: the writer thread raises the
 // signal on it again, and that one is saved there and then, with what is whole. Leaving the
@@ -452,11 +462,7 @@ TEST(StreamWriterTest, AStopSignalPutOffPastItsBoundIsRaisedByTheWriterThread) {
     ASSERT_TRUE(s.enter_write());
     s.bytes += record(0, 0);
     s.committed.store(s.bytes.size());
-    raised_at = monotonic_ms();
-    ::raise(SIGUSR2);
-    const int64_t give_up = monotonic_ms() + 10000;
-    while (!stop.saved.load() && monotonic_ms() < give_up)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    raised_at = raise_and_wait_for_the_save(stop, /*give_up_ms=*/10000);
     s.leave_write();
   });
   ASSERT_TRUE(stop.saved.load()) << "the writer thread never raised the signal put off";
@@ -575,11 +581,7 @@ TEST(StreamWriterTest, AStopSignalPutOffWakesTheWriterToRaiseItAtItsBound) {
   int64_t raised_at = 0;
   with_stop_handler(&stop, [&] {
     ASSERT_TRUE(s.enter_write());
-    raised_at = monotonic_ms();
-    ::raise(SIGUSR2);
-    const int64_t give_up = monotonic_ms() + 5000;
-    while (!stop.saved.load() && monotonic_ms() < give_up)
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    raised_at = raise_and_wait_for_the_save(stop, /*give_up_ms=*/5000);
     s.leave_write();
   });
   ASSERT_TRUE(stop.saved.load()) << "the writer thread slept past the bound";
