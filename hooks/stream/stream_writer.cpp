@@ -118,11 +118,14 @@ void StreamWriter::wake() {
     ::syscall(SYS_futex, &wake_seq_, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
 }
 
-void StreamWriter::idle(long ms) {
+void StreamWriter::idle() {
   // Idle first, then the sequence, then the work: a wake() that saw the writer busy bumped the
-  // sequence before it is read here, and its work is seen below.
+  // sequence before it is read here, and what it announced is seen below, a stop put off too.
   writer_idle_.store(true, std::memory_order_seq_cst);
   const uint32_t seen = wake_seq_.load(std::memory_order_seq_cst);
+  long ms = idle_ms_.load();    // polling every 2 ms woke a core 500 times a second
+  if (deferred_stream_.load())  // raised again at its bound
+    ms = std::clamp<long>(long(deferred_until_ms_.load() - monotonic_ms()), 1, ms);
   const bool work = head_.load(std::memory_order_acquire) != nullptr ||
                     signal_jobs_asked_.load(std::memory_order_acquire) !=
                         signal_jobs_done_.load(std::memory_order_relaxed);
@@ -174,11 +177,7 @@ void StreamWriter::run() {
       signal_jobs_done_.store(asked, std::memory_order_release);
     }
     raise_overdue_stop();
-    if (n > 0) continue;
-    long wait_ms = idle_ms_.load();  // polling every 2 ms woke a core 500 times a second
-    if (deferred_stream_.load())
-      wait_ms = std::clamp<long>(long(deferred_until_ms_.load() - monotonic_ms()), 1, wait_ms);
-    idle(wait_ms);
+    if (n == 0) idle();
   }
 }
 

@@ -126,8 +126,9 @@ class StreamWriter {
   void write_all(int fd, const char* p, size_t n);  // remembers the first failure
   void ensure_thread();
   void run();
-  // The writer thread, out of work: waits until wake() or for at most `ms`.
-  void idle(long ms);
+  // The writer thread, out of work: waits until wake(), for at most idle_ms_, and no longer
+  // than the bound of a stop signal put off.
+  void idle();
   // Tells an idle writer thread there is work: a chunk, a signal's job, a stop put off.
   // Async-signal-safe.
   void wake();
@@ -157,6 +158,8 @@ class StreamWriter {
   // The futex an idle writer waits on: bumped by wake(), which calls into the kernel only
   // while writer_idle_ says the writer may be asleep.
   std::atomic<uint32_t> wake_seq_{0};
+  static_assert(sizeof(wake_seq_) == 4 && std::atomic<uint32_t>::is_always_lock_free,
+                "the futex syscall takes the atomic's address as a plain 32-bit word");
   std::atomic<bool> writer_idle_{false};
   std::atomic<long> idle_ms_{kIdleMs};
   std::atomic<uint64_t> rounds_{0};
