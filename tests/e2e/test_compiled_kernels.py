@@ -90,7 +90,11 @@ class CompiledKernels(unittest.TestCase):
         self.assertTrue(any(t["differs"] for t in fd["outputs"]), about)
         self.assertEqual(fd["catalog"]["id"], "inductor-cpu-atomic-add", about)
         self.assertIn("use_deterministic_algorithms(True)", fd["remedy"], about)
-        self.assertEqual(fd["step"], 0, about)
+        # The race fires in most steps, not in every one: the first step its gradient's bits
+        # differ at, by the checksums the program printed.
+        sums = [checksums(os.path.join(out, f"run-{i}")) for i in (0, 1)]
+        first = next(k for k, (a, b) in enumerate(zip(*sums)) if a != b)
+        self.assertEqual(fd["step"], first, about)
 
     def test_the_remedy_is_verified(self):
         out, _ = self.the_race()
