@@ -16,7 +16,7 @@ import re
 import unittest
 
 from detaudit_testlib import (PYTHON, TmpDirCase, build_binary, export_records, output_log,
-                              program, record, record_pair, run_program, tensors)
+                              program, record, record_pair, run_program, sleeping_waits, tensors)
 
 LONG_RUN = [PYTHON, program("long_run.py")]
 DDP = [PYTHON, program("ddp_train.py")]
@@ -53,6 +53,7 @@ def op_names_by_step(run_dir):
 
 
 class DeterministicLongRun(TmpDirCase):
+    @sleeping_waits()
     def test_identical_and_recorded_at_each_steps_end_only(self):
         out = os.path.join(self.tmp, "audit")
         argv = LONG_RUN + ["--steps", str(STEPS)]
@@ -102,6 +103,7 @@ class DeterministicLongRun(TmpDirCase):
         for step, value in printed.items():
             self.assertAlmostEqual(points[int(step)]["a"], float(value), places=5)
 
+    @sleeping_waits()
     def test_the_loss_from_its_mark_is_the_loss_from_its_op(self):
         # The same run recorded in full at steps 0-3: each step's loss, from the op that made it,
         # has the bits the sentinel's mark gave (steps 1-3, lean).
@@ -122,6 +124,7 @@ class DeterministicLongRun(TmpDirCase):
         self.assertEqual(made, marked)
 
 
+    @sleeping_waits()
     def test_a_steps_state_holds_the_bytes_it_names(self):
         """A step's state record, its tensors hashed across torch's two intra-op threads (MD5
         unbatched here, so that the program can compute the digests itself): each step's record
@@ -149,6 +152,7 @@ class DeterministicLongRun(TmpDirCase):
                        for t in tensors(values)]
                 self.assertEqual(got, printed[(rec["step"], role)], f"step {rec['step']} {role}")
 
+    @sleeping_waits()
     def test_a_cpp_program_alike(self):
         # libtorch's SGD with momentum, no Python: its optimizer ops and nll_loss each step.
         # Without a backward mark every op is seen; with one (--mark-backward), from step 1 only
@@ -223,6 +227,7 @@ class DeterministicLongRun(TmpDirCase):
                          report["first_divergence"])
 
 
+    @sleeping_waits()
     def test_device_digest_is_one_batch_a_step(self):
         # The GPU's pipeline driven on the CPU (DETAUDIT_DEVICE_QUEUE=host): a step's parameter
         # updates share one launch, made at the step's end. (torch 1.13's zero_grad zeroes the
@@ -278,6 +283,7 @@ class LateRace(TmpDirCase):
 
 
 class DifferenceThatDoesNotComeBack(TmpDirCase):
+    @sleeping_waits()
     def test_step_level_verdict_with_the_command_to_go_on(self):
         out = os.path.join(self.tmp, "audit")
         counter = os.path.join(self.tmp, "runs.txt")
@@ -301,6 +307,7 @@ class DifferenceThatDoesNotComeBack(TmpDirCase):
         self.assertEqual(report["run_a"], os.path.join(out, "run-0"))
         self.assertEqual(sentinel["moved"], [])
 
+    @sleeping_waits()
     def test_a_difference_earlier_in_the_full_runs_moves_the_window(self):
         # The sentinel pair parts at 50; the second full run then parts at 40, before the
         # window: the window moves there, and the runs after that agree.
@@ -324,6 +331,7 @@ class DifferenceThatDoesNotComeBack(TmpDirCase):
 
 
 class GeneratorDrawnOnceMore(TmpDirCase):
+    @sleeping_waits()
     def test_found_by_the_generator_state_then_the_extra_random_op(self):
         # The second run draws once more after step 20's update (the recorder's step 21: a step
         # ends with its optimizer step): no parameter, gradient or loss differs, but step 22

@@ -25,7 +25,7 @@ import unittest
 
 from detaudit_testlib import (HAS_COMPILE, HOOKS, PYTHON, TORCH_VERSION, export_records,
                               in_parallel, load_report, make_temp_dir, ops, output_log, params_sha,
-                              program, python_answer, remove_dir, run_detaudit)
+                              program, python_answer, remove_dir, run_detaudit, sleeping_waits)
 
 MATRIX = program("optimizer_matrix.py")
 MODES = {"full": [], "sentinel": ["--sentinel"],
@@ -124,6 +124,7 @@ class OptimizerMatrix(unittest.TestCase):
     """One gradient element changed at one step of each cell, in one run: found at that step."""
 
     @classmethod
+    @sleeping_waits()
     def setUpClass(cls):
         cls.tmp = make_temp_dir()
         calls = []
