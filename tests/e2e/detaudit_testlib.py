@@ -9,7 +9,6 @@ built against that torch). Run by hand from tests/e2e/, the defaults point at <s
     DETAUDIT_PYTHON=../../.venv/bin/python ../../.venv/bin/python -m unittest -v test_record_python
 """
 import concurrent.futures
-import contextlib
 import fnmatch
 import functools
 import glob
@@ -24,6 +23,7 @@ import sys
 import tempfile
 import time
 import unittest
+import unittest.mock
 
 SOURCE_DIR = os.environ.get(
     "DETAUDIT_SOURCE_DIR",
@@ -417,27 +417,16 @@ def remove_tmpdir(path):
         shutil.rmtree(path, ignore_errors=True)
 
 
-class sleeping_waits(contextlib.ContextDecorator):
+def sleeping_waits():
     """The programs a test starts wait in OpenMP by sleeping (OMP_WAIT_POLICY=PASSIVE), for a
-    test of a tiny-op loop with no race. By default an OpenMP thread spins at each parallel
-    region's barrier (about 300,000 turns): with two test files and their programs on 2 cores, a
-    thread spins through its share while the one it waits for is off its core. long_run.py's 800
-    steps recorded in full took 74 s beside another test file, 5 s with sleeping waits. How a
-    thread waits changes no result, but a race needs the default: with sleeping waits the second
-    thread wakes late, and long_run.py's race came back in a full recording in 4 of 12 audits on
-    torch 1.13, against 4 of 4 (2026-11-30)."""
-
-    def __enter__(self):
-        self.before = os.environ.get("OMP_WAIT_POLICY")
-        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-        return self
-
-    def __exit__(self, *exc):
-        if self.before is None:
-            os.environ.pop("OMP_WAIT_POLICY", None)
-        else:
-            os.environ["OMP_WAIT_POLICY"] = self.before
-        return False
+    test of a tiny-op loop with no race; a decorator or a `with`. By default an OpenMP thread
+    spins at each parallel region's barrier (about 300,000 turns): with two test files and their
+    programs on 2 cores, a thread spins through its share while the one it waits for is off its
+    core. long_run.py's 800 steps recorded in full took 74 s beside another test file, 5 s with
+    sleeping waits. How a thread waits changes no result, but a race needs the default: with
+    sleeping waits the second thread wakes late, and long_run.py's race came back in a full
+    recording in 4 of 12 audits on torch 1.13, against 4 of 4 (2026-11-30)."""
+    return unittest.mock.patch.dict(os.environ, {"OMP_WAIT_POLICY": "PASSIVE"})
 
 
 class TmpDirCase(unittest.TestCase):
