@@ -173,10 +173,10 @@ __attribute__((constructor)) void attach() {
   // Two callbacks with one body, one of them on at a time (ProcessRecorder::set_callbacks): the
   // op callback (op_callback.h), and the marks callback in the user scope alone; for a sentinel
   // with its inputs (a `detaudit::backward` mark carries the loss; user scopes are few).
-  proc.set_callbacks(at::addGlobalCallback(op_callback(on_op_start, on_op_end)),
-                     at::addGlobalCallback(at::RecordFunctionCallback(on_op_start, on_op_end)
-                                               .needsInputs(config.sentinel)
-                                               .scopes({at::RecordScope::USER_SCOPE})));
+  proc.set_callbacks(op_callback(on_op_start, on_op_end),
+                     at::RecordFunctionCallback(on_op_start, on_op_end)
+                         .needsInputs(config.sentinel)
+                         .scopes({at::RecordScope::USER_SCOPE}));
   g_recording_pid.store(::getpid());
   pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
   std::atexit(flush_everything);

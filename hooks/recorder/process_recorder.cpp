@@ -171,15 +171,12 @@ void ProcessRecorder::refresh_step_state(uint64_t step) {
 }
 
 void ProcessRecorder::switch_op_callback(bool on) {
-  if (op_callback_ == 0 || on == op_callback_on_.load()) return;
-  if (on) {
-    op_callback_epoch_.fetch_add(1, std::memory_order_release);
-    at::reenableCallback(op_callback_);
-    at::disableCallback(marks_callback_);
-  } else {
-    at::reenableCallback(marks_callback_);
-    at::disableCallback(op_callback_);
-  }
+  if (!op_callback_ || on == op_callback_on_.load()) return;
+  if (on) op_callback_epoch_.fetch_add(1, std::memory_order_release);
+  // The new one first: a mark entered in between is seen by one of them.
+  const at::CallbackHandle previous = registered_callback_;
+  registered_callback_ = at::addGlobalCallback(on ? *op_callback_ : *marks_callback_);
+  at::removeCallback(previous);
   op_callback_on_.store(on);
 }
 
@@ -250,12 +247,13 @@ bool ProcessRecorder::loss_from_marks() const {
          worker_ == Worker::kNo;
 }
 
-void ProcessRecorder::set_callbacks(at::CallbackHandle ops, at::CallbackHandle marks) {
+void ProcessRecorder::set_callbacks(at::RecordFunctionCallback ops,
+                                    at::RecordFunctionCallback marks) {
   {
     std::lock_guard<std::mutex> lock(op_callback_mu_);
     op_callback_ = ops;
     marks_callback_ = marks;
-    at::disableCallback(marks_callback_);  // registered enabled: now the op callback alone
+    registered_callback_ = at::addGlobalCallback(ops);
     op_callback_on_.store(true);
   }
   refresh_step_state(step());
@@ -264,7 +262,7 @@ void ProcessRecorder::set_callbacks(at::CallbackHandle ops, at::CallbackHandle m
 void ProcessRecorder::mark_step_end() {
   if (worker_ == Worker::kYes) return;  // a worker's step is its batch's
   // With the op callback off no op is being recorded, so none can straddle the boundary.
-  if (op_callback_ != 0 && !op_callback_on_.load())
+  if (op_callback_ && !op_callback_on_.load())
     advance_step();
   else
     step_pending_.store(true, std::memory_order_relaxed);
@@ -478,7 +476,7 @@ void ProcessRecorder::after_fork_child() {
   forget_torch_pool_status();
   spread_step_states_.store(0);
   StreamWriter::instance().reset_after_fork();
-  if (is_python_ && op_callback_ != 0) {
+  if (is_python_ && op_callback_) {
     // Maybe a DataLoader worker: its batch 0 is consumed in the step that was about to begin.
     worker_ = Worker::kMaybe;
     worker_base_step_ = step() + (step_pending_.exchange(false) ? 1 : 0);

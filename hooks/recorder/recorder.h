@@ -72,10 +72,12 @@ class ProcessRecorder {
   uint64_t next_order() { return order_.fetch_add(1, std::memory_order_relaxed) + 1; }
   uint64_t step() const { return step_.load(std::memory_order_relaxed); }
   bool step_selected() const { return step_selected_.load(std::memory_order_relaxed); }
-  // One of two callbacks is on at a time. In selected steps the op callback sees every scope,
-  // marks included; elsewhere the marks callback sees the user scope only, so libtorch boxes no
-  // op's inputs.
-  void set_callbacks(at::CallbackHandle ops, at::CallbackHandle marks);
+  // One of two callbacks is registered at a time. In selected steps the op callback sees every
+  // scope, marks included; elsewhere the marks callback sees the user scope only, so libtorch
+  // boxes no op's inputs. The other one is removed, not disabled: each time a thread sets its
+  // thread-local state (twice for each node the autograd engine runs) libtorch copies the whole
+  // global list, disabled entries included, and rebuilds every scope's callbacks from it.
+  void set_callbacks(at::RecordFunctionCallback ops, at::RecordFunctionCallback marks);
   // Bumped each time the op callback comes back on: the ops it missed may have changed any
   // tensor a thread's cache describes.
   uint64_t op_callback_epoch() const { return op_callback_epoch_.load(std::memory_order_acquire); }
@@ -153,7 +155,8 @@ class ProcessRecorder {
   void set_step(uint64_t step);
   void write_progress(uint64_t step);
   void refresh_step_state(uint64_t step);
-  // With op_callback_mu_ held: the op callback on (the marks callback off), or the other way.
+  // With op_callback_mu_ held: the op callback registered (the marks callback not), or the other
+  // way.
   void switch_op_callback(bool on);
   void learn_lean_sentinel();
   // For good: every op seen from now on, and the .status says from which step and why.
@@ -188,7 +191,8 @@ class ProcessRecorder {
   int64_t worker_last_batch_ = -1;
   std::mutex claim_mu_;
   std::mutex op_callback_mu_;
-  at::CallbackHandle op_callback_ = 0, marks_callback_ = 0;
+  std::optional<at::RecordFunctionCallback> op_callback_, marks_callback_;
+  at::CallbackHandle registered_callback_ = 0;  // the one of the two in libtorch's list
   std::atomic<bool> op_callback_on_{true};
   std::atomic<uint64_t> op_callback_epoch_{0};
   std::atomic<bool> optimizer_marked_{false}, backward_marked_{false}, collective_seen_{false};
