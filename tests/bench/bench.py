@@ -98,9 +98,9 @@ def peak_rss_mb(cmd, env):
     return usage.ru_maxrss / 1024.0
 
 
-def workload_cmd(args, lang, workload, peer=None):
-    common = ["--workload", workload, "--steps", str(args.steps), "--warmup", str(args.warmup),
-              "--threads", "2"]
+def workload_cmd(args, lang, workload, peer=None, steps=None, warmup=None):
+    common = ["--workload", workload, "--steps", str(steps or args.steps),
+              "--warmup", str(args.warmup if warmup is None else warmup), "--threads", "2"]
     if lang == "python":
         peer_args = ["--peer", peer] if peer else []
         return [args.python, os.path.join(HERE, "workloads.py")] + common + peer_args
@@ -288,64 +288,71 @@ def bench_workload(args, lang, workload, raw, tmp):
 INSTRUCTION_MODES = "plain,loaded, recording off,md5 + stats,xxh3 + stats"
 
 
-def callgrind_instructions(args, workload, name, mode_config, run_dir, steps):
-    """Instructions executed inside the C++ workload's step function, per step: exact, and unmoved
-    by other guests on a shared host, unlike time."""
+def callgrind_instructions(args, lang, workload, name, mode_config, run_dir, steps):
+    """Instructions a workload's process executes, every thread's, under callgrind: exact, and
+    unmoved by other guests on a shared host, unlike time. (Callgrind's toggle on the step
+    function would count the op's thread alone; the start-up, the same in both runs of a pair,
+    is subtracted instead.)"""
     out = os.path.join(run_dir + "-cg", "callgrind.out")
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no",
-           f"--toggle-collect=*{workload}()::{{lambda()#1}}::operator()*", f"--callgrind-out-file={out}",
+    cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
            # A launch inside an add is told apart by who added (callgrind_stages.py).
-           "--separate-callers3=*DeviceBatch::add*",
-           os.path.join(args.torch_bin, "bench_workloads"), "--workload", workload,
-           "--steps", str(steps), "--warmup", "1", "--threads", "2"]
-    return subprocess.Popen(cmd, env=mode_env(args, mode_config, run_dir, name), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL), out
-
-
-def read_callgrind_total(path):
-    with open(path) as f:
-        for line in f:
-            if line.startswith(("summary:", "totals:")):
-                return int(line.split()[1])
-    sys.exit(f"bench: no instruction total in {path}")
+           "--separate-callers3=*DeviceBatch::add*"]
+    cmd += workload_cmd(args, lang, workload, steps=steps, warmup=1)
+    env = mode_env(args, mode_config, run_dir, name)
+    # Valgrind runs one thread at a time: an OpenMP worker spinning at a barrier would count the
+    # turns it is given, work that time on a free core does not show. Sleeping waits leave work.
+    env["OMP_WAIT_POLICY"] = "PASSIVE"
+    env["PYTHONHASHSEED"] = "0"  # the same start-up in both runs of a pair
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), out
 
 
 def bench_instructions(args, tmp):
-    """Per C++ workload and mode: instructions per step and per recorded op, two runs at a time,
-    and for each recording mode the recorder's stages (callgrind_stages.py)."""
+    """Per workload and mode: instructions per step and per recorded op, two runs at a time, and
+    for each recording mode the recorder's stages (callgrind_stages.py). Each is run for STEPS and
+    for 2 x STEPS steps after one warm-up: the difference is STEPS steady steps, without start-up
+    and the first step (which a sentinel records in full)."""
     steps = 3
     configs = dict(MODES)
     configs.update({name + BASELINE: cfg for name, cfg in MODES})
     wanted = ["plain"] + [n for n in re.split(r",(?! )", args.instruction_modes) if n and n != "plain"]
     names = [name for name, _ in with_baselines(args, [(n, configs[n]) for n in wanted])]
     jobs = []
-    for workload in [w for w in args.only.split(",") if w in ("lstm", "embed")]:
-        for name in names:
-            jobs.append((workload, name, os.path.join(tmp, f"cg-{workload}-{abs(hash(name))}")))
-    results = {}
+    for workload in [w for w in args.only.split(",") if w]:
+        for lang in args.langs.split(","):
+            if lang == "cpp" and workload not in CPP_WORKLOADS:
+                continue
+            for name in names:
+                for n in (steps, 2 * steps):
+                    jobs.append((lang, workload, name, n,
+                                 os.path.join(tmp, f"cg-{lang}-{workload}-{n}-{abs(hash(name))}")))
+    runs = {}
     for i in range(0, len(jobs), 2):
-        started = [(job, *callgrind_instructions(args, job[0], job[1], configs[job[1]], job[2], steps))
+        started = [(job, *callgrind_instructions(args, *job[:3], configs[job[2]], job[4], job[3]))
                    for job in jobs[i:i + 2]]
-        for (workload, name, run_dir), proc, out in started:
+        for (lang, workload, name, n, run_dir), proc, out in started:
             if proc.wait() != 0:
-                sys.exit(f"bench: callgrind failed for {workload} {name}")
+                sys.exit(f"bench: callgrind failed for {workload} ({lang}) {name}")
             ops = None
             if isinstance(configs[name], dict) and not name.startswith("loaded, recording off"):
                 ops = trace_stats(args, run_dir)["ops"]
-            results[(workload, name)] = (callgrind_stages.Profile(out), ops)
-            print(f"done instructions {workload} {name}", file=sys.stderr, flush=True)
+            runs[(lang, workload, name, n)] = (callgrind_stages.Profile(out), ops)
+            print(f"done instructions {workload} ({lang}) {name} {n} steps", file=sys.stderr, flush=True)
     rows = []
-    for (workload, name), (profile, ops) in results.items():
-        plain = results[(workload, "plain")][0]
-        per_step = profile.total / (steps + 1)
-        plain_per_step = plain.total / (steps + 1)
-        row = {"workload": f"{workload} (cpp)", "mode": name, "instructions_per_step": per_step,
-               "ratio": per_step / plain_per_step, "ops_per_step": ops / (steps + 1) if ops else None,
-               "instructions_per_op": (profile.total - plain.total) / ops if ops else None}
+    for lang, workload, name, n, _ in jobs:
+        if n != steps:
+            continue
+        (short, short_ops), (long, long_ops) = runs[(lang, workload, name, steps)], runs[(lang, workload, name, 2 * steps)]
+        plain_short, plain_long = runs[(lang, workload, "plain", steps)][0], runs[(lang, workload, "plain", 2 * steps)][0]
+        steady, plain_steady = long - short, plain_long - plain_short
+        per_step, plain_per_step = steady.total / steps, plain_steady.total / steps
+        ops = (long_ops - short_ops) / steps if short_ops is not None else None
+        row = {"workload": f"{workload} ({lang})", "mode": name, "instructions_per_step": per_step,
+               "ratio": per_step / plain_per_step, "ops_per_step": ops,
+               "instructions_per_op": (per_step - plain_per_step) / ops if ops else None}
         if ops:
-            row["stages_per_op"] = {stage: cost / ops for stage, cost in
-                                    callgrind_stages.stages(profile, plain.total)}
+            row["stages_per_op"] = {stage: cost / (ops * steps) for stage, cost in
+                                    callgrind_stages.stages(steady, plain_steady.total)}
         rows.append(row)
     return rows
 
@@ -389,7 +396,7 @@ def main():
                                        "for --python's torch)")
     p.add_argument("--detaudit", help="the CLI whose diff is timed (default: the build's)")
     p.add_argument("--modes", help="comma-separated mode names to run, plain always; default all")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=3, help="timed runs of each mode; 0: none (--instructions alone)")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--only", default="cnn,embed,lstm,gpt2")
@@ -401,7 +408,8 @@ def main():
     p.add_argument("--instruction-modes", default=INSTRUCTION_MODES,
                    help="the modes --instructions counts, comma-separated (plain always)")
     p.add_argument("--instructions", action="store_true",
-                   help="also count instructions per step under callgrind (C++ lstm and embed)")
+                   help="also count instructions per steady step under callgrind, each workload in "
+                        "--only and --langs")
     args = p.parse_args()
     if args.quick:
         args.repeats, args.steps, args.diff_ops = 1, 3, 1_000_000
@@ -433,7 +441,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="detaudit-bench-")
     rows = []
     try:
-        for workload in [w for w in args.only.split(",") if w]:  # --only "": the diff alone
+        for workload in [w for w in args.only.split(",") if w and args.repeats]:  # --only "": the diff alone
             for lang in args.langs.split(","):
                 if lang == "cpp" and workload not in CPP_WORKLOADS:
                     continue  # Python only: the transformer is the Hugging Face run's shape
@@ -470,11 +478,12 @@ def main():
             print(f"| {d['ops_per_run']:,} | {d['seconds']:.2f} | {d['records_per_s'] / 1e6:.2f}M | "
                   f"{d['mb_per_s']:.0f} | {d['rss_mb']:.0f} | {d['exit']} |")
     if instructions:
-        print("\n| workload | mode | instructions/step | x plain | recorded ops/step | instructions/op |")
+        print("\n| workload | mode | instructions/step, all threads | x plain | recorded ops/step | "
+              "instructions/op |")
         print("|---|---|---:|---:|---:|---:|")
         for r in instructions:
             print(f"| {r['workload']} | {r['mode']} | {r['instructions_per_step'] / 1e6:.1f}M | "
-                  f"{r['ratio']:.2f} | {fmt(r['ops_per_step'], '.0f')} | {fmt(r['instructions_per_op'], '.0f')} |")
+                  f"{r['ratio']:.3f} | {fmt(r['ops_per_step'], '.0f')} | {fmt(r['instructions_per_op'], '.0f')} |")
         staged = [r for r in instructions if r.get("stages_per_op")]
         if staged:
             print("\nInstructions per recorded op, by stage (tests/bench/callgrind_stages.py):\n")

@@ -66,9 +66,25 @@ class Profile:
                         self.self_cost[fn] += cost
                 elif line.startswith(("summary:", "totals:")):
                     self.total = int(line.split()[1])
+        self._index_callers()
+
+    def _index_callers(self):
         self.callers = defaultdict(list)
         for (a, b), c in self.edges.items():
             self.callers[b].append(a)
+
+    def __sub__(self, other):
+        """What this run spent beyond `other`'s: the same program run for fewer steps leaves the
+        cost of the steps in between, without start-up and first steps."""
+        out = Profile.__new__(Profile)
+        out.self_cost, out.edges = defaultdict(int), defaultdict(int)
+        for name in set(self.self_cost) | set(other.self_cost):
+            out.self_cost[name] = self.self_cost.get(name, 0) - other.self_cost.get(name, 0)
+        for edge in set(self.edges) | set(other.edges):
+            out.edges[edge] = self.edges.get(edge, 0) - other.edges.get(edge, 0)
+        out.total = self.total - other.total
+        out._index_callers()
+        return out
 
     def functions(self, pattern):
         rx = re.compile(pattern)
