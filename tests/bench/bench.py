@@ -328,8 +328,9 @@ def bench_instructions(args, tmp):
                                  os.path.join(tmp, f"cg-{lang}-{workload}-{n}-{abs(hash(name))}")))
     runs = {}
     for i in range(0, len(jobs), 2):
-        started = [(job, *callgrind_instructions(args, *job[:3], configs[job[2]], job[4], job[3]))
-                   for job in jobs[i:i + 2]]
+        started = [((lang, workload, name, n, run_dir),
+                    *callgrind_instructions(args, lang, workload, name, configs[name], run_dir, n))
+                   for lang, workload, name, n, run_dir in jobs[i:i + 2]]
         for (lang, workload, name, n, run_dir), proc, out in started:
             if proc.wait() != 0:
                 sys.exit(f"bench: callgrind failed for {workload} ({lang}) {name}")
@@ -441,7 +442,8 @@ def main():
     tmp = tempfile.mkdtemp(prefix="detaudit-bench-")
     rows = []
     try:
-        for workload in [w for w in args.only.split(",") if w and args.repeats]:  # --only "": the diff alone
+        timed = [w for w in args.only.split(",") if w] if args.repeats else []  # --only "": the diff alone
+        for workload in timed:
             for lang in args.langs.split(","):
                 if lang == "cpp" and workload not in CPP_WORKLOADS:
                     continue  # Python only: the transformer is the Hugging Face run's shape
