@@ -424,8 +424,8 @@ def sleeping_waits():
     programs on 2 cores, a thread spins through its share while the one it waits for is off its
     core. long_run.py's 800 steps recorded in full took 74 s beside another test file, 5 s with
     sleeping waits. How a thread waits changes no result, but a race needs the default: with
-    sleeping waits the second thread wakes late, and long_run.py's race came back in a full
-    recording in 4 of 12 audits on torch 1.13, against 4 of 4 (2026-11-30)."""
+    sleeping waits the second thread wakes late, and long_run.py's race (2^20 values then) came
+    back in a full recording in 4 of 12 audits on torch 1.13, against 4 of 4 (2026-11-30)."""
     return unittest.mock.patch.dict(os.environ, {"OMP_WAIT_POLICY": "PASSIVE"})
 
 

@@ -29,12 +29,17 @@ RACE_ATTEMPTS = 3
 def audit_until_the_race_comes_back(test, name, command, attempts=RACE_ATTEMPTS):
     """Sentinel audits of command until one finds a step whose full recording diverges too;
     returns its (proc, report, out)."""
+    seen = []
     for attempt in range(attempts):
         out = os.path.join(test.tmp, f"{name}{attempt}")
         proc, report = record_pair(out, command, flags=["--sentinel"])
-        if report["sentinel"]["divergent"] and report["sentinel"]["came_back"]:
+        sentinel = report["sentinel"]
+        if sentinel["divergent"] and sentinel["came_back"]:
             return proc, report, out
-    test.fail(f"the index_put race did not fire twice at one step in {attempts} audits")
+        seen.append(f"step {sentinel['step']}, full steps {sentinel['full_steps']}: "
+                    f"{report['verdict']}" if sentinel["divergent"] else "no step differed")
+    test.fail(f"the index_put race did not fire twice at one step in {attempts} audits: "
+              + "; ".join(seen))
 
 
 def lean_from(run_dir, process="r0.main"):
@@ -208,8 +213,7 @@ class DeterministicLongRun(TmpDirCase):
     def test_a_cpp_race_from_step_2_is_found_there(self):
         # The race planted from step 2 of a lean C++ loop: the first divergent step is 2 or later
         # (a race may not fire at once), never earlier, and the full window names the op. Its
-        # race is smaller than long_run.py's, and fires less often on a loaded machine: more
-        # audits, each a few seconds.
+        # audits are a few seconds each: more of them.
         proc, report, out = audit_until_the_race_comes_back(
             self, "cpp-race", [build_binary("train_cnn"), "--steps", "8", "--threads", "2",
                                "--race-from", "2", "--mark-backward"], 2 * RACE_ATTEMPTS)

@@ -4,11 +4,13 @@
     python long_run.py --steps 300 --perturb 2:250 --perturb-count counter.txt
 
 --race-from K   from step K on, the model gathers its input through `table[idx]`: its backward is
-                the CPU index_put_(accumulate=True) race on 2 threads (--race-size values, 2^20 by
+                the CPU index_put_(accumulate=True) race on 2 threads (--race-size values, 2^22 by
                 default, into 256 slots), so runs differ from step K on and not before. Each
-                thread adds for tens of milliseconds: even on a loaded machine, where the two
+                thread adds for longer than a time slice: even on a loaded machine, where the two
                 rarely run at once, the scheduler interleaves them, and the bits differ in
-                nearly every step.
+                nearly every step. (With both cores busy, 2^20 values take 8 ms, one thread's
+                half often done before the other's starts: 8 distinct sums in 40; 2^22, 32 ms:
+                40 in 40.)
 --perturb N:K   with --perturb-count FILE: the program counts its runs in FILE; its N-th run scales
                 step K's batch by 1 + 1e-6 (repeatable). The difference happens once and never
                 again, as a rare race would.
@@ -51,7 +53,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--race-from", type=int, default=-1)
-    ap.add_argument("--race-size", type=int, default=1 << 20)
+    ap.add_argument("--race-size", type=int, default=1 << 22)
     ap.add_argument("--perturb", action="append", default=[], metavar="RUN:STEP")
     ap.add_argument("--extra-draw", action="append", default=[], metavar="RUN:STEP")
     ap.add_argument("--perturb-count", default="")
