@@ -101,8 +101,9 @@ void on_fatal_signal(int sig) {
   const pid_t self = this_thread_id();
   if ((sig == SIGTERM || sig == SIGINT) && g_signal_thread.load() == 0)
     if (ThreadRecorder* t = ThreadRecorder::current_if_any(); t && t->stream_open()) {
-      const long bound = t->stream()->writing.load() ? kStopDeferInsideMs : kStopDeferOutsideMs;
-      if (StreamWriter::instance().defer_stop_signal(t->stream(), sig, self, bound)) return;
+      if (StreamWriter::instance().defer_stop_signal(t->stream(), sig, self,
+                                                     {kStopDeferOutsideMs, kStopDeferInsideMs}))
+        return;
     }
   pid_t first = 0;
   if (!g_signal_thread.compare_exchange_strong(first, self)) {

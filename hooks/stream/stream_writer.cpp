@@ -181,7 +181,7 @@ void StreamWriter::run() {
   }
 }
 
-bool StreamWriter::defer_stop_signal(StreamBuffer* own, int sig, pid_t tid, long bound_ms) {
+bool StreamWriter::defer_stop_signal(StreamBuffer* own, int sig, pid_t tid, StopBounds bounds) {
   if (raised_again_.exchange(false)) return false;  // the one put off: saved now
   if (!own || !started_.load() || g_streams_frozen.load()) return false;
   // A writer thread stuck in a write (a dead disk) would not raise it after its bound.
@@ -191,7 +191,9 @@ bool StreamWriter::defer_stop_signal(StreamBuffer* own, int sig, pid_t tid, long
   // thread, which would have raised it, may be stuck in a write to a dead disk).
   if (deferred_stream_.load()) return monotonic_ms() < deferred_until_ms_.load();
   deferred_tid_.store(tid);
-  deferred_until_ms_.store(monotonic_ms() + bound_ms);
+  const bool inside = own->writing.load();
+  deferred_until_ms_.store(monotonic_ms() + (inside ? bounds.inside_ms : bounds.outside_ms));
+  deferred_inside_ms_.store(inside ? 0 : bounds.inside_ms);
   own->deferred_signal.store(sig);
   deferred_stream_.store(own);
   wake();  // to wait no longer than its bound
@@ -210,6 +212,11 @@ void raise_deferred_stop(StreamBuffer* stream) {
 void StreamWriter::raise_overdue_stop() {
   StreamBuffer* stream = deferred_stream_.load(std::memory_order_relaxed);
   if (!stream || monotonic_ms() < deferred_until_ms_.load()) return;
+  if (stream->writing.load())
+    if (const long more = deferred_inside_ms_.exchange(0); more > 0) {
+      deferred_until_ms_.store(monotonic_ms() + more);  // leave_write raises it, or the next round
+      return;
+    }
   const int sig = stream->deferred_signal.exchange(0);
   if (sig != 0) raised_again_.store(true);
   deferred_stream_.store(nullptr);

@@ -92,17 +92,27 @@ class StreamWriter {
   size_t freeze_and_save(const std::vector<StreamBuffer*>& streams, StreamBuffer* own,
                          const std::function<void(size_t, long)>& settle, long budget_ms,
                          const std::function<void(size_t)>& saved = nullptr);
+  // How long a stop signal put off waits for its thread to leave its buffer: `inside_ms` when
+  // the thread is inside it (the rest of a record), `outside_ms` when it is not (until its next
+  // record).
+  struct StopBounds {
+    long outside_ms;
+    long inside_ms;
+  };
   // From a stop signal's handler (SIGTERM, SIGINT) on the thread of `own`, whose stream is open:
   // the signal is put off until that thread next leaves its buffer, a whole record later
   // (leave_write raises it again), and true is returned. Saved there, the thread is at a known
   // point: not inside malloc holding its arena's lock, which the save's freeing needs, and not
   // halfway through a record, so the records it holds for their digests are saved too. Should
-  // it not get there within `bound_ms` (a thread waiting in a collective or for data), the
+  // it not get there within its bound (a thread waiting in a collective or for data), the
   // writer thread raises the signal on it (thread id `tid`) again, and that one is saved at
-  // once, with what is whole. A stop signal meanwhile waits with the one put off, or once that
-  // one's bound has passed, is saved at once (should the writer thread be stuck in a write).
-  // Nothing is put off while the writer has been in one write for over kWriterStuckMs.
-  bool defer_stop_signal(StreamBuffer* own, int sig, pid_t tid, long bound_ms);
+  // once, with what is whole. A thread that entered its buffer after the signal and is inside
+  // it at the outside bound (its END, written at exit) gets the inside bound once more: saved
+  // then, the stream it is writing would be saved without its END. A stop signal meanwhile
+  // waits with the one put off, or once that one's bound has passed, is saved at once (should
+  // the writer thread be stuck in a write). Nothing is put off while the writer has been in one
+  // write for over kWriterStuckMs.
+  bool defer_stop_signal(StreamBuffer* own, int sig, pid_t tid, StopBounds bounds);
   static constexpr int64_t kWriterStuckMs = 1000;
   // In a forked child: forget the parent's queue and thread.
   void reset_after_fork();
@@ -153,8 +163,9 @@ class StreamWriter {
   std::atomic<StreamBuffer*> deferred_stream_{nullptr};
   std::atomic<pid_t> deferred_tid_{0};
   std::atomic<int64_t> deferred_until_ms_{0};
-  std::atomic<int64_t> writer_beat_ms_{0};  // when the writer thread last began a round
-  std::atomic<bool> raised_again_{false};   // the next stop signal is the one put off: saved now
+  std::atomic<long> deferred_inside_ms_{0};  // the inside bound, while not yet given
+  std::atomic<int64_t> writer_beat_ms_{0};   // when the writer thread last began a round
+  std::atomic<bool> raised_again_{false};    // the next stop signal is the one put off: saved now
   // The futex an idle writer waits on: bumped by wake(), which calls into the kernel only
   // while writer_idle_ says the writer may be asleep.
   std::atomic<uint32_t> wake_seq_{0};

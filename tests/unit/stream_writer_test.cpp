@@ -353,9 +353,10 @@ TEST(StreamWriterTest, DrainGivesUpOnAStalledWriter) {
 // A stop signal's handler as the interposer's: put off while its thread is inside its buffer,
 // else "saved" at once; what the buffer showed then is kept for the test.
 struct StopSave {
-  StopSave(StreamBuffer* b, long bound) : buffer(b), bound_ms(bound) {}
+  StopSave(StreamBuffer* b, StreamWriter::StopBounds b_ms) : buffer(b), bounds(b_ms) {}
+  StopSave(StreamBuffer* b, long bound_ms) : StopSave(b, {bound_ms, bound_ms}) {}
   StreamBuffer* buffer;
-  long bound_ms;
+  StreamWriter::StopBounds bounds;
   pid_t tid = 0;
   std::atomic<int> calls{0};
   std::atomic<bool> saved{false};
@@ -366,8 +367,7 @@ struct StopSave {
 StopSave* g_stop = nullptr;
 void on_test_stop(int sig) {
   g_stop->calls.fetch_add(1);
-  if (StreamWriter::instance().defer_stop_signal(g_stop->buffer, sig, g_stop->tid,
-                                                 g_stop->bound_ms))
+  if (StreamWriter::instance().defer_stop_signal(g_stop->buffer, sig, g_stop->tid, g_stop->bounds))
     return;
   g_stop->saved_while_writing.store(g_stop->buffer->writing.load());
   g_stop->saved_committed.store(g_stop->buffer->committed.load());
@@ -469,6 +469,49 @@ TEST(StreamWriterTest, AStopSignalPutOffPastItsBoundIsRaisedByTheWriterThread) {
   EXPECT_TRUE(stop.saved_while_writing.load());
   EXPECT_EQ(stop.saved_committed.load(), record(0, 0).size());
   EXPECT_GE(stop.saved_at_ms.load() - raised_at, 100);
+  EXPECT_EQ(stop.calls.load(), 2);
+}
+
+// A thread that was between records when the signal came, and inside its buffer when the
+// outside bound passes (its END, written at exit), is given the inside bound to leave it: saved
+// mid-record, its stream would lose that record, the END.
+TEST(StreamWriterTest, AThreadThatEntersItsBufferAfterTheSignalIsGivenTheInsideBound) {
+  StreamBuffer s;
+  StopSave stop(&s, {/*outside_ms=*/100, /*inside_ms=*/10000});
+  int64_t left_at = 0;
+  with_stop_handler(&stop, [&] {
+    ::raise(SIGUSR2);
+    ASSERT_TRUE(s.enter_write());
+    s.bytes += record(0, 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));  // past the outside bound
+    EXPECT_FALSE(stop.saved.load()) << "saved while the thread wrote its record";
+    s.committed.store(s.bytes.size());
+    left_at = monotonic_ms();
+    s.leave_write();
+  });
+  EXPECT_TRUE(stop.saved.load());
+  EXPECT_EQ(stop.calls.load(), 2);
+  EXPECT_FALSE(stop.saved_while_writing.load());
+  EXPECT_EQ(stop.saved_committed.load(), record(0, 0).size());
+  EXPECT_GE(stop.saved_at_ms.load(), left_at);
+}
+
+// Given once: a thread that stays inside is raised again after both bounds, and saved there.
+TEST(StreamWriterTest, AThreadThatStaysInItsBufferIsRaisedAfterBothBounds) {
+  StreamBuffer s;
+  StopSave stop(&s, {/*outside_ms=*/100, /*inside_ms=*/300});
+  int64_t raised_at = 0;
+  with_stop_handler(&stop, [&] {
+    raised_at = monotonic_ms();
+    ::raise(SIGUSR2);
+    ASSERT_TRUE(s.enter_write());
+    while (!stop.saved.load() && monotonic_ms() < raised_at + 10000)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    s.leave_write();
+  });
+  ASSERT_TRUE(stop.saved.load()) << "the writer thread never raised the signal put off";
+  EXPECT_TRUE(stop.saved_while_writing.load());
+  EXPECT_GE(stop.saved_at_ms.load() - raised_at, 400);
   EXPECT_EQ(stop.calls.load(), 2);
 }
 
