@@ -209,14 +209,17 @@ void raise_deferred_stop(StreamBuffer* stream) {
   ::raise(sig);
 }
 
+void stop_deferred_while_inside() {
+  // Said by the buffer's own thread: the writer thread reading `writing` for it could read a
+  // buffer whose thread ended meanwhile.
+  StreamWriter& writer = StreamWriter::instance();
+  if (const long inside_ms = writer.deferred_inside_ms_.exchange(0); inside_ms > 0)
+    writer.deferred_until_ms_.store(monotonic_ms() + inside_ms);
+}
+
 void StreamWriter::raise_overdue_stop() {
   StreamBuffer* stream = deferred_stream_.load(std::memory_order_relaxed);
   if (!stream || monotonic_ms() < deferred_until_ms_.load()) return;
-  if (stream->writing.load())
-    if (const long more = deferred_inside_ms_.exchange(0); more > 0) {
-      deferred_until_ms_.store(monotonic_ms() + more);  // leave_write raises it, or the next round
-      return;
-    }
   const int sig = stream->deferred_signal.exchange(0);
   if (sig != 0) raised_again_.store(true);
   deferred_stream_.store(nullptr);

@@ -32,6 +32,8 @@ struct StreamBuffer;
 // Raises the stop signal put off until the buffer's thread left it (StreamWriter::
 // defer_stop_signal); its own leave_write calls it.
 void raise_deferred_stop(StreamBuffer* stream);
+// Its thread entered its buffer while its stop signal was put off: from now, the inside bound.
+void stop_deferred_while_inside();
 
 // One stream's file and the bytes its thread has not handed over yet.
 struct StreamBuffer {
@@ -48,7 +50,10 @@ struct StreamBuffer {
     DETAUDIT_DCHECK(!writing.load(std::memory_order_relaxed),
                     "a stream's buffer is entered by its one op thread, never twice");
     writing.store(true);
-    if (!g_streams_frozen.load()) return true;
+    if (!g_streams_frozen.load()) {
+      if (deferred_signal.load(std::memory_order_relaxed) != 0) stop_deferred_while_inside();
+      return true;
+    }
     writing.store(false);
     return false;
   }
@@ -106,9 +111,9 @@ class StreamWriter {
   // halfway through a record, so the records it holds for their digests are saved too. Should
   // it not get there within its bound (a thread waiting in a collective or for data), the
   // writer thread raises the signal on it (thread id `tid`) again, and that one is saved at
-  // once, with what is whole. A thread that entered its buffer after the signal and is inside
-  // it at the outside bound (its END, written at exit) gets the inside bound once more: saved
-  // then, the stream it is writing would be saved without its END. A stop signal meanwhile
+  // once, with what is whole. A thread that enters its buffer after the signal (its END,
+  // written at exit) has the inside bound from then, once: raised on it at the outside bound,
+  // the stream it is writing was saved without its END. A stop signal meanwhile
   // waits with the one put off, or once that one's bound has passed, is saved at once (should
   // the writer thread be stuck in a write). Nothing is put off while the writer has been in one
   // write for over kWriterStuckMs.
@@ -145,6 +150,7 @@ class StreamWriter {
   size_t write_pending();
   void raise_overdue_stop();
   friend void raise_deferred_stop(StreamBuffer* stream);
+  friend void stop_deferred_while_inside();
 
   std::atomic<Chunk*> head_{nullptr};
   std::atomic<uint64_t> pushed_{0}, written_{0};
@@ -163,7 +169,7 @@ class StreamWriter {
   std::atomic<StreamBuffer*> deferred_stream_{nullptr};
   std::atomic<pid_t> deferred_tid_{0};
   std::atomic<int64_t> deferred_until_ms_{0};
-  std::atomic<long> deferred_inside_ms_{0};  // the inside bound, while not yet given
+  std::atomic<long> deferred_inside_ms_{0};  // the inside bound, while not given yet
   std::atomic<int64_t> writer_beat_ms_{0};   // when the writer thread last began a round
   std::atomic<bool> raised_again_{false};    // the next stop signal is the one put off: saved now
   // The futex an idle writer waits on: bumped by wake(), which calls into the kernel only
