@@ -144,9 +144,8 @@ class DeterministicPrograms(TmpDirCase):
                                                            *INDEX_PUT[4:]])
         out = os.path.join(self.tmp, "killed_coverage")
         # A budget a loaded machine still replays the rest in (15 s replayed nothing under
-        # `stress`); 30 replays a type keep the replayer busy when it is killed (the 30 types
-        # after the first take 10 s on one core; 100 replays took 39 s in all).
-        proc = subprocess.Popen([BIN, "coverage", run, "--format", "json", "--replays", "30",
+        # `stress`); 100 replays a type keep the replayer busy when it is killed.
+        proc = subprocess.Popen([BIN, "coverage", run, "--format", "json", "--replays", "100",
                                  "--workers", "1", "--budget", "90", "--out", out, "-q"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         lines = os.path.join(out, "replay-0.jsonl")
