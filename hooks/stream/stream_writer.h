@@ -112,11 +112,11 @@ class StreamWriter {
   // it not get there within its bound (a thread waiting in a collective or for data), the
   // writer thread raises the signal on it (thread id `tid`) again, and that one is saved at
   // once, with what is whole. A thread that enters its buffer after the signal (its END,
-  // written at exit) has the inside bound from then, once: raised on it at the outside bound,
-  // the stream it is writing was saved without its END. A stop signal meanwhile
-  // waits with the one put off, or once that one's bound has passed, is saved at once (should
-  // the writer thread be stuck in a write). Nothing is put off while the writer has been in one
-  // write for over kWriterStuckMs.
+  // written at exit) has the inside bound from then, once: raised at the outside bound, it
+  // would be saved mid-record, its stream without that END. A stop signal meanwhile waits with
+  // the one put off, or once that one's bound has passed, is saved at once (should the writer
+  // thread be stuck in a write). Nothing is put off while the writer has been in one write for
+  // over kWriterStuckMs.
   bool defer_stop_signal(StreamBuffer* own, int sig, pid_t tid, StopBounds bounds);
   static constexpr int64_t kWriterStuckMs = 1000;
   // In a forked child: forget the parent's queue and thread.

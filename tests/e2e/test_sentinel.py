@@ -36,8 +36,10 @@ def audit_until_the_race_comes_back(test, name, command, attempts=RACE_ATTEMPTS)
         sentinel = report["sentinel"]
         if sentinel["divergent"] and sentinel["came_back"]:
             return proc, report, out
-        seen.append(f"step {sentinel['step']}, full steps {sentinel['full_steps']}: "
-                    f"{report['verdict']}" if sentinel["divergent"] else "no step differed")
+        if not sentinel["divergent"]:
+            seen.append("no step differed")
+        else:
+            seen.append(f"step {sentinel['step']} differed: {sentinel['note']}")
     test.fail(f"the index_put race did not fire twice at one step in {attempts} audits: "
               + "; ".join(seen))
 

@@ -353,7 +353,7 @@ TEST(StreamWriterTest, DrainGivesUpOnAStalledWriter) {
 // A stop signal's handler as the interposer's: put off while its thread is inside its buffer,
 // else "saved" at once; what the buffer showed then is kept for the test.
 struct StopSave {
-  StopSave(StreamBuffer* b, StreamWriter::StopBounds b_ms) : buffer(b), bounds(b_ms) {}
+  StopSave(StreamBuffer* b, StreamWriter::StopBounds limits) : buffer(b), bounds(limits) {}
   StopSave(StreamBuffer* b, long bound_ms) : StopSave(b, {bound_ms, bound_ms}) {}
   StreamBuffer* buffer;
   StreamWriter::StopBounds bounds;
