@@ -1,7 +1,8 @@
 """Loaded at interpreter start in the programs `detaudit run` launches (it puts this folder first
-on PYTHONPATH): records the kernels torch.compile runs (compiled_kernels.py), shows a sentinel
-each backward's loss (backward_mark.py), and stops and resumes Trainer or Lightning for
-`detaudit resume` (detaudit_resume.py). A sitecustomize this one shadows, the user's or the
+on PYTHONPATH): records the kernels torch.compile runs (compiled_kernels.py), keeps compiled
+optimizer steps marked (optimizer_steps.py), shows a sentinel each backward's loss
+(backward_mark.py), and stops and resumes Trainer or Lightning for `detaudit resume`
+(detaudit_resume.py). A sitecustomize this one shadows, the user's or the
 distribution's, is run too."""
 import importlib.util
 import os
@@ -26,9 +27,11 @@ finally:
     if os.environ.get("DETAUDIT_RUN_DIR"):
         import detaudit_backward_mark
         import detaudit_compiled_kernels
+        import detaudit_optimizer_steps
         import detaudit_resume
 
         detaudit_compiled_kernels.install()
+        detaudit_optimizer_steps.install()
         detaudit_resume.install()
         if detaudit_backward_mark.wanted():
             detaudit_backward_mark.install()
