@@ -183,6 +183,8 @@ class StreamComparator {
     Status s = finish(ra, rb);
     out_->max_step_a = a.max_step();
     out_->max_step_b = b.max_step();
+    out_->backward_passes_a = a.backward_passes();
+    out_->optimizer_ops_a = a.optimizer_ops();
     out_->tail_a = tail_of(a);
     out_->tail_b = tail_of(b);
     return s;

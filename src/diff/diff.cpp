@@ -198,6 +198,11 @@ void add_stream_results(std::vector<StreamResult>* results, DiffReport* r) {
     r->structure_matched += res.structure_matched;
     r->ops_compared += res.summary.compared;
     r->records_a += res.records_a;
+    if (res.summary.in_a && res.summary.ops_a > 0) {
+      r->steps_seen = std::max(r->steps_seen, res.max_step_a + 1);
+      r->backward_passes = std::max(r->backward_passes, res.backward_passes_a);
+      r->optimizer_ops += res.optimizer_ops_a;
+    }
     r->records_b += res.records_b;
     r->bytes_read += res.bytes;
     r->streams.push_back(std::move(res.summary));
@@ -360,6 +365,7 @@ void finish_report(const trace::RunDirectory& run_a, const trace::RunDirectory& 
   r->endings = collect_endings({&run_a, &run_b}, tails);
   r->incomplete = !r->not_compared.empty();
   r->verdict = verdict_of(*r);
+  if (r->verdict == Verdict::kNoVerdict) r->no_verdict = why_no_verdict(*r);
 }
 
 Status diff_runs(const std::string& dir_a, const std::string& dir_b, const DiffOptions& options,
@@ -423,11 +429,30 @@ Verdict verdict_of(const DiffReport& r) {
   if (r.divergent_ops > 0 || r.structural_count > 0 || replicas_disagree)
     // A divergence the report cannot place is no verdict a user can act on: the tool failed.
     return r.first || replicas_disagree ? Verdict::kDivergent : Verdict::kUnexplained;
-  return r.incomplete && !r.gate.allow_truncated ? Verdict::kIncomplete : Verdict::kIdentical;
+  if (r.incomplete && !r.gate.allow_truncated) return Verdict::kIncomplete;
+  return why_no_verdict(r).empty() ? Verdict::kIdentical : Verdict::kNoVerdict;
+}
+
+std::string why_no_verdict(const DiffReport& r) {
+  if (r.ops_compared == 0)
+    return "nothing was compared: neither run recorded an op both have (check --steps and "
+           "that the program ran torch ops)";
+  if (r.sentinel_runs && r.parameters_tracked == 0)
+    return "the sentinel compared no step state: no optimizer step wrote a tensor it saw "
+           "(record in full, without --sentinel)";
+  if (r.backward_passes >= 2 && r.optimizer_ops == 0 && r.steps_seen <= 1)
+    return fmt::format(
+        "the program trained ({} backward passes) but no optimizer step was seen, so every op "
+        "counts as step 0: step a torch.optim optimizer, or mark each step's end with "
+        "torch.profiler.record_function(\"detaudit::step\") (C++: detaudit/marker.h)",
+        r.backward_passes);
+  return "";
 }
 
 ExitCode gate_exit_code(const DiffReport& report) {
   if (report.verdict == Verdict::kUnexplained) return ExitCode::kUnexplained;
+  if (report.verdict == Verdict::kFailed) return ExitCode::kTargetFailed;
+  if (report.verdict == Verdict::kNoVerdict) return ExitCode::kNoVerdict;
   const bool fails = report.verdict == Verdict::kDivergent &&
                      !(report.gate.fail_on == "tolerance" && !report.beyond_tolerance);
   if (fails) return ExitCode::kDivergent;

@@ -36,6 +36,9 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
 // allows it), "identical"; "unexplained" when divergent with no first divergence to name and the
 // replicas agree (the caller says why).
 Verdict verdict_of(const DiffReport& report);
+// Why a diff in which nothing diverged cannot pass ("" when it can): nothing compared, a
+// sentinel that compared no step state, or a program that trained with no step seen.
+std::string why_no_verdict(const DiffReport& report);
 
 // 0 identical (or divergent within tolerance), 1 divergent, 5 incomplete (part of a run was
 // not compared and the gate does not allow truncation).

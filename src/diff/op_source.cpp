@@ -130,6 +130,10 @@ bool OpSource::read_one() {
     }
     if (tap_) tap_(*reader_, b.rec);
     max_step_ = std::max(max_step_, b.rec.step);
+    const bool backward = b.rec.phase == trace::Phase::kBackward;
+    if (backward && !in_backward_) ++backward_passes_;
+    in_backward_ = backward;
+    if (b.rec.phase == trace::Phase::kOptimizer) ++optimizer_ops_;
     last_op_ = {b.rec.name, b.rec.step, ops_read_, b.rec.order};
     b.index = ops_read_++;
     b.key = key_of(b.rec);

@@ -104,6 +104,10 @@ class OpSource {
   std::string allocated_by(int64_t id) const;
   // The largest step of the ops read so far.
   uint64_t max_step() const { return max_step_; }
+  // How the stream trained, as far as its phases tell: each backward pass (a run of backward
+  // ops) and each optimizer op. Passes with no optimizer op and no second step: steps unseen.
+  uint64_t backward_passes() const { return backward_passes_; }
+  uint64_t optimizer_ops() const { return optimizer_ops_; }
   // The last op read: the last to end on its thread. Valid once ops_read() > 0.
   struct LastOp {
     uint32_t name = 0;
@@ -133,6 +137,8 @@ class OpSource {
   trace::ReadResult stop_result_ = trace::ReadResult::kRecord;
   uint64_t ops_read_ = 0, records_ = 0;
   uint64_t last_step_ = UINT64_MAX, max_step_ = 0;
+  uint64_t backward_passes_ = 0, optimizer_ops_ = 0;
+  bool in_backward_ = false;
   uint64_t first_step_ = 0, skip_ = 0, step_shift_ = 0;
   OpTap tap_;
   LastOp last_op_;

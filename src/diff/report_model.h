@@ -19,8 +19,10 @@
 namespace detaudit {
 
 // What a diff concludes (diff.h's verdict_of). kUnexplained: divergent with no first divergence
-// to name and the replicas agree, which is the tool's failure, not the program's.
-enum class Verdict { kIdentical, kDivergent, kIncomplete, kUnexplained };
+// to name and the replicas agree, which is the tool's failure, not the program's. kNoVerdict:
+// nothing diverged, but the audit saw too little to say "identical" (DiffReport::no_verdict).
+// kFailed: the program failed in both runs (set by `run`, which ran them).
+enum class Verdict { kIdentical, kDivergent, kIncomplete, kUnexplained, kNoVerdict, kFailed };
 
 // "identical", "divergent", "incomplete", "unexplained": the report's and the CLI's word.
 inline const char* verdict_name(Verdict v) {
@@ -29,6 +31,8 @@ inline const char* verdict_name(Verdict v) {
     case Verdict::kDivergent: return "divergent";
     case Verdict::kIncomplete: return "incomplete";
     case Verdict::kUnexplained: return "unexplained";
+    case Verdict::kNoVerdict: return "no-verdict";
+    case Verdict::kFailed: return "failed";
   }
   return "unexplained";
 }
@@ -416,6 +420,11 @@ struct DiffReport {
   Verdict verdict = Verdict::kIdentical;
   // Why a divergence could not be traced to a first divergent op (verdict "unexplained").
   std::string unexplained;
+  // Why nothing diverged is no pass (verdict "no-verdict"), and what to do.
+  std::string no_verdict;
+  // What run A's compared streams show of its training (OpSource): the steps, the backward
+  // passes of the stream with most, and the optimizer ops.
+  uint64_t steps_seen = 0, backward_passes = 0, optimizer_ops = 0;
   GateConfig gate;
   bool beyond_tolerance = false;  // some divergence exceeds the gate's rtol/atol
   // With the tolerance gate between two torch builds: op sequence differences, listed, not counted.

@@ -111,6 +111,18 @@ std::vector<std::pair<std::string, std::vector<std::string>>> ending_lines(const
   return out;
 }
 
+// What an "identical" rests on: the steps and ops compared, and the optimizer's writes among
+// them, or under the sentinel the step states (parameters, gradients, optimizer state).
+std::string what_was_compared(const DiffReport& r) {
+  if (r.sentinel_runs)
+    return fmt::format(
+        "{} ops compared over {} step(s), bit for bit, with {} tensor(s) of step state "
+        "(parameters, gradients, optimizer state)",
+        r.ops_compared, r.steps_seen, r.parameters_tracked);
+  return fmt::format("{} ops compared over {} step(s), bit for bit, {} of them optimizer ops",
+                     r.ops_compared, r.steps_seen, r.optimizer_ops);
+}
+
 std::string one_line_verdict(const DiffReport& r) {
   if (r.verdict == Verdict::kIncomplete)
     return fmt::format(
@@ -122,8 +134,13 @@ std::string one_line_verdict(const DiffReport& r) {
         "identical up to the cut: {} ops compared, bit for bit, until a trace "
         "ended early (ops after the cut were not compared)",
         r.ops_compared);
-  if (r.verdict == Verdict::kIdentical)
-    return fmt::format("identical: {} ops compared, bit for bit", r.ops_compared);
+  if (r.verdict == Verdict::kNoVerdict)
+    return fmt::format("no verdict: {} (exit 8)", r.no_verdict);
+  if (r.verdict == Verdict::kFailed)
+    return fmt::format("failed: the program failed in both runs (exit 4); of what they "
+                       "recorded, {} ops compared, {} divergent",
+                       r.ops_compared, r.divergent_ops);
+  if (r.verdict == Verdict::kIdentical) return "identical: " + what_was_compared(r);
   if (r.verdict == Verdict::kUnexplained)
     return fmt::format(
         "unexplained: {} divergent ops, but detaudit could not name the first: {}. "
@@ -249,6 +266,11 @@ json report_to_json(const DiffReport& r) {
     j["library_threads"].push_back(std::move(p));
   }
   if (r.verdict == Verdict::kUnexplained) j["unexplained"] = r.unexplained;
+  if (r.verdict == Verdict::kNoVerdict) j["no_verdict"] = r.no_verdict;
+  j["compared"] = {{"ops", r.ops_compared},
+                   {"steps", r.steps_seen},
+                   {"optimizer_ops", r.optimizer_ops},
+                   {"step_states", r.sentinel_runs ? json(r.parameters_tracked) : json(nullptr)}};
   j["exit_code"] = int(gate_exit_code(r));
   j["run_a"] = r.run_a;
   j["run_b"] = r.run_b;

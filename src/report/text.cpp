@@ -137,11 +137,14 @@ std::string render_text(const DiffReport& r, bool color) {
   const char* word = same                                 ? "IDENTICAL"
                      : r.verdict == Verdict::kIncomplete  ? "INCOMPLETE"
                      : r.verdict == Verdict::kUnexplained ? "UNEXPLAINED"
+                     : r.verdict == Verdict::kNoVerdict   ? "NO VERDICT"
+                     : r.verdict == Verdict::kFailed      ? "FAILED"
                                                           : "DIVERGENT";
+  const bool warn = r.verdict == Verdict::kIncomplete || r.verdict == Verdict::kNoVerdict;
   out += fmt::format("{} {}\n",
-                     st(same                                ? "1;32"
-                        : r.verdict == Verdict::kIncomplete ? "1;33"
-                                                            : "1;31",
+                     st(same   ? "1;32"
+                        : warn ? "1;33"
+                               : "1;31",
                         word),
                      one_line_verdict(r));
   for (const std::string& n : r.not_compared) out += st("33", "  not compared: " + n) + "\n";

@@ -15,7 +15,8 @@ enum class ExitCode : int {
   kTargetFailed = 4,  // the audited program failed (nonzero exit or signal) in some run
   kIncomplete = 5,    // no divergence seen, but part of a run was not compared (a cut stream)
   kUnexplained = 6,   // ops diverged but no first divergence could be named: detaudit's fault
-  kNotCaptured = 7    // replay: the op was not reached again, or its inputs could not be saved
+  kNotCaptured = 7,   // replay: the op was not reached again, or its inputs could not be saved
+  kNoVerdict = 8      // nothing diverged, but too little was seen to pass (DiffReport::no_verdict)
 };
 
 class Status {
