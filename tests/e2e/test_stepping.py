@@ -1,0 +1,162 @@
+"""Steps seen however the user steps, and no verdict on a comparison that saw too little.
+
+- The step recall matrix (programs/stepping_matrix.py): one gradient element scaled by 1.001 at
+  one iteration of each cell, in one run; full recording and --sentinel must each find every
+  cell at its step and no step before it, and the unplanted pair is identical. Cells here: an
+  eager step, PyTorch's "compile the optimizer" recipe (a compiled `opt.step()`, whose profiler
+  scope dynamo drops), LBFGS's closure and two optimizers an iteration (torch 2.x compiles; 1.13
+  runs the eager cells).
+- Fail closed: a loop that trains with no optimizer step seen, a sentinel that compares no step
+  state, and a program that fails in both runs get no "identical".
+
+    cd tests/e2e && ../../.venv/bin/python -m unittest -v test_stepping
+"""
+import json
+import os
+import re
+import unittest
+
+from detaudit_testlib import (PYTHON, in_parallel, load_report, make_temp_dir, output_log,
+                              program, remove_dir, run_detaudit, sleeping_waits)
+
+MATRIX = program("stepping_matrix.py")
+# The cells whose steps are right today; docs/report.md names the shapes that are not yet.
+CELLS = "eager,compiled-opt-step,lbfgs,two-optimizers"
+MODES = {"full": [], "sentinel": ["--sentinel"]}
+
+MANUAL_LOOP = """
+import sys, torch
+torch.manual_seed(0)
+w = torch.randn(100, requires_grad=True)
+for step in range(3):
+    (w * w).sum().backward()
+    with torch.no_grad():
+        w -= 0.1 * w.grad
+        w.grad.zero_()
+    if "--marked" in sys.argv:
+        with torch.profiler.record_function("detaudit::step"):
+            pass
+print(w.sum().item())
+"""
+
+
+def audit(out, command, flags=(), timeout=600):
+    """`detaudit run --runs 2` with a JSON report at OUT.json: (CompletedProcess, report)."""
+    r = run_detaudit(["run", "--runs", "2", "--out", out, "-q", "--format", "json", "--output",
+                      out + ".json", *flags, "--", *command], timeout=timeout)
+    if not os.path.exists(out + ".json"):
+        raise AssertionError(f"no report (exit {r.returncode}): {r.stderr[-3000:]}")
+    return r, load_report(out + ".json")
+
+
+def divergent_steps(report):
+    steps = {p["step"] for p in report["spread"]["per_step"]}
+    if report.get("first_divergence"):
+        steps.add(report["first_divergence"]["step"])
+    return steps
+
+
+class SteppingMatrix(unittest.TestCase):
+    """Each way of stepping, planted at one iteration: found at that step."""
+
+    @classmethod
+    @sleeping_waits()
+    def setUpClass(cls):
+        cls.tmp = make_temp_dir()
+        calls = []
+        for mode, flags in MODES.items():
+            for kind in ("planted", "clean"):
+                out = os.path.join(cls.tmp, f"{mode}-{kind}")
+                args = ["--cells", CELLS] + ([] if kind == "planted" else ["--plant-run", "none"])
+                calls.append(lambda out=out, flags=flags, args=args:
+                             audit(out, [PYTHON, MATRIX, *args], flags))
+        results = in_parallel(calls)
+        cls.audits = {mode: {"planted": results[2 * i], "clean": results[2 * i + 1],
+                             "dir": os.path.join(cls.tmp, f"{mode}-planted")}
+                      for i, mode in enumerate(MODES)}
+
+    @classmethod
+    def tearDownClass(cls):
+        remove_dir(cls.tmp)
+
+    def check_mode(self, mode):
+        r, report = self.audits[mode]["planted"]
+        self.assertEqual(r.returncode, 1, r.stdout[-2000:] + r.stderr[-2000:])
+        log = output_log(os.path.join(self.audits[mode]["dir"], "run-1"))
+        cells = [(m[0], int(m[1]), int(m[2]), int(m[3])) for m in
+                 re.findall(r"^cell (\S+) steps (\d+)-(\d+) planted (\d+)$", log, re.M)]
+        skipped = re.findall(r"^cell (\S+) skipped: (.*)$", log, re.M)
+        self.assertGreaterEqual(len(cells), 3, skipped)  # 1.13: no torch.compile
+        steps = divergent_steps(report)
+        missed = []
+        for name, first, last, planted in cells:
+            found = sorted(s for s in steps if first <= s <= last)
+            if not found or found[0] != planted:
+                missed.append(f"{name}: planted at step {planted}, differences at {found}")
+        self.assertEqual(missed, [], f"{mode}: {len(missed)} of {len(cells)} cells")
+        r, clean = self.audits[mode]["clean"]
+        self.assertEqual(r.returncode, 0, f"{mode}, unplanted: " + r.stdout[-3000:] +
+                         r.stderr[-2000:])
+        self.assertEqual(clean["verdict"], "identical")
+        # What the identical rests on: every step, and the optimizer's work in it.
+        self.assertEqual(clean["compared"]["steps"], cells[-1][2] + 1, clean["compared"])
+        return clean
+
+    def test_full_recording_finds_every_cell_at_its_step(self):
+        clean = self.check_mode("full")
+        self.assertGreater(clean["compared"]["optimizer_ops"], 0)
+
+    def test_the_sentinel_finds_every_cell_at_its_step(self):
+        clean = self.check_mode("sentinel")
+        self.assertGreater(clean["compared"]["step_states"], 0)
+
+
+class FailClosed(unittest.TestCase):
+    """No verdict from a comparison that saw too little."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = make_temp_dir()
+        cls.loop = os.path.join(cls.tmp, "manual_loop.py")
+        with open(cls.loop, "w") as f:
+            f.write(MANUAL_LOOP)
+        failing = ["-c", "import torch; torch.ones(3).sum(); raise SystemExit(3)"]
+        cases = {"unmarked": ([PYTHON, cls.loop], []),
+                 "marked": ([PYTHON, cls.loop, "--marked"], []),
+                 "sentinel": ([PYTHON, cls.loop], ["--sentinel"]),
+                 "failing": ([PYTHON, *failing], [])}
+        results = in_parallel([lambda c=c, f=f, n=n: audit(os.path.join(cls.tmp, n), c, f)
+                               for n, (c, f) in cases.items()])
+        cls.results = dict(zip(cases, results))
+
+    @classmethod
+    def tearDownClass(cls):
+        remove_dir(cls.tmp)
+
+    def test_a_loop_that_trains_with_no_step_seen_gets_no_verdict(self):
+        r, report = self.results["unmarked"]
+        self.assertEqual(r.returncode, 8, r.stderr[-2000:])
+        self.assertEqual(report["verdict"], "no-verdict")
+        self.assertIn("3 backward passes", report["no_verdict"])
+        self.assertIn("detaudit::step", report["no_verdict"])
+
+    def test_the_same_loop_with_its_steps_marked_passes(self):
+        r, report = self.results["marked"]
+        self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+        self.assertEqual(report["verdict"], "identical")
+        self.assertGreaterEqual(report["compared"]["steps"], 3)
+
+    def test_a_sentinel_that_compared_no_step_state_gets_no_verdict(self):
+        r, report = self.results["sentinel"]
+        self.assertEqual(r.returncode, 8, r.stderr[-2000:])
+        self.assertEqual(report["verdict"], "no-verdict")
+        self.assertIn("no step state", report["no_verdict"])
+
+    def test_a_program_that_failed_in_both_runs_reads_failed(self):
+        r, report = self.results["failing"]
+        self.assertEqual(r.returncode, 4, r.stderr[-2000:])
+        self.assertEqual(report["verdict"], "failed", json.dumps(report)[:2000])
+
+
+if __name__ == "__main__":
+    unittest.main()
