@@ -286,7 +286,6 @@ int run_main(const RunArgs& args) {
       return report_error(s);
 
   bool any_failed = false;
-  size_t failed_runs = 0;
   bool disk_full = false;
   std::vector<std::string> dirs;
   std::vector<bool> recorded;
@@ -308,7 +307,6 @@ int run_main(const RunArgs& args) {
     recorded.push_back(!outcome.streams.empty());
     print_run_problem(outcome, i, config.select.ranks);
     any_failed = any_failed || !outcome.result.succeeded();
-    failed_runs += outcome.result.succeeded() ? 0 : 1;
     if (std::string full = run::full_disk_note(outcome.dir); !full.empty()) {
       // The program went on; its trace stops where the disk refused it. Said now: the diff
       // below names the cut streams.
@@ -330,8 +328,6 @@ int run_main(const RunArgs& args) {
     // Before the report: a sentinel's divergent step recorded in full, then its remedy tried.
     auto before_render = [&](DiffReport* report) {
       if (config.sentinel && !any_failed) localize_divergent_step(config, options, report);
-      // No run to judge the program by: whatever both recorded, the pair failed.
-      if (failed_runs == dirs.size()) report->verdict = Verdict::kFailed;
       if (args.verify_remedy && !any_failed && report->verdict == Verdict::kDivergent)
         report->remedy_verification = verify_remedies(config, options, *report);
     };

@@ -14,8 +14,13 @@ compare. Here the same scope is opened from outside the compiled graphs, which s
   that opens the scope of a step beginning before it and closes the scope of a step ending
   after it. torch.optim's own graph breaks (`_use_grad`) put the hooks in graphs of no op, which
   dynamo does not compile: a beginning then goes before the next graph compiled, an end after
-  the last one. Tracing runs where the code it traces runs, the first time: there the scopes
-  open and close as the notes are placed.
+  the last one. Tracing runs where the code it traces runs, the first time: there an end closes
+  its scope as it is traced.
+- A step is taken to end after the graph it began before (torch.optim's step is one graph,
+  between the graph breaks of `_use_grad`), unless its end is noted after a later graph.
+- Notes of a trace dynamo restarted are dropped (the restart notes again). A graph compiled
+  again (its guards failed: Adam's state appeared, a shape changed) is the same segment of the
+  same frame, and takes the scopes the first one had.
 
 No node is added to any graph: what the program computes is unchanged.
 """
@@ -28,7 +33,10 @@ from detaudit_after_import import after_import
 _DYNAMO = "torch._dynamo"
 _CALLS = ("call_function", "call_method", "call_module")
 _comptime = None  # dynamo's comptime, once dynamo is imported: before that nothing is compiled
+_trace_id = None  # torch._guards.CompileContext.current_trace_id
 _thread = threading.local()  # .scopes: open step scopes; .pending: notes; .last: a _Graph
+_segments = {}  # (frame, graph's index in its trace) -> the _Graph first compiled there
+_graphs_of_trace = {}  # trace -> graphs compiled in it so far
 
 
 class _Note:
@@ -38,6 +46,7 @@ class _Note:
         self.mark = mark
         self.graph = weakref.ref(graph)
         self.ops_before = sum(1 for n in graph.nodes if n.op in _CALLS)
+        self.trace = _current_trace()
         self.done_once = False  # done as it was placed: not again in the graph's first run
 
 
@@ -95,11 +104,10 @@ def _note_begin(ctx):
         name = ctx.get_local("optimizer").python_type().__name__
     except Exception:  # a torch whose comptime cannot say: the mark is named all the same
         name = "Optimizer"
-    pending = _stack("pending")
     note = _Note(f"Optimizer.step#{name}.step", ctx.graph())
-    # A restarted trace notes the same beginning again: the last one stands.
+    pending = _pending(note.trace)
     if pending and pending[-1].mark:
-        pending[-1] = note
+        pending[-1] = note  # one step, noted twice: the last stands
     else:
         pending.append(note)
 
@@ -108,8 +116,14 @@ def _note_end(ctx):
     # After the last graph compiled, and so done now; or after its own graph, if ops precede it
     # there (moved when that graph is compiled).
     note = _Note(None, ctx.graph())
-    _stack("pending").append(note)
+    _pending(note.trace).append(note)
     last = getattr(_thread, "last", None)
+    opened = getattr(_thread, "opened", None)
+    _thread.opened = None
+    if opened is not None and opened[0] is last:
+        return  # the end its beginning's graph holds already
+    if opened is not None:
+        opened[0].after.remove(opened[1])  # the step runs on over more graphs: it ends here
     if last is not None:
         last.after.append(note)  # which ran already: done now, and from its next run on
     _close()
@@ -117,11 +131,14 @@ def _note_end(ctx):
 
 def _wrap_compiled_graphs(dynamo):
     """Once the package is whole: its modules import one another as it loads."""
-    global _comptime
+    global _comptime, _trace_id
     cls = getattr(sys.modules.get(_DYNAMO + ".output_graph"), "OutputGraph", None)
     compile_graph = cls and cls.__dict__.get("call_user_compiler")
     comptime = getattr(sys.modules.get(_DYNAMO + ".comptime"), "comptime", None)
-    if compile_graph is None or comptime is None or getattr(compile_graph, "_detaudit", False):
+    context = getattr(sys.modules.get("torch._guards"), "CompileContext", None)
+    trace_id = getattr(context, "current_trace_id", None)
+    if compile_graph is None or comptime is None or trace_id is None or \
+            getattr(compile_graph, "_detaudit", False):
         return  # another dynamo's layout: compiled steps stay unmarked, and the run says so
 
     def call_user_compiler(self, gm, *args, **kwargs):
@@ -131,13 +148,33 @@ def _wrap_compiled_graphs(dynamo):
 
     call_user_compiler._detaudit = True
     cls.call_user_compiler = call_user_compiler
+    _trace_id = trace_id
     _comptime = comptime
+
+
+def _current_trace():
+    """(frame, compile, attempt) of the trace dynamo is in, or None."""
+    try:
+        t = _trace_id()
+        return (t.compile_id.frame_id, t.compile_id.frame_compile_id, t.attempt)
+    except Exception:
+        return None
+
+
+def _pending(trace):
+    """This thread's notes not yet placed, less those of a trace dynamo restarted since."""
+    pending = _stack("pending")
+    if trace is not None:
+        pending[:] = [n for n in pending if n.trace is None or n.trace[:2] != trace[:2] or
+                      n.trace[2] >= trace[2]]
+    return pending
 
 
 def _place_notes(graph, fx_graphs, ops):
     """The notes traced since the last graph compiled, placed around this one, which is about to
-    run for the first time."""
-    pending, kept = _stack("pending"), []
+    run for the first time; or, for a graph compiled again, the scopes of the first."""
+    trace = _current_trace()
+    pending, kept = _pending(trace), []
     last = getattr(_thread, "last", None)
     for note in pending:
         own = note.graph() is not None and any(note.graph() is g for g in fx_graphs)
@@ -150,11 +187,22 @@ def _place_notes(graph, fx_graphs, ops):
         elif own and ops > 0 and note.ops_before == ops:
             kept.append(note)  # it begins after all of this graph's ops: before the next one
         else:
+            # Opened as it first runs, not here inside dynamo's scopes; and closed after it.
+            # torch.optim's step is one graph between the graph breaks of _use_grad; and its end
+            # is noted only where dynamo traces again, not for another optimizer's step through
+            # the wrapper frames it compiled already.
+            end = _Note(None, fx_graphs[-1])
             graph.before.append(note)
-            _enter(note.mark)
-            note.done_once = True
+            graph.after.append(end)
+            _thread.opened = (graph, end)
     pending[:] = kept
     _thread.last = graph
+    if trace is not None:
+        index = _graphs_of_trace[trace] = _graphs_of_trace.get(trace, 0) + 1
+        segment = (trace[0], index)
+        first = _segments.setdefault(segment, graph)
+        if first is not graph and not graph.before and not graph.after:
+            graph.before, graph.after = first.before, first.after
 
 
 def _apply(notes):

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <set>
 
 #include "diff/classify.h"
 #include "diff/comparator.h"
@@ -423,7 +424,26 @@ Status diff_runs(const std::string& dir_a, const std::string& dir_b, const DiffO
   return Status();
 }
 
+namespace {
+// A run whose program failed other than by a crash after its last recorded op with its streams
+// whole (torch's gloo teardown abort: its recording is whole, and is judged).
+bool failed_before_its_end(const RunEnding& e) {
+  if (!e.failed) return false;
+  if (e.processes.empty()) return true;  // an exit status, not a crash
+  for (const ProcessEndingReport& p : e.processes)
+    if (!p.inside_op.empty() || !p.streams_whole ||
+        (p.ended.rfind("killed by", 0) != 0 && p.ended.rfind("interrupted by", 0) != 0))
+      return true;
+  return false;
+}
+}  // namespace
+
 Verdict verdict_of(const DiffReport& r) {
+  // No run to judge the program by: whatever both recorded, the pair failed.
+  std::set<std::string> failed;
+  for (const RunEnding& e : r.endings)
+    if (failed_before_its_end(e)) failed.insert(e.run);
+  if (failed.size() == 2) return Verdict::kFailed;
   bool replicas_disagree = false;
   for (const ReplicaCheck& c : r.replicas) replicas_disagree |= c.divergence.has_value();
   if (r.divergent_ops > 0 || r.structural_count > 0 || replicas_disagree)

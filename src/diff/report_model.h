@@ -21,7 +21,7 @@ namespace detaudit {
 // What a diff concludes (diff.h's verdict_of). kUnexplained: divergent with no first divergence
 // to name and the replicas agree, which is the tool's failure, not the program's. kNoVerdict:
 // nothing diverged, but the audit saw too little to say "identical" (DiffReport::no_verdict).
-// kFailed: the program failed in both runs (set by `run`, which ran them).
+// kFailed: the program failed in both runs, other than by a crash after its last recorded op.
 enum class Verdict { kIdentical, kDivergent, kIncomplete, kUnexplained, kNoVerdict, kFailed };
 
 // "identical", "divergent", "incomplete", "unexplained": the report's and the CLI's word.

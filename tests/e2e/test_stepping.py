@@ -2,10 +2,11 @@
 
 - The step recall matrix (programs/stepping_matrix.py): one gradient element scaled by 1.001 at
   one iteration of each cell, in one run; full recording and --sentinel must each find every
-  cell at its step and no step before it, and the unplanted pair is identical. Cells here: an
-  eager step, PyTorch's "compile the optimizer" recipe (a compiled `opt.step()`, whose profiler
-  scope dynamo drops), LBFGS's closure and two optimizers an iteration (torch 2.x compiles; 1.13
-  runs the eager cells).
+  cell at its step and no step before it, and the unplanted pair is identical. Cells: an eager
+  step; PyTorch's "compile the optimizer" recipe (a compiled `opt.step()`, whose profiler scope
+  dynamo drops); a compiled training step (forward, backward and step in one function);
+  `torch.compile(model)` with fused and with foreach AdamW; LBFGS's closure; two optimizers an
+  iteration. torch 2.x compiles; 1.13 runs the eager cells.
 - Fail closed: a loop that trains with no optimizer step seen, a sentinel that compares no step
   state, and a program that fails in both runs get no "identical".
 
@@ -20,8 +21,6 @@ from detaudit_testlib import (PYTHON, in_parallel, load_report, make_temp_dir, o
                               program, remove_dir, run_detaudit, sleeping_waits)
 
 MATRIX = program("stepping_matrix.py")
-# The cells whose steps are right today; docs/report.md names the shapes that are not yet.
-CELLS = "eager,compiled-opt-step,lbfgs,two-optimizers"
 MODES = {"full": [], "sentinel": ["--sentinel"]}
 
 MANUAL_LOOP = """
@@ -67,7 +66,7 @@ class SteppingMatrix(unittest.TestCase):
         for mode, flags in MODES.items():
             for kind in ("planted", "clean"):
                 out = os.path.join(cls.tmp, f"{mode}-{kind}")
-                args = ["--cells", CELLS] + ([] if kind == "planted" else ["--plant-run", "none"])
+                args = [] if kind == "planted" else ["--plant-run", "none"]
                 calls.append(lambda out=out, flags=flags, args=args:
                              audit(out, [PYTHON, MATRIX, *args], flags))
         results = in_parallel(calls)
@@ -86,7 +85,10 @@ class SteppingMatrix(unittest.TestCase):
         cells = [(m[0], int(m[1]), int(m[2]), int(m[3])) for m in
                  re.findall(r"^cell (\S+) steps (\d+)-(\d+) planted (\d+)$", log, re.M)]
         skipped = re.findall(r"^cell (\S+) skipped: (.*)$", log, re.M)
-        self.assertGreaterEqual(len(cells), 3, skipped)  # 1.13: no torch.compile
+        # 1.13 has no torch.compile: the eager cells. torch 2.x refuses `fullgraph=True` for
+        # torch.optim's step (it breaks the graph in _use_grad): that cell says so, skipped.
+        self.assertGreaterEqual(len(cells), 3 if skipped and "torch.compile" in skipped[0][1]
+                                else 7, skipped)
         steps = divergent_steps(report)
         missed = []
         for name, first, last, planted in cells:
@@ -99,7 +101,8 @@ class SteppingMatrix(unittest.TestCase):
                          r.stderr[-2000:])
         self.assertEqual(clean["verdict"], "identical")
         # What the identical rests on: every step, and the optimizer's work in it.
-        self.assertEqual(clean["compared"]["steps"], cells[-1][2] + 1, clean["compared"])
+        # (A cell torch refused ran its forward and backward into one step more.)
+        self.assertIn(clean["compared"]["steps"] - (cells[-1][2] + 1), (0, 1), clean["compared"])
         return clean
 
     def test_full_recording_finds_every_cell_at_its_step(self):
