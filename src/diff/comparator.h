@@ -42,9 +42,9 @@ struct StreamResult {
   uint64_t structure_matched = 0;            // replaced regions whose values handed on agree
   std::vector<EnvDifference> step_settings;  // STEP records whose threads or flags differ
   uint64_t records_a = 0, records_b = 0, bytes = 0;
-  uint64_t max_step_a = 0, max_step_b = 0;  // the largest step of each run's ops
+  uint64_t max_step_a = 0, max_step_b = 0;              // the largest step of each run's ops
   uint64_t backward_passes_a = 0, optimizer_ops_a = 0;  // run A's (OpSource)
-  bool cut_a = false, cut_b = false;        // no END record: that run's process did not end cleanly
+  bool cut_a = false, cut_b = false;  // no END record: that run's process did not end cleanly
   // How each run's stream ended (its END record: a signal's, for a crash) and its last op.
   struct Tail {
     bool ended = false;

@@ -134,12 +134,12 @@ std::string one_line_verdict(const DiffReport& r) {
         "identical up to the cut: {} ops compared, bit for bit, until a trace "
         "ended early (ops after the cut were not compared)",
         r.ops_compared);
-  if (r.verdict == Verdict::kNoVerdict)
-    return fmt::format("no verdict: {} (exit 8)", r.no_verdict);
+  if (r.verdict == Verdict::kNoVerdict) return fmt::format("no verdict: {} (exit 8)", r.no_verdict);
   if (r.verdict == Verdict::kFailed)
-    return fmt::format("failed: the program failed in both runs (exit 4); of what they "
-                       "recorded, {} ops compared, {} divergent",
-                       r.ops_compared, r.divergent_ops);
+    return fmt::format(
+        "failed: the program failed in both runs (exit 4); of what they "
+        "recorded, {} ops compared, {} divergent",
+        r.ops_compared, r.divergent_ops);
   if (r.verdict == Verdict::kIdentical) return "identical: " + what_was_compared(r);
   if (r.verdict == Verdict::kUnexplained)
     return fmt::format(
