@@ -92,8 +92,14 @@ class NumericsAcrossSettings(RecordedRuns):
 
     def test_two_threads_differ_in_bits_within_a_tolerance(self):
         code, report = self.diff("two_threads")
-        self.assertEqual(code, 1)
         self.assertEqual(report["environment_differences"][0]["key"], "intra_op_threads")
+        if report["verdict"] == "identical":
+            # Some hosts' kernels block these GEMMs alike on 1 and 2 threads (an AVX-512 Xeon
+            # did): then the same bits, and no alarm.
+            self.assertEqual(code, 0, report)
+            self.assertEqual(report["spread"]["divergent_ops"], 0, report["spread"])
+            return
+        self.assertEqual(code, 1)
         self.assertIn("intra_op_threads differs: 1 vs 2", report["first_divergence"]["cause"])
         code, report = self.diff("two_threads", "--fail-on", "tolerance", "--ulp", "16")
         self.assertEqual(code, 0, report["gate"])
@@ -185,8 +191,6 @@ class StoredBaseline(RecordedRuns):
                          (2, "optimizer", "Optimizer.step#SGD.step"), change)
         # The same gradients in, other parameters out: the update itself changed.
         self.assertTrue(change["output"]["tensor"].startswith("output "), change)
-        self.assertIn("optimizer update differs: the same gradients in",
-                      report["first_divergence"]["detail"])
         self.assertGreater(change["output"]["ulps"], 16, change)
         # Bit for bit, another host may part sooner: torch picks its kernels by the CPU's vector
         # width (the baseline's host ran AVX2 ones; on an AVX-512 host the step-0 gradients
@@ -194,6 +198,8 @@ class StoredBaseline(RecordedRuns):
         # AVX512"), within the tolerance. Never later than the change.
         first = report["first_divergence"]
         self.assertLessEqual(first["step"], 2, first)
+        if first["step"] == 2:
+            self.assertIn("optimizer update differs: the same gradients in", first["detail"])
 
     def test_a_baseline_of_the_sentinel_before_its_step_records_is_refused_in_one_line(self):
         # Recorded by the detaudit whose sentinel recorded each optimizer op (trace format 8):
