@@ -7,14 +7,16 @@ replaced by a call of a dispatcher op of the same name, `inductor_kernel::<kerne
 implementation runs the kernel: the recorder records it like any op, its inputs when it starts
 and its outputs when it ends, in the compiled region's place.
 
-  inductor_kernel::<kernel>(str origin, Tensor[] inputs) -> Tensor[]
+  inductor_kernel::<kernel>(str origin, Tensor[] inputs) -> Tensor(a!)[]
 
 `origin` names the aten ops the kernel was generated from (inductor builds kernel names from
 them) and says whether its code adds with atomics: "aten::index_put, aten::mul; atomic adds".
 `inputs` are the buffers the kernel only reads (in_ptr), the returned tensors those it writes
 (out_ptr, in_out_ptr). An in_out buffer is not an input: inductor also uses one for a result it
 writes and then updates (a mean: the sum, then the division), whose bytes before the kernel are
-whatever the allocator left there.
+whatever the allocator left there. The returns are declared written (`Tensor(a!)[]`): a kernel
+often writes a buffer it also reads (an optimizer's parameter), and torch refuses an op
+declared functional whose output is its input (an error where CI is set, a warning elsewhere).
 """
 import contextlib
 import re
@@ -126,7 +128,7 @@ def _op(name):
         global _library
         if _library is None:
             _library = torch.library.Library(NAMESPACE, "FRAGMENT")
-        _library.define(f"{name}(str origin, Tensor[] inputs) -> Tensor[]")
+        _library.define(f"{name}(str origin, Tensor[] inputs) -> Tensor(a!)[]")
         _library.impl(name, _run, "CompositeExplicitAutograd")
         op = _ops[name] = getattr(getattr(torch.ops, NAMESPACE), name)
     return op

@@ -35,7 +35,7 @@ _CALLS = ("call_function", "call_method", "call_module")
 _comptime = None  # dynamo's comptime, once dynamo is imported: before that nothing is compiled
 _trace_id = None  # torch._guards.CompileContext.current_trace_id
 _thread = threading.local()  # .scopes: open step scopes; .pending: notes; .last: a _Graph
-_segments = {}  # (frame, graph's index in its trace) -> the _Graph first compiled there
+_segments = {}  # (frame, graph's index in its trace) -> (before, after) of the first graph there
 _graphs_of_trace = {}  # trace -> graphs compiled in it so far
 
 
@@ -200,9 +200,9 @@ def _place_notes(graph, fx_graphs, ops):
     if trace is not None:
         index = _graphs_of_trace[trace] = _graphs_of_trace.get(trace, 0) + 1
         segment = (trace[0], index)
-        first = _segments.setdefault(segment, graph)
-        if first is not graph and not graph.before and not graph.after:
-            graph.before, graph.after = first.before, first.after
+        first = _segments.setdefault(segment, (graph.before, graph.after))
+        if not graph.before and not graph.after:
+            graph.before, graph.after = first
 
 
 def _apply(notes):

@@ -365,8 +365,8 @@ void finish_report(const trace::RunDirectory& run_a, const trace::RunDirectory& 
       for (std::string& line : describe_world(w)) r->not_compared.push_back(std::move(line));
   r->endings = collect_endings({&run_a, &run_b}, tails);
   r->incomplete = !r->not_compared.empty();
+  r->no_verdict = why_no_verdict(*r);
   r->verdict = verdict_of(*r);
-  if (r->verdict == Verdict::kNoVerdict) r->no_verdict = why_no_verdict(*r);
 }
 
 Status diff_runs(const std::string& dir_a, const std::string& dir_b, const DiffOptions& options,
@@ -425,32 +425,35 @@ Status diff_runs(const std::string& dir_a, const std::string& dir_b, const DiffO
 }
 
 namespace {
-// A run whose program failed other than by a crash after its last recorded op with its streams
-// whole (torch's gloo teardown abort: its recording is whole, and is judged).
-bool failed_before_its_end(const RunEnding& e) {
+// A run whose program failed by itself: an exit status, or a crash inside an op. A process
+// stopped from outside (a signal between ops: SIGKILL, the OOM killer, SIGTERM, torch's gloo
+// teardown abort) is judged on what it recorded; a cut stream makes that incomplete.
+bool failed_by_itself(const RunEnding& e) {
   if (!e.failed) return false;
   if (e.processes.empty()) return true;  // an exit status, not a crash
-  for (const ProcessEndingReport& p : e.processes)
-    if (!p.inside_op.empty() || !p.streams_whole ||
+  for (const ProcessEndingReport& p : e.processes) {
+    if (!p.recorded_ending) continue;  // SIGKILL: no chance to say how
+    if (!p.inside_op.empty() ||
         (p.ended.rfind("killed by", 0) != 0 && p.ended.rfind("interrupted by", 0) != 0))
       return true;
+  }
   return false;
 }
 }  // namespace
 
 Verdict verdict_of(const DiffReport& r) {
-  // No run to judge the program by: whatever both recorded, the pair failed.
-  std::set<std::string> failed;
-  for (const RunEnding& e : r.endings)
-    if (failed_before_its_end(e)) failed.insert(e.run);
-  if (failed.size() == 2) return Verdict::kFailed;
   bool replicas_disagree = false;
   for (const ReplicaCheck& c : r.replicas) replicas_disagree |= c.divergence.has_value();
   if (r.divergent_ops > 0 || r.structural_count > 0 || replicas_disagree)
     // A divergence the report cannot place is no verdict a user can act on: the tool failed.
     return r.first || replicas_disagree ? Verdict::kDivergent : Verdict::kUnexplained;
   if (r.incomplete && !r.gate.allow_truncated) return Verdict::kIncomplete;
-  return why_no_verdict(r).empty() ? Verdict::kIdentical : Verdict::kNoVerdict;
+  // No run to judge the program by: however alike their recordings, the pair failed.
+  std::set<std::string> failed;
+  for (const RunEnding& e : r.endings)
+    if (failed_by_itself(e)) failed.insert(e.run);
+  if (failed.size() == 2) return Verdict::kFailed;
+  return r.no_verdict.empty() ? Verdict::kIdentical : Verdict::kNoVerdict;
 }
 
 std::string why_no_verdict(const DiffReport& r) {

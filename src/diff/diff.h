@@ -37,7 +37,8 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
 // replicas agree (the caller says why).
 Verdict verdict_of(const DiffReport& report);
 // Why a diff in which nothing diverged cannot pass ("" when it can): nothing compared, a
-// sentinel that compared no step state, or a program that trained with no step seen.
+// sentinel that compared no step state, or a program that trained with no step seen. Kept in
+// DiffReport::no_verdict, which verdict_of reads.
 std::string why_no_verdict(const DiffReport& report);
 
 // 0 identical (or divergent within tolerance), 1 divergent, 5 incomplete (part of a run was

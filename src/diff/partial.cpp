@@ -204,6 +204,9 @@ Status diff_part(const std::string& run_a, const std::string& run_b, const DiffO
            {"ranks", options.ranks.to_json()},
            {"streams", streams},
            {"ops_compared", r.ops_compared},
+           {"steps_seen", r.steps_seen},
+           {"backward_passes", r.backward_passes},
+           {"optimizer_ops", r.optimizer_ops},
            {"divergent_ops", r.divergent_ops},
            {"structural_count", r.structural_count},
            {"records_a", r.records_a},
@@ -256,6 +259,9 @@ Status merge_parts(const std::vector<json>& parts, const std::vector<std::string
               "{}: stream {} is in another part too; give the parts ranks that do not overlap",
               sources[i], s.get<std::string>()));
       r.ops_compared += p.at("ops_compared").get<uint64_t>();
+      r.steps_seen = std::max(r.steps_seen, p.value("steps_seen", uint64_t(0)));
+      r.backward_passes = std::max(r.backward_passes, p.value("backward_passes", uint64_t(0)));
+      r.optimizer_ops += p.value("optimizer_ops", uint64_t(0));
       r.divergent_ops += p.at("divergent_ops").get<uint64_t>();
       r.structural_count += p.at("structural_count").get<uint64_t>();
       r.records_a += p.at("records_a").get<uint64_t>();

@@ -21,7 +21,8 @@ namespace detaudit {
 // What a diff concludes (diff.h's verdict_of). kUnexplained: divergent with no first divergence
 // to name and the replicas agree, which is the tool's failure, not the program's. kNoVerdict:
 // nothing diverged, but the audit saw too little to say "identical" (DiffReport::no_verdict).
-// kFailed: the program failed in both runs, other than by a crash after its last recorded op.
+// kFailed: the program failed by itself (an exit status, a crash inside an op) in both runs, and
+// what both recorded agrees, whole.
 enum class Verdict { kIdentical, kDivergent, kIncomplete, kUnexplained, kNoVerdict, kFailed };
 
 // "identical", "divergent", "incomplete", "unexplained": the report's and the CLI's word.
@@ -420,7 +421,8 @@ struct DiffReport {
   Verdict verdict = Verdict::kIdentical;
   // Why a divergence could not be traced to a first divergent op (verdict "unexplained").
   std::string unexplained;
-  // Why nothing diverged is no pass (verdict "no-verdict"), and what to do.
+  // Why nothing diverging would be no pass (diff.h's why_no_verdict), and what to do; the
+  // verdict is "no-verdict" when nothing diverged.
   std::string no_verdict;
   // What run A's compared streams show of its training (OpSource): the steps, the backward
   // passes of the stream with most, and the optimizer ops.

@@ -117,7 +117,7 @@ inline constexpr uint8_t kOpIsRandom = 1u << 6;  // the op takes a Generator arg
 // kernels inside it run below the dispatcher, recorded only as the ops below.
 inline constexpr uint8_t kOpCompiledRegion = 1u << 7;
 // A kernel inductor generated, recorded as an op of this namespace by the interposer's Python
-// side (hooks/python/): inductor_kernel::<kernel>(str origin, Tensor[] inputs) -> Tensor[].
+// side (hooks/python/): inductor_kernel::<kernel>(str origin, Tensor[] inputs) -> Tensor(a!)[].
 inline constexpr std::string_view kCompiledKernelNamespace = "inductor_kernel::";
 inline bool is_compiled_kernel(std::string_view op_name) {
   return op_name.substr(0, kCompiledKernelNamespace.size()) == kCompiledKernelNamespace;

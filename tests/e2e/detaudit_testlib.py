@@ -369,6 +369,23 @@ def load_report(path):
         return json.load(f)
 
 
+def audit(out, command, flags=(), timeout=600):
+    """`detaudit run --runs 2` with a JSON report at OUT.json: (CompletedProcess, report)."""
+    r = run_detaudit(["run", "--runs", "2", "--out", out, "-q", "--format", "json", "--output",
+                      out + ".json", *flags, "--", *command], timeout=timeout)
+    if not os.path.exists(out + ".json"):
+        raise AssertionError(f"no report (exit {r.returncode}): {r.stderr[-3000:]}")
+    return r, load_report(out + ".json")
+
+
+def divergent_steps(report):
+    """Every step a report's spread or first divergence names."""
+    steps = {p["step"] for p in report["spread"]["per_step"]}
+    if report.get("first_divergence"):
+        steps.add(report["first_divergence"]["step"])
+    return steps
+
+
 def parse_json_output(text):
     """A JSON report printed on stdout."""
     return json.loads(text)

@@ -17,10 +17,16 @@ import os
 import re
 import unittest
 
-from detaudit_testlib import (PYTHON, in_parallel, load_report, make_temp_dir, output_log,
-                              program, remove_dir, run_detaudit, sleeping_waits)
+from detaudit_testlib import (HAS_COMPILE, PYTHON, audit, divergent_steps, in_parallel,
+                              load_report, make_temp_dir, output_log, program, python_answer,
+                              remove_dir, run_detaudit, sleeping_waits)
 
 MATRIX = program("stepping_matrix.py")
+LIBRARIES = {"accelerate": "accelerate", "lightning-manual": "lightning"}
+COMPILED_CELLS = ("compiled-opt-step", "compiled-train-step", "compiled-model-fused",
+                  "compiled-model-foreach", "compiled-opt-step-fullgraph")
+INSTALLED = python_answer("import importlib.util as u, json; print(json.dumps("
+                          f"[m for m in {sorted(set(LIBRARIES.values()))!r} if u.find_spec(m)]))")
 MODES = {"full": [], "sentinel": ["--sentinel"]}
 
 MANUAL_LOOP = """
@@ -39,56 +45,57 @@ print(w.sum().item())
 """
 
 
-def audit(out, command, flags=(), timeout=600):
-    """`detaudit run --runs 2` with a JSON report at OUT.json: (CompletedProcess, report)."""
-    r = run_detaudit(["run", "--runs", "2", "--out", out, "-q", "--format", "json", "--output",
-                      out + ".json", *flags, "--", *command], timeout=timeout)
-    if not os.path.exists(out + ".json"):
-        raise AssertionError(f"no report (exit {r.returncode}): {r.stderr[-3000:]}")
-    return r, load_report(out + ".json")
-
-
-def divergent_steps(report):
-    steps = {p["step"] for p in report["spread"]["per_step"]}
-    if report.get("first_divergence"):
-        steps.add(report["first_divergence"]["step"])
-    return steps
-
-
 class SteppingMatrix(unittest.TestCase):
     """Each way of stepping, planted at one iteration: found at that step."""
 
     @classmethod
     @sleeping_waits()
     def setUpClass(cls):
+        # Three runs a mode, the third planted: run-0 against run-1 is the unplanted pair,
+        # run-0 against run-2 the planted one (one clean run fewer than two audits).
         cls.tmp = make_temp_dir()
-        calls = []
-        for mode, flags in MODES.items():
-            for kind in ("planted", "clean"):
-                out = os.path.join(cls.tmp, f"{mode}-{kind}")
-                args = [] if kind == "planted" else ["--plant-run", "none"]
-                calls.append(lambda out=out, flags=flags, args=args:
-                             audit(out, [PYTHON, MATRIX, *args], flags))
-        results = in_parallel(calls)
-        cls.audits = {mode: {"planted": results[2 * i], "clean": results[2 * i + 1],
-                             "dir": os.path.join(cls.tmp, f"{mode}-planted")}
-                      for i, mode in enumerate(MODES)}
+        calls = [lambda out=os.path.join(cls.tmp, mode), flags=flags: run_detaudit(
+                     ["run", "--runs", "3", "--out", out, "-q", "--format", "json", "--output",
+                      out + ".json", *flags, "--", PYTHON, MATRIX, "--plant-run", "run-2"],
+                     timeout=600)
+                 for mode, flags in MODES.items()]
+        cls.audits = {}
+        for mode, r in zip(MODES, in_parallel(calls)):
+            out = os.path.join(cls.tmp, mode)
+            reports = [out + f".run-{i}.json" for i in (1, 2)]
+            if not all(map(os.path.exists, reports)):
+                raise AssertionError(f"{mode}: no reports (exit {r.returncode}): "
+                                     f"{r.stderr[-3000:]}")
+            cls.audits[mode] = {"run": r, "clean": load_report(reports[0]),
+                                "planted": load_report(reports[1]),
+                                "log": output_log(os.path.join(out, "run-2"))}
 
     @classmethod
     def tearDownClass(cls):
         remove_dir(cls.tmp)
 
     def check_mode(self, mode):
-        r, report = self.audits[mode]["planted"]
+        audit = self.audits[mode]
+        r, report = audit["run"], audit["planted"]
         self.assertEqual(r.returncode, 1, r.stdout[-2000:] + r.stderr[-2000:])
-        log = output_log(os.path.join(self.audits[mode]["dir"], "run-1"))
+        self.assertEqual(report["verdict"], "divergent")
+        log = audit["log"]
         cells = [(m[0], int(m[1]), int(m[2]), int(m[3])) for m in
                  re.findall(r"^cell (\S+) steps (\d+)-(\d+) planted (\d+)$", log, re.M)]
         skipped = re.findall(r"^cell (\S+) skipped: (.*)$", log, re.M)
-        # 1.13 has no torch.compile: the eager cells. torch 2.x refuses `fullgraph=True` for
-        # torch.optim's step (it breaks the graph in _use_grad): that cell says so, skipped.
-        self.assertGreaterEqual(len(cells), 3 if skipped and "torch.compile" in skipped[0][1]
-                                else 7, skipped)
+        # Each cell runs, unless this torch or this environment cannot run it: 1.13 has no
+        # torch.compile; torch 2.x refuses `fullgraph=True` for torch.optim's step (it breaks
+        # the graph in _use_grad); accelerate and Lightning run where they are installed.
+        allowed = {"compiled-opt-step-fullgraph": "graph_break" if HAS_COMPILE else "torch.compile"}
+        for name, library in LIBRARIES.items():
+            if library not in json.loads(INSTALLED or "[]"):
+                allowed[name] = "is not installed"
+        if not HAS_COMPILE:
+            allowed.update({name: "torch.compile" for name in COMPILED_CELLS})
+        refused = [(name, why) for name, why in skipped
+                   if name not in allowed or allowed[name] not in why]
+        self.assertEqual(refused, [], "cells that should have run")
+        self.assertGreaterEqual(len(cells), 5)
         steps = divergent_steps(report)
         missed = []
         for name, first, last, planted in cells:
@@ -96,10 +103,9 @@ class SteppingMatrix(unittest.TestCase):
             if not found or found[0] != planted:
                 missed.append(f"{name}: planted at step {planted}, differences at {found}")
         self.assertEqual(missed, [], f"{mode}: {len(missed)} of {len(cells)} cells")
-        r, clean = self.audits[mode]["clean"]
-        self.assertEqual(r.returncode, 0, f"{mode}, unplanted: " + r.stdout[-3000:] +
-                         r.stderr[-2000:])
-        self.assertEqual(clean["verdict"], "identical")
+        clean = audit["clean"]
+        self.assertEqual((clean["verdict"], clean["exit_code"]), ("identical", 0),
+                         f"{mode}, unplanted: {json.dumps(clean)[:3000]}")
         # What the identical rests on: every step, and the optimizer's work in it.
         # (A cell torch refused ran its forward and backward into one step more.)
         self.assertIn(clean["compared"]["steps"] - (cells[-1][2] + 1), (0, 1), clean["compared"])

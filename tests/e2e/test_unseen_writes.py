@@ -23,9 +23,10 @@ import re
 import subprocess
 import unittest
 
-from detaudit_testlib import (HAS_COMPILE, HOOKS, PYTHON, TORCH_VERSION, export_records,
-                              in_parallel, load_report, make_temp_dir, ops, output_log, params_sha,
-                              program, python_answer, remove_dir, run_detaudit, sleeping_waits)
+from detaudit_testlib import (HAS_COMPILE, HOOKS, PYTHON, TORCH_VERSION, audit, divergent_steps,
+                              export_records, in_parallel, make_temp_dir, ops, output_log,
+                              params_sha, program, python_answer, remove_dir, run_detaudit,
+                              sleeping_waits)
 
 MATRIX = program("optimizer_matrix.py")
 MODES = {"full": [], "sentinel": ["--sentinel"],
@@ -35,22 +36,6 @@ ATTEMPTS = 3  # a race on float atomics may leave the bits alone in a pair: pair
 _HAS_TRANSFORMERS = python_answer(
     "import importlib.util as u;print(all(u.find_spec(m) for m in ('transformers', 'accelerate')))"
 ) == "True\n"
-
-
-def audit(out, command, flags=(), timeout=600):
-    """`detaudit run --runs 2` with a JSON report at OUT.json: (CompletedProcess, report)."""
-    r = run_detaudit(["run", "--runs", "2", "--out", out, "-q", "--format", "json", "--output",
-                      out + ".json", *flags, "--", *command], timeout=timeout)
-    if not os.path.exists(out + ".json"):
-        raise AssertionError(f"no report (exit {r.returncode}): {r.stderr[-3000:]}")
-    return r, load_report(out + ".json")
-
-
-def divergent_steps(report):
-    steps = {p["step"] for p in report["spread"]["per_step"]}
-    if report.get("first_divergence"):
-        steps.add(report["first_divergence"]["step"])
-    return steps
 
 
 class WriteSets(unittest.TestCase):

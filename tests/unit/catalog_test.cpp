@@ -284,7 +284,7 @@ TEST(CatalogTest, MklVmlFirstCallNeedsFloatOrDoubleOnSeveralThreads) {
 }
 
 // A kernel torch.compile generated, as hooks/python/ records it: inductor_kernel::<kernel>(str
-// origin, Tensor[] inputs) -> Tensor[].
+// origin, Tensor[] inputs) -> Tensor(a!)[].
 struct CompiledKernelOp {
   trace::TraceReader reader;
   CompiledKernelOp(const std::string& file, const std::string& origin) {

@@ -12,11 +12,15 @@ checksum of each cell's final parameters.
 """
 import argparse
 import hashlib
+import importlib.util
 import os
 
 import torch
 
 HAS_COMPILE = hasattr(torch, "compile")
+STEPS = 4  # iterations a cell runs (--steps)
+LIBRARIES = {"accelerate": "accelerate", "lightning-manual": "lightning",
+             "trainer-compiled": "transformers"}
 
 
 def model():
@@ -113,6 +117,92 @@ def two_optimizers(net, x, y, factor):
     return step, 2
 
 
+def accelerate_loop(net, x, y, factor):
+    """Hugging Face accelerate: prepare(), accelerator.backward(), the wrapped optimizer's step."""
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    model, opt = accelerator.prepare(net, torch.optim.Adam(net.parameters(), lr=1e-2))
+
+    def step(f):
+        opt.zero_grad()
+        accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+        plant(net, f)
+        opt.step()
+    return step, 1
+
+
+def lightning_manual(net, x, y, factor):
+    """Lightning's manual optimization: self.optimizers(), manual_backward(), its step; the
+    Trainer's loop runs every iteration, in the last call."""
+    import lightning.pytorch as pl
+
+    factors = []
+
+    class Manual(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+            self.automatic_optimization = False
+
+        def training_step(self, batch, index):
+            opt = self.optimizers()
+            opt.zero_grad()
+            self.manual_backward(torch.nn.functional.mse_loss(self.net(batch[0]), batch[1]))
+            plant(self.net, factors[index])
+            opt.step()
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.net.parameters(), lr=1e-2)
+
+    def step(f):
+        factors.append(f)
+        if len(factors) < STEPS:
+            return
+        trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False)
+        trainer.fit(Manual(), torch.utils.data.DataLoader([(x, y)] * STEPS, batch_size=None))
+    return step, 1
+
+
+def trainer_compiled(net, x, y, factor):
+    """Hugging Face's Trainer with `torch_compile=True` (its default optimizer, AdamW); the
+    gradient planted after its training_step's backward."""
+    import tempfile
+
+    from transformers import Trainer, TrainingArguments
+
+    class Regression(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def forward(self, x, labels):
+            return {"loss": torch.nn.functional.mse_loss(self.net(x), labels)}
+
+    factors = []
+
+    class Planting(Trainer):
+        def training_step(self, *args, **kwargs):
+            loss = super().training_step(*args, **kwargs)
+            plant(net, factors[self.state.global_step])
+            return loss
+
+    def step(f):
+        factors.append(f)
+        if len(factors) < STEPS:
+            return
+        with tempfile.TemporaryDirectory() as out:
+            args = TrainingArguments(out, max_steps=STEPS, per_device_train_batch_size=len(x),
+                                     learning_rate=1e-2, max_grad_norm=0.0, torch_compile=True,
+                                     use_cpu=True, report_to=[], save_strategy="no",
+                                     logging_strategy="no", disable_tqdm=True)
+            data = [{"x": x[i], "labels": y[i]} for i in range(len(x))] * STEPS
+            Planting(model=Regression(), args=args, train_dataset=data).train()
+    return step, 1
+
+
 CELLS = [
     ("eager", eager, False),
     ("compiled-opt-step", compiled_opt_step, True),
@@ -121,6 +211,9 @@ CELLS = [
     ("compiled-model-foreach", lambda *a: compiled_model(*a, foreach=True), True),
     ("lbfgs", lbfgs, False),
     ("two-optimizers", two_optimizers, False),
+    ("accelerate", accelerate_loop, False),
+    ("lightning-manual", lightning_manual, False),
+    ("trainer-compiled", trainer_compiled, True),
     # Last: where torch refuses it (torch.optim breaks the graph in _use_grad), what its trace
     # noted stays behind.
     ("compiled-opt-step-fullgraph", lambda *a: compiled_opt_step(*a, fullgraph=True), True),
@@ -134,6 +227,8 @@ def main():
     ap.add_argument("--plant-run", default="run-1")
     ap.add_argument("--cells", default="")
     args = ap.parse_args()
+    global STEPS
+    STEPS = args.steps
     wanted = set(args.cells.split(",")) if args.cells else None
     run = os.path.basename(os.environ.get("DETAUDIT_RUN_DIR", "").rstrip("/"))
     planting = run == args.plant_run
@@ -147,6 +242,9 @@ def main():
             continue
         if compiles and not HAS_COMPILE:
             print(f"cell {name} skipped: torch {torch.__version__} has no torch.compile")
+            continue
+        if name in LIBRARIES and importlib.util.find_spec(LIBRARIES[name]) is None:
+            print(f"cell {name} skipped: {LIBRARIES[name]} is not installed")
             continue
         torch.manual_seed(100 + index)
         net = model()
