@@ -22,6 +22,11 @@ compare. Here the same scope is opened from outside the compiled graphs, which s
   again (its guards failed: Adam's state appeared, a shape changed) is the same segment of the
   same frame, and takes the scopes the first one had.
 
+Inside each step, eager or compiled, a label scope names the optimizer that steps:
+`detaudit::optimizer_step <k> <Class> <tensors>`, k its place among the program's optimizers by
+first step, so a report can say "step 8: the 1st of 2 optimizers, Adam over 7 tensors"
+(src/trace/records.h reads it).
+
 No node is added to any graph: what the program computes is unchanged.
 """
 import sys
@@ -37,13 +42,19 @@ _trace_id = None  # torch._guards.CompileContext.current_trace_id
 _thread = threading.local()  # .scopes: open step scopes; .pending: notes; .last: a _Graph
 _segments = {}  # (frame, graph's index in its trace) -> (before, after) of the first graph there
 _graphs_of_trace = {}  # trace -> graphs compiled in it so far
+_LABEL = "detaudit::optimizer_step"
+_ordinals = weakref.WeakKeyDictionary()  # optimizer -> its place by first step, from 1
+_ordinals_lock = threading.Lock()
+_optimizers_seen = 0  # a count, not len(_ordinals): an optimizer freed keeps its place
+_is_compiling = None  # torch.compiler.is_compiling, where torch has it
 
 
 class _Note:
     """A step's beginning (its mark's name) or end (mark None), as dynamo traced it."""
 
-    def __init__(self, mark, graph):
+    def __init__(self, mark, graph, label=None):
         self.mark = mark
+        self.label = label
         self.graph = weakref.ref(graph)
         self.ops_before = sum(1 for n in graph.nodes if n.op in _CALLS)
         self.trace = _current_trace()
@@ -85,6 +96,8 @@ def _register_hooks(torch):
     post = getattr(optimizer, "register_optimizer_step_post_hook", None)
     if pre is None or post is None:
         return  # torch 1.13: no global step hooks, and no torch.compile either
+    global _is_compiling
+    _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
     pre(_step_begins)
     post(_step_ends)
 
@@ -92,19 +105,59 @@ def _register_hooks(torch):
 def _step_begins(optimizer, args, kwargs):
     if _comptime is not None:
         _comptime(_note_begin)
+    if not _compiling():
+        _open_label(_label_of(optimizer))
 
 
 def _step_ends(optimizer, args, kwargs):
     if _comptime is not None:
         _comptime(_note_end)
+    if not _compiling():
+        _close_label()
+
+
+def _compiling():
+    # True, a constant, while dynamo traces the hooks: the graph's wrapper opens the label then.
+    return _is_compiling is not None and _is_compiling()
+
+
+def _label_of(optimizer):
+    global _optimizers_seen
+    with _ordinals_lock:
+        ordinal = _ordinals.get(optimizer)
+        if ordinal is None:
+            _optimizers_seen += 1
+            ordinal = _ordinals[optimizer] = _optimizers_seen
+    tensors = sum(len(group["params"]) for group in optimizer.param_groups)
+    return f"{_LABEL} {ordinal} {type(optimizer).__name__} {tensors}"
+
+
+def _open_label(label):
+    import torch
+
+    _close_label()  # a step that raised left its label open
+    _thread.label = torch._C._autograd._record_function_with_args_enter(label)
+
+
+def _close_label():
+    import torch
+
+    label = getattr(_thread, "label", None)
+    if label is not None:
+        _thread.label = None
+        torch._C._autograd._record_function_with_args_exit(label)
 
 
 def _note_begin(ctx):
+    name, label = "Optimizer", None
     try:
-        name = ctx.get_local("optimizer").python_type().__name__
+        optimizer = ctx.get_local("optimizer")
+        name = optimizer.python_type().__name__
+        # The optimizer itself, which its VariableTracker holds (comptime's way to reach it).
+        label = _label_of(optimizer._i_will_not_complain_if_bc_breaks_VariableTracker().value)
     except Exception:  # a torch whose comptime cannot say: the mark is named all the same
-        name = "Optimizer"
-    note = _Note(f"Optimizer.step#{name}.step", ctx.graph())
+        pass
+    note = _Note(f"Optimizer.step#{name}.step", ctx.graph(), label)
     pending = _pending(note.trace)
     if pending and pending[-1].mark:
         pending[-1] = note  # one step, noted twice: the last stands
@@ -210,7 +263,7 @@ def _apply(notes):
         if note.done_once:
             note.done_once = False
         elif note.mark:
-            _enter(note.mark)
+            _enter(note.mark, note.label)
         else:
             _close()
 
@@ -223,11 +276,13 @@ def _stack(name):
     return stack
 
 
-def _enter(name):
+def _enter(name, label=None):
     import torch
 
     _close()  # a step left open ends where the next one begins
     _stack("scopes").append(torch._C._autograd._record_function_with_args_enter(name))
+    if label:
+        _open_label(label)
 
 
 def _close():
@@ -235,4 +290,5 @@ def _close():
 
     scopes = _stack("scopes")
     if scopes:
+        _close_label()
         torch._C._autograd._record_function_with_args_exit(scopes.pop())

@@ -22,6 +22,7 @@
 #include "recorder/scoped.h"
 #include "run_layout.h"
 #include "tensors/tensor_digest.h"
+#include "trace/records.h"
 #include "util/balance.h"
 #include "util/check.h"
 
@@ -292,6 +293,11 @@ void ThreadRecorder::on_start(const at::RecordFunction& fn) {
     }
     if (f.mark == Mark::kBackwardFrom) take_loss_from_mark(fn);
     phases_.enter(f.mark, fn.name());
+    // The label opens inside the step and closes before its state is written: kept for it.
+    if (f.mark == Mark::kUserScope && step_state_.open &&
+        std::string_view(fn.name()).substr(0, trace::kOptimizerStepLabel.size()) ==
+            trace::kOptimizerStepLabel)
+      step_state_.labelled_scope = phases_.scope_path();
     return;
   }
   if (phases_.outside_backward_and_optimizer() && f.depth == 0) proc.at_top_level_op();
@@ -482,11 +488,14 @@ void ThreadRecorder::write_step_state(const at::RecordFunction& mark) {
   step_state_.read.clear();
   step_state_.left.clear();
   step_state_.left_of.clear();
+  const std::string labelled_scope = std::move(step_state_.labelled_scope);
+  step_state_.labelled_scope.clear();
   if (read.empty() && left.empty()) return;  // nothing stepped (no gradients yet)
   prehash_step_state(read, left);
   Frame f = mark_record_frame(info, /*depth=*/0);
   const std::vector<c10::IValue> inputs{c10::IValue(read)};
   begin_op(mark, f, trace::Phase::kOptimizer, &inputs);
+  if (f.recorded && !labelled_scope.empty()) f.scope_id = sink_.intern(labelled_scope);
   write_mark_record(f, {c10::IValue(left)});
   prehashed_.clear();
   prehashed_at_.clear();

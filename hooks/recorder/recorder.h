@@ -326,6 +326,9 @@ class ThreadRecorder {
   struct StepState {
     bool open = false;
     std::string mark;  // "Optimizer.step#AdamW.step", "detaudit::optimizer"
+    // The scope path inside the step with the label naming its optimizer (trace/records.h),
+    // where detaudit's Python hooks opened one: the record is written under it. "" otherwise.
+    std::string labelled_scope;
     // In order of first use; weak: a temporary dies, and its address is not reused meanwhile.
     std::vector<TensorCache::WeakImpl> read, left;
     std::unordered_map<const c10::TensorImpl*, bool> left_of;  // seen: true once written or made

@@ -185,6 +185,13 @@ class StreamComparator {
     out_->max_step_b = b.max_step();
     out_->backward_passes_a = a.backward_passes();
     out_->optimizer_ops_a = a.optimizer_ops();
+    if (out_->first)
+      if (const trace::OptimizerStepLabel* o = a.optimizer_of_step(out_->first->step)) {
+        out_->first->optimizer_ordinal = a.place_among_optimizers(o->ordinal);
+        out_->first->optimizers = a.optimizers();
+        out_->first->optimizer = o->optimizer;
+        out_->first->optimizer_tensors = o->tensors;
+      }
     out_->tail_a = tail_of(a);
     out_->tail_b = tail_of(b);
     return s;
@@ -338,7 +345,7 @@ class StreamComparator {
                            python != fingerprint_a_->end() && python->second == "true";
     }
     if (a.rec.scope_path != UINT32_MAX)
-      fd.scope_path = std::string(a_->reader().string(a.rec.scope_path));
+      fd.scope_path = trace::without_optimizer_step_label(a_->reader().string(a.rec.scope_path));
     fd.kernel_origin = kernel_origin(a.rec, a_->reader());
     fd.chain = {fd.op};
     // Not the op that read the region's output, nor one handed other tensors: the catalog

@@ -103,6 +103,18 @@ std::string OpSource::allocated_by(int64_t id) const {
          std::to_string(it->second.index) + ")";
 }
 
+void OpSource::note_optimizer(const trace::OpRecord& op) {
+  if (op.scope_path != label_scope_) {
+    label_scope_ = op.scope_path;
+    label_.reset();
+    if (op.scope_path != UINT32_MAX)
+      label_ = trace::find_optimizer_step_label(reader_->string(op.scope_path));
+  }
+  if (!label_) return;
+  optimizer_ordinals_.insert(label_->ordinal);
+  step_optimizers_.try_emplace(op.step, *label_);
+}
+
 bool OpSource::read_one() {
   if (stopped_) return false;
   for (;;) {
@@ -133,7 +145,10 @@ bool OpSource::read_one() {
     const bool backward = b.rec.phase == trace::Phase::kBackward;
     if (backward && !in_backward_) ++backward_passes_;
     in_backward_ = backward;
-    if (b.rec.phase == trace::Phase::kOptimizer) ++optimizer_ops_;
+    if (b.rec.phase == trace::Phase::kOptimizer) {
+      ++optimizer_ops_;
+      note_optimizer(b.rec);
+    }
     last_op_ = {b.rec.name, b.rec.step, ops_read_, b.rec.order};
     b.index = ops_read_++;
     b.key = key_of(b.rec);

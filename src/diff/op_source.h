@@ -6,11 +6,16 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <iterator>
+#include <map>
+#include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "trace/reader.h"
+#include "trace/records.h"
 
 namespace detaudit {
 
@@ -108,6 +113,21 @@ class OpSource {
   // ops) and each optimizer op. Passes with no optimizer op and no second step: steps unseen.
   uint64_t backward_passes() const { return backward_passes_; }
   uint64_t optimizer_ops() const { return optimizer_ops_; }
+  // The optimizer whose step a step's optimizer ops ran in, by the label detaudit's Python hooks
+  // open there (trace/records.h), if one was read.
+  const trace::OptimizerStepLabel* optimizer_of_step(uint64_t step) const {
+    auto it = step_optimizers_.find(step);
+    return it == step_optimizers_.end() ? nullptr : &it->second;
+  }
+  // The optimizers that stepped in the steps read, by their labels' ordinals: how many, and
+  // the place of one among them (1-based), which is its place in the program when every step
+  // was recorded, and among an iteration's optimizers when a few steps were (--steps).
+  uint64_t optimizers() const { return optimizer_ordinals_.size(); }
+  uint64_t place_among_optimizers(uint64_t ordinal) const {
+    return uint64_t(std::distance(optimizer_ordinals_.begin(),
+                                  optimizer_ordinals_.lower_bound(ordinal))) +
+           1;
+  }
   // The last op read: the last to end on its thread. Valid once ops_read() > 0.
   struct LastOp {
     uint32_t name = 0;
@@ -125,6 +145,7 @@ class OpSource {
   std::unordered_map<int64_t, Allocation> allocations_;
 
   bool read_one();
+  void note_optimizer(const trace::OpRecord& op);
   void attach(const trace::CollectiveRecord& c);
   bool is_collective(uint32_t name);
   uint64_t key_of(const trace::OpRecord& op);
@@ -139,6 +160,10 @@ class OpSource {
   uint64_t last_step_ = UINT64_MAX, max_step_ = 0;
   uint64_t backward_passes_ = 0, optimizer_ops_ = 0;
   bool in_backward_ = false;
+  std::map<uint64_t, trace::OptimizerStepLabel> step_optimizers_;
+  std::set<uint64_t> optimizer_ordinals_;
+  uint32_t label_scope_ = UINT32_MAX;  // the scope path last parsed, and its label
+  std::optional<trace::OptimizerStepLabel> label_;
   uint64_t first_step_ = 0, skip_ = 0, step_shift_ = 0;
   OpTap tap_;
   LastOp last_op_;

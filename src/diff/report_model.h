@@ -222,6 +222,12 @@ struct FirstDivergence {
   std::string op;                  // innermost divergent op
   std::vector<std::string> chain;  // outermost first, ending with op
   std::string scope_path;          // the user scopes around it ("train/backward_block"), or ""
+  // The optimizer whose step ends this step (its 1-based place by first step among the
+  // optimizers that stepped in the steps compared, of how many, its class and parameter
+  // tensors), where detaudit's Python hooks labelled it (torch 2.x); optimizer_ordinal 0
+  // otherwise.
+  uint64_t optimizer_ordinal = 0, optimizers = 0, optimizer_tensors = 0;
+  std::string optimizer;
   // A torch.compile kernel (inductor_kernel::<kernel>): the aten ops it was generated from, and
   // "; atomic adds" when its code adds with atomics. "" for any other op.
   std::string kernel_origin;

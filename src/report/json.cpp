@@ -317,6 +317,12 @@ json report_to_json(const DiffReport& r) {
         {"op", f.op},
         {"chain", f.chain},
         {"scope_path", f.scope_path},
+        {"optimizer", f.optimizer_ordinal == 0 ? json(nullptr)
+                                               : json{{"class", f.optimizer},
+                                                      {"index", f.optimizer_ordinal},
+                                                      {"of", f.optimizers},
+                                                      {"tensors", f.optimizer_tensors},
+                                                      {"text", stepping_optimizer(f)}}},
         {"kernel_origin", f.kernel_origin.empty() ? json(nullptr) : json(f.kernel_origin)},
         {"batch_read_by", f.batch_read_by.empty() ? json(nullptr) : json(f.batch_read_by)},
         {"received_through", f.received_through.empty() ? json(nullptr) : json(f.received_through)},

@@ -66,6 +66,8 @@ std::string render_markdown(const DiffReport& r) {
     out += fmt::format("| rank | {} |\n| step | {} |\n| phase | {} |\n| op | `{}` |\n", f.rank,
                        f.step, f.phase, md_escape(fmt::format("{}", fmt::join(f.chain, " > "))));
     if (!f.scope_path.empty()) out += fmt::format("| scope | `{}` |\n", md_escape(f.scope_path));
+    if (f.optimizer_ordinal > 0)
+      out += fmt::format("| stepped by | {} |\n", md_escape(stepping_optimizer(f)));
     if (!f.kernel_origin.empty())
       out += fmt::format("| generated from | {} |\n", md_escape(f.kernel_origin));
     if (!f.batch_read_by.empty())

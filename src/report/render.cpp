@@ -39,6 +39,20 @@ std::string render_report(const DiffReport& report, ReportFormat format, bool co
 
 namespace detaudit {
 
+std::string stepping_optimizer(const FirstDivergence& f) {
+  if (f.optimizer_ordinal == 0) return "";
+  std::string what = fmt::format("{} over {} tensor{}", f.optimizer, f.optimizer_tensors,
+                                 f.optimizer_tensors == 1 ? "" : "s");
+  if (f.optimizers < 2) return what;
+  const uint64_t n = f.optimizer_ordinal;
+  const char* suffix = n % 100 / 10 == 1 ? "th"
+                       : n % 10 == 1     ? "st"
+                       : n % 10 == 2     ? "nd"
+                       : n % 10 == 3     ? "rd"
+                                         : "th";
+  return fmt::format("the {}{} of {} optimizers, {}", n, suffix, f.optimizers, what);
+}
+
 std::pair<std::string, std::vector<std::string>> sentinel_lines(const DiffReport& r) {
   if (!r.sentinel) return {};
   const SentinelFinding& s = *r.sentinel;

@@ -44,5 +44,8 @@ std::string digests_used(const DiffReport& r);
 // The first divergence's spread as the human formats show it: a thousand ranks' all-reduce is
 // the first few lines and "and N more ranks" (JSON keeps every one).
 std::vector<std::string> spread_lines(const FirstDivergence& f);
+// The optimizer whose step the first divergence's step is: "the 1st of 2 optimizers, Adam over 7
+// tensors", "Adam over 7 tensors" for a program's only one; "" where none was labelled.
+std::string stepping_optimizer(const FirstDivergence& f);
 
 }  // namespace detaudit

@@ -239,8 +239,10 @@ std::string render_text(const DiffReport& r, bool color) {
       if (f.stream.rfind(rp.process + ".", 0) == 0)
         process = rp.run == 0 ? fmt::format("{} in run A, {} in run B", rp.process, rp.continues)
                               : fmt::format("{} in run A, {} in run B", rp.continues, rp.process);
-    out += fmt::format("  where: rank {} ({}), step {}, {} phase, op #{} of stream {}\n", f.rank,
-                       process, f.step, f.phase, f.index, f.stream);
+    const std::string optimizer = stepping_optimizer(f);
+    out += fmt::format("  where: rank {} ({}), step {}{}, {} phase, op #{} of stream {}\n", f.rank,
+                       process, f.step, optimizer.empty() ? "" : fmt::format(" ({})", optimizer),
+                       f.phase, f.index, f.stream);
     out += fmt::format("  op:    {}{}\n", st("1", fmt::format("{}", fmt::join(f.chain, " > "))),
                        f.scope_path.empty() ? "" : fmt::format(" in `{}`", f.scope_path));
     if (!f.batch_read_by.empty())

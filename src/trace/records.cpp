@@ -2,8 +2,57 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 namespace detaudit::trace {
+
+namespace {
+// The "/"-separated component of a scope path that is the label, as [begin, end).
+std::pair<size_t, size_t> label_span(std::string_view path) {
+  for (size_t begin = 0; begin < path.size();) {
+    size_t end = path.find('/', begin);
+    if (end == std::string_view::npos) end = path.size();
+    if (path.substr(begin, kOptimizerStepLabel.size()) == kOptimizerStepLabel) return {begin, end};
+    begin = end + 1;
+  }
+  return {std::string_view::npos, std::string_view::npos};
+}
+
+bool parse_count(std::string_view s, uint64_t* out) {
+  if (s.empty() || s.size() > 18) return false;
+  uint64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + uint64_t(c - '0');
+  }
+  *out = v;
+  return true;
+}
+}  // namespace
+
+std::optional<OptimizerStepLabel> find_optimizer_step_label(std::string_view scope_path) {
+  auto [begin, end] = label_span(scope_path);
+  if (begin == std::string_view::npos) return std::nullopt;
+  std::string_view rest = scope_path.substr(begin + kOptimizerStepLabel.size(),
+                                            end - begin - kOptimizerStepLabel.size());
+  const size_t first = rest.find(' '), last = rest.rfind(' ');
+  if (first == std::string_view::npos || last == first) return std::nullopt;
+  OptimizerStepLabel label;
+  label.optimizer = std::string(rest.substr(first + 1, last - first - 1));
+  if (!parse_count(rest.substr(0, first), &label.ordinal) || label.ordinal == 0 ||
+      label.optimizer.empty() || !parse_count(rest.substr(last + 1), &label.tensors))
+    return std::nullopt;
+  return label;
+}
+
+std::string without_optimizer_step_label(std::string_view scope_path) {
+  auto [begin, end] = label_span(scope_path);
+  if (begin == std::string_view::npos) return std::string(scope_path);
+  std::string out(scope_path.substr(0, begin));
+  if (end < scope_path.size()) out += scope_path.substr(end + 1);
+  if (!out.empty() && out.back() == '/') out.pop_back();
+  return out;
+}
 
 void frame_record(std::string_view kind_and_body, std::string* out) {
   ByteWriter w(out);

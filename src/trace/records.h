@@ -1,6 +1,7 @@
 // Record bodies as structs, and the encoder that frames them (see format.h for the grammar).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -64,6 +65,21 @@ inline constexpr uint64_t kEndThreadKnown = 4;  // the signal stopped this threa
 inline bool is_step_state_record(std::string_view op_name) {
   return op_name.substr(0, 15) == "Optimizer.step#" || op_name == "detaudit::optimizer";
 }
+
+// The label detaudit's Python hooks open inside each optimizer step
+// (hooks/python/detaudit_optimizer_steps.py), a user scope:
+// "detaudit::optimizer_step <ordinal> <class> <tensors>": the optimizer's place among the
+// program's optimizers by first step (1-based), its class, its parameter tensors.
+inline constexpr std::string_view kOptimizerStepLabel = "detaudit::optimizer_step ";
+struct OptimizerStepLabel {
+  uint64_t ordinal = 0;
+  std::string optimizer;  // "Adam"
+  uint64_t tensors = 0;
+};
+// The label in a scope path ("train/detaudit::optimizer_step 1 Adam 7"), if it holds one.
+std::optional<OptimizerStepLabel> find_optimizer_step_label(std::string_view scope_path);
+// The path without that label: what the user's own scopes were.
+std::string without_optimizer_step_label(std::string_view scope_path);
 
 // The most bytes encode_end() writes.
 inline constexpr size_t kMaxEndRecordBytes = 256;

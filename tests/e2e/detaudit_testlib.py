@@ -378,6 +378,21 @@ def audit(out, command, flags=(), timeout=600):
     return r, load_report(out + ".json")
 
 
+def planted_audit(out, command, flags=(), timeout=600):
+    """Three runs of a recall matrix's COMMAND, the third planted (`--plant-run run-2`): run-0
+    against run-1 is the unplanted pair, run-0 against run-2 the planted one, one clean run
+    fewer than two audits. A dict: run (CompletedProcess), clean and planted (reports), log
+    (the planted run's output)."""
+    r = run_detaudit(["run", "--runs", "3", "--out", out, "-q", "--format", "json", "--output",
+                      out + ".json", *flags, "--", *command, "--plant-run", "run-2"],
+                     timeout=timeout)
+    reports = [f"{out}.run-{i}.json" for i in (1, 2)]
+    if not all(map(os.path.exists, reports)):
+        raise AssertionError(f"no reports (exit {r.returncode}): {r.stderr[-3000:]}")
+    return {"run": r, "clean": load_report(reports[0]), "planted": load_report(reports[1]),
+            "log": output_log(os.path.join(out, "run-2")), "dir": out}
+
+
 def divergent_steps(report):
     """Every step a report's spread or first divergence names."""
     steps = {p["step"] for p in report["spread"]["per_step"]}

@@ -18,8 +18,8 @@ import re
 import unittest
 
 from detaudit_testlib import (HAS_COMPILE, PYTHON, audit, divergent_steps, in_parallel,
-                              load_report, make_temp_dir, output_log, program, python_answer,
-                              remove_dir, run_detaudit, sleeping_waits)
+                              make_temp_dir, planted_audit, program, python_answer, remove_dir,
+                              sleeping_waits)
 
 MATRIX = program("stepping_matrix.py")
 LIBRARIES = {"accelerate": "accelerate", "lightning-manual": "lightning"}
@@ -51,24 +51,10 @@ class SteppingMatrix(unittest.TestCase):
     @classmethod
     @sleeping_waits()
     def setUpClass(cls):
-        # Three runs a mode, the third planted: run-0 against run-1 is the unplanted pair,
-        # run-0 against run-2 the planted one (one clean run fewer than two audits).
         cls.tmp = make_temp_dir()
-        calls = [lambda out=os.path.join(cls.tmp, mode), flags=flags: run_detaudit(
-                     ["run", "--runs", "3", "--out", out, "-q", "--format", "json", "--output",
-                      out + ".json", *flags, "--", PYTHON, MATRIX, "--plant-run", "run-2"],
-                     timeout=600)
-                 for mode, flags in MODES.items()]
-        cls.audits = {}
-        for mode, r in zip(MODES, in_parallel(calls)):
-            out = os.path.join(cls.tmp, mode)
-            reports = [out + f".run-{i}.json" for i in (1, 2)]
-            if not all(map(os.path.exists, reports)):
-                raise AssertionError(f"{mode}: no reports (exit {r.returncode}): "
-                                     f"{r.stderr[-3000:]}")
-            cls.audits[mode] = {"run": r, "clean": load_report(reports[0]),
-                                "planted": load_report(reports[1]),
-                                "log": output_log(os.path.join(out, "run-2"))}
+        results = in_parallel([lambda mode=mode, flags=flags: planted_audit(
+            os.path.join(cls.tmp, mode), [PYTHON, MATRIX], flags) for mode, flags in MODES.items()])
+        cls.audits = dict(zip(MODES, results))
 
     @classmethod
     def tearDownClass(cls):
@@ -111,13 +97,28 @@ class SteppingMatrix(unittest.TestCase):
         self.assertIn(clean["compared"]["steps"] - (cells[-1][2] + 1), (0, 1), clean["compared"])
         return clean
 
+    def check_optimizer_named(self, mode):
+        """The first divergence, the eager cell's step 2, names the program's first optimizer:
+        Adam over the MLP's 4 tensors, among every optimizer that stepped (one a cell, two in
+        two-optimizers)."""
+        if not HAS_COMPILE:
+            return  # torch 1.13 has no global step hooks: no label, nothing named
+        audit = self.audits[mode]
+        first = audit["planted"]["first_divergence"]
+        optimizers = len(re.findall(r"^cell \S+ steps ", audit["log"], re.M)) + 1
+        self.assertEqual(first["step"], 2, first)
+        self.assertEqual(first["optimizer"]["text"],
+                         f"the 1st of {optimizers} optimizers, Adam over 4 tensors", first)
+
     def test_full_recording_finds_every_cell_at_its_step(self):
         clean = self.check_mode("full")
         self.assertGreater(clean["compared"]["optimizer_ops"], 0)
+        self.check_optimizer_named("full")
 
     def test_the_sentinel_finds_every_cell_at_its_step(self):
         clean = self.check_mode("sentinel")
         self.assertGreater(clean["compared"]["step_states"], 0)
+        self.check_optimizer_named("sentinel")
 
 
 class FailClosed(unittest.TestCase):
@@ -130,7 +131,9 @@ class FailClosed(unittest.TestCase):
         with open(cls.loop, "w") as f:
             f.write(MANUAL_LOOP)
         failing = ["-c", "import torch; torch.ones(3).sum(); raise SystemExit(3)"]
+        gan = [PYTHON, MATRIX, "--cells", "two-optimizers", "--steps", "5", "--plant-step", "4"]
         cases = {"unmarked": ([PYTHON, cls.loop], []),
+                 "gan": (gan, []),
                  "marked": ([PYTHON, cls.loop, "--marked"], []),
                  "sentinel": ([PYTHON, cls.loop], ["--sentinel"]),
                  "failing": ([PYTHON, *failing], [])}
@@ -160,6 +163,18 @@ class FailClosed(unittest.TestCase):
         self.assertEqual(r.returncode, 8, r.stderr[-2000:])
         self.assertEqual(report["verdict"], "no-verdict")
         self.assertIn("no step state", report["no_verdict"])
+
+    def test_a_gans_step_names_which_of_its_optimizers_stepped(self):
+        """Iteration 4's first optimizer step is step 8: the 1st of 2 optimizers, Adam over the
+        first layer's weight and bias."""
+        r, report = self.results["gan"]
+        self.assertEqual(r.returncode, 1, r.stderr[-2000:])
+        first = report["first_divergence"]
+        self.assertEqual(first["step"], 8, first)
+        if HAS_COMPILE:  # torch 1.13 has no global step hooks to name it by
+            self.assertEqual(first["optimizer"], {"class": "Adam", "index": 1, "of": 2,
+                                                  "tensors": 2, "text": "the 1st of 2 "
+                                                  "optimizers, Adam over 2 tensors"}, first)
 
     def test_a_program_that_failed_in_both_runs_reads_failed(self):
         r, report = self.results["failing"]

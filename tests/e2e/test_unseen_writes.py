@@ -25,8 +25,8 @@ import unittest
 
 from detaudit_testlib import (HAS_COMPILE, HOOKS, PYTHON, TORCH_VERSION, audit, divergent_steps,
                               export_records, in_parallel, make_temp_dir, ops, output_log,
-                              params_sha, program, python_answer, remove_dir, run_detaudit,
-                              sleeping_waits)
+                              params_sha, planted_audit, program, python_answer, remove_dir,
+                              run_detaudit, sleeping_waits)
 
 MATRIX = program("optimizer_matrix.py")
 MODES = {"full": [], "sentinel": ["--sentinel"],
@@ -112,32 +112,23 @@ class OptimizerMatrix(unittest.TestCase):
     @sleeping_waits()
     def setUpClass(cls):
         cls.tmp = make_temp_dir()
-        calls = []
-        for mode, flags in MODES.items():
-            for kind in ("planted", "clean"):
-                out = os.path.join(cls.tmp, f"{mode}-{kind}")
-                args = [] if kind == "planted" else ["--plant-run", "none"]
-                calls.append(lambda out=out, flags=flags, args=args:
-                             audit(out, [PYTHON, MATRIX, *args], flags))
-        results = in_parallel(calls)
-        cls.audits = {}
-        for i, mode in enumerate(MODES):
-            cls.audits[mode] = {"planted": results[2 * i], "clean": results[2 * i + 1],
-                                "dir": os.path.join(cls.tmp, f"{mode}-planted")}
+        results = in_parallel([lambda mode=mode, flags=flags: planted_audit(
+            os.path.join(cls.tmp, mode), [PYTHON, MATRIX], flags) for mode, flags in MODES.items()])
+        cls.audits = dict(zip(MODES, results))
 
     @classmethod
     def tearDownClass(cls):
         remove_dir(cls.tmp)
 
     def cells(self, mode):
-        log = output_log(os.path.join(self.audits[mode]["dir"], "run-1"))
+        log = self.audits[mode]["log"]
         cells = [(m[0], int(m[1]), int(m[2]), int(m[3])) for m in
                  re.findall(r"^cell (\S+) steps (\d+)-(\d+) planted (\d+)$", log, re.M)]
         skipped = re.findall(r"^cell (\S+) skipped: (.*)$", log, re.M)
         return cells, skipped
 
     def check_mode(self, mode):
-        r, report = self.audits[mode]["planted"]
+        r, report = self.audits[mode]["run"], self.audits[mode]["planted"]
         self.assertEqual(r.returncode, 1, r.stdout[-2000:] + r.stderr[-2000:])
         cells, skipped = self.cells(mode)
         # Every optimizer in single-tensor and foreach form, and the training loops' extras;
@@ -150,10 +141,9 @@ class OptimizerMatrix(unittest.TestCase):
             if not found or found[0] != planted:
                 missed.append(f"{name}: planted at step {planted}, differences at {found}")
         self.assertEqual(missed, [], f"{mode}: {len(missed)} of {len(cells)} cells")
-        r, clean = self.audits[mode]["clean"]
-        self.assertEqual(r.returncode, 0, f"{mode}, unplanted: " + r.stdout[-3000:] +
-                         r.stderr[-2000:])
-        self.assertEqual(clean["verdict"], "identical")
+        clean = self.audits[mode]["clean"]
+        self.assertEqual((clean["verdict"], clean["exit_code"]), ("identical", 0),
+                         f"{mode}, unplanted: {json.dumps(clean)[:3000]}")
         return cells
 
     def test_full_recording_finds_every_cell_at_its_step(self):
@@ -162,7 +152,7 @@ class OptimizerMatrix(unittest.TestCase):
     def test_the_sentinel_finds_every_cell_at_its_step(self):
         self.check_mode("sentinel")
         # What it says when the runs agree names what it compared: tensors the optimizer wrote.
-        _, clean = self.audits["sentinel"]["clean"]
+        clean = self.audits["sentinel"]["clean"]
         self.assertGreater(clean["spread"]["parameters_tracked"], 0)
 
     def test_the_device_digest_finds_every_cell_at_its_step(self):

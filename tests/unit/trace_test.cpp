@@ -839,3 +839,27 @@ TEST(DimsTest, ResizeKeepsValuesAcrossTheInlineBoundary) {
 
 }  // namespace
 }  // namespace detaudit::trace
+
+// The label detaudit's Python hooks open inside an optimizer step, found in a scope path among
+// the user's own scopes, and taken out of it for the report.
+TEST(OptimizerStepLabelTest, IsFoundAmongTheUsersScopesAndTakenOut) {
+  using detaudit::trace::find_optimizer_step_label;
+  using detaudit::trace::without_optimizer_step_label;
+  auto label = find_optimizer_step_label("train/detaudit::optimizer_step 2 AdamW 7");
+  ASSERT_TRUE(label.has_value());
+  EXPECT_EQ(label->ordinal, 2u);
+  EXPECT_EQ(label->optimizer, "AdamW");
+  EXPECT_EQ(label->tensors, 7u);
+  EXPECT_EQ(without_optimizer_step_label("train/detaudit::optimizer_step 2 AdamW 7"), "train");
+  EXPECT_EQ(without_optimizer_step_label("detaudit::optimizer_step 1 SGD 2/closure"), "closure");
+  EXPECT_EQ(without_optimizer_step_label("a/detaudit::optimizer_step 1 SGD 2/b"), "a/b");
+  EXPECT_EQ(without_optimizer_step_label("detaudit::optimizer_step 1 SGD 2"), "");
+  EXPECT_EQ(without_optimizer_step_label("train/step"), "train/step");
+  // Not the label: another scope, a count that is no number, an ordinal 0, a part missing.
+  EXPECT_FALSE(find_optimizer_step_label("train/step").has_value());
+  EXPECT_FALSE(find_optimizer_step_label("detaudit::optimizer_step x Adam 7").has_value());
+  EXPECT_FALSE(find_optimizer_step_label("detaudit::optimizer_step 0 Adam 7").has_value());
+  EXPECT_FALSE(find_optimizer_step_label("detaudit::optimizer_step 1 7").has_value());
+  EXPECT_FALSE(find_optimizer_step_label("detaudit::optimizer_step 1 Adam").has_value());
+  EXPECT_FALSE(find_optimizer_step_label("").has_value());
+}
