@@ -137,11 +137,17 @@ class Scopes(StreamsCase):
         by_scope = {}
         for o in main:
             by_scope.setdefault(o["scope_path"], []).append(o)
-        self.assertEqual(set(by_scope), {"", "forward_block", "backward_block"})
+        # Inside each optimizer step, on torch 2.x, the label detaudit's hooks open naming the
+        # optimizer (docs/trace-format.md): the program's one SGD over one tensor.
+        labels = {p for p in by_scope if p.startswith("detaudit::optimizer_step ")}
+        expected = {"detaudit::optimizer_step 1 SGD 1"} if detaudit_testlib.HAS_COMPILE else set()
+        self.assertEqual(labels, expected)
+        self.assertEqual(set(by_scope) - labels, {"", "forward_block", "backward_block"})
         self.assertIn("aten::pow", [o["name"] for o in by_scope["forward_block"]])
         self.assertIn("backward", {o["phase"] for o in by_scope["backward_block"]})
         # After a scope closes, top-level ops are at depth 0 again, in the right phase and step.
-        updates = [o for o in by_scope[""] if o["name"] == "aten::add_"]
+        updates = [o for o in main
+                   if o["scope_path"] in labels | {""} and o["name"] == "aten::add_"]
         self.assertEqual([(o["depth"], o["phase"], o["step"]) for o in updates],
                          [(0, "optimizer", 0), (0, "optimizer", 1)])
 
