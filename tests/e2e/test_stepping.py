@@ -22,9 +22,10 @@ from detaudit_testlib import (HAS_COMPILE, PYTHON, audit, divergent_steps, in_pa
                               sleeping_waits)
 
 MATRIX = program("stepping_matrix.py")
-LIBRARIES = {"accelerate": "accelerate", "lightning-manual": "lightning"}
+LIBRARIES = {"accelerate": "accelerate", "lightning-manual": "lightning",
+             "trainer-compiled": "transformers"}
 COMPILED_CELLS = ("compiled-opt-step", "compiled-train-step", "compiled-model-fused",
-                  "compiled-model-foreach", "compiled-opt-step-fullgraph")
+                  "compiled-model-foreach", "trainer-compiled", "compiled-opt-step-fullgraph")
 INSTALLED = python_answer("import importlib.util as u, json; print(json.dumps("
                           f"[m for m in {sorted(set(LIBRARIES.values()))!r} if u.find_spec(m)]))")
 MODES = {"full": [], "sentinel": ["--sentinel"]}
