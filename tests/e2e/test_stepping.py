@@ -82,7 +82,7 @@ class SteppingMatrix(unittest.TestCase):
         refused = [(name, why) for name, why in skipped
                    if name not in allowed or allowed[name] not in why]
         self.assertEqual(refused, [], "cells that should have run")
-        self.assertGreaterEqual(len(cells), 5)
+        self.assertGreaterEqual(len(cells), 3)  # eager, lbfgs and two-optimizers run everywhere
         steps = divergent_steps(report)
         missed = []
         for name, first, last, planted in cells:
