@@ -104,12 +104,14 @@ std::string OpSource::allocated_by(int64_t id) const {
 }
 
 void OpSource::note_optimizer(const trace::OpRecord& op) {
+  if (op.scope_path == label_scope_ && op.step == label_step_) return;  // this step's, noted
   if (op.scope_path != label_scope_) {
     label_scope_ = op.scope_path;
     label_.reset();
     if (op.scope_path != UINT32_MAX)
       label_ = trace::find_optimizer_step_label(reader_->string(op.scope_path));
   }
+  label_step_ = op.step;
   if (!label_) return;
   optimizer_ordinals_.insert(label_->ordinal);
   step_optimizers_.try_emplace(op.step, *label_);

@@ -162,8 +162,10 @@ class OpSource {
   bool in_backward_ = false;
   std::map<uint64_t, trace::OptimizerStepLabel> step_optimizers_;
   std::set<uint64_t> optimizer_ordinals_;
-  uint32_t label_scope_ = UINT32_MAX;  // the scope path last parsed, and its label
+  // The scope path last parsed, its label, and the step it was last noted for.
+  uint32_t label_scope_ = UINT32_MAX;
   std::optional<trace::OptimizerStepLabel> label_;
+  uint64_t label_step_ = UINT64_MAX;
   uint64_t first_step_ = 0, skip_ = 0, step_shift_ = 0;
   OpTap tap_;
   LastOp last_op_;

@@ -1,6 +1,7 @@
 #include "trace/records.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <utility>
 
@@ -18,15 +19,11 @@ std::pair<size_t, size_t> label_span(std::string_view path) {
   return {std::string_view::npos, std::string_view::npos};
 }
 
+// Digits only, all of s (from_chars takes no sign or space for an unsigned).
 bool parse_count(std::string_view s, uint64_t* out) {
-  if (s.empty() || s.size() > 18) return false;
-  uint64_t v = 0;
-  for (char c : s) {
-    if (c < '0' || c > '9') return false;
-    v = v * 10 + uint64_t(c - '0');
-  }
-  *out = v;
-  return true;
+  const char* end = s.data() + s.size();
+  auto [at, error] = std::from_chars(s.data(), end, *out);
+  return !s.empty() && error == std::errc() && at == end;
 }
 }  // namespace
 
