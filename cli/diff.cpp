@@ -60,9 +60,9 @@ Status write_marked_timeline(const DiffReport& report, const std::string& path) 
 
 // The options `diff` and `merge` share; a nonzero return is the exit code, the error said.
 int diff_options(const DiffFlags& f, Catalog* catalog, DiffOptions* options) {
-  if (f.fail_on != "any" && f.fail_on != "tolerance")
+  if (f.fail_on != "any" && f.fail_on != "tolerance" && f.fail_on != "training")
     return report_error(Status::error(
-        fmt::format("--fail-on: expected 'any' or 'tolerance', got '{}'", f.fail_on)));
+        fmt::format("--fail-on: expected 'any', 'tolerance' or 'training', got '{}'", f.fail_on)));
   if (f.rtol < 0 || f.atol < 0 || f.ulp < 0)
     return report_error(Status::error("--rtol, --atol and --ulp must not be negative"));
   options->gate.fail_on = f.fail_on;
@@ -177,7 +177,8 @@ void add_report_flags(CLI::App* cmd, DiffFlags* flags) {
       ->capture_default_str();
   cmd->add_option("--output,-o", flags->output, "write the report to this file");
   cmd->add_option("--fail-on", flags->fail_on,
-                  "any: every divergence fails; tolerance: only one beyond --rtol/--atol/--ulp")
+                  "any: every divergence fails; tolerance: only one beyond --rtol/--atol/--ulp; "
+                  "training: only one that reaches parameters, gradients or optimizer state")
       ->capture_default_str();
   cmd->add_option("--rtol", flags->rtol, "relative tolerance on tensor statistics");
   cmd->add_option("--atol", flags->atol, "absolute tolerance on tensor statistics");
@@ -231,12 +232,13 @@ void add_merge_verb(CLI::App& app, VerbAction* action) {
 
 // `detaudit resume`'s diff of the run that went through and the resumed one.
 int diff_resumed_runs(const std::string& run_a, const std::string& run_b, const std::string& format,
-                      const std::string& output) {
+                      const std::string& output, const std::string& fail_on) {
   DiffFlags f;
   f.run_a = run_a;
   f.run_b = run_b;
   f.format = format;
   f.output = output;
+  f.fail_on = fail_on;
   return run_diff(f);
 }
 

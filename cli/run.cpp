@@ -465,7 +465,7 @@ void add_run_verb(CLI::App& app, VerbAction* action) {
   optional_flag(sub, args.get(), "--format", &f.format,
                 "report format: text, json, junit, markdown or html");
   optional_flag(sub, args.get(), "--output", &f.output, "write the report to this file");
-  optional_flag(sub, args.get(), "--fail-on", &f.fail_on, "any (default) or tolerance");
+  optional_flag(sub, args.get(), "--fail-on", &f.fail_on, "any (default), tolerance or training");
   optional_flag(sub, args.get(), "--rtol", &f.rtol, "relative tolerance for --fail-on tolerance");
   optional_flag(sub, args.get(), "--atol", &f.atol, "absolute tolerance for --fail-on tolerance");
   optional_flag(sub, args.get(), "--ulp", &f.ulp,
@@ -540,6 +540,8 @@ struct ResumeArgs {
   uint64_t at = 0;
   std::string stop_args, resume_args;
   std::string format = "text", output;
+  // Does training continue exactly? Values it does not read (a logged loss sum) are noted.
+  std::string fail_on = "training";
 };
 
 std::vector<std::string> split_words(const std::string& s) {
@@ -589,7 +591,8 @@ int resume_main(ResumeArgs args) {
       fmt::format("{} DETAUDIT_RESUME=stop {} && {} DETAUDIT_RESUME=resume {}", env, sh_words(stop),
                   env, sh_words(resume))};
   if (int code = record_main(resumed); code != 0) return code;
-  return diff_resumed_runs(args.out + "/run-0", args.out + "/run-1", args.format, args.output);
+  return diff_resumed_runs(args.out + "/run-0", args.out + "/run-1", args.format, args.output,
+                           args.fail_on);
 }
 
 }  // namespace
@@ -615,6 +618,11 @@ void add_resume_verb(CLI::App& app, VerbAction* action) {
                   "arguments that make the program resume from its checkpoint");
   sub->add_option("--format", args->format, "report format: text, json, junit, markdown or html");
   sub->add_option("-o,--output", args->output, "write the report to this file");
+  sub->add_option("--fail-on", args->fail_on,
+                  "training (default): fails when the training state differs; any: on any "
+                  "difference, a logged value's included")
+      ->check(CLI::IsMember({"training", "any"}))
+      ->capture_default_str();
   sub->add_flag("--force", args->through.run.force,
                 "replace run directories that already hold a run");
   sub->callback([args, action] {

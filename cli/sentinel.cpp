@@ -217,16 +217,16 @@ void localize_divergent_step(const Config& config, const run::RunOptions& option
   // What the sentinel's diff called the first divergence was made by ops it does not record:
   // its class and cause said so no better than "external". The step is what is known.
   FirstDivergence& f = *report->first;
-  f.divergence_class = DivergenceClass::kStepLevel;
-  f.cause = fmt::format(
-      "step {}'s {} differs, made by ops the sentinel does not record; recorded in full, that "
-      "step did not differ again",
-      f.step, f.phase == "optimizer" ? "optimizer input or update" : "loss");
   std::string which = "an output";
   for (const auto* side : {&f.inputs, &f.outputs})
     for (const TensorPair& t : *side)
       if (t.differs && which == "an output") which = t.label();
-  f.detail = fmt::format("{} differs in the sentinel runs, not in the full recording", which);
+  classify_step_level(
+      fmt::format("{} differs in the sentinel runs, not in the full recording", which), &f);
+  f.cause = fmt::format(
+      "step {}'s {} differs, made by ops the sentinel does not record; recorded in full, that "
+      "step did not differ again",
+      f.step, f.phase == "optimizer" ? "optimizer input or update" : "loss");
   f.remedy = remedy;
   f.catalog.reset();
 }

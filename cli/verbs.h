@@ -28,9 +28,10 @@ void add_merge_verb(CLI::App& app, VerbAction* action);
 void add_coverage_verb(CLI::App& app, VerbAction* action);
 void add_resume_verb(CLI::App& app, VerbAction* action);
 
-// The diff of run A and run B in this format (text, json, ...), to `output` or stdout.
+// The diff of run A and run B in this format (text, json, ...), to `output` or stdout, gated
+// on `fail_on` ("training": does training continue exactly?).
 int diff_resumed_runs(const std::string& run_a, const std::string& run_b, const std::string& format,
-                      const std::string& output);
+                      const std::string& output, const std::string& fail_on);
 
 // Prints "detaudit: error: <message>" and returns the status's exit code.
 int report_error(const Status& status);

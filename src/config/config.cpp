@@ -441,7 +441,7 @@ Status parse_config(const json& j, Config* out) {
           !s.ok())
         return s;
     if (g.contains("fail_on"))
-      if (Status s = get_choice(g["fail_on"], "gate.fail_on", {"any", "tolerance"},
+      if (Status s = get_choice(g["fail_on"], "gate.fail_on", {"any", "tolerance", "training"},
                                 &c.gate.fail_on);
           !s.ok())
         return s;

@@ -54,7 +54,7 @@ struct DeterminismConfig {
 };
 
 struct GateConfig {
-  std::string fail_on = "any";  // "any" | "tolerance"
+  std::string fail_on = "any";  // "any" | "tolerance" | "training" (TrainingCheck)
   // For "tolerance": each statistic within atol + rtol * its scale (classify.cpp, delta_of).
   double rtol = 0, atol = 0;
   // A stream cut short (a run killed mid-step) makes the comparison incomplete, exit 5; with

@@ -333,6 +333,39 @@ int pair_tensors(const BufferedOp& a, const OpSource& sa, const BufferedOp& b, c
   return first_diff_input;
 }
 
+// The differing input is, in both runs, an earlier op's output both made (or a view of one),
+// but a different one: the same tensors in another selection or order. True when classified.
+bool classify_data_order(const TensorDesc* ta, const OpSource& sa, const TensorDesc* tb,
+                         const OpSource& sb, const SeenOutputs& seen, int input,
+                         FirstDivergence* fd) {
+  if (ta && tb && SeenOutputs::has(seen.b, ta->digest) && SeenOutputs::has(seen.a, tb->digest)) {
+    // Each run's tensor is one the other run made too: a Python shuffle of samples, an
+    // unseeded sampler.
+    fd->divergence_class = DivergenceClass::kExternalInput;
+    fd->data_order = true;
+    fd->detail = fmt::format(
+        "input {} is, in both runs, an earlier op's output that agreed, but a different one: "
+        "the same tensors in a different selection or order{}",
+        input, made_where(seen, ta->digest, tb->digest, sa, sb));
+    return true;
+  }
+  // The same through views (addmm's expanded bias): each view's base is an output the other
+  // run made too, so the tensors were created or picked in another order.
+  const TensorDesc* base_a = viewed_base(ta, sa.reader());
+  const TensorDesc* base_b = viewed_base(tb, sb.reader());
+  if (!base_a || !base_b || base_a->same_digest(*base_b) ||
+      !SeenOutputs::has(seen.b, base_a->digest) || !SeenOutputs::has(seen.a, base_b->digest))
+    return false;
+  fd->divergence_class = DivergenceClass::kExternalInput;
+  fd->data_order = true;
+  fd->data_order_through_view = true;
+  fd->detail = fmt::format(
+      "input {} is, in both runs, a view of an earlier op's output that agreed, but of a "
+      "different one: the same tensors, created or picked in a different order{}",
+      input, made_where(seen, base_a->digest, base_b->digest, sa, sb));
+  return true;
+}
+
 // Input `first_diff_input` differs: where it came from decides the class.
 void classify_differing_input(const BufferedOp& a, const OpSource& sa, const BufferedOp& b,
                               const OpSource& sb, int first_diff_input, const SeenOutputs* seen,
@@ -388,33 +421,8 @@ void classify_differing_input(const BufferedOp& a, const OpSource& sa, const Buf
         first_diff_input);
     return;
   }
-  if (!uninit && !ext && seen && ta && tb && SeenOutputs::has(seen->b, ta->digest) &&
-      SeenOutputs::has(seen->a, tb->digest)) {
-    // Each run's tensor is one the other run made too: the same tensors, picked in another
-    // selection or order (a Python shuffle of samples, an unseeded sampler).
-    fd->divergence_class = DivergenceClass::kExternalInput;
-    fd->data_order = true;
-    fd->detail = fmt::format(
-        "input {} is, in both runs, an earlier op's output that agreed, but a different one: "
-        "the same tensors in a different selection or order{}",
-        first_diff_input, made_where(*seen, ta->digest, tb->digest, sa, sb));
+  if (!uninit && !ext && seen && classify_data_order(ta, sa, tb, sb, *seen, first_diff_input, fd))
     return;
-  }
-  // The same through views (addmm's expanded bias): each view's base is an output the other
-  // run made too, so the tensors were created or picked in another order.
-  const TensorDesc* base_a = viewed_base(ta, ra);
-  const TensorDesc* base_b = viewed_base(tb, rb);
-  if (!uninit && !ext && seen && base_a && base_b && !base_a->same_digest(*base_b) &&
-      SeenOutputs::has(seen->b, base_a->digest) && SeenOutputs::has(seen->a, base_b->digest)) {
-    fd->divergence_class = DivergenceClass::kExternalInput;
-    fd->data_order = true;
-    fd->data_order_through_view = true;
-    fd->detail = fmt::format(
-        "input {} is, in both runs, a view of an earlier op's output that agreed, but of a "
-        "different one: the same tensors, created or picked in a different order{}",
-        first_diff_input, made_where(*seen, base_a->digest, base_b->digest, sa, sb));
-    return;
-  }
   if (uninit) {
     fd->divergence_class = DivergenceClass::kUninitializedMemory;
   } else if (ext) {
@@ -958,6 +966,37 @@ bool on_cpu(const FirstDivergence& fd) {
   return true;
 }
 
+void classify_structural(std::string detail, FirstDivergence* fd) {
+  fd->divergence_class = DivergenceClass::kStructural;
+  fd->detail = std::move(detail);
+}
+
+void classify_shared_writer(int input, FirstDivergence* fd) {
+  fd->divergence_class = DivergenceClass::kSharedMemory;
+  fd->detail = fmt::format(
+      "input {} is in shared memory, written outside this process: another recorded process "
+      "writes it",
+      input);
+}
+
+void classify_under_torch_builds(const std::vector<EnvDifference>& env, FirstDivergence* fd) {
+  if (fd->divergence_class != DivergenceClass::kNondeterministicOp ||
+      fd->arose_in_compiled_region || !find_torch_build(env))
+    return;
+  fd->divergence_class = DivergenceClass::kTorchBuild;
+  fd->detail += ", under another torch build";
+}
+
+void classify_step_level(std::string detail, FirstDivergence* fd) {
+  fd->divergence_class = DivergenceClass::kStepLevel;
+  fd->detail = std::move(detail);
+}
+
+void classify_resumed_data_order(FirstDivergence* fd) {
+  fd->divergence_class = DivergenceClass::kExternalInput;
+  fd->data_order = true;
+}
+
 void explain_cause(const std::vector<EnvDifference>& env, FirstDivergence* fd) {
   if (fd->arose_in_compiled_region) {
     fd->cause = fmt::format(
@@ -968,11 +1007,6 @@ void explain_cause(const std::vector<EnvDifference>& env, FirstDivergence* fd) {
         "torch.use_deterministic_algorithms(True) before compiling; to name the op, "
         "audit again without compilation: --env TORCHDYNAMO_DISABLE=1";
     return;
-  }
-  // Identical inputs, other outputs, under another torch build: not nondeterminism.
-  if (fd->divergence_class == DivergenceClass::kNondeterministicOp && find_torch_build(env)) {
-    fd->divergence_class = DivergenceClass::kTorchBuild;
-    fd->detail += ", under another torch build";
   }
   ExplainFn explain = explain_input_differs;  // input-differs, and any class not listed
   for (const ClassExplanation& e : kExplanations)

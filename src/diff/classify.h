@@ -51,6 +51,22 @@ struct SeenOutputs {
   }
 };
 
+// The classifier's rules whose evidence is found beyond one aligned pair of ops, applied where
+// it is. Each sets the class and its line of evidence, and nothing else: the class is assigned
+// in this file only, and explanations (explain_cause) read it.
+// Different op sequences.
+void classify_structural(std::string detail, FirstDivergence* fd);
+// Input `input`, external to this process and in shared memory, is written by another recorded
+// process (first_divergence.h's shared writer).
+void classify_shared_writer(int input, FirstDivergence* fd);
+// The same inputs, other outputs, under another torch build: not nondeterminism.
+void classify_under_torch_builds(const std::vector<EnvDifference>& env, FirstDivergence* fd);
+// A step's end state differs where the ops that made it were not recorded (--sentinel).
+void classify_step_level(std::string detail, FirstDivergence* fd);
+// A resumed process read a batch the other run read at an earlier step: its data loader started
+// over, data entering the program (resume.h).
+void classify_resumed_data_order(FirstDivergence* fd);
+
 // Every tensor of the op is on the CPU in run A (a CPU kernel, a CPU generator).
 bool on_cpu(const FirstDivergence& fd);
 

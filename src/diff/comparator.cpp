@@ -220,6 +220,7 @@ class StreamComparator {
     bool beyond_tolerance = false;
     std::vector<uint64_t> parameters;  // the positions of the parameters it wrote that differ
     std::string name;
+    bool writes_training = false;  // roles.h's writes_training_state
   };
 
   // A candidate first divergence (or a structural one), open until the program reads what
@@ -251,6 +252,7 @@ class StreamComparator {
       if (op->beyond_tolerance) note_numerics_change(a, b);
       op->parameters = std::move(parameters);
       op->name = std::string(a_->name_of(a.rec));
+      op->writes_training = writes_training_state(a.rec);
       note_growth(a, *op);
     }
     if (first_done_) {
@@ -497,6 +499,11 @@ class StreamComparator {
     ++out_->per_step[op.step];
     if (op.beyond_tolerance) out_->beyond_tolerance = true;
     if (out_->divergent_orders.size() < kMaxMarkedOps) out_->divergent_orders.push_back(op.order);
+    if (op.writes_training) {
+      ++out_->divergent_training_writes;
+    } else if (++out_->divergent_outside <= TrainingCheck::kMaxOutside) {
+      out_->outside_training.push_back(fmt::format("{} (step {})", op.name, op.step));
+    }
     StepPoint& p = out_->curve[op.step];
     ++p.divergent_ops;
     p.max_relative = std::max(p.max_relative, op.relative);
@@ -677,8 +684,7 @@ class StreamComparator {
       fd.index = d.index_a;
       fd.order_a = d.order_a;
       fd.order_b = d.order_b;
-      fd.divergence_class = DivergenceClass::kStructural;
-      fd.detail = d.detail;
+      classify_structural(d.detail, &fd);
       fd.nested = shape.nested;
       fd.same_values = d.values && d.values->same_bits();
       // The enclosing ops are common to both runs and end later: collect them as they come.

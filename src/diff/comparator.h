@@ -27,6 +27,9 @@ struct StreamResult {
   std::vector<StructuralDifference> resume_step_structure;
   uint64_t resume_step_structure_count = 0;
   uint64_t divergent_ops = 0;
+  // Of them, those that write training state and those that write none (TrainingCheck).
+  uint64_t divergent_training_writes = 0, divergent_outside = 0;
+  std::vector<std::string> outside_training;  // the first TrainingCheck::kMaxOutside
   std::map<uint64_t, uint64_t> per_step;
   std::map<uint64_t, StepPoint> curve;
   std::map<uint64_t, LossPoint> loss;

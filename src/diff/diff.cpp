@@ -170,6 +170,12 @@ void add_stream_results(std::vector<StreamResult>* results, DiffReport* r) {
     if (!res.loss.empty() && !r->loss.count(res.rank)) r->loss[res.rank] = res.loss;
     for (ParameterDivergence& p : res.parameters) r->parameters.push_back(std::move(p));
     r->parameters_tracked += res.parameters_tracked;
+    r->training.writes_compared += res.parameters_tracked;
+    r->training.divergent_writes += res.divergent_training_writes;
+    r->training.divergent_outside += res.divergent_outside;
+    for (std::string& o : res.outside_training)
+      if (r->training.outside.size() < TrainingCheck::kMaxOutside)
+        r->training.outside.push_back(std::move(o));
     r->unread_differences += res.unread;
     if (!r->first_unread && res.first_unread) r->first_unread = std::move(res.first_unread);
     if (res.numerics_change) {
@@ -310,8 +316,7 @@ void at_step_level(FirstDivergence* f) {
   f->cause = f->divergence_class == DivergenceClass::kTorchBuild
                  ? fmt::format("{}; {}", f->cause, unseen)
                  : fmt::format("{}; {}", finding, unseen);
-  f->divergence_class = DivergenceClass::kStepLevel;
-  f->detail = finding;
+  classify_step_level(finding, f);
   f->remedy = fmt::format(
       "record steps {}-{} of both in full (--steps {}-{}, without --sentinel) and diff them to "
       "find the op",
@@ -367,6 +372,7 @@ void finish_report(const trace::RunDirectory& run_a, const trace::RunDirectory& 
   r->incomplete = !r->not_compared.empty();
   r->no_verdict = why_no_verdict(*r);
   r->verdict = verdict_of(*r);
+  r->training.identical = training_identical(*r);
 }
 
 Status diff_runs(const std::string& dir_a, const std::string& dir_b, const DiffOptions& options,
@@ -411,12 +417,17 @@ Status diff_runs(const std::string& dir_a, const std::string& dir_b, const DiffO
     r.first = *first;
     add_spread(candidates, &*r.first);
     trace_origin(selection, firsts, &*r.first);
+    if (auto path = selection.streams[0].find(r.first->stream); path != selection.streams[0].end())
+      if (Status s = find_roles(path->second, &*r.first); !s.ok()) return s;
+    classify_under_torch_builds(r.environment, &*r.first);
     explain_cause(r.environment, &*r.first);
     if (r.sentinel_runs) at_step_level(&*r.first);
   }
 
   finish_report(run_a, run_b, tails, options.part, &r);
   explain_resumes(selection, &r);
+  if (r.training.identical && r.first->cause.find("training is the same") == std::string::npos)
+    r.first->cause += "; what differs reaches no parameter, gradient or optimizer state";
   if (r.verdict == Verdict::kUnexplained)
     r.unexplained = why_no_first(candidates, r.divergent_ops, r.library_pools);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -456,6 +467,15 @@ Verdict verdict_of(const DiffReport& r) {
   return r.no_verdict.empty() ? Verdict::kIdentical : Verdict::kNoVerdict;
 }
 
+bool training_identical(const DiffReport& r) {
+  bool replicas_disagree = false;
+  for (const ReplicaCheck& c : r.replicas) replicas_disagree |= c.divergence.has_value();
+  const TrainingCheck& t = r.training;
+  return r.verdict == Verdict::kDivergent && r.first && r.first->training.known &&
+         !r.first->training.reaches && t.writes_compared > 0 && t.divergent_writes == 0 &&
+         r.parameters.empty() && r.structural_count == 0 && !replicas_disagree;
+}
+
 std::string why_no_verdict(const DiffReport& r) {
   if (r.ops_compared == 0)
     return "nothing was compared: neither run recorded an op both have (check --steps and "
@@ -477,7 +497,8 @@ ExitCode gate_exit_code(const DiffReport& report) {
   if (report.verdict == Verdict::kFailed) return ExitCode::kTargetFailed;
   if (report.verdict == Verdict::kNoVerdict) return ExitCode::kNoVerdict;
   const bool fails = report.verdict == Verdict::kDivergent &&
-                     !(report.gate.fail_on == "tolerance" && !report.beyond_tolerance);
+                     !(report.gate.fail_on == "tolerance" && !report.beyond_tolerance) &&
+                     !(report.gate.fail_on == "training" && report.training.identical);
   if (fails) return ExitCode::kDivergent;
   // Fail closed: what was not compared cannot pass, unless the gate allows it.
   if (report.incomplete && !report.gate.allow_truncated) return ExitCode::kIncomplete;

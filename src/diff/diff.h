@@ -36,12 +36,15 @@ Status diff_runs(const std::string& run_a, const std::string& run_b, const DiffO
 // allows it), "identical"; "unexplained" when divergent with no first divergence to name and the
 // replicas agree (the caller says why).
 Verdict verdict_of(const DiffReport& report);
+// The runs diverged, and none of it reaches the training state (TrainingCheck::identical): the
+// training writes were compared and agree, and the first divergence's data flow reaches none.
+bool training_identical(const DiffReport& report);
 // Why a diff in which nothing diverged cannot pass ("" when it can): nothing compared, a
 // sentinel that compared no step state, or a program that trained with no step seen. Kept in
 // DiffReport::no_verdict, which verdict_of reads.
 std::string why_no_verdict(const DiffReport& report);
 
-// 0 identical (or divergent within tolerance), 1 divergent, 5 incomplete (part of a run was
+// 0 identical (or divergent within tolerance, or outside training under --fail-on training), 1 divergent, 5 incomplete (part of a run was
 // not compared and the gate does not allow truncation).
 ExitCode gate_exit_code(const DiffReport& report);
 

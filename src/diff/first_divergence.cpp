@@ -120,13 +120,7 @@ void find_shared_writer(const std::map<std::string, std::string>& streams_a,
           continue;
         first->shared_writer = fmt::format("{} at {} (step {})", name, r.string(r.op().name),
                                            r.op().step);
-        if (external_there) {
-          first->divergence_class = DivergenceClass::kSharedMemory;
-          first->detail = fmt::format(
-              "input {} is in shared memory, written outside this "
-              "process: another recorded process writes it",
-              in->index);
-        }
+        if (external_there) classify_shared_writer(in->index, first);
         return;
       }
     }

@@ -355,6 +355,7 @@ Status merge_parts(const std::vector<json>& parts, const std::vector<std::string
     for (EnvDifference& d : res.step_settings) r.environment.push_back(std::move(d));
     r.first = *res.first;
     add_spread(pointers, &*r.first);
+    classify_under_torch_builds(r.environment, &*r.first);
     explain_cause(r.environment, &*r.first);
   }
   finish_report(run_a, run_b, {}, /*part=*/false, &r);

@@ -14,6 +14,7 @@
 #include "config/config.h"
 #include "diff/library_threads.h"
 #include "diff/replicas.h"
+#include "diff/roles.h"
 #include "trace/format.h"
 
 namespace detaudit {
@@ -112,6 +113,8 @@ struct TensorPair {
   TensorSide a, b;
   // An output that is an argument the op wrote and did not return: "exp_avgs[2]".
   std::string written_argument;
+  // What a differing tensor is to training, from run A's data flow (roles.h).
+  TensorRole tensor_role = TensorRole::kUnknown;
 
   // "input 1", "output 0", "written exp_avgs[2]".
   std::string label() const {
@@ -277,6 +280,26 @@ struct FirstDivergence {
   // Where the difference went from here: the collectives through which other ranks received it
   // ("c10d::allreduce_ #12 of group 0 to rank 0, step 1").
   std::vector<std::string> propagated_through;
+  // Whether a path from its differing tensors reaches a training-state write, from run A's data
+  // flow (roles.h); known once that stream was read for it.
+  struct Training {
+    bool known = false;
+    bool reaches = false;
+  } training;
+};
+
+// Whether the differences reach the training state: parameters, gradients, optimizer state and
+// model buffers (roles.h). The training gate (--fail-on training) passes on `identical`.
+struct TrainingCheck {
+  uint64_t writes_compared = 0;    // training-state writes compared (the optimizer's, tracked)
+  uint64_t divergent_writes = 0;   // divergent ops that write training state
+  uint64_t divergent_outside = 0;  // divergent ops that write none
+  // The first few of those, with their step: "aten::add_ (step 4)".
+  std::vector<std::string> outside;
+  static constexpr size_t kMaxOutside = 5;
+  // Something differs, none of it training state, and training state was compared: every
+  // training write agrees, the op sequences too, and the first divergence reaches none.
+  bool identical = false;
 };
 
 // One step of the divergence curve.
@@ -411,6 +434,8 @@ struct ResumedProcess {
   std::string found_by;    // how that step was found
   uint64_t setup_ops = 0;  // its ops before it (building the model, loading the checkpoint)
   bool verified = false;   // the runs are identical, the resumed part included
+  // Training continues exactly: verified, or only values outside training differ (TrainingCheck).
+  bool training_verified = false;
   // Ops of its first step that held the same values as the other run's in another order (a
   // buffer laid out anew: DDP's gradient buckets), not counted (settle_fresh_layouts).
   uint64_t reordered_ops = 0;
@@ -452,6 +477,7 @@ struct DiffReport {
   std::map<std::string, std::vector<uint64_t>> divergent_orders;      // stream -> run A's orders
   std::vector<ParameterDivergence> parameters;  // first divergent step per parameter
   uint64_t parameters_tracked = 0;
+  TrainingCheck training;
   uint64_t unread_differences = 0;
   std::optional<UnreadDifference> first_unread;
   std::optional<NumericsChange> numerics_change;  // with the tolerance gate

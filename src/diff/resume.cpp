@@ -357,6 +357,7 @@ bool missed_data_order(ResumeDivergence& d) {
     std::optional<uint64_t> earlier = step_that_read(*through, d.resumed_side(p).digest, d.rp.step);
     if (!earlier) continue;
     d.rp.missing = "the data order";
+    classify_resumed_data_order(&d.f);
     d.f.cause = fmt::format(
         "the checkpoint did not restore the data order: run {}'s step {} read the batch run {} "
         "read at step {} ({} {}): its data loader started over",
@@ -405,10 +406,39 @@ bool missed_tensor_state(ResumeDivergence& d) {
   return false;
 }
 
-// An accumulator the resumed process started again from 0.
+// A tensor only the optimizer writes and reads (a moment, a step count) that the resumed process
+// made anew: the optimizer's state_dict() was not loaded.
+bool missed_optimizer_state(ResumeDivergence& d) {
+  const TensorPair* state = nullptr;
+  for (const auto* pairs : {&d.f.inputs, &d.f.outputs})
+    for (const TensorPair& p : *pairs)
+      if (!state && p.differs && p.tensor_role == TensorRole::kOptimizerState) state = &p;
+  if (!state) return false;
+  const TensorSide &resumed = d.resumed_side(*state), &through = d.through_side(*state);
+  d.rp.missing = "the optimizer's state";
+  d.f.cause = fmt::format(
+      "the checkpoint did not restore the optimizer's state: {}'s state (what only its steps "
+      "write and read: step counts, moments) started anew in run {}'s resumed process at step "
+      "{}{}; {} of the optimizer's {} written tensors diverged from there",
+      d.f.optimizer.empty() ? "the optimizer" : d.f.optimizer, d.resumed(), d.rp.step,
+      one_element(resumed) && one_element(through)
+          ? fmt::format(" ({}'s {} is {:.9g} there, {:.9g} in run {})", d.f.op, state->label(),
+                        resumed.stats.max, through.stats.max, d.through())
+          : "",
+      d.report.parameters.size(), d.report.parameters_tracked);
+  d.f.remedy =
+      "save optimizer.state_dict() with the checkpoint and call optimizer.load_state_dict() "
+      "when resuming (a Hugging Face Trainer checkpoint holds it, as does Lightning's: resume "
+      "from it, not from the model's weights alone)";
+  return true;
+}
+
+// An accumulator outside training the resumed process started again from 0.
 bool missed_running_value(ResumeDivergence& d) {
   for (const TensorPair& p : d.f.inputs) {
-    if (!p.differs || !zeros_against_values(d.resumed_side(p), d.through_side(p))) continue;
+    if (!p.differs || is_training_state(p.tensor_role) ||
+        !zeros_against_values(d.resumed_side(p), d.through_side(p)))
+      continue;
     d.rp.missing = "a running value (an accumulator the resumed process starts from 0)";
     d.f.cause = fmt::format(
         "the checkpoint did not carry a running value: at step {}, {}'s {} is 0 in run {}'s "
@@ -417,9 +447,13 @@ bool missed_running_value(ResumeDivergence& d) {
         d.f.step, d.f.op, p.label(), d.resumed(), d.through_side(p).stats.max, d.through(),
         d.training_agrees(": training is the same, what is computed from that value (a logged "
                           "loss) is not"));
-    d.f.remedy =
-        "save the running value with the checkpoint, or reset it where the run that went "
-        "through would (at each logging step); compare the parameters, not the logged loss";
+    d.f.remedy = fmt::format(
+        "{}save the running value with the checkpoint, or reset it where the run that went "
+        "through would (at each logging step)",
+        d.report.training.identical
+            ? "nothing to fix for training, which continues exactly; for the logged value to "
+              "continue too, "
+            : "");
     return true;
   }
   return false;
@@ -434,8 +468,8 @@ bool name_what_was_missed(const StreamSelection& selection, const DiffReport& r,
       f->divergence_class != DivergenceClass::kInputDiffers)
     return false;
   for (bool (*missed)(ResumeDivergence&) :
-       {missed_hyperparameter, missed_parameters, missed_data_order, missed_tensor_state,
-        missed_running_value})
+       {missed_hyperparameter, missed_parameters, missed_optimizer_state, missed_data_order,
+        missed_tensor_state, missed_running_value})
     if (missed(d)) return true;
   return false;
 }
@@ -665,6 +699,8 @@ void settle_fresh_layouts(const std::vector<PoolComparison>& pools,
     rp->reordered_ops += res->divergent_ops;
     res->first.reset();
     res->divergent_ops = 0;
+    res->divergent_training_writes = res->divergent_outside = 0;
+    res->outside_training.clear();
     res->summary.divergent = 0;
     res->per_step.clear();
     res->curve.erase(rp->step);
@@ -686,6 +722,7 @@ void explain_resumes(const StreamSelection& selection, DiffReport* r) {
                              }),
               env.end());
     rp.verified = r->verdict == Verdict::kIdentical;
+    rp.training_verified = rp.verified || r->training.identical;
     if (r->first && of_process(r->first->stream, rp.process))
       name_what_was_missed(selection, *r, &rp, &*r->first);
   }

@@ -409,7 +409,7 @@ std::string first_divergence_card(const FirstDivergence& f) {
 }  // namespace
 
 std::string render_html(const DiffReport& r) {
-  std::string upper = verdict_name(r.verdict);
+  std::string upper = gate_word(r);
   for (char& c : upper) c = char(std::toupper(uint8_t(c)));
   std::string b = fmt::format(
       "<div class=\"banner {}\" id=\"verdict\"><strong>{}</strong> {}<small>A: {} &nbsp; B: {}"

@@ -1,5 +1,6 @@
 // The JSON report (schema in docs/report.md), and helpers shared by the renderers.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -54,6 +55,7 @@ json pairs_json(const std::vector<TensorPair>& ps) {
     json e = {
         {"index", p.index}, {"differs", p.differs}, {"a", side_json(p.a)}, {"b", side_json(p.b)}};
     if (!p.written_argument.empty()) e["written_argument"] = p.written_argument;
+    if (p.tensor_role != TensorRole::kUnknown) e["tensor_role"] = tensor_role_name(p.tensor_role);
     a.push_back(std::move(e));
   }
   return a;
@@ -123,6 +125,16 @@ std::string what_was_compared(const DiffReport& r) {
                      r.ops_compared, r.steps_seen, r.optimizer_ops);
 }
 
+std::string outside_training(const DiffReport& r) {
+  return fmt::format("{} op(s) outside training differ: {}", r.training.divergent_outside,
+                     fmt::join(r.training.outside, ", "));
+}
+
+std::string gate_word(const DiffReport& r) {
+  return r.training.identical && r.gate.fail_on == "training" ? "training identical"
+                                                              : verdict_name(r.verdict);
+}
+
 std::string one_line_verdict(const DiffReport& r) {
   if (r.verdict == Verdict::kIncomplete)
     return fmt::format(
@@ -141,6 +153,12 @@ std::string one_line_verdict(const DiffReport& r) {
         "recorded, {} ops compared, {} divergent",
         r.ops_compared, r.divergent_ops);
   if (r.verdict == Verdict::kIdentical) return "identical: " + what_was_compared(r);
+  if (r.verdict == Verdict::kDivergent && r.training.identical && r.gate.fail_on == "training")
+    return fmt::format(
+        "training identical: the {} training-state writes compared agree, and what differs "
+        "reaches none of them ({}{})",
+        r.training.writes_compared, outside_training(r),
+        r.training.divergent_outside > r.training.outside.size() ? ", ..." : "");
   if (r.verdict == Verdict::kUnexplained)
     return fmt::format(
         "unexplained: {} divergent ops, but detaudit could not name the first: {}. "
@@ -156,8 +174,10 @@ std::string one_line_verdict(const DiffReport& r) {
     return "divergent";
   }
   const FirstDivergence& f = *r.first;
-  return fmt::format("divergent: first at rank {} step {} {} {} ({})", f.rank, f.step, f.phase,
-                     f.op, f.divergence_class);
+  return fmt::format(
+      "divergent: first at rank {} step {} {} {} ({}){}", f.rank, f.step, f.phase, f.op,
+      f.divergence_class,
+      r.training.identical ? "; outside training: the training state is identical" : "");
 }
 
 json remedy_verification_to_json(const RemedyVerification& v) {
@@ -192,6 +212,7 @@ json report_to_json(const DiffReport& r) {
                             {"found_by", rp.found_by},
                             {"setup_ops", rp.setup_ops},
                             {"verified", rp.verified},
+                            {"training_verified", rp.training_verified},
                             {"reordered_ops", rp.reordered_ops},
                             {"workers", rp.workers},
                             {"missing", rp.missing.empty() ? json(nullptr) : json(rp.missing)}});
@@ -344,7 +365,8 @@ json report_to_json(const DiffReport& r) {
         {"remedy", f.remedy},
         {"compiled_region", f.compiled_region.empty() ? json(nullptr) : json(f.compiled_region)},
         {"inputs", pairs_json(f.inputs)},
-        {"outputs", pairs_json(f.outputs)}};
+        {"outputs", pairs_json(f.outputs)},
+        {"reaches_training", f.training.known ? json(f.training.reaches) : json(nullptr)}};
     if (f.is_random)
       fd["rng"] = {{"a", fmt::format("{:016x}", f.rng_a)}, {"b", fmt::format("{:016x}", f.rng_b)}};
     json mag = json::array();
@@ -431,6 +453,11 @@ json report_to_json(const DiffReport& r) {
                  {"loss", loss},
                  {"parameters_tracked", r.parameters_tracked},
                  {"parameters_diverged", params}};
+  j["training"] = {{"identical", r.training.identical},
+                   {"writes_compared", r.training.writes_compared},
+                   {"divergent_writes", r.training.divergent_writes},
+                   {"divergent_outside", r.training.divergent_outside},
+                   {"outside", r.training.outside}};
 
   if (r.truncated.empty()) {
     j["truncated"] = nullptr;

@@ -32,8 +32,11 @@ std::string side_line(const TensorSide& s) {
 void tensors(std::string* out, const Style& st, const std::vector<TensorPair>& ps) {
   for (const TensorPair& p : ps) {
     std::string mark = p.differs ? st("31", "differs") : "same";
+    std::string about = p.a.origin;
+    if (p.tensor_role != TensorRole::kUnknown)
+      about += (about.empty() ? "" : "; ") + std::string(tensor_role_name(p.tensor_role));
     *out += fmt::format("    {} [{}]{}:\n", p.label(), mark,
-                        p.a.origin.empty() ? "" : " (" + p.a.origin + ")");
+                        about.empty() ? "" : " (" + about + ")");
     *out += fmt::format("      A {}\n", side_line(p.a));
     if (p.differs || !p.b.present || !p.a.present)
       *out += fmt::format("      B {}\n", side_line(p.b));
@@ -134,7 +137,10 @@ std::string render_text(const DiffReport& r, bool color) {
   Style st{color};
   std::string out;
   bool same = r.verdict == Verdict::kIdentical;
-  const char* word = same                                 ? "IDENTICAL"
+  const bool training_passes = r.training.identical && r.gate.fail_on == "training";
+  same = same || training_passes;
+  const char* word = training_passes                      ? "TRAINING IDENTICAL"
+                     : same                               ? "IDENTICAL"
                      : r.verdict == Verdict::kIncomplete  ? "INCOMPLETE"
                      : r.verdict == Verdict::kUnexplained ? "UNEXPLAINED"
                      : r.verdict == Verdict::kNoVerdict   ? "NO VERDICT"
@@ -175,7 +181,12 @@ std::string render_text(const DiffReport& r, bool color) {
                                                     rp.reordered_ops)
                                       : "")) +
              "\n";
-    else if (!rp.missing.empty())
+    else if (rp.training_verified)
+      out += st("32", fmt::format("    training continues exactly: every training-state write "
+                                  "agrees from step {} on; only values outside training differ",
+                                  rp.step)) +
+             "\n";
+    if (!rp.verified && !rp.missing.empty())
       out += st("33", "    the checkpoint did not restore " + rp.missing) + "\n";
   }
   if (auto [head, lines] = sentinel_lines(r); !head.empty()) {
@@ -190,6 +201,18 @@ std::string render_text(const DiffReport& r, bool color) {
   }
   for (const ReplicaCheck& c : r.replicas)
     if (c.divergence || !c.not_checked.empty()) out += render_replica_check(c);
+  if (r.training.identical)
+    out += st("32", fmt::format(
+                        "  training: identical, the {} training-state writes compared "
+                        "agree; {}{}",
+                        r.training.writes_compared, outside_training(r),
+                        r.training.divergent_outside > r.training.outside.size() ? ", ..." : "")) +
+           "\n";
+  else if (r.gate.fail_on == "training" && r.verdict == Verdict::kDivergent)
+    out += st("31", fmt::format("  training: differs ({} divergent training-state write(s){})",
+                                r.training.divergent_writes,
+                                r.structural_count ? ", and the op sequences differ" : "")) +
+           "\n";
   if (!same && r.gate.fail_on == "tolerance")
     out += fmt::format("  gate: tolerance {}: {}\n", tolerance_text(r.gate),
                        r.beyond_tolerance ? "beyond tolerance (fails)" : "within tolerance");

@@ -15,8 +15,8 @@ import os
 import re
 import unittest
 
-from detaudit_testlib import (PYTHON, TmpDirCase, export_records, output_log, program,
-                              record_pair)
+from detaudit_testlib import (PYTHON, TmpDirCase, export_records, load_report, output_log,
+                              program, record_pair, run_detaudit)
 
 CASES = [PYTHON, program("gate_cases.py")]
 # Budgets for what changes run to run only by chance: when it never changed, the test did not see
@@ -187,13 +187,29 @@ class GateCauses(TmpDirCase):
                 self.assertTrue(unread["first"]["overwritten_by"].startswith(writer), unread)
 
     def test_a_race_read_before_it_is_overwritten_is_the_divergence(self):
-        proc, report, a, b = self.raced_pair("read", "overwritten", "--read-first")
+        # In an evaluation after three training steps: what differs reaches no training state.
+        # The default gate fails on it all the same; the training gate passes.
+        proc, report, a, b = self.raced_pair("read", "overwritten", "--read-first",
+                                             "--after-training")
         self.assertEqual(proc.returncode, 1, proc.stderr)
         f = report["first_divergence"]
         self.assertEqual(f["op"], "aten::_index_put_impl_", f)
         self.assertEqual(f["class"], "nondeterministic-op", f)
         self.assertEqual(f["catalog"]["id"], "index-put-accumulate-cpu", f)
         self.assertTrue(f["confirmed_by"].startswith("read by aten::sum"), f)
+        self.assertIs(f["reaches_training"], False, f)
+        self.assertEqual([o.get("tensor_role") for o in f["outputs"] if o["differs"]],
+                         ["outside training"], f["outputs"])
+        training = report["training"]
+        self.assertTrue(training["identical"], training)
+        self.assertGreater(training["writes_compared"], 0, training)
+        self.assertEqual(training["divergent_writes"], 0, training)
+        out = os.path.join(self.tmp, "read-training.json")
+        r = run_detaudit(["diff", a, b, "--fail-on", "training", "--format", "json", "-o", out])
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertEqual(load_report(out)["exit_code"], 0)
+        r = run_detaudit(["diff", a, b, "--fail-on", "training"])
+        self.assertTrue(r.stdout.startswith("TRAINING IDENTICAL"), r.stdout)
 
 
 if __name__ == "__main__":

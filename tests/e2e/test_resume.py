@@ -106,8 +106,11 @@ class Resume(TmpDirCase):
     def test_a_data_loader_started_over_is_named_with_the_step_it_repeats(self):
         report, resume = self.diff("sampler", 1)
         f = report["first_divergence"]
-        # The index the batch is taken with: made by earlier ops (a slice of the permutation).
-        self.assertEqual(f["class"], "input-differs", f)
+        # The index the batch is taken with is made by earlier ops (a slice of the permutation);
+        # what the resumed loop read is a batch the other run read before: data entering the
+        # program, as the class table has it.
+        self.assertEqual(f["class"], "external-input", f)
+        self.assertTrue(f["data_order"], f)
         self.assertEqual(f["step"], STOP, f)
         self.assertEqual(resume["missing"], "the data order", resume)
         self.assertIn(f"run B's step {STOP} read the batch run A read at step 0", f["cause"])
@@ -131,6 +134,36 @@ class Resume(TmpDirCase):
         self.assertEqual(resume["missing"], "the parameters", resume)
         self.assertIn("resumed process read none of them", f["cause"])
         self.assertIn("load the model's state_dict()", f["remedy"])
+
+    def test_an_optimizers_state_not_restored_is_named_by_its_role(self):
+        # Adam, resumed without its state_dict(): its step count, what only its steps write and
+        # read, is 0 where the run that went through has 3; its moments start anew too.
+        through = record(os.path.join(self.tmp, "through-adam"),
+                         LOOP + ["--steps", str(STEPS), "--adam"])
+        ck = os.path.join(self.tmp, "ck-adam.pt")
+        flags = ["--steps", str(STEPS), "--adam", "--omit", "optimizer"]
+        resumed = record_stopped_and_resumed(os.path.join(self.tmp, "resumed-adam"), LOOP,
+                                             flags + ["--stop-at", str(STOP), "--save", ck],
+                                             flags + ["--resume", ck])
+        report = diff_report(self, through, resumed, os.path.join(self.tmp, "adam.json"), 1)
+        resume = report["resumes"][0]
+        self.assertEqual((resume["step"], resume["missing"]), (STOP, "the optimizer's state"),
+                         resume)
+        self.assertFalse(resume["training_verified"], resume)
+        f = report["first_divergence"]
+        self.assertEqual((f["step"], f["phase"]), (STOP, "optimizer"), f)
+        self.assertEqual([p.get("tensor_role") for p in f["inputs"] if p["differs"]],
+                         ["optimizer state"], f["inputs"])
+        self.assertTrue(f["reaches_training"], f)
+        # torch 2's optimizer hooks name the optimizer; torch 1.13 has none to name it by.
+        whose = "Adam's state" if f["optimizer"] else "the optimizer's state"
+        if f["optimizer"]:
+            self.assertEqual(f["optimizer"]["class"], "Adam", f)
+        self.assertIn(f"did not restore the optimizer's state: {whose}", f["cause"])
+        self.assertNotIn("running value", f["cause"])
+        self.assertIn("optimizer.load_state_dict()", f["remedy"])
+        self.assertFalse(report["training"]["identical"], report["training"])
+        self.assertGreater(len(report["spread"]["parameters_diverged"]), 0, report["spread"])
 
     def test_the_resumed_run_may_be_run_a(self):
         out = os.path.join(self.tmp, "swapped.json")
@@ -310,11 +343,18 @@ class TrainerResume(TmpDirCase):
                          f)
         self.assertTrue(resume["missing"].startswith("a running value"), resume)
         self.assertIn("Trainer's tr_loss", f["cause"])
-        # What training computes agrees: every tensor the optimizer wrote.
+        # What training computes agrees: every tensor the optimizer wrote. The logged sum is a
+        # value outside training, by its data flow.
         spread = report["spread"]
         self.assertGreater(spread["parameters_tracked"], 0, spread)
         self.assertEqual(spread["parameters_diverged"], [], spread)
         self.assertIn("training is the same", f["cause"])
+        self.assertEqual([p.get("tensor_role") for p in f["inputs"] if p["differs"]],
+                         ["outside training"], f["inputs"])
+        self.assertIs(f["reaches_training"], False, f)
+        self.assertTrue(report["training"]["identical"], report["training"])
+        self.assertTrue(resume["training_verified"], resume)
+        self.assertFalse(resume["verified"], resume)
 
 
 @unittest.skipUnless(_HAS_LIGHTNING, "lightning is not installed")
@@ -394,11 +434,22 @@ class OneCommand(TmpDirCase):
 
     @unittest.skipUnless(_HAS_TRANSFORMERS, "transformers and accelerate are not installed")
     def test_trainer_with_no_argument(self):
+        # Does training continue exactly? It does: `resume` passes, its logged loss sum noted.
         report, resume = self.resume(
-            "trainer", ["--at", "4"], TRAINER + ["--out", os.path.join(self.tmp, "to")], 1)
+            "trainer", ["--at", "4"], TRAINER + ["--out", os.path.join(self.tmp, "to")], 0)
         self.assertEqual(resume["step"], 4, resume)
         self.assertTrue(resume["missing"].startswith("a running value"), resume)
         self.assertEqual(report["spread"]["parameters_diverged"], [], report["spread"])
+        self.assertEqual((report["gate"]["fail_on"], report["exit_code"]), ("training", 0),
+                         report["gate"])
+        self.assertTrue(resume["training_verified"], resume)
+        self.assertTrue(report["training"]["identical"], report["training"])
+        self.assertTrue(any(o.startswith("aten::add_ (step 4)")
+                            for o in report["training"]["outside"]), report["training"])
+        # Asked for any difference, the same resume fails on the logged sum.
+        r = run_detaudit(["diff", os.path.join(self.tmp, "trainer", "run-0"),
+                          os.path.join(self.tmp, "trainer", "run-1")])
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
 
 
 if __name__ == "__main__":

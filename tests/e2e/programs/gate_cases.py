@@ -12,10 +12,13 @@
                                        # names: their order follows Python's hash randomization;
                                        # one forward and backward, no optimizer (torch 2's
                                        # imports torch._dynamo, seconds of CPU a run)
-    python gate_cases.py overwritten [--read-first] [--out]
+    python gate_cases.py overwritten [--read-first] [--out] [--after-training]
                                        # the CPU index_put_(accumulate=True) race writes a
                                        # scratch buffer, overwritten in full (copy_, or an out=
-                                       # op) before any op reads it, unless --read-first
+                                       # op) before any op reads it, unless --read-first; with
+                                       # --after-training, three seeded SGD steps first and the
+                                       # race in an evaluation after them (no_grad), from the
+                                       # trained weight
 Each prints what the test compares with the verdict. Several cases run one after the other in
 one process, in the order given: cases with the same verdict share one recorded pair.
 
@@ -92,14 +95,30 @@ def out_buffers():
         print(f"step {step} md5 {md5(acc)}")
 
 
-def overwritten(read_first, out):
+def train_a_little():
+    """Three seeded SGD steps of a linear model, bit for bit the same in every run."""
+    model = torch.nn.Linear(16, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(64, 16), torch.randn(64, 1)
+    for _ in range(3):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return model
+
+
+def overwritten(read_first, out, after_training):
     torch.set_num_threads(2)  # the race needs two intra-op threads
     torch.manual_seed(0)
+    model = train_a_little() if after_training else None
+    torch.set_grad_enabled(not after_training)  # an evaluation
     n = 1 << 17
     # 4M values: each thread's share outlasts a time slice, so the two interleave even on a loaded
     # machine (with 1M, one often ran before the other: the same bits in every run).
     idx = torch.randint(0, n // 64, (1 << 22,))
     vals = torch.randn(idx.numel())
+    if model is not None:
+        vals = vals * model.weight.sum()
     base = torch.randn(n)
     scratch = torch.zeros(n)
     for step in range(3):
@@ -122,7 +141,8 @@ CASES = {
     "garbage": lambda flags: garbage("--zeros-like" in flags),
     "set-order": lambda flags: set_order(),
     "out-buffers": lambda flags: out_buffers(),
-    "overwritten": lambda flags: overwritten("--read-first" in flags, "--out" in flags),
+    "overwritten": lambda flags: overwritten("--read-first" in flags, "--out" in flags,
+                                             "--after-training" in flags),
 }
 
 

@@ -5,7 +5,7 @@ in an order each epoch draws from its own seeded permutation.
     resume_loop.py --steps N                                   # runs through
     resume_loop.py --steps N --stop-at K --save CK             # stops after step K-1
     resume_loop.py --steps N --resume CK [--omit rng,sampler,scheduler,scaler] [--scaler]
-                   [--workers W]
+                   [--workers W] [--adam]
 
 --omit leaves that state out of what is saved: torch's generator (dropout draws on), the data
 loader's place (the resumed loop starts its batches over), the scheduler's state (its LR); or,
@@ -13,7 +13,7 @@ with "model" and "optimizer", the resumed loop does not load the parameters or t
 state. --scaler scales the loss with a GradScaler whose scale doubles each step (torch 2.3 and
 later, on the CPU), saved unless "scaler" is left out. --workers W takes the batches from a
 DataLoader with W worker processes, its batch sampler started at the loop's place (the same
-batches as without workers).
+batches as without workers). --adam steps Adam instead of SGD.
 Prints the last loss.
 """
 import argparse
@@ -29,13 +29,15 @@ p.add_argument("--resume")
 p.add_argument("--omit", default="")
 p.add_argument("--scaler", action="store_true")
 p.add_argument("--workers", type=int, default=0)
+p.add_argument("--adam", action="store_true")
 args = p.parse_args()
 omit = set(filter(None, args.omit.split(",")))
 
 torch.manual_seed(0)
 torch.set_num_threads(1)
 model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.25), nn.Linear(32, 1))
-opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+opt = (torch.optim.Adam(model.parameters(), lr=0.01) if args.adam
+       else torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
 # Its LR is a function of its own step count, which only its state_dict() carries.
 sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: 0.8 ** epoch)
 # No overflow in these steps: the scale doubles at each, a state only its state_dict() carries.
