@@ -273,11 +273,19 @@ inline int64_t TraceBuilder::Op::done() {
   return last_id_;
 }
 
-// A run directory under the test temp dir: <tmp>/<name>/streams/...
+// A run directory under the test temp dir, its own for each test: ctest runs a suite's tests as
+// processes side by side, so a name shared by two tests must not be one directory.
+// <tmp>/detaudit_<Suite.Test>/<name>/streams/...
+inline std::string test_scratch_dir() {
+  const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string dir = std::string(::testing::TempDir()) + "/detaudit_";
+  if (test) dir += std::string(test->test_suite_name()) + "." + test->name();
+  return dir;
+}
+
 class RunDir {
  public:
-  explicit RunDir(const std::string& name)
-      : path_(std::string(::testing::TempDir()) + "/detaudit_" + name) {
+  explicit RunDir(const std::string& name) : path_(test_scratch_dir() + "/" + name) {
     std::filesystem::remove_all(path_);
     std::filesystem::create_directories(path_ + "/streams");
   }
