@@ -13,6 +13,7 @@ import fnmatch
 import functools
 import glob
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -186,6 +187,7 @@ def run_as_group(argv, env, cwd, timeout):
     """subprocess.run in a session of its own: on a timeout every process it started is killed,
     not only the first (detaudit's program, a launcher's ranks), so nothing hung runs on beside
     the next test."""
+    started = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, cwd=cwd, start_new_session=True)
     try:
@@ -197,7 +199,29 @@ def run_as_group(argv, env, cwd, timeout):
             pass
         proc.communicate()
         raise
+    finally:
+        log_process_time(argv, time.monotonic() - started)
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def log_process_time(argv, seconds):
+    """With DETAUDIT_E2E_TIMES=FILE, one line per process a test started: its seconds, the test,
+    the command; what tells where the suite's minutes go (tests/e2e/process_times.py sums it)."""
+    path = os.environ.get("DETAUDIT_E2E_TIMES")
+    if not path:
+        return
+    test = " ".join(sys.argv[1:])  # a worker thread's stack holds no test
+    for f in inspect.stack():
+        owner = f.frame.f_locals.get("self", f.frame.f_locals.get("cls"))
+        if isinstance(owner, unittest.TestCase):
+            test = owner.id()
+            break
+        if isinstance(owner, type) and issubclass(owner, unittest.TestCase):
+            test = f"{owner.__module__}.{owner.__name__}.{f.function}"
+            break
+    with open(path, "a") as f:
+        f.write(json.dumps({"seconds": round(seconds, 2), "test": test,
+                            "argv": [os.path.basename(str(a)) for a in argv[:12]]}) + "\n")
 
 
 def record(out_dir, command, flags=(), env=None, cwd=None, timeout=300):
