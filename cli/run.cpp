@@ -18,7 +18,6 @@
 
 #include "catalog/catalog.h"
 #include "cli/coverage.h"
-#include "cli/sentinel.h"
 #include "cli/verbs.h"
 #include "config/config.h"
 #include "diff/diff.h"
@@ -27,6 +26,7 @@
 #include "report/render.h"
 #include "run/interposer.h"
 #include "run/remedy.h"
+#include "run/sentinel.h"
 #include "run/session.h"
 #include "run_layout.h"
 
@@ -327,7 +327,8 @@ int run_main(const RunArgs& args) {
   if (config.runs >= 2) {
     // Before the report: a sentinel's divergent step recorded in full, then its remedy tried.
     auto before_render = [&](DiffReport* report) {
-      if (config.sentinel && !any_failed) localize_divergent_step(config, options, report);
+      if (config.sentinel && !any_failed)
+        run::localize_divergent_step(config, options, catalog_path(), report);
       if (args.verify_remedy && !any_failed && report->verdict == Verdict::kDivergent)
         report->remedy_verification = verify_remedies(config, options, *report);
     };

@@ -41,6 +41,28 @@ bool rank_main_thread(const std::string& stream, const std::string& process) {
   return stream == process + ".t-main" && process.find('.') + 5 == process.size();
 }
 
+// The streams compared together, consumers or DataLoader workers, and each one's limits: a
+// worker's stream up to the last step its consumer ran (`last_step`, by process: A, B).
+void batch_of(const StreamSelection& selection, const DiffReport& r, bool workers,
+              const std::map<std::string, std::pair<uint64_t, uint64_t>>& last_step,
+              std::vector<std::string>* batch, std::vector<StreamLimits>* limits) {
+  for (const auto& [name, head] : selection.heads) {
+    if (head.dataloader_worker != workers) continue;
+    StreamLimits l;
+    l.world_lost_a = lost_world(r.worlds[0]);
+    l.world_lost_b = lost_world(r.worlds[1]);
+    if (auto w = selection.windows.find(name); w != selection.windows.end()) l.window = w->second;
+    if (workers) {
+      if (auto it = last_step.find(parent_process(head.process)); it != last_step.end()) {
+        l.last_step_a = it->second.first;
+        l.last_step_b = it->second.second;
+      }
+    }
+    batch->push_back(name);
+    limits->push_back(l);
+  }
+}
+
 // Align and compare: every stream, one a core, in bounded memory. Consumers first: a worker's
 // stream is compared up to the last step its consumer ran. Each rank's main thread is folded
 // for the replica check as it is read: nothing is read twice.
@@ -59,21 +81,7 @@ Status compare_streams(const StreamSelection& selection, const Fingerprints& fin
   for (bool workers : {false, true}) {
     std::vector<std::string> batch;
     std::vector<StreamLimits> limits;
-    for (const auto& [name, head] : selection.heads) {
-      if (head.dataloader_worker != workers) continue;
-      StreamLimits l;
-      l.world_lost_a = lost_world(r.worlds[0]);
-      l.world_lost_b = lost_world(r.worlds[1]);
-      if (auto w = selection.windows.find(name); w != selection.windows.end()) l.window = w->second;
-      if (workers) {
-        if (auto it = last_step.find(parent_process(head.process)); it != last_step.end()) {
-          l.last_step_a = it->second.first;
-          l.last_step_b = it->second.second;
-        }
-      }
-      batch.push_back(name);
-      limits.push_back(l);
-    }
+    batch_of(selection, r, workers, last_step, &batch, &limits);
     std::vector<StreamResult> done(batch.size());
     std::vector<RankFolds> fold_a(batch.size()), fold_b(batch.size());
     std::vector<ReplicaFolder> folder_a, folder_b;
@@ -455,9 +463,13 @@ bool failed_by_itself(const RunEnding& e) {
 Verdict verdict_of(const DiffReport& r) {
   bool replicas_disagree = false;
   for (const ReplicaCheck& c : r.replicas) replicas_disagree |= c.divergence.has_value();
-  if (r.divergent_ops > 0 || r.structural_count > 0 || replicas_disagree)
+  // A sentinel pair whose steps part, where the ops that made the step were not recorded: the
+  // step is the finding (run/sentinel.h).
+  const bool sentinel_parted = r.sentinel && r.sentinel->divergent;
+  if (r.divergent_ops > 0 || r.structural_count > 0 || replicas_disagree || sentinel_parted)
     // A divergence the report cannot place is no verdict a user can act on: the tool failed.
-    return r.first || replicas_disagree ? Verdict::kDivergent : Verdict::kUnexplained;
+    return r.first || replicas_disagree || sentinel_parted ? Verdict::kDivergent
+                                                           : Verdict::kUnexplained;
   if (r.incomplete && !r.gate.allow_truncated) return Verdict::kIncomplete;
   // No run to judge the program by: however alike their recordings, the pair failed.
   std::set<std::string> failed;

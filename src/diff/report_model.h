@@ -198,7 +198,7 @@ struct RemedyVerification {
 };
 
 // `run --sentinel`: the first divergent step, found from traces of what each step leaves
-// (parameters, gradients, optimizer state, loss), then that step recorded in full (cli/sentinel.cpp).
+// (parameters, gradients, optimizer state, loss), then that step recorded in full (run/sentinel.h).
 struct SentinelFinding {
   std::string runs;              // the sentinel runs' directory
   bool divergent = false;        // some step differs
