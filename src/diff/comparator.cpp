@@ -139,6 +139,27 @@ class StreamComparator {
     a_ = &a;
     b_ = &b;
     total_bytes_ = ra.file_size() + rb.file_size();
+    pair_ops(ra, rb, a, b);
+    // The loop stops at the first side to end; read the other up to its next op or its end.
+    a.fill(1);
+    b.fill(1);
+    // Still open at the end: the program may read it after the stream, so it counts.
+    confirm_open("not overwritten before the stream ended");
+    settle(/*at_end=*/true);
+    if (out_->first) {
+      out_->first->collectives_before = collectives_before_;
+      out_->first->collectives_after = collectives_after_;
+    }
+    Status s = finish(ra, rb);
+    note_what_run_a_showed(a);
+    out_->max_step_b = b.max_step();
+    out_->tail_b = tail_of(b);
+    return s;
+  }
+
+  // Ops pair up in order; a pair whose keys differ is realigned (resync).
+  void pair_ops(const trace::TraceReader& ra, const trace::TraceReader& rb, OpSource& a,
+                OpSource& b) {
     auto last = std::chrono::steady_clock::now();
     PairFiller filler(&a, &b);
 
@@ -170,19 +191,12 @@ class StreamComparator {
         }
       }
     }
-    // The loop stops at the first side to end; read the other up to its next op or its end.
-    a.fill(1);
-    b.fill(1);
-    // Still open at the end: the program may read it after the stream, so it counts.
-    confirm_open("not overwritten before the stream ended");
-    settle(/*at_end=*/true);
-    if (out_->first) {
-      out_->first->collectives_before = collectives_before_;
-      out_->first->collectives_after = collectives_after_;
-    }
-    Status s = finish(ra, rb);
+  }
+
+  // What run A's stream showed of its training: its steps, backward passes and optimizer ops,
+  // the optimizer whose step the first divergence is in, and how it ended.
+  void note_what_run_a_showed(OpSource& a) {
     out_->max_step_a = a.max_step();
-    out_->max_step_b = b.max_step();
     out_->backward_passes_a = a.backward_passes();
     out_->optimizer_ops_a = a.optimizer_ops();
     if (out_->first)
@@ -193,8 +207,6 @@ class StreamComparator {
         out_->first->optimizer_tensors = o->tensors;
       }
     out_->tail_a = tail_of(a);
-    out_->tail_b = tail_of(b);
-    return s;
   }
 
  private:

@@ -216,6 +216,11 @@ Status diff_part(const std::string& run_a, const std::string& run_b, const DiffO
            {"beyond_tolerance", r.beyond_tolerance},
            {"structure_tolerated", r.structure_tolerated},
            {"structure_matched", r.structure_matched},
+           {"training",
+            {{"writes_compared", r.training.writes_compared},
+             {"divergent_writes", r.training.divergent_writes},
+             {"divergent_outside", r.training.divergent_outside},
+             {"outside", r.training.outside}}},
            {"per_step", per_step},
            {"curve", curve},
            {"by_rank", by_rank},
@@ -229,16 +234,15 @@ Status diff_part(const std::string& run_a, const std::string& run_b, const DiffO
   return Status();
 }
 
-Status merge_parts(const std::vector<json>& parts, const std::vector<std::string>& sources,
-                   const DiffOptions& options, DiffReport* report) {
-  auto start = std::chrono::steady_clock::now();
-  if (parts.empty()) return Status::error("merge: no parts given");
-  DiffReport r;
-  r.gate = options.gate;
-  std::set<std::string> streams;
-  std::vector<FirstDivergence> candidates;
-  std::vector<RankFolds> folds[2];  // run A's ranks', run B's
-  std::set<std::string> notes;
+namespace {
+
+// Every part's counts, candidates and folds into *r, *candidates and folds; the parts must be of
+// one pair of runs, their streams not overlapping.
+Status read_parts(const std::vector<json>& parts, const std::vector<std::string>& sources,
+                  DiffReport* out, std::vector<FirstDivergence>* candidates,
+                  std::vector<RankFolds> folds[2]) {
+  DiffReport& r = *out;
+  std::set<std::string> streams, notes;
   try {
     for (size_t i = 0; i < parts.size(); ++i) {
       const json& p = parts[i];
@@ -271,6 +275,14 @@ Status merge_parts(const std::vector<json>& parts, const std::vector<std::string
       r.beyond_tolerance = r.beyond_tolerance || p.at("beyond_tolerance").get<bool>();
       r.structure_tolerated = r.structure_tolerated || p.value("structure_tolerated", false);
       r.structure_matched += p.value("structure_matched", uint64_t(0));
+      // A part of an older detaudit has none: no training write compared, the gate fails closed.
+      const json t = p.value("training", json::object());
+      r.training.writes_compared += t.value("writes_compared", uint64_t(0));
+      r.training.divergent_writes += t.value("divergent_writes", uint64_t(0));
+      r.training.divergent_outside += t.value("divergent_outside", uint64_t(0));
+      for (const json& o : t.value("outside", json::array()))
+        if (r.training.outside.size() < TrainingCheck::kMaxOutside)
+          r.training.outside.push_back(o.get<std::string>());
       for (const json& e : p.at("per_step"))
         r.divergent_ops_per_step[e.at(0).get<uint64_t>()] += e.at(1).get<uint64_t>();
       for (const json& e : p.at("curve")) {
@@ -285,7 +297,7 @@ Status merge_parts(const std::vector<json>& parts, const std::vector<std::string
       for (const json& line : p.at("not_compared"))
         r.not_compared.push_back(line.get<std::string>());
       for (const json& note : p.at("notes")) notes.insert(note.get<std::string>());
-      for (const json& c : p.at("candidates")) candidates.push_back(candidate_from(c));
+      for (const json& c : p.at("candidates")) candidates->push_back(candidate_from(c));
       for (const json& rp : p.value("resumes", json::array())) r.resumes.push_back(resume_from(rp));
       if (const json n = p.value("numerics_change", json()); n.is_object())
         keep_earliest_numerics_change(numerics_from(n), &r);
@@ -302,6 +314,75 @@ Status merge_parts(const std::vector<json>& parts, const std::vector<std::string
         ExitCode::kBadInput);
   }
   r.notes.assign(notes.begin(), notes.end());
+  return Status();
+}
+
+// The first divergence among every part's, by the whole diff's rule; its evidence from comparing
+// that one stream again, its rank's streams selected again as its part did, a resume's windows
+// included.
+Status compare_first_again(const trace::RunDirectory& run_a, const trace::RunDirectory& run_b,
+                           const Fingerprints fingerprints[2],
+                           const std::vector<FirstDivergence>& candidates,
+                           const std::vector<std::string>& sources, const DiffOptions& options,
+                           StreamSelection* selection, DiffReport* out) {
+  DiffReport& r = *out;
+  std::vector<const FirstDivergence*> pointers;
+  for (const FirstDivergence& c : candidates) pointers.push_back(&c);
+  const FirstDivergence* first = causal_first(pointers);
+  if (!first) return Status();
+  StreamResult res;
+  StreamLimits limits;
+  limits.world_lost_a = lost_world(r.worlds[0]);
+  limits.world_lost_b = lost_world(r.worlds[1]);
+  RangeSet rank;
+  std::vector<ResumedProcess> resumes;
+  std::vector<std::string> resume_notes;
+  if (first->rank >= 0)
+    if (Status s = RangeSet::parse(json::array({uint64_t(first->rank)}), "ranks", &rank); !s.ok())
+      return s;
+  if (Status s = select_streams(run_a, run_b, rank, selection); !s.ok()) return s;
+  if (Status s = find_resumes(selection, options.resume_step, &resumes, &resume_notes); !s.ok())
+    return s;
+  auto stream_a = selection->streams[0].find(first->stream);
+  auto stream_b = selection->streams[1].find(first->stream);
+  if (stream_a == selection->streams[0].end() || stream_b == selection->streams[1].end())
+    return Status::error(fmt::format("{}: stream {} is no longer in both runs; were the runs "
+                                     "recorded again since?",
+                                     sources.front(), first->stream),
+                         ExitCode::kBadInput);
+  if (auto w = selection->windows.find(first->stream); w != selection->windows.end())
+    limits.window = w->second;
+  auto fingerprint = fingerprints[0].find(first->process);
+  if (Status s = compare_stream(
+          first->stream, stream_a->second, stream_b->second, options, r.environment, nullptr, &res,
+          limits, fingerprint != fingerprints[0].end() ? &fingerprint->second : nullptr);
+      !s.ok())
+    return s;
+  if (!res.first)
+    return Status::error(fmt::format("{}: stream {} no longer diverges where its part said; "
+                                     "were the runs recorded again since?",
+                                     sources.front(), first->stream),
+                         ExitCode::kBadInput);
+  for (EnvDifference& d : res.step_settings) r.environment.push_back(std::move(d));
+  r.first = *res.first;
+  add_spread(pointers, &*r.first);
+  if (Status s = find_roles(stream_a->second, &*r.first); !s.ok()) return s;
+  classify_under_torch_builds(r.environment, &*r.first);
+  explain_cause(r.environment, &*r.first);
+  return Status();
+}
+
+}  // namespace
+
+Status merge_parts(const std::vector<json>& parts, const std::vector<std::string>& sources,
+                   const DiffOptions& options, DiffReport* report) {
+  auto start = std::chrono::steady_clock::now();
+  if (parts.empty()) return Status::error("merge: no parts given");
+  DiffReport r;
+  r.gate = options.gate;
+  std::vector<FirstDivergence> candidates;
+  std::vector<RankFolds> folds[2];  // run A's ranks', run B's
+  if (Status s = read_parts(parts, sources, &r, &candidates, folds); !s.ok()) return s;
 
   // The whole runs' environments, worlds and replicas: every part saw them, the merge says them
   // once.
@@ -311,53 +392,11 @@ Status merge_parts(const std::vector<json>& parts, const std::vector<std::string
   Fingerprints fingerprints[2];
   if (Status s = check_environment_and_world(run_a, run_b, &r, fingerprints); !s.ok()) return s;
   if (Status s = check_replicas_of_both(run_a, run_b, folds, /*part=*/false, &r); !s.ok()) return s;
-
-  // The first divergence among every part's, by the whole diff's rule; its evidence from
-  // comparing that one stream again.
-  std::vector<const FirstDivergence*> pointers;
-  for (const FirstDivergence& c : candidates) pointers.push_back(&c);
-  // Its rank's streams selected again as its part did, a resume's windows included.
   StreamSelection selection;
-  if (const FirstDivergence* first = causal_first(pointers)) {
-    StreamResult res;
-    StreamLimits limits;
-    limits.world_lost_a = lost_world(r.worlds[0]);
-    limits.world_lost_b = lost_world(r.worlds[1]);
-    RangeSet rank;
-    std::vector<ResumedProcess> resumes;
-    std::vector<std::string> resume_notes;
-    if (first->rank >= 0)
-      if (Status s = RangeSet::parse(json::array({uint64_t(first->rank)}), "ranks", &rank); !s.ok())
-        return s;
-    if (Status s = select_streams(run_a, run_b, rank, &selection); !s.ok()) return s;
-    if (Status s = find_resumes(&selection, options.resume_step, &resumes, &resume_notes); !s.ok())
-      return s;
-    auto stream_a = selection.streams[0].find(first->stream);
-    auto stream_b = selection.streams[1].find(first->stream);
-    if (stream_a == selection.streams[0].end() || stream_b == selection.streams[1].end())
-      return Status::error(fmt::format("{}: stream {} is no longer in both runs; were the runs "
-                                       "recorded again since?",
-                                       sources.front(), first->stream),
-                           ExitCode::kBadInput);
-    if (auto w = selection.windows.find(first->stream); w != selection.windows.end())
-      limits.window = w->second;
-    auto fingerprint = fingerprints[0].find(first->process);
-    if (Status s = compare_stream(
-            first->stream, stream_a->second, stream_b->second, options, r.environment, nullptr,
-            &res, limits, fingerprint != fingerprints[0].end() ? &fingerprint->second : nullptr);
-        !s.ok())
-      return s;
-    if (!res.first)
-      return Status::error(fmt::format("{}: stream {} no longer diverges where its part said; "
-                                       "were the runs recorded again since?",
-                                       sources.front(), first->stream),
-                           ExitCode::kBadInput);
-    for (EnvDifference& d : res.step_settings) r.environment.push_back(std::move(d));
-    r.first = *res.first;
-    add_spread(pointers, &*r.first);
-    classify_under_torch_builds(r.environment, &*r.first);
-    explain_cause(r.environment, &*r.first);
-  }
+  if (Status s = compare_first_again(run_a, run_b, fingerprints, candidates, sources, options,
+                                     &selection, &r);
+      !s.ok())
+    return s;
   finish_report(run_a, run_b, {}, /*part=*/false, &r);
   explain_resumes(selection, &r);
   if (r.verdict == Verdict::kUnexplained)

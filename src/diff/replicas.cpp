@@ -278,6 +278,63 @@ std::vector<std::vector<size_t>> replica_groups(const std::vector<RankStream>& r
 
 }  // namespace
 
+// In a step where `differing` ranks of each group wrote otherwise than its reference (the group's
+// first), their writes and the reference's read again: the first parameter that differs, by
+// position, then group, then rank, into out->divergence.
+// The steps every rank recorded, in order.
+static std::vector<uint64_t> steps_of_every_rank(const std::vector<RankStream>& ranks) {
+  std::vector<uint64_t> steps;
+  for (const auto& [step, f] : ranks[0].folds) {
+    bool everywhere = true;
+    for (const RankStream& s : ranks) everywhere = everywhere && s.folds.count(step);
+    if (everywhere) steps.push_back(step);
+  }
+  return steps;
+}
+
+static Status find_differing_write(uint64_t step, const std::vector<std::vector<size_t>>& groups,
+                                   const std::vector<std::vector<size_t>>& differing,
+                                   std::vector<RankStream>* ranks, std::vector<std::string>* names,
+                                   std::unordered_map<std::string, uint32_t>* ids,
+                                   ReplicaCheck* out) {
+  // Their writes of this step, and each reference's, read again: the first parameter that
+  // differs, by position, then group, then rank.
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (differing[g].empty()) continue;
+    std::vector<size_t> again = differing[g];
+    again.push_back(groups[g][0]);
+    for (size_t i : again) {
+      RankStream& s = (*ranks)[i];
+      RankStream fresh;
+      fresh.rank = s.rank;
+      fresh.name = s.name;
+      fresh.path = s.path;
+      if (Status st = read_rank_stream(s.path, step, names, ids, &fresh); !st.ok()) return st;
+      s.writes = std::move(fresh.writes);
+      s.ops = std::move(fresh.ops);
+    }
+  }
+  for (size_t k = 0;; ++k) {
+    bool more = false;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      if (differing[g].empty()) continue;
+      const RankStream& ref = (*ranks)[groups[g][0]];
+      const std::vector<Write>& wr = ref.writes;
+      if (k >= wr.size()) continue;
+      more = true;
+      for (size_t i : differing[g]) {
+        const std::vector<Write>& ws = (*ranks)[i].writes;
+        const bool missing = k >= ws.size();
+        if (!missing && ws[k].out == wr[k].out && ws[k].sizes == wr[k].sizes) continue;
+        out->divergence = divergence_at(step, k, ref, (*ranks)[i], *names);
+        return Status();
+      }
+    }
+    if (!more) break;
+  }
+  return Status();
+}
+
 Status check_replicas_from(const trace::RunDirectory& run, std::vector<RankFolds> folds,
                            ReplicaCheck* out) {
   *out = ReplicaCheck{};
@@ -295,13 +352,7 @@ Status check_replicas_from(const trace::RunDirectory& run, std::vector<RankFolds
   }
   if (ranks.size() < 2) return Status();
 
-  // The steps every rank recorded, in order.
-  std::vector<uint64_t> steps;
-  for (const auto& [step, f] : ranks[0].folds) {
-    bool everywhere = true;
-    for (const RankStream& s : ranks) everywhere = everywhere && s.folds.count(step);
-    if (everywhere) steps.push_back(step);
-  }
+  const std::vector<uint64_t> steps = steps_of_every_rank(ranks);
   if (steps.empty()) {
     out->not_checked = "the ranks recorded no optimizer step in common";
     return Status();
@@ -349,41 +400,9 @@ Status check_replicas_from(const trace::RunDirectory& run, std::vector<RankFolds
           any = true;
         }
     if (!any) continue;
-    // Their writes of this step, and each reference's, read again: the first parameter that
-    // differs, by position, then group, then rank.
-    for (size_t g = 0; g < groups.size(); ++g) {
-      if (differing[g].empty()) continue;
-      std::vector<size_t> again = differing[g];
-      again.push_back(groups[g][0]);
-      for (size_t i : again) {
-        RankStream& s = ranks[i];
-        RankStream fresh;
-        fresh.rank = s.rank;
-        fresh.name = s.name;
-        fresh.path = s.path;
-        if (Status st = read_rank_stream(s.path, step, &names, &ids, &fresh); !st.ok()) return st;
-        s.writes = std::move(fresh.writes);
-        s.ops = std::move(fresh.ops);
-      }
-    }
-    for (size_t k = 0;; ++k) {
-      bool more = false;
-      for (size_t g = 0; g < groups.size(); ++g) {
-        if (differing[g].empty()) continue;
-        const RankStream& ref = ranks[groups[g][0]];
-        const std::vector<Write>& wr = ref.writes;
-        if (k >= wr.size()) continue;
-        more = true;
-        for (size_t i : differing[g]) {
-          const std::vector<Write>& ws = ranks[i].writes;
-          const bool missing = k >= ws.size();
-          if (!missing && ws[k].out == wr[k].out && ws[k].sizes == wr[k].sizes) continue;
-          out->divergence = divergence_at(step, k, ref, ranks[i], names);
-          return Status();
-        }
-      }
-      if (!more) break;
-    }
+    if (Status st = find_differing_write(step, groups, differing, &ranks, &names, &ids, out);
+        !st.ok() || out->divergence)
+      return st;
     // Only more writes than the reference's, which the check does not count: read no further.
     for (RankStream& s : ranks) {
       s.writes.clear();

@@ -508,6 +508,33 @@ void set_aside_workers(StreamSelection* selection, const std::set<std::string>& 
         rp->run == 0 ? 'A' : 'B', rp->process, fmt::join(rp->workers, ", "), rp->process));
 }
 
+// The first process against the steps before the resume; the resumed one against the rest,
+// its own steps counted on from the resume step, its main thread's setup (and the other run's
+// ops of that step before the meeting, `skip_through`) passed over.
+void window_resumed_streams(const ResumedProcess& rp, uint64_t skip_through,
+                            StreamSelection* selection) {
+  const int resumed = rp.run, through = 1 - rp.run;
+  const std::string main = layout::stream_name(rp.process, "main");
+  std::vector<std::pair<std::string, std::string>> streams_before;
+  for (const auto& [name, path] : selection->streams[through])
+    if (of_process(name, rp.continues)) streams_before.emplace_back(name, path);
+  for (const auto& [name, path] : streams_before) {
+    selection->windows[name].until_step = rp.step - 1;
+    const std::string resumed_name = renamed(name, rp.continues, rp.process);
+    if (!selection->streams[resumed].count(resumed_name)) continue;
+    selection->streams[through][resumed_name] = path;
+    StreamWindow& w = selection->windows[resumed_name];
+    w.first_step[through] = rp.step;
+    w.step_shift[resumed] = rp.step;
+    w.resume_step = rp.step;
+    w.resumed_run = resumed;
+    if (resumed_name == main) {
+      w.skip[resumed] = rp.setup_ops;
+      w.skip[through] = skip_through;
+    }
+  }
+}
+
 }  // namespace
 
 Status find_resumes(StreamSelection* selection, std::optional<uint64_t> given,
@@ -571,26 +598,7 @@ Status find_resumes(StreamSelection* selection, std::optional<uint64_t> given,
         continue;
       }
       if (rp.step == 0) continue;
-      // The first process against the steps before the resume; the resumed one against the
-      // rest, its own steps counted on from the resume step.
-      std::vector<std::pair<std::string, std::string>> streams_before;
-      for (const auto& [name, path] : selection->streams[through])
-        if (of_process(name, before)) streams_before.emplace_back(name, path);
-      for (const auto& [name, path] : streams_before) {
-        selection->windows[name].until_step = rp.step - 1;
-        const std::string resumed_name = renamed(name, before, process);
-        if (!selection->streams[resumed].count(resumed_name)) continue;
-        selection->streams[through][resumed_name] = path;
-        StreamWindow& w = selection->windows[resumed_name];
-        w.first_step[through] = rp.step;
-        w.step_shift[resumed] = rp.step;
-        w.resume_step = rp.step;
-        w.resumed_run = resumed;
-        if (resumed_name == main) {
-          w.skip[resumed] = rp.setup_ops;
-          w.skip[through] = skip_through;
-        }
-      }
+      window_resumed_streams(rp, skip_through, selection);
       join_pools(selection, rp);
       set_aside_workers(selection, processes[resumed], processes[through], &rp, notes);
       out->push_back(std::move(rp));

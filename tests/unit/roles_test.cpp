@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "diff/diff.h"
+#include "diff/partial.h"
 #include "diff/report_model.h"
 #include "trace_builder.h"
 
@@ -131,6 +132,22 @@ TEST(RolesTest, DataEnteringTheForwardPassIsABatch) {
   Asked a = ask(loop.t, loop.linear, 0b01, 0);
   EXPECT_EQ(a.inputs.at(0).role, TensorRole::kBatch);
   EXPECT_TRUE(a.inputs.at(0).reaches_training);
+}
+
+TEST(RolesTest, WhatAForwardOpWritesIntoAnArgumentItDoesNotReturnIsAModelBuffer) {
+  // batch_norm in training: its output returned, its running mean written in place.
+  TraceBuilder t;
+  t.step(0);
+  t.op("aten::native_batch_norm")
+      .in_new(external(0x01))
+      .in_new(external(0x02, {4}))
+      .out_new(tensor(0x03))
+      .written_new("running_mean", tensor(0x04, {4}))
+      .done();
+  t.end();
+  Asked a = ask(t, 0, 0, 0b10);
+  EXPECT_EQ(a.outputs.at(0).role, TensorRole::kModelBuffer);
+  EXPECT_TRUE(a.outputs.at(0).reaches_training);
 }
 
 TEST(RolesTest, ADrawFromAGeneratorIsARandomDraw) {
@@ -273,6 +290,25 @@ TEST(RolesTest, AGradientThatDiffersFailsTheTrainingGate) {
   EXPECT_FALSE(r.training.identical);
   EXPECT_GT(r.training.divergent_writes, 0u);
   EXPECT_EQ(gate_exit_code(r), ExitCode::kDivergent);
+}
+
+TEST(RolesTest, AMergedDiffOfPartsSaysTheTrainingStateAsTheWholeDiffDoes) {
+  RunDir a("merged/run-0"), b("merged/run-1");
+  a.add_stream("r0.main.t-main", logging_loop(0x00, -1));
+  b.add_stream("r0.main.t-main", logging_loop(0x01, -1));
+  DiffOptions o;
+  o.gate.fail_on = "training";
+  nlohmann::json part;
+  ASSERT_TRUE(diff_part(a.path(), b.path(), o, &part).ok());
+  DiffReport r;
+  const Status s = merge_parts({part}, {"part.json"}, o, &r);
+  ASSERT_TRUE(s.ok()) << s.message();
+  ASSERT_EQ(r.verdict, Verdict::kDivergent);
+  ASSERT_TRUE(r.first.has_value());
+  EXPECT_EQ(r.first->inputs.at(0).tensor_role, TensorRole::kOutsideTraining);
+  EXPECT_TRUE(r.training.identical);
+  EXPECT_EQ(r.training.divergent_outside, 3u);
+  EXPECT_EQ(gate_exit_code(r), ExitCode::kIdentical);
 }
 
 }  // namespace

@@ -99,6 +99,17 @@ class TraceBuilder {
     Op& out_list(uint64_t n) { return list(&out_, n); }
     Op& out_new(const TensorDesc& t, int64_t base_id = -1) { return tensor_new(&out_, t, base_id); }
     Op& out_ref(int64_t id) { return tensor_ref(&out_, id); }
+    // The written section: an argument the op wrote and did not return (BatchNorm's
+    // running_mean), as it was after the op.
+    Op& written_new(const std::string& argument, const TensorDesc& t) {
+      const uint32_t name = b_->intern(argument);
+      ByteWriter(&written_.bytes).varint(name);
+      ++written_args_;
+      Values one;
+      tensor_new(&one, t, -1);
+      written_.bytes += one.bytes;
+      return *this;
+    }
     // A scalar return (aten::item's).
     Op& out_double(double v) {
       return scalar(&out_, ValueType::kDouble, [&](ByteWriter& w) { w.f64(v); });
@@ -163,7 +174,8 @@ class TraceBuilder {
     int64_t order_;
     uint8_t bits_ = 0;
     uint64_t rng_ = 0;
-    Values in_, out_;
+    Values in_, out_, written_;
+    uint64_t written_args_ = 0;
     int64_t last_id_ = -1;
   };
 
@@ -268,6 +280,10 @@ inline int64_t TraceBuilder::Op::done() {
   w.raw(in_.bytes.data(), in_.bytes.size());
   w.varint(out_.top);
   w.raw(out_.bytes.data(), out_.bytes.size());
+  if (written_args_) {
+    w.varint(written_args_);
+    w.raw(written_.bytes.data(), written_.bytes.size());
+  }
   b_->enc_.finish(&b_->bytes_);
   ++b_->ops_;
   return last_id_;
