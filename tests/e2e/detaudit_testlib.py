@@ -220,7 +220,7 @@ def log_process_time(argv, seconds):
             test = f"{owner.__module__}.{owner.__name__}.{f.function}"
             break
     with open(path, "a") as f:
-        f.write(json.dumps({"seconds": round(seconds, 2), "test": test,
+        f.write(json.dumps({"seconds": round(seconds, 2), "test": test, "python": PYTHON,
                             "argv": [os.path.basename(str(a)) for a in argv[:12]]}) + "\n")
 
 

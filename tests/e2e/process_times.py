@@ -12,8 +12,9 @@ def main(path, top=25):
     rows = [json.loads(line) for line in open(path) if line.strip()]
     by_test, by_module, by_command = (collections.Counter() for _ in range(3))
     for r in rows:
-        by_test[r["test"]] += r["seconds"]
-        by_module[r["test"].split(".")[0]] += r["seconds"]
+        torch = f' ({r["python"]})' if "python" in r else ""
+        by_test[r["test"] + torch] += r["seconds"]
+        by_module[r["test"].split(".")[0] + torch] += r["seconds"]
         words = [a for a in r["argv"] if not a.startswith("-")]
         by_command[" ".join(words[:1] + [w for w in words[1:] if w.endswith(".py")][:1])] += \
             r["seconds"]
