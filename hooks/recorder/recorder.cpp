@@ -146,14 +146,12 @@ void ThreadRecorder::reset_after_fork() {
   thread_name_.clear();
   identity_.reset();
   capture_seen_.clear();
-  step_state_ = StepState{};
+  sentinel_ = SentinelSteps{};
   for (auto& [name, info] : ops_) info.name_id = UINT32_MAX;
   cache_.clear();
   next_tensor_id_ = 0;
-  last_step_written_ = UINT64_MAX;
-  last_scope_written_ = UINT32_MAX;
+  last_written_ = LastWritten{};
   scope_changes_seen_ = UINT64_MAX;  // the string table starts afresh
-  last_order_written_ = 0;
   collectives_.clear();
   ProcessRecorder::instance().register_thread(this);
 }
@@ -294,10 +292,10 @@ void ThreadRecorder::on_start(const at::RecordFunction& fn) {
     if (f.mark == Mark::kBackwardFrom) take_loss_from_mark(fn);
     phases_.enter(f.mark, fn.name());
     // The label opens inside the step and closes before its state is written: kept for it.
-    if (f.mark == Mark::kUserScope && step_state_.open &&
+    if (f.mark == Mark::kUserScope && sentinel_.step_open() &&
         std::string_view(fn.name()).substr(0, trace::kOptimizerStepLabel.size()) ==
             trace::kOptimizerStepLabel)
-      step_state_.labelled_scope = phases_.scope_path();
+      sentinel_.label_step(phases_.scope_path());
     return;
   }
   if (phases_.outside_backward_and_optimizer() && f.depth == 0) proc.at_top_level_op();
@@ -320,12 +318,12 @@ void ThreadRecorder::on_start(const at::RecordFunction& fn) {
   if (recording_wanted(info, &phase)) {
     if (!sentinel_step(proc)) {
       begin_op(fn, f, phase);
-    } else if (step_state_.open && f.depth == 0 && phase == trace::Phase::kOptimizer &&
+    } else if (sentinel_.step_open() && f.depth == 0 && phase == trace::Phase::kOptimizer &&
                !info.collective.defined()) {
       f.in_step_state = true;
       auto inputs = fn.inputs();
       for (size_t i = 0; i < inputs.size(); ++i)
-        note_step_state(inputs[i], i < 64 && (info.mutable_args >> i & 1));
+        sentinel_.note(inputs[i], i < 64 && (info.mutable_args >> i & 1));
     } else if (sentinel_wants(f, phase)) {
       begin_op(fn, f, phase);
     }
@@ -444,111 +442,27 @@ void ThreadRecorder::open_step_state(const at::RecordFunction& mark) {
   if (!proc.step_selected() || !sentinel_step(proc) || proc.is_dataloader_worker() ||
       proc.may_be_a_replica())
     return;
-  step_state_.open = true;
-  step_state_.mark = mark.name();
-}
-
-void ThreadRecorder::note_step_state(const c10::IValue& v, bool leaves) {
-  auto note = [&](const at::Tensor& t) {
-    if (!t.defined()) return;
-    const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-    auto [it, first] = step_state_.left_of.emplace(impl, leaves);
-    if (!first && (it->second || !leaves)) return;
-    it->second = leaves;
-    auto& list = leaves ? step_state_.left : step_state_.read;
-    list.emplace_back(t.getIntrusivePtr());
-  };
-  if (v.isTensor()) {
-    note(v.toTensor());
-  } else if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorList()) note(t);
-  } else if (v.isList()) {
-    for (const c10::IValue& e : v.toListRef())
-      if (e.isTensor()) note(e.toTensor());
-  } else if (v.isTuple()) {
-    for (const c10::IValue& e : v.toTupleRef().elements())
-      if (e.isTensor()) note(e.toTensor());
-  }
+  sentinel_.open_step(mark.name());
 }
 
 void ThreadRecorder::write_step_state(const at::RecordFunction& mark) {
-  const OpInfo& info = record_info(step_state_.mark);
-  // What the step read and did not write, and what it leaves: alive, in order of first use.
-  c10::List<at::Tensor> read, left;
-  if (info.recorded() &&
-      ProcessRecorder::instance().config().select.wants_phase(trace::Phase::kOptimizer)) {
-    for (const TensorCache::WeakImpl& w : step_state_.read)
-      if (auto impl = w.lock(); impl && !step_state_.left_of.find(impl.get())->second)
-        read.push_back(at::Tensor(std::move(impl)));
-    for (const TensorCache::WeakImpl& w : step_state_.left)
-      if (auto impl = w.lock()) left.push_back(at::Tensor(std::move(impl)));
-  }
-  // Emptied, not rebuilt: the next step reuses the capacity.
-  step_state_.open = false;
-  step_state_.read.clear();
-  step_state_.left.clear();
-  step_state_.left_of.clear();
-  const std::string labelled_scope = std::move(step_state_.labelled_scope);
-  step_state_.labelled_scope.clear();
-  if (read.empty() && left.empty()) return;  // nothing stepped (no gradients yet)
-  prehash_step_state(read, left);
+  ProcessRecorder& proc = ProcessRecorder::instance();
+  const OpInfo& info = record_info(sentinel_.step_mark());
+  const SentinelSteps::Taken state = sentinel_.take_step(
+      info.recorded() && proc.config().select.wants_phase(trace::Phase::kOptimizer));
+  if (state.read.empty() && state.left.empty()) return;  // nothing stepped (no gradients yet)
+  // MD5's batch and the device digest spread the tensors their own way.
+  if (!md5_batch_ && !device_digest_ &&
+      sentinel_.describe_ahead(state, torch_pool_threads(), hasher_->algo(), proc.config().stats))
+    proc.count_spread_step_state();
   Frame f = mark_record_frame(info, /*depth=*/0);
-  const std::vector<c10::IValue> inputs{c10::IValue(read)};
+  const std::vector<c10::IValue> inputs{c10::IValue(state.read)};
   begin_op(mark, f, trace::Phase::kOptimizer, &inputs);
-  if (f.recorded && !labelled_scope.empty()) f.scope_id = sink_.intern(labelled_scope);
-  write_mark_record(f, {c10::IValue(left)});
-  prehashed_.clear();
-  prehashed_at_.clear();
+  if (f.recorded && !state.labelled_scope.empty()) f.scope_id = sink_.intern(state.labelled_scope);
+  write_mark_record(f, {c10::IValue(state.left)});
+  sentinel_.forget_described();
 }
 
-void ThreadRecorder::prehash_step_state(const c10::List<at::Tensor>& read,
-                                        const c10::List<at::Tensor>& left) {
-  // Below this a parallel region's wake-up costs more than it saves.
-  constexpr uint64_t kMinBytes = uint64_t(1) << 20;
-  if (md5_batch_ || device_digest_) return;
-  const size_t threads = torch_pool_threads();
-  if (threads < 2) return;
-  uint64_t total = 0;
-  for (const c10::List<at::Tensor>* list : {&read, &left})
-    for (size_t i = 0; i < list->size(); ++i) {
-      at::Tensor t = list->get(i);
-      // A tensor of several leaves is left to describe_tensor, which spreads its leaves.
-      if (!t.defined() || !t.is_cpu() || t.is_conj() || t.is_neg() || t.numel() == 0 ||
-          t.nbytes() > kLeafBytes || unhashable_reason(t) || has_no_data(t))
-        continue;
-      if (!prehashed_at_.emplace(t.unsafeGetTensorImpl(), prehashed_.size()).second) continue;
-      total += t.nbytes();
-      prehashed_.push_back({std::move(t), {}, 0});
-    }
-  if (total < kMinBytes) {
-    prehashed_.clear();
-    prehashed_at_.clear();
-    return;
-  }
-  // Largest first, each to the group with the fewest bytes so far: the groups end together.
-  std::vector<size_t> order(prehashed_.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return prehashed_[a].tensor.nbytes() > prehashed_[b].tensor.nbytes();
-  });
-  constexpr size_t kMaxGroups = 64;
-  const size_t groups = std::min({threads, order.size(), kMaxGroups});
-  std::vector<uint8_t> group_of(order.size());
-  balance_groups<kMaxGroups>(
-      order.size(), groups, [&](size_t k) { return prehashed_[order[k]].tensor.nbytes(); },
-      group_of.data());
-  const bool stats = ProcessRecorder::instance().config().stats;
-  const trace::DigestAlgo algo = hasher_->algo();
-  ProcessRecorder::instance().count_spread_step_state();
-  on_torch_pool(groups, [&](size_t from, size_t to) {
-    Hasher hasher(algo);
-    for (size_t k = 0; k < order.size(); ++k)
-      if (group_of[k] >= from && group_of[k] < to) {
-        Prehashed& p = prehashed_[order[k]];
-        p.bytes = describe_tensor(p.tensor, &hasher, stats, &p.desc);
-      }
-  });
-}
 namespace {
 
 // DETAUDIT_KNOWN_OUTPUTS=off: every output read, for the GPU check that the bits are the same.
@@ -601,16 +515,17 @@ void ThreadRecorder::take_loss_from_mark(const at::RecordFunction& mark) {
   proc.saw_backward_mark();
   const at::Tensor& loss = inputs[0].toTensor();
   const torch::autograd::Node* made_by = loss.grad_fn().get();
+  const std::type_info* node = made_by ? &typeid(*made_by) : nullptr;
   if (!proc.loss_from_marks()) {
     // The op that made the loss was seen, and recorded (sentinel_wants): a lean step names its
     // loss after it, so that its trace reads as a sentinel's always did, while the autograd
     // node of its loss is of the same type (the same kind of op made it).
-    if (made_by && loss.unsafeGetTensorImpl() == last_loss_.impl)
-      loss_maker_ = {&typeid(*made_by), last_loss_.info};
+    sentinel_.backward_from(loss.unsafeGetTensorImpl(), node);
     return;
   }
-  const bool same_maker = made_by && loss_maker_.node && typeid(*made_by) == *loss_maker_.node;
-  const OpInfo& info = same_maker ? *loss_maker_.info : record_info("detaudit::loss");
+  const OpInfo* maker = sentinel_.loss_maker(node);
+  const bool same_maker = maker != nullptr;
+  const OpInfo& info = same_maker ? *maker : record_info("detaudit::loss");
   trace::Phase phase;
   if (!recording_wanted(info, &phase)) return;
   // Ops ran unseen since the cache was right, and the loss may sit where a described tensor was.
@@ -660,9 +575,8 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f, trace::Pha
   f.recorded = true;
   f.order = proc.next_order();
   f.step = proc.step();
-  if (f.step != step_started_) {
-    step_started_ = f.step;
-    step_first_order_ = f.order;
+  if (f.step != step_started_.step) {
+    step_started_ = {f.step, f.order};
     compiled_region_in_step_ = false;
   }
   if (info.compiled_region) compiled_region_in_step_ = true;
@@ -848,27 +762,22 @@ void ThreadRecorder::write_record(const Frame& f, const std::vector<c10::IValue>
   ProcessRecorder& proc = ProcessRecorder::instance();
   if (!sink_.started()) open_stream();
   trace::RecordEncoder& encoder = sink_.encoder();
-  if (f.step != last_step_written_) {
+  if (f.step != last_written_.step) {
     trace::StepInfo info = proc.step_info();
     info.step = f.step;
-    info.order = f.step == step_started_ ? step_first_order_ : f.order;
+    info.order = f.step == step_started_.step ? step_started_.first_order : f.order;
     encoder.step(info, sink_.out());
-    last_step_written_ = f.step;
+    last_written_.step = f.step;
     phases_.new_step();
   }
-  if (f.scope_id != last_scope_written_) {
+  if (f.scope_id != last_written_.scope) {
     sink_.write_strings();  // the path's string precedes the SCOPE record that names it
     encoder.scope(f.scope_id, sink_.out());
-    last_scope_written_ = f.scope_id;
+    last_written_.scope = f.scope_id;
   }
 
-  ByteWriter& w = encoder.begin(trace::RecordKind::kOp);
-  w.zvarint(int64_t(f.order - last_order_written_));
-  w.varint(f.name_id);
-  w.u8(f.bits);
-  w.varint(f.depth);
-  if (f.bits & trace::kOpHasSeqNr) w.zvarint(f.seq_nr);
-  if (f.bits & trace::kOpHasRng) w.u64(f.rng);
+  ByteWriter& w = encoder.begin_op(
+      {f.order, last_written_.order, f.name_id, f.bits, f.depth, f.seq_nr, f.rng});
   for (size_t i = f.items_begin; i < f.items_end; ++i) {
     const Item& item = items_[i];
     if (item.is_tensor)
@@ -886,7 +795,7 @@ void ThreadRecorder::write_record(const Frame& f, const std::vector<c10::IValue>
   if (!f.info->unreturned_writes.empty()) emit_written_args(f, w);
 
   sink_.finish_record(&holes_);
-  last_order_written_ = f.order;
+  last_written_.order = f.order;
   ++sink_.totals().ops;
   sink_.release_held();
   sink_.commit();
@@ -929,7 +838,7 @@ void ThreadRecorder::on_end(const at::RecordFunction& fn) {
     const bool step_ends = phases_.leave(f.mark);
     // Closed first: with the op callback off, the step ends at once.
     if (is_optimizer_mark(f.mark) && phases_.outside_optimizer()) {
-      if (step_state_.open) write_step_state(fn);
+      if (sentinel_.step_open()) write_step_state(fn);
       proc.close_optimizer_window();
     }
     if (step_ends) proc.mark_step_end();
@@ -937,10 +846,11 @@ void ThreadRecorder::on_end(const at::RecordFunction& fn) {
   }
   phases_.leave_op(f.backward);
   if (f.in_step_state)
-    for (const c10::IValue& v : fn.outputs()) note_step_state(v, /*leaves=*/true);
+    for (const c10::IValue& v : fn.outputs()) sentinel_.note(v, /*leaves=*/true);
   if (f.loss_candidate && !f.info->is_random && looks_like_loss(fn.outputs())) {
     begin_op(fn, f, trace::Phase::kForward);
-    if (f.recorded) last_loss_ = {fn.outputs()[0].toTensor().unsafeGetTensorImpl(), f.info};
+    if (f.recorded)
+      sentinel_.recorded_loss(fn.outputs()[0].toTensor().unsafeGetTensorImpl(), f.info);
   }
   if (!f.recorded && f.info && f.info->writes && !f.info->metadata_only) {
     // A write we do not record still changes bytes the cache describes.

@@ -36,6 +36,7 @@
 #include "ops/torch_compat.h"
 #include "process/environment.h"
 #include "process/stream_identity.h"
+#include "recorder/sentinel_steps.h"
 #include "stream/record_sink.h"
 #include "tensors/device_digests.h"
 #include "tensors/md5_tensor_batch.h"
@@ -321,36 +322,13 @@ class ThreadRecorder {
   // Sentinel mode, inside an optimizer step's mark: its ops are not recorded one by one. What
   // they read from before it (the gradients) and what they leave (parameters and state, written
   // or made, alive when the mark ends) are described once, when it ends, as the inputs and
-  // outputs of one record named after the mark: fewer records and bytes than its ops' own, and
-  // what the step leaves, which is all a sentinel compares.
-  struct StepState {
-    bool open = false;
-    std::string mark;  // "Optimizer.step#AdamW.step", "detaudit::optimizer"
-    // The scope path inside the step with the label naming its optimizer (trace/records.h),
-    // where detaudit's Python hooks opened one: the record is written under it. "" otherwise.
-    std::string labelled_scope;
-    // In order of first use; weak: a temporary dies, and its address is not reused meanwhile.
-    std::vector<TensorCache::WeakImpl> read, left;
-    std::unordered_map<const c10::TensorImpl*, bool> left_of;  // seen: true once written or made
-  };
+  // outputs of one record named after the mark (SentinelSteps): fewer records and bytes than its
+  // ops' own, and what the step leaves, which is all a sentinel compares.
   void open_step_state(const at::RecordFunction& mark);
-  void note_step_state(const c10::IValue& v, bool leaves);
   void write_step_state(const at::RecordFunction& mark);
-  // The step state's CPU tensors of one leaf, digested before its record is written, spread
-  // over torch's intra-op threads (the op's thread alone took 1.3 ms a step on GPT-2: 3% of
-  // it); describe_contents takes each one's description from here. Not under MD5 (its batch
-  // spreads them) nor the device digest.
-  struct Prehashed {
-    at::Tensor tensor;
-    trace::TensorDesc desc;
-    uint64_t bytes = 0;
-  };
-  std::vector<Prehashed> prehashed_;
-  std::unordered_map<const c10::TensorImpl*, size_t> prehashed_at_;
-  void prehash_step_state(const c10::List<at::Tensor>& read, const c10::List<at::Tensor>& left);
   // A `detaudit::backward` mark: its input, if a loss, shows the lean sentinel the loss; in a
   // lean step, recorded as the output of a record named after the op that made the loss when it
-  // was last seen (`loss_maker_`), else `detaudit::loss` (ProcessRecorder).
+  // was last seen (SentinelSteps::loss_maker), else `detaudit::loss` (ProcessRecorder).
   void take_loss_from_mark(const at::RecordFunction& mark);
   // A record no op makes, written at a mark (the loss, a step's state): its frame, at the tops
   // of the stacks, then, once begun, its record with these outputs, popping what it took.
@@ -444,19 +422,7 @@ class ThreadRecorder {
   TensorCache cache_;
   int64_t next_tensor_id_ = 0;
   uint64_t top_level_serial_ = 0;
-  // The last loss candidate recorded (its output, compared by address only), and the op that
-  // made the loss a backward mark carried in a step that saw every op, with the type of that
-  // loss's autograd node.
-  struct LastLoss {
-    const c10::TensorImpl* impl = nullptr;
-    const OpInfo* info = nullptr;
-  } last_loss_;
-  struct LossMaker {
-    const std::type_info* node = nullptr;
-    const OpInfo* info = nullptr;
-  } loss_maker_;
-
-  StepState step_state_;
+  SentinelSteps sentinel_;
 
   PhaseTracker phases_;
   std::vector<Frame> frames_;
@@ -469,15 +435,22 @@ class ThreadRecorder {
   std::string bytes_;  // non-tensor input bytes of open frames
   size_t bytes_item_start_ = 0;
 
-  uint64_t last_step_written_ = UINT64_MAX;
-  uint32_t last_scope_written_ = UINT32_MAX;
+  // What the stream's last records said, which the next ones are written against: a STEP or
+  // SCOPE record only when it changes, an OP record's order as the change from the last one.
+  struct LastWritten {
+    uint64_t step = UINT64_MAX;
+    uint32_t scope = UINT32_MAX;
+    uint64_t order = 0;
+  } last_written_;
   uint32_t scope_id_ = 0;                     // interned scope path of the ops now starting
   uint64_t scope_changes_seen_ = UINT64_MAX;  // PhaseTracker::scope_changes() when interned
-  uint64_t step_started_ = UINT64_MAX;        // the step of the last op started on this thread
-  uint64_t step_first_order_ = 0;             // the order of that step's first op here
-  bool unselected_since_clear_ = false;       // ops ran unrecorded: the caches may be stale
+  // The step of the last op started on this thread, and the order of that step's first op here.
+  struct StepStart {
+    uint64_t step = UINT64_MAX;
+    uint64_t first_order = 0;
+  } step_started_;
+  bool unselected_since_clear_ = false;  // ops ran unrecorded: the caches may be stale
   uint64_t op_callback_epoch_ = 0;
-  uint64_t last_order_written_ = 0;
 
   CollectiveFollower collectives_;
 

@@ -250,18 +250,16 @@ uint64_t ThreadRecorder::describe_contents(const at::Tensor& t, trace::TensorDes
     *pending = device_batch_.add(t, stats);
     return uint64_t(t.numel()) * uint64_t(t.element_size());
   }
-  if (!prehashed_at_.empty()) {
-    if (auto it = prehashed_at_.find(t.unsafeGetTensorImpl()); it != prehashed_at_.end()) {
-      // As describe_tensor leaves it: all but the view's base and the sharing.
-      const Prehashed& p = prehashed_[it->second];
-      const int64_t base_id = desc->base_id;
-      const trace::Sharing sharing = desc->sharing;
-      *desc = p.desc;
-      desc->base_id = base_id;
-      desc->sharing = sharing;
-      pending->reset();
-      return p.bytes;
-    }
+  uint64_t bytes = 0;
+  if (const trace::TensorDesc* ahead = sentinel_.described(t, &bytes)) {
+    // As describe_tensor leaves it: all but the view's base and the sharing.
+    const int64_t base_id = desc->base_id;
+    const trace::Sharing sharing = desc->sharing;
+    *desc = *ahead;
+    desc->base_id = base_id;
+    desc->sharing = sharing;
+    pending->reset();
+    return bytes;
   }
   if (md5_batch_ && sink_.inside() && may_wait && Md5TensorBatch::takes(t)) {
     describe_geometry(t, hasher_->length(), desc);

@@ -95,6 +95,17 @@ void RecordEncoder::scope(uint32_t path, std::string* out) {
   finish(out);
 }
 
+ByteWriter& RecordEncoder::begin_op(const OpHead& head) {
+  ByteWriter& w = begin(RecordKind::kOp);
+  w.zvarint(int64_t(head.order - head.previous_order));
+  w.varint(head.name_id);
+  w.u8(head.bits);
+  w.varint(head.depth);
+  if (head.bits & kOpHasSeqNr) w.zvarint(head.seq_nr);
+  if (head.bits & kOpHasRng) w.u64(head.rng);
+  return w;
+}
+
 ByteWriter& RecordEncoder::begin_collective(const CollectiveInfo& c) {
   ByteWriter& w = begin(RecordKind::kCollective);
   w.varint(c.op_order);

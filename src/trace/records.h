@@ -43,6 +43,18 @@ struct CollectiveInfo {
   uint8_t state = kCollectiveCompleted;
 };
 
+// The head of an OP record, before its values (docs/trace-format.md, "OP body").
+struct OpHead {
+  uint64_t order = 0;
+  uint64_t previous_order =
+      0;  // of the stream's last OP record: the order is written as the change
+  uint32_t name_id = 0;
+  uint8_t bits = 0;  // phase, scope and the kOp* flags
+  uint32_t depth = 0;
+  int64_t seq_nr = -1;  // written if bits has kOpHasSeqNr
+  uint64_t rng = 0;     // written if bits has kOpHasRng
+};
+
 struct EndInfo {
   uint64_t ops = 0;
   uint64_t tensors_hashed = 0;
@@ -100,6 +112,9 @@ class RecordEncoder {
   void string(std::string_view s, std::string* out);
   void step(const StepInfo& s, std::string* out);
   void scope(uint32_t path, std::string* out);
+  // Begins an OP record with its head; the caller writes its inputs, outputs and written
+  // section, then finish().
+  ByteWriter& begin_op(const OpHead& head);
   // Begins a COLLECTIVE record; the caller writes <n> <value>{n}, then finish().
   ByteWriter& begin_collective(const CollectiveInfo& c);
   void end(const EndInfo& e, std::string* out);
