@@ -269,13 +269,16 @@ inline int64_t TraceBuilder::Op::done() {
   uint32_t name = b_->intern(name_);
   uint64_t order = order_ >= 0 ? uint64_t(order_) : b_->next_order_++;
   if (order >= b_->next_order_) b_->next_order_ = order + 1;
-  ByteWriter& w = b_->enc_.begin(trace::RecordKind::kOp);
-  w.zvarint(int64_t(order) - int64_t(b_->last_order_));
+  // The recorder's own head encoding: every trace a test builds is read as a recorded one is.
+  trace::OpHead head;
+  head.order = order;
+  head.previous_order = b_->last_order_;
+  head.name_id = name;
+  head.bits = uint8_t(uint8_t(phase_) | uint8_t(uint8_t(scope_) << 2) | bits_);
+  head.depth = depth_;
+  head.rng = rng_;
+  ByteWriter& w = b_->enc_.begin_op(head);
   b_->last_order_ = order;
-  w.varint(name);
-  w.u8(uint8_t(phase_) | uint8_t(uint8_t(scope_) << 2) | bits_);
-  w.varint(depth_);
-  if (bits_ & trace::kOpHasRng) w.u64(rng_);
   w.varint(in_.top);
   w.raw(in_.bytes.data(), in_.bytes.size());
   w.varint(out_.top);
