@@ -10,6 +10,7 @@ source "$root/tests/stages.sh"
 # The rooms' order and the code's format first: seconds, and they say at once what to fix.
 "$root/tests/install_deps.sh" clang-format-14
 python3 "$root/tests/check_layers.py" --self-test
+python3 "$root/tests/check_function_length.py" --self-test
 "$root/tests/check_format.sh"
 # chromium renders the HTML report for its test; python3-jsonschema checks the timeline's schema;
 # clang-14 and its runtimes build the sanitizers and libFuzzer. The benchmark's programs are not
