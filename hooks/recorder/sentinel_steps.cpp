@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "digest/hashers.h"
-#include "digest/lane_digest.h"
+#include "digest/tensor_digester.h"
 #include "tensors/tensor_digest.h"
 #include "util/balance.h"
 
@@ -62,7 +62,7 @@ bool SentinelSteps::describe_ahead(const Taken& state, size_t threads, trace::Di
       at::Tensor t = list->get(i);
       // A tensor of several leaves is left to describe_tensor, which spreads its leaves.
       if (!t.defined() || !t.is_cpu() || t.is_conj() || t.is_neg() || t.numel() == 0 ||
-          t.nbytes() > lanes::kLeafBytes || unhashable_reason(t) || has_no_data(t))
+          t.nbytes() > kLeafBytes || unhashable_reason(t) || has_no_data(t))
         continue;
       if (!ahead_at_.emplace(t.unsafeGetTensorImpl(), ahead_.size()).second) continue;
       total += t.nbytes();
