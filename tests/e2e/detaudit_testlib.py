@@ -393,28 +393,46 @@ def load_report(path):
         return json.load(f)
 
 
-def audit(out, command, flags=(), timeout=600):
-    """`detaudit run --runs 2` with a JSON report at OUT.json: (CompletedProcess, report)."""
+def audit(out, command, flags=(), timeout=600, env=None):
+    """`detaudit run --runs 2` with a JSON report at OUT.json: (CompletedProcess, report).
+    env: as for run_detaudit."""
     r = run_detaudit(["run", "--runs", "2", "--out", out, "-q", "--format", "json", "--output",
-                      out + ".json", *flags, "--", *command], timeout=timeout)
+                      out + ".json", *flags, "--", *command], timeout=timeout, env=env)
     if not os.path.exists(out + ".json"):
         raise AssertionError(f"no report (exit {r.returncode}): {r.stderr[-3000:]}")
     return r, load_report(out + ".json")
 
 
-def planted_audit(out, command, flags=(), timeout=600):
+def planted_audit(out, command, flags=(), timeout=600, env=None):
     """Three runs of a recall matrix's COMMAND, the third planted (`--plant-run run-2`): run-0
     against run-1 is the unplanted pair, run-0 against run-2 the planted one, one clean run
     fewer than two audits. A dict: run (CompletedProcess), clean and planted (reports), log
     (the planted run's output)."""
     r = run_detaudit(["run", "--runs", "3", "--out", out, "-q", "--format", "json", "--output",
                       out + ".json", *flags, "--", *command, "--plant-run", "run-2"],
-                     timeout=timeout)
+                     timeout=timeout, env=env)
     reports = [f"{out}.run-{i}.json" for i in (1, 2)]
     if not all(map(os.path.exists, reports)):
         raise AssertionError(f"no reports (exit {r.returncode}): {r.stderr[-3000:]}")
     return {"run": r, "clean": load_report(reports[0]), "planted": load_report(reports[1]),
             "log": output_log(os.path.join(out, "run-2")), "dir": out}
+
+
+def warm_compile_cache(directory, *commands, timeout=900):
+    """A torch.compile cache in DIRECTORY, filled by a plain run of each of COMMANDS side by side;
+    returns the environment that hands it to `detaudit run`'s runs (run_detaudit's env).
+
+    Each recorded run compiles from an empty cache of its own by default, as a user's do
+    (docs/how-it-works.md): on these 2 cores a small program's cold compile is most of a minute.
+    Runs that all load what the plain runs compiled load alike, and inductor's loaded modules
+    have their kernels recorded on a hit as on a miss. Without torch.compile: no cache, {}."""
+    if not HAS_COMPILE:
+        return {}
+    env = {"TORCHINDUCTOR_CACHE_DIR": os.path.join(directory, "torchinductor")}
+    for r in in_parallel([lambda c=c: run_program(c, env=env, timeout=timeout) for c in commands]):
+        if r.returncode != 0:
+            raise AssertionError(f"{' '.join(r.args)}: exit {r.returncode}\n{r.stderr[-3000:]}")
+    return env
 
 
 def divergent_steps(report):

@@ -19,7 +19,7 @@ import unittest
 
 from detaudit_testlib import (HAS_COMPILE, PYTHON, audit, divergent_steps, in_parallel,
                               make_temp_dir, planted_audit, program, python_answer, remove_dir,
-                              sleeping_waits)
+                              sleeping_waits, warm_compile_cache)
 
 MATRIX = program("stepping_matrix.py")
 LIBRARIES = {"accelerate": "accelerate", "lightning-manual": "lightning",
@@ -53,8 +53,10 @@ class SteppingMatrix(unittest.TestCase):
     @sleeping_waits()
     def setUpClass(cls):
         cls.tmp = make_temp_dir()
+        compiled = warm_compile_cache(cls.tmp, [PYTHON, MATRIX])
         results = in_parallel([lambda mode=mode, flags=flags: planted_audit(
-            os.path.join(cls.tmp, mode), [PYTHON, MATRIX], flags) for mode, flags in MODES.items()])
+            os.path.join(cls.tmp, mode), [PYTHON, MATRIX], flags, env=compiled)
+            for mode, flags in MODES.items()])
         cls.audits = dict(zip(MODES, results))
 
     @classmethod

@@ -26,9 +26,10 @@ import unittest
 from detaudit_testlib import (HAS_COMPILE, HOOKS, PYTHON, TORCH_VERSION, audit, divergent_steps,
                               export_records, in_parallel, make_temp_dir, ops, output_log,
                               params_sha, planted_audit, program, python_answer, remove_dir,
-                              run_detaudit, sleeping_waits)
+                              run_detaudit, sleeping_waits, warm_compile_cache)
 
 MATRIX = program("optimizer_matrix.py")
+RACE = [PYTHON, program("compiled_writes.py"), "--case", "race"]
 MODES = {"full": [], "sentinel": ["--sentinel"],
          "device": ["--digest", "device", "--env", "DETAUDIT_DEVICE_QUEUE=host"]}
 ATTEMPTS = 3  # a race on float atomics may leave the bits alone in a pair: pairs tried at most
@@ -185,13 +186,15 @@ class CompiledWrites(unittest.TestCase):
         cls.off = os.path.join(cls.tmp, "kernels-off.json")
         with open(cls.off, "w") as f:
             json.dump({"record": {"compiled_kernels": False}}, f)
+        in_place = [PYTHON, program("compiled_writes.py"), "--case", "in-place-kernel"]
+        cls.compiled = warm_compile_cache(cls.tmp, in_place, RACE)
         calls = []
         for kernels in ("on", "off"):
             flags = [] if kernels == "on" else ["--config", cls.off]
             out = os.path.join(cls.tmp, f"in-place-{kernels}")
             calls.append(lambda out=out, flags=flags: run_detaudit(
-                ["run", "--out", out, "-q", *flags, "--", PYTHON, program("compiled_writes.py"),
-                 "--case", "in-place-kernel"], timeout=600))
+                ["run", "--out", out, "-q", *flags, "--", *in_place], timeout=600,
+                env=cls.compiled))
             calls.append(lambda kernels=kernels, flags=flags: cls.record_race(kernels, flags))
         results = in_parallel(calls)
         cls.in_place = {"on": results[0], "off": results[2]}
@@ -203,8 +206,7 @@ class CompiledWrites(unittest.TestCase):
         tried = []
         for attempt in range(ATTEMPTS):
             out = os.path.join(cls.tmp, f"race-{kernels}-{attempt}")
-            r, report = audit(out, [PYTHON, program("compiled_writes.py"), "--case", "race"],
-                              flags)
+            r, report = audit(out, RACE, flags, env=cls.compiled)
             logs = [output_log(os.path.join(out, f"run-{i}")) for i in (0, 1)]
             sums = [re.findall(r"^step \d+ md5 \w+$", log, re.M) for log in logs]
             tried.append((r, report, sums[0] != sums[1]))
