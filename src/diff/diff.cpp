@@ -371,6 +371,21 @@ Status check_replicas_of_both(const trace::RunDirectory& run_a, const trace::Run
   return Status();
 }
 
+Status explain_first(const std::string* trace_a, const std::vector<EnvDifference>& environment,
+                     FirstDivergence* first) {
+  if (trace_a)
+    if (Status s = find_roles(*trace_a, first); !s.ok()) return s;
+  classify_under_torch_builds(environment, first);
+  explain_cause(environment, first);
+  return Status();
+}
+
+void note_training_identical(DiffReport* r) {
+  // A resume's cause may say it already.
+  if (r->training.identical && r->first->cause.find("training is the same") == std::string::npos)
+    r->first->cause += "; what differs reaches no parameter, gradient or optimizer state";
+}
+
 void finish_report(const trace::RunDirectory& run_a, const trace::RunDirectory& run_b,
                    const std::vector<std::vector<StreamTail>>& tails, bool part, DiffReport* r) {
   if (!part)
@@ -425,17 +440,17 @@ Status diff_runs(const std::string& dir_a, const std::string& dir_b, const DiffO
     r.first = *first;
     add_spread(candidates, &*r.first);
     trace_origin(selection, firsts, &*r.first);
-    if (auto path = selection.streams[0].find(r.first->stream); path != selection.streams[0].end())
-      if (Status s = find_roles(path->second, &*r.first); !s.ok()) return s;
-    classify_under_torch_builds(r.environment, &*r.first);
-    explain_cause(r.environment, &*r.first);
+    auto path = selection.streams[0].find(r.first->stream);
+    if (Status s = explain_first(path != selection.streams[0].end() ? &path->second : nullptr,
+                                 r.environment, &*r.first);
+        !s.ok())
+      return s;
     if (r.sentinel_runs) at_step_level(&*r.first);
   }
 
   finish_report(run_a, run_b, tails, options.part, &r);
   explain_resumes(selection, &r);
-  if (r.training.identical && r.first->cause.find("training is the same") == std::string::npos)
-    r.first->cause += "; what differs reaches no parameter, gradient or optimizer state";
+  note_training_identical(&r);
   if (r.verdict == Verdict::kUnexplained)
     r.unexplained = why_no_first(candidates, r.divergent_ops, r.library_pools);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -366,10 +366,7 @@ Status compare_first_again(const trace::RunDirectory& run_a, const trace::RunDir
   for (EnvDifference& d : res.step_settings) r.environment.push_back(std::move(d));
   r.first = *res.first;
   add_spread(pointers, &*r.first);
-  if (Status s = find_roles(stream_a->second, &*r.first); !s.ok()) return s;
-  classify_under_torch_builds(r.environment, &*r.first);
-  explain_cause(r.environment, &*r.first);
-  return Status();
+  return explain_first(&stream_a->second, r.environment, &*r.first);
 }
 
 }  // namespace
@@ -399,6 +396,7 @@ Status merge_parts(const std::vector<json>& parts, const std::vector<std::string
     return s;
   finish_report(run_a, run_b, {}, /*part=*/false, &r);
   explain_resumes(selection, &r);
+  note_training_identical(&r);
   if (r.verdict == Verdict::kUnexplained)
     r.unexplained = "no part held an op where the divergence began (diff the whole runs for why)";
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

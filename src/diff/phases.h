@@ -32,6 +32,16 @@ Status check_environment_and_world(const trace::RunDirectory& run_a,
 Status check_replicas_of_both(const trace::RunDirectory& run_a, const trace::RunDirectory& run_b,
                               std::vector<RankFolds> folds[2], bool part, DiffReport* r);
 
+// The first divergence's why: its tensors' roles from run A's trace of its stream (`trace_a`,
+// null if that trace is not in the selection), its class under the runs' torch builds, then its
+// cause and remedy.
+Status explain_first(const std::string* trace_a, const std::vector<EnvDifference>& environment,
+                     FirstDivergence* first);
+
+// After the resumes are explained: a first divergence that reaches no training state, where
+// the training state was compared and agrees, says so in its cause.
+void note_training_identical(DiffReport* r);
+
 // The last phase: what was not compared because a world was lost (not for a part: its merge
 // says it), how each run ended, and the verdict. The caller says why, when it is "unexplained".
 void finish_report(const trace::RunDirectory& run_a, const trace::RunDirectory& run_b,

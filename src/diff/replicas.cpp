@@ -278,9 +278,6 @@ std::vector<std::vector<size_t>> replica_groups(const std::vector<RankStream>& r
 
 }  // namespace
 
-// In a step where `differing` ranks of each group wrote otherwise than its reference (the group's
-// first), their writes and the reference's read again: the first parameter that differs, by
-// position, then group, then rank, into out->divergence.
 // The steps every rank recorded, in order.
 static std::vector<uint64_t> steps_of_every_rank(const std::vector<RankStream>& ranks) {
   std::vector<uint64_t> steps;
@@ -292,13 +289,14 @@ static std::vector<uint64_t> steps_of_every_rank(const std::vector<RankStream>& 
   return steps;
 }
 
+// In a step where `differing` ranks of each group wrote otherwise than its reference (the group's
+// first), their writes and the reference's read again: the first parameter that differs, by
+// position, then group, then rank, into out->divergence.
 static Status find_differing_write(uint64_t step, const std::vector<std::vector<size_t>>& groups,
                                    const std::vector<std::vector<size_t>>& differing,
                                    std::vector<RankStream>* ranks, std::vector<std::string>* names,
                                    std::unordered_map<std::string, uint32_t>* ids,
                                    ReplicaCheck* out) {
-  // Their writes of this step, and each reference's, read again: the first parameter that
-  // differs, by position, then group, then rank.
   for (size_t g = 0; g < groups.size(); ++g) {
     if (differing[g].empty()) continue;
     std::vector<size_t> again = differing[g];
