@@ -95,8 +95,7 @@ bool SentinelSteps::describe_ahead(const Taken& state, size_t threads, trace::Di
   return true;
 }
 
-const trace::TensorDesc* SentinelSteps::described(const at::Tensor& t, uint64_t* bytes) const {
-  if (ahead_at_.empty()) return nullptr;
+const trace::TensorDesc* SentinelSteps::find_described(const at::Tensor& t, uint64_t* bytes) const {
   auto it = ahead_at_.find(t.unsafeGetTensorImpl());
   if (it == ahead_at_.end()) return nullptr;
   *bytes = ahead_[it->second].bytes;

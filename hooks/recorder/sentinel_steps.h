@@ -50,7 +50,10 @@ class SentinelSteps {
   // answers for them.
   bool describe_ahead(const Taken& state, size_t threads, trace::DigestAlgo algo, bool stats);
   // The description made ahead of t, null if none: all but its view's base and its sharing.
-  const trace::TensorDesc* described(const at::Tensor& t, uint64_t* bytes) const;
+  // Inline: every tensor the op path describes asks, and the answer is almost always no.
+  const trace::TensorDesc* described(const at::Tensor& t, uint64_t* bytes) const {
+    return ahead_at_.empty() ? nullptr : find_described(t, bytes);
+  }
   void forget_described() {
     ahead_.clear();
     ahead_at_.clear();
@@ -72,6 +75,8 @@ class SentinelSteps {
   }
 
  private:
+  const trace::TensorDesc* find_described(const at::Tensor& t, uint64_t* bytes) const;
+
   struct StepState {
     bool open = false;
     std::string mark;  // "Optimizer.step#AdamW.step", "detaudit::optimizer"
