@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# What CI leaves out to stay within 20 minutes, for a nightly job (or before trusting a change
-# to what these cover): the build over Debian's torch by pip's route (a whole -O0 build of the
-# project), and the stress repeats of the tests that hunt rare events (DETAUDIT_NIGHTLY=1 raises
-# their counts; each file's docstring names what it repeats). Needs what tests/run_all.sh built.
+# What CI leaves out to stay short, for a nightly job (or before trusting a change to what these
+# cover): the build over Debian's torch by pip's route (a whole -O0 build of the project), the
+# files labelled `nightly` (under torch 1.x: tests/CMakeLists.txt), and the stress repeats of the
+# tests that hunt rare events (DETAUDIT_NIGHTLY=1 raises their counts; each file's docstring
+# names what it repeats). Needs what tests/run_all.sh built.
 #   tests/nightly.sh [ctest -R regex]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

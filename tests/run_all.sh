@@ -19,7 +19,7 @@ stage "install and build" 960 "$root/tests/build.sh" --debian-torch --training-l
   chromium python3-jsonschema clang-14 libclang-rt-14-dev
 ctest_log="$root/build/ctest.log"
 STAGE_LONGEST_FROM=$ctest_log stage ctest 3300 \
-  bash -c 'set -o pipefail; cd "$1/build" && ctest --output-on-failure -j "$(nproc)" \
+  bash -c 'set -o pipefail; cd "$1/build" && ctest --output-on-failure -j "$(nproc)" -LE nightly \
            --timeout 900 | tee "$2"' \
   _ "$root" "$ctest_log"
 # ASan + UBSan: the unit tests, one end-to-end recording, 20 s of each fuzzer (docs/fuzzing.md).

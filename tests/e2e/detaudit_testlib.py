@@ -420,19 +420,21 @@ def planted_audit(out, command, flags=(), timeout=600, env=None):
 
 def warm_compile_cache(directory, *commands, timeout=900):
     """A torch.compile cache in DIRECTORY, filled by a plain run of each of COMMANDS side by side;
-    returns the environment that hands it to `detaudit run`'s runs (run_detaudit's env).
+    returns the environment that hands it to `detaudit run`'s runs (run_detaudit's env) and the
+    plain runs' results, in COMMANDS' order (what the program computes unrecorded).
 
     Each recorded run compiles from an empty cache of its own by default, as a user's do
     (docs/how-it-works.md): on these 2 cores a small program's cold compile is most of a minute.
     Runs that all load what the plain runs compiled load alike, and inductor's loaded modules
-    have their kernels recorded on a hit as on a miss. Without torch.compile: no cache, {}."""
+    have their kernels recorded on a hit as on a miss. Without torch.compile: no cache, {}, []."""
     if not HAS_COMPILE:
-        return {}
+        return {}, []
     env = {"TORCHINDUCTOR_CACHE_DIR": os.path.join(directory, "torchinductor")}
-    for r in in_parallel([lambda c=c: run_program(c, env=env, timeout=timeout) for c in commands]):
+    plain = in_parallel([lambda c=c: run_program(c, env=env, timeout=timeout) for c in commands])
+    for r in plain:
         if r.returncode != 0:
             raise AssertionError(f"{' '.join(r.args)}: exit {r.returncode}\n{r.stderr[-3000:]}")
-    return env
+    return env, plain
 
 
 def divergent_steps(report):

@@ -2,7 +2,8 @@
 as an op, inductor_kernel::<kernel>, so a race in generated code is named at its kernel, with the
 aten ops it came from and its catalog entry, and its remedy is verified. Deterministic compiled
 programs (deterministic mode, one thread with a seeded dropout, DataLoader workers) stay
-identical, and recording changes no bits. Skipped where torch has no torch.compile (1.13).
+identical, and recording changes no bits. The deterministic programs compile once, plain, into a
+cache their recorded runs load (warm_compile_cache): kernels are recorded on a hit as on a miss. Skipped where torch has no torch.compile (1.13).
 
     cd tests/e2e && ../../.venv/bin/python -m unittest -v test_compiled_kernels
 """
@@ -13,7 +14,7 @@ import unittest
 
 from detaudit_testlib import (HAS_COMPILE, PYTHON, TORCH_VERSION, export_records, in_parallel,
                               load_report, make_temp_dir, ops, params_sha, program, remove_dir,
-                              run_detaudit, run_program)
+                              run_detaudit, warm_compile_cache)
 
 SCRIPT = program("compiled_gather.py")
 ATTEMPTS = 3  # a race may leave the bits alone in a pair
@@ -29,32 +30,36 @@ class CompiledKernels(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = make_temp_dir()
+        # The deterministic programs compile once, plain, and their recorded runs load that: a
+        # cold compile is most of a minute on 2 cores. The race keeps a cache per run, as
+        # --verify-remedy's runs need: the remedy's kernels are compiled by its first run, and a
+        # run that compiles records ops one that loads does not.
+        workers = [PYTHON, SCRIPT, "--deterministic", "--workers", "2", "--dropout"]
+        one_thread = [PYTHON, SCRIPT, "--threads", "1", "--dropout"]
+        compiled, plain = warm_compile_cache(cls.tmp, workers, one_thread)
+        cls.plain = plain[0]
 
-        def pair(name, *flags):
+        def pair(name, command):
             out = os.path.join(cls.tmp, name)
             return lambda: (out, run_detaudit(
                 ["run", "--runs", "2", "--out", out, "-q", "--format", "json", "--output",
-                 out + ".json", "--", PYTHON, SCRIPT, *flags], timeout=900))
+                 out + ".json", "--", *command], timeout=900, env=compiled))
 
-        results = in_parallel([
-            lambda: cls.record_race(),
-            pair("one-thread-dropout", "--threads", "1", "--dropout"),
-            pair("deterministic-workers", "--deterministic", "--workers", "2", "--dropout"),
-            lambda: run_program([PYTHON, SCRIPT, "--deterministic", "--workers", "2", "--dropout"],
-                                env={"TORCHINDUCTOR_CACHE_DIR": os.path.join(cls.tmp, "cache")},
-                                timeout=900),
+        cls.race, cls.one_thread, cls.workers = in_parallel([
+            lambda: cls.record_race([PYTHON, SCRIPT]),
+            pair("one-thread-dropout", one_thread),
+            pair("deterministic-workers", workers),
         ])
-        cls.race, cls.one_thread, cls.workers, cls.plain = results
 
     @classmethod
-    def record_race(cls):
+    def record_race(cls, command):
         """Pairs of the racing program, with --verify-remedy, until one's checksums differ."""
         tried = []
         for attempt in range(ATTEMPTS):
             out = os.path.join(cls.tmp, f"race-{attempt}")
             r = run_detaudit(["run", "--runs", "2", "--out", out, "-q", "--verify-remedy",
-                              "--format", "json", "--output", out + ".json", "--",
-                              PYTHON, SCRIPT], timeout=900)
+                              "--format", "json", "--output", out + ".json", "--", *command],
+                             timeout=900)
             differ = checksums(os.path.join(out, "run-0")) != checksums(os.path.join(out, "run-1"))
             tried.append((out, r, differ))
             if differ:

@@ -53,7 +53,7 @@ class SteppingMatrix(unittest.TestCase):
     @sleeping_waits()
     def setUpClass(cls):
         cls.tmp = make_temp_dir()
-        compiled = warm_compile_cache(cls.tmp, [PYTHON, MATRIX])
+        compiled, _ = warm_compile_cache(cls.tmp, [PYTHON, MATRIX])
         results = in_parallel([lambda mode=mode, flags=flags: planted_audit(
             os.path.join(cls.tmp, mode), [PYTHON, MATRIX], flags, env=compiled)
             for mode, flags in MODES.items()])

@@ -187,7 +187,7 @@ class CompiledWrites(unittest.TestCase):
         with open(cls.off, "w") as f:
             json.dump({"record": {"compiled_kernels": False}}, f)
         in_place = [PYTHON, program("compiled_writes.py"), "--case", "in-place-kernel"]
-        cls.compiled = warm_compile_cache(cls.tmp, in_place, RACE)
+        cls.compiled, _ = warm_compile_cache(cls.tmp, in_place, RACE)
         calls = []
         for kernels in ("on", "off"):
             flags = [] if kernels == "on" else ["--config", cls.off]
