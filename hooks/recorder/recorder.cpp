@@ -595,6 +595,7 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f, trace::Pha
   if (info.compiled_region) f.bits |= trace::kOpCompiledRegion;
   f.seq_nr = fn.seqNr();
   if (f.seq_nr >= 0) f.bits |= trace::kOpHasSeqNr;
+  f.grad_off = !c10::GradMode::is_enabled();
   if (f.depth == 0) cache_.set_top_level_serial(++top_level_serial_);
 
   bytes_item_start_ = bytes_.size();
@@ -777,7 +778,7 @@ void ThreadRecorder::write_record(const Frame& f, const std::vector<c10::IValue>
   }
 
   ByteWriter& w = encoder.begin_op(
-      {f.order, last_written_.order, f.name_id, f.bits, f.depth, f.seq_nr, f.rng});
+      {f.order, last_written_.order, f.name_id, f.bits, f.depth, f.grad_off, f.seq_nr, f.rng});
   for (size_t i = f.items_begin; i < f.items_end; ++i) {
     const Item& item = items_[i];
     if (item.is_tensor)

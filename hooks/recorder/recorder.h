@@ -276,6 +276,7 @@ class ThreadRecorder {
     uint32_t scope_id = 0;
     uint8_t bits = 0;
     uint32_t depth = 0;
+    bool grad_off = false;  // autograd off as it began: no_grad, inference_mode (an evaluation)
     bool collective = false;
     bool constructor_empty = false;  // an `empty` a tensor constructor fills (OpInfo::layout_arg)
     // An `empty` whose garbage the program may read: a top-level one, or one an enclosing program

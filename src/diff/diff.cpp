@@ -382,8 +382,16 @@ Status explain_first(const std::string* trace_a, const std::vector<EnvDifference
 
 void note_training_identical(DiffReport* r) {
   // A resume's cause may say it already.
-  if (r->training.identical && r->first->cause.find("training is the same") == std::string::npos)
-    r->first->cause += "; what differs reaches no parameter, gradient or optimizer state";
+  if (!r->training.identical || r->first->cause.find("training is the same") != std::string::npos)
+    return;
+  bool evaluation = false;
+  for (const auto* side : {&r->first->inputs, &r->first->outputs})
+    for (const TensorPair& p : *side)
+      evaluation |= p.differs && p.tensor_role == TensorRole::kEvaluation;
+  r->first->cause += evaluation
+                         ? "; what differs is an evaluation's, computed with autograd off, "
+                           "and reaches no parameter, gradient or optimizer state"
+                         : "; what differs reaches no parameter, gradient or optimizer state";
 }
 
 void finish_report(const trace::RunDirectory& run_a, const trace::RunDirectory& run_b,

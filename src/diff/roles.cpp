@@ -14,6 +14,7 @@ const char* tensor_role_name(TensorRole role) {
     case TensorRole::kBatch: return "batch";
     case TensorRole::kRandomDraw: return "random draw";
     case TensorRole::kActivation: return "activation";
+    case TensorRole::kEvaluation: return "evaluation";
     case TensorRole::kOutsideTraining: return "outside training";
   }
   return "";
@@ -63,7 +64,9 @@ int64_t RoleTracker::base_of(int64_t id) const {
 }
 
 void RoleTracker::see(const trace::OpRecord& op, const trace::TraceReader& r) {
-  const uint8_t bit = reader_bit(op.phase);
+  const uint8_t bit = uint8_t(
+      reader_bit(op.phase) |
+      (op.phase == trace::Phase::kForward && !op.grad_off ? kReadForwardGradOn : 0));
   bool read_forward_read = false;
   for (size_t i = 0; i < op.input_tensors.size(); ++i) {
     const int64_t id = op.input_tensors[i];
@@ -102,6 +105,7 @@ void RoleTracker::see(const trace::OpRecord& op, const trace::TraceReader& r) {
       case trace::Phase::kOther: f->maker = kOther; break;
     }
     f->maker_read_parameter_candidate = read_forward_read;
+    f->made_grad_off = op.grad_off;
   }
 }
 
@@ -163,12 +167,18 @@ TensorRole RoleTracker::role_of(int64_t id, bool reaches) const {
       return TensorRole::kOptimizerState;
     case kBackward: return TensorRole::kGradient;
     case kForwardWrittenArgument: return TensorRole::kModelBuffer;
-    case kForward: return reaches ? TensorRole::kActivation : TensorRole::kOutsideTraining;
+    case kForward:
+      if (reaches) return TensorRole::kActivation;
+      return f->made_grad_off ? TensorRole::kEvaluation : TensorRole::kOutsideTraining;
     case kUnseen:
     case kExternal:
       if (forward && optimizer) return TensorRole::kParameter;
       if (optimizer) return backward ? TensorRole::kGradient : TensorRole::kOptimizerState;
-      if (forward) return reaches ? TensorRole::kBatch : TensorRole::kOutsideTraining;
+      if (forward && reaches) return TensorRole::kBatch;
+      // Read only with autograd off: an evaluation's batch.
+      if (forward)
+        return f->readers & kReadForwardGradOn ? TensorRole::kOutsideTraining
+                                               : TensorRole::kEvaluation;
       return TensorRole::kUnknown;
     default: return TensorRole::kUnknown;
   }

@@ -26,8 +26,10 @@ enum class TensorRole : uint8_t {
   kBatch,            // data entering the program that training reads
   kRandomDraw,       // made by an op that draws from a generator
   kActivation,       // made by the forward pass, reaching the training state
-  kOutsideTraining,  // reaching no parameter, gradient or optimizer state: a logged loss sum, a
-                     // metric, an evaluation output
+  kEvaluation,       // made or read by the forward pass with autograd off (torch.no_grad,
+                     // inference_mode), reaching no training state: an evaluation's output
+  kOutsideTraining,  // reaching no parameter, gradient or optimizer state, made with autograd
+                     // on: a logged loss sum, a metric
 };
 
 // "parameter", "gradient", "optimizer state", ...; "" for kUnknown.
@@ -82,12 +84,14 @@ class RoleTracker {
     kReadForward = 1,
     kReadBackward = 2,
     kReadOptimizer = 4,
-    kReadOther = 8
+    kReadOther = 8,
+    kReadForwardGradOn = 16,  // by a forward op with autograd on
   };
   struct Fact {
     uint8_t maker = kUnseen;
     uint8_t readers = 0;
     bool maker_read_parameter_candidate = false;  // its maker also read a forward-read input
+    bool made_grad_off = false;                   // its maker ran with autograd off
   };
   struct Watched {
     int64_t id = -1;

@@ -222,7 +222,10 @@ bool TraceReader::decode_op(ByteReader& r, OpRecord* out) {
   op.bits = r.u8();
   op.phase = Phase(op.bits & 3);
   op.scope = Scope((op.bits >> 2) & 3);
-  op.depth = uint32_t(r.varint());
+  const uint64_t depth = r.varint();
+  const bool grad_bit = header_.version >= kGradOffFormat;
+  op.depth = uint32_t(grad_bit ? depth >> 1 : depth);
+  op.grad_off = grad_bit && (depth & 1);
   op.seq_nr = op.has_seq_nr() ? r.zvarint() : -1;
   op.rng = op.has_rng() ? r.u64() : 0;
   op.inputs.clear();

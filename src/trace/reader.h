@@ -46,6 +46,7 @@ struct OpRecord {
   Scope scope = Scope::kFunction;
   uint8_t bits = 0;
   uint32_t depth = 0;
+  bool grad_off = false;  // autograd was off (format 10 on; kGradOffFormat)
   int64_t seq_nr = -1;
   uint64_t rng = 0;
   std::vector<Value> inputs, outputs;

@@ -100,7 +100,7 @@ ByteWriter& RecordEncoder::begin_op(const OpHead& head) {
   w.zvarint(int64_t(head.order - head.previous_order));
   w.varint(head.name_id);
   w.u8(head.bits);
-  w.varint(head.depth);
+  w.varint(uint64_t(head.depth) << 1 | uint64_t(head.grad_off));
   if (head.bits & kOpHasSeqNr) w.zvarint(head.seq_nr);
   if (head.bits & kOpHasRng) w.u64(head.rng);
   return w;

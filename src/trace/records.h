@@ -51,8 +51,9 @@ struct OpHead {
   uint32_t name_id = 0;
   uint8_t bits = 0;  // phase, scope and the kOp* flags
   uint32_t depth = 0;
-  int64_t seq_nr = -1;  // written if bits has kOpHasSeqNr
-  uint64_t rng = 0;     // written if bits has kOpHasRng
+  bool grad_off = false;  // autograd was off: torch.no_grad, inference_mode
+  int64_t seq_nr = -1;    // written if bits has kOpHasSeqNr
+  uint64_t rng = 0;       // written if bits has kOpHasRng
 };
 
 struct EndInfo {

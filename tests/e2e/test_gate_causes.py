@@ -198,8 +198,10 @@ class GateCauses(TmpDirCase):
         self.assertEqual(f["catalog"]["id"], "index-put-accumulate-cpu", f)
         self.assertTrue(f["confirmed_by"].startswith("read by aten::sum"), f)
         self.assertIs(f["reaches_training"], False, f)
+        # Made with autograd off, reaching no training state: an evaluation's own role.
         self.assertEqual([o.get("tensor_role") for o in f["outputs"] if o["differs"]],
-                         ["outside training"], f["outputs"])
+                         ["evaluation"], f["outputs"])
+        self.assertIn("an evaluation's, computed with autograd off", f["cause"], f)
         training = report["training"]
         self.assertTrue(training["identical"], training)
         self.assertGreater(training["writes_compared"], 0, training)

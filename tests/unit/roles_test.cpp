@@ -173,6 +173,74 @@ TEST(RolesTest, ALossSummedForLoggingReachesNoTrainingState) {
   EXPECT_FALSE(a.outputs.at(0).reaches_training);
 }
 
+// Two training steps, each followed by an evaluation with autograd off: a linear of a batch of
+// its own with the weight. Run B's evaluation outputs are `eval_from` on (a race there).
+TraceBuilder evaluated_loop(uint8_t eval_from) {
+  TraceBuilder t;
+  int64_t weight = -1;
+  for (int step = 0; step < 2; ++step) {
+    t.step(uint64_t(step));
+    auto lin = t.op("aten::linear").in_new(external(uint8_t(0x20 + step)));
+    if (weight < 0) {
+      lin.in_new(external(0x40));
+      weight = lin.last_id();
+    } else {
+      lin.in_ref(weight);
+    }
+    const int64_t h = lin.out_new(tensor(uint8_t(0x50 + step))).done();
+    const int64_t grad =
+        t.op("aten::mm", Phase::kBackward).in_ref(h).out_new(tensor(uint8_t(0x90 + step))).done();
+    weight = t.op("aten::add_", Phase::kOptimizer)
+                 .in_ref(weight)
+                 .in_ref(grad)
+                 .out_new(tensor(uint8_t(0x41 + step)))
+                 .done();
+    const int64_t scores = t.op("aten::linear")
+                               .grad_off()
+                               .in_new(external(uint8_t(0x30 + step)))
+                               .in_ref(weight)
+                               .out_new(tensor(uint8_t(eval_from + step)))
+                               .done();
+    t.op("aten::argmax").grad_off().in_ref(scores).out_new(tensor(uint8_t(eval_from + 8))).done();
+  }
+  t.end();
+  return t;
+}
+
+TEST(RolesTest, WhatAForwardWithAutogradOffMakesAndReachesNoTrainingIsAnEvaluation) {
+  const TraceBuilder t = evaluated_loop(0x10);
+  // Step 1's evaluation linear (orders: 3 training ops and 2 evaluation ops a step).
+  Asked a = ask(t, 8, 0b11, 0b1);
+  EXPECT_EQ(a.inputs.at(0).role, TensorRole::kEvaluation);  // its batch, read with autograd off
+  EXPECT_EQ(a.inputs.at(1).role, TensorRole::kParameter);
+  EXPECT_EQ(a.outputs.at(0).role, TensorRole::kEvaluation);
+  EXPECT_FALSE(a.outputs.at(0).reaches_training);
+}
+
+TEST(RolesTest, AnEvaluationThatDiffersFailsTheDefaultGateAndPassesTheTrainingGate) {
+  for (const char* gate : {"any", "training"}) {
+    RunDir a(std::string("evaluation-") + gate + "/run-0"),
+        b(std::string("evaluation-") + gate + "/run-1");
+    a.add_stream("r0.main.t-main", evaluated_loop(0x10));
+    b.add_stream("r0.main.t-main", evaluated_loop(0xc0));
+    DiffOptions o;
+    o.gate.fail_on = gate;
+    DiffReport r;
+    const Status s = diff_runs(a.path(), b.path(), o, &r);
+    ASSERT_TRUE(s.ok()) << s.message();
+    ASSERT_EQ(r.verdict, Verdict::kDivergent);
+    ASSERT_TRUE(r.first.has_value());
+    EXPECT_EQ(r.first->step, 0u);
+    EXPECT_EQ(r.first->op, "aten::linear");
+    EXPECT_EQ(r.first->outputs.at(0).tensor_role, TensorRole::kEvaluation);
+    EXPECT_TRUE(r.training.identical);
+    EXPECT_NE(r.first->cause.find("an evaluation's, computed with autograd off"), std::string::npos)
+        << r.first->cause;
+    EXPECT_EQ(gate_exit_code(r),
+              std::string(gate) == "training" ? ExitCode::kIdentical : ExitCode::kDivergent);
+  }
+}
+
 TEST(RolesTest, ADifferenceReachesTrainingThroughTheOpsThatReadIt) {
   // A value that reaches the optimizer only through two forward ops after it.
   TraceBuilder t;
@@ -195,10 +263,12 @@ TEST(RolesTest, EveryRoleHasItsWordAndTrainingStateIsTheOnesACheckpointCarries) 
   for (TensorRole role : {TensorRole::kParameter, TensorRole::kGradient,
                           TensorRole::kOptimizerState, TensorRole::kModelBuffer})
     EXPECT_TRUE(is_training_state(role)) << tensor_role_name(role);
-  for (TensorRole role : {TensorRole::kBatch, TensorRole::kRandomDraw, TensorRole::kActivation,
-                          TensorRole::kOutsideTraining, TensorRole::kUnknown})
+  for (TensorRole role :
+       {TensorRole::kBatch, TensorRole::kRandomDraw, TensorRole::kActivation,
+        TensorRole::kEvaluation, TensorRole::kOutsideTraining, TensorRole::kUnknown})
     EXPECT_FALSE(is_training_state(role)) << tensor_role_name(role);
   EXPECT_STREQ(tensor_role_name(TensorRole::kOutsideTraining), "outside training");
+  EXPECT_STREQ(tensor_role_name(TensorRole::kEvaluation), "evaluation");
   EXPECT_STREQ(tensor_role_name(TensorRole::kUnknown), "");
 }
 

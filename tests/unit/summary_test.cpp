@@ -45,12 +45,15 @@ std::string sample_trace(bool with_end) {
   enc.string("sum", &out);             // 3
   StepInfo s;
   enc.step(s, &out);
+  uint64_t order = 0;
   auto op = [&](uint32_t name, Phase phase, uint32_t depth, bool new_in, uint8_t fill) {
-    ByteWriter& w = enc.begin(RecordKind::kOp);
-    w.zvarint(1);
-    w.varint(name);
-    w.u8(uint8_t(phase));
-    w.varint(depth);
+    OpHead head;
+    head.previous_order = order;
+    head.order = ++order;
+    head.name_id = name;
+    head.bits = uint8_t(phase);
+    head.depth = depth;
+    ByteWriter& w = enc.begin_op(head);
     if (new_in) {
       w.varint(3);
       w.u8(uint8_t(ValueType::kTensorNew));

@@ -66,6 +66,11 @@ class TraceBuilder {
       rng_ = rng;
       return *this;
     }
+    // Ran with autograd off (torch.no_grad): an evaluation's op.
+    Op& grad_off() {
+      grad_off_ = true;
+      return *this;
+    }
     // A torch.compile region (trace::kOpCompiledRegion), as the recorder marks one.
     Op& compiled_region() {
       bits_ |= trace::kOpCompiledRegion;
@@ -174,6 +179,7 @@ class TraceBuilder {
     int64_t order_;
     uint8_t bits_ = 0;
     uint64_t rng_ = 0;
+    bool grad_off_ = false;
     Values in_, out_, written_;
     uint64_t written_args_ = 0;
     int64_t last_id_ = -1;
@@ -276,6 +282,7 @@ inline int64_t TraceBuilder::Op::done() {
   head.name_id = name;
   head.bits = uint8_t(uint8_t(phase_) | uint8_t(uint8_t(scope_) << 2) | bits_);
   head.depth = depth_;
+  head.grad_off = grad_off_;
   head.rng = rng_;
   ByteWriter& w = b_->enc_.begin_op(head);
   b_->last_order_ = order;

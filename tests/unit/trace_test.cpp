@@ -262,6 +262,43 @@ TEST(TraceTest, AnotherFormatVersionIsRejectedAtOpenWithWhatToDo) {
   EXPECT_NE(s.message().find("record the run again"), std::string::npos) << s.message();
 }
 
+// An OP's depth carries whether autograd was off (format 10); an older trace's depth is its own.
+TEST(TraceTest, AnOpsDepthSaysWhetherAutogradWasOffAndOlderDepthsReadWhole) {
+  for (uint32_t version : {kFormatVersion, kGradOffFormat - 1}) {
+    std::string out;
+    RecordEncoder enc;
+    StreamHeader h;
+    h.version = version;
+    enc.header(h, &out);
+    enc.string("aten::linear", &out);
+    for (bool grad_off : {false, true}) {
+      OpHead head;
+      head.depth = 3;
+      head.grad_off = grad_off && version >= kGradOffFormat;
+      ByteWriter& w = version >= kGradOffFormat ? enc.begin_op(head) : enc.begin(RecordKind::kOp);
+      if (version < kGradOffFormat) {  // the head as format 9 wrote it
+        w.zvarint(0);
+        w.varint(0);
+        w.u8(0);
+        w.varint(3);
+      }
+      w.varint(0);
+      w.varint(0);
+      enc.finish(&out);
+    }
+    std::string path = temp_path("grad_off.dtr");
+    write_file(path, out);
+    TraceReader r;
+    ASSERT_TRUE(r.open(path).ok()) << r.error();
+    ASSERT_EQ(r.next(), ReadResult::kRecord);
+    for (bool grad_off : {false, true}) {
+      ASSERT_EQ(r.next(), ReadResult::kRecord) << r.error();
+      EXPECT_EQ(r.op().depth, 3u) << version;
+      EXPECT_EQ(r.op().grad_off, grad_off && version >= kGradOffFormat) << version;
+    }
+  }
+}
+
 // An overwritten input is a reference that says so, and format 4, which had none, still reads.
 TEST(TraceTest, WrittenInputsAreMarkedAndFormat4StillReads) {
   for (uint32_t version : {kFormatVersion, kOldestReadableFormat}) {
