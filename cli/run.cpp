@@ -29,6 +29,7 @@
 #include "run/sentinel.h"
 #include "run/session.h"
 #include "run_layout.h"
+#include "util/shell_words.h"
 
 namespace detaudit::cli {
 namespace {
@@ -519,18 +520,6 @@ void add_record_verb(CLI::App& app, VerbAction* action) {
 namespace {
 
 // A word for sh -c, quoted.
-std::string sh_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-std::string sh_words(const std::vector<std::string>& words) {
-  std::string out;
-  for (const std::string& w : words) out += (out.empty() ? "" : " ") + sh_quote(w);
-  return out;
-}
-
 // `detaudit resume`: the program once through into OUT/run-0, then stopped at step K and
 // resumed from its checkpoint into OUT/run-1, then their diff. Hugging Face Trainer and
 // Lightning are stopped and resumed by the interposer's Python side (detaudit_resume.py); a
@@ -544,21 +533,6 @@ struct ResumeArgs {
   // Does training continue exactly? Values it does not read (a logged loss sum) are noted.
   std::string fail_on = "training";
 };
-
-std::vector<std::string> split_words(const std::string& s) {
-  std::vector<std::string> out;
-  std::string w;
-  for (char c : s) {
-    if (c == ' ') {
-      if (!w.empty()) out.push_back(std::move(w));
-      w.clear();
-    } else {
-      w += c;
-    }
-  }
-  if (!w.empty()) out.push_back(std::move(w));
-  return out;
-}
 
 int resume_main(ResumeArgs args) {
   const std::vector<std::string> program = args.through.run.flags.command;
@@ -575,16 +549,24 @@ int resume_main(ResumeArgs args) {
           ExitCode::kUsage));
     std::filesystem::remove_all(dir, ec);
   }
-  std::filesystem::create_directories(args.out, ec);
-  const std::string ckpt =
-      std::filesystem::absolute(std::filesystem::path(args.out) / "resume.ckpt").string();
+  std::vector<std::string> stop_words, resume_words;
+  if (Status s = split_shell_words(args.stop_args, "--stop-args", &stop_words); !s.ok())
+    return report_error(s);
+  if (Status s = split_shell_words(args.resume_args, "--resume-args", &resume_words); !s.ok())
+    return report_error(s);
+  // Trainer's and Lightning's checkpoint at step K, in the run's directory: the resumed process
+  // is pointed there, whatever path the program computes (detaudit_resume.py).
+  const std::filesystem::path ckpt = std::filesystem::absolute(std::filesystem::path(args.out) /
+                                                               "resume-checkpoint");
+  std::filesystem::remove_all(ckpt, ec);
+  std::filesystem::create_directories(ckpt, ec);
   args.through.run_dir = args.out + "/run-0";
   if (int code = record_main(args.through); code != 0) return code;
   std::vector<std::string> stop = program, resume = program;
-  for (const std::string& w : split_words(args.stop_args)) stop.push_back(w);
-  for (const std::string& w : split_words(args.resume_args)) resume.push_back(w);
+  stop.insert(stop.end(), stop_words.begin(), stop_words.end());
+  resume.insert(resume.end(), resume_words.begin(), resume_words.end());
   const std::string env = fmt::format("env DETAUDIT_RESUME_AT={} DETAUDIT_RESUME_CKPT={}", args.at,
-                                      sh_quote(ckpt));
+                                      sh_quote(ckpt.string()));
   RecordArgs resumed = args.through;
   resumed.run_dir = args.out + "/run-1";
   resumed.run.flags.command = {

@@ -413,10 +413,12 @@ class OneCommand(TmpDirCase):
         return report, report["resumes"][0]
 
     def test_a_loop_of_ones_own_by_the_arguments_named(self):
-        ck = os.path.join(self.tmp, "loop.pt")
+        # Split as the shell splits them: a quoted path keeps its space.
+        ck = os.path.join(self.tmp, "my loop.pt")
         report, resume = self.resume(
-            "loop", ["--at", str(STOP), "--stop-args", f"--stop-at {STOP} --save {ck}",
-                     "--resume-args", f"--resume {ck}"], LOOP + ["--steps", str(STEPS)], 0)
+            "loop", ["--at", str(STOP), "--stop-args", f"--stop-at {STOP} --save '{ck}'",
+                     "--resume-args", f'--resume "{ck}"'], LOOP + ["--steps", str(STEPS)], 0)
+        self.assertTrue(os.path.exists(ck), ck)
         self.assertEqual(report["verdict"], "identical", report.get("first_divergence"))
         self.assertEqual((resume["step"], resume["verified"]), (STOP, True), resume)
         # Again into the same --out: refused before anything runs, unless --force.
@@ -435,8 +437,9 @@ class OneCommand(TmpDirCase):
     @unittest.skipUnless(_HAS_TRANSFORMERS, "transformers and accelerate are not installed")
     def test_trainer_with_no_argument(self):
         # Does training continue exactly? It does: `resume` passes, its logged loss sum noted.
-        report, resume = self.resume(
-            "trainer", ["--at", "4"], TRAINER + ["--out", os.path.join(self.tmp, "to")], 0)
+        # Its output_dir is a new temp dir in each process: the resumed one loads the checkpoint
+        # the stopped one left in the run directory.
+        report, resume = self.resume("trainer", ["--at", "4"], TRAINER, 0)
         self.assertEqual(resume["step"], 4, resume)
         self.assertTrue(resume["missing"].startswith("a running value"), resume)
         self.assertEqual(report["spread"]["parameters_diverged"], [], report["spread"])
@@ -450,6 +453,16 @@ class OneCommand(TmpDirCase):
         r = run_detaudit(["diff", os.path.join(self.tmp, "trainer", "run-0"),
                           os.path.join(self.tmp, "trainer", "run-1")])
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertTrue(os.path.isdir(os.path.join(self.tmp, "trainer", "resume-checkpoint",
+                                                   "trainer")))
+
+    @unittest.skipUnless(_HAS_TRANSFORMERS, "transformers and accelerate are not installed")
+    def test_trainer_logging_and_evaluating_into_a_temp_dir_resumes_bit_for_bit(self):
+        # Logged every 2 steps, its loss sum starts again at the resume step in both runs.
+        report, resume = self.resume("trainer-eval", ["--at", "4"], TRAINER + ["--evaluate"], 0)
+        self.assertEqual(report["verdict"], "identical", report.get("first_divergence"))
+        self.assertEqual((resume["step"], resume["verified"], resume["training_verified"]),
+                         (4, True, True), resume)
 
 
 if __name__ == "__main__":
