@@ -519,7 +519,6 @@ void add_record_verb(CLI::App& app, VerbAction* action) {
 
 namespace {
 
-// A word for sh -c, quoted.
 // `detaudit resume`: the program once through into OUT/run-0, then stopped at step K and
 // resumed from its checkpoint into OUT/run-1, then their diff. Hugging Face Trainer and
 // Lightning are stopped and resumed by the interposer's Python side (detaudit_resume.py); a
