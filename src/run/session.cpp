@@ -16,6 +16,7 @@
 #include <set>
 #include <sstream>
 
+#include "run/compile_cache.h"
 #include "run/recording_watch.h"
 #include "run_layout.h"
 #include "trace/process_status.h"
@@ -296,12 +297,6 @@ std::vector<std::string> target_environment(const Config& c, const std::string& 
     const std::string old = vars.count("PYTHONPATH") ? vars["PYTHONPATH"] : "";
     set("PYTHONPATH", python_hooks.string() + (old.empty() ? "" : ":" + old));
   }
-  // torch.compile does real work on a cache miss only: a fresh cache per run makes every run
-  // compile alike, so the runs' op sequences match. A cache the user chose is kept.
-  for (const auto& [var, sub] : {std::pair{"TORCHINDUCTOR_CACHE_DIR", "torchinductor"},
-                                 std::pair{"TRITON_CACHE_DIR", "triton"}})
-    if (!vars.count(var))
-      set(var, (fs::path(layout::compile_cache_path(run_dir_abs, node)) / sub).string());
   set(layout::kEnvRunDir, run_dir_abs);
   if (!node.empty()) set(layout::kEnvNode, node);
   // The target is the top of its run: no recorded parent above it (stream_identity.h).
@@ -398,6 +393,9 @@ Status launch_into(const Config& c, const RunOptions& options, const std::string
   LaunchSpec spec;
   spec.argv = c.target.command;
   spec.env = target_environment(c, options.hooks_library, abs_dir, node);
+  for (const std::string& failure :
+       give_run_its_compile_caches(&spec.env, layout::compile_cache_path(abs_dir, node)))
+    fmt::print(stderr, "detaudit: warning: {}\n", failure);
   spec.cwd = c.target.cwd;
   spec.log_path = node.empty() ? (fs::path(abs_dir) / layout::kOutputLog).string()
                                : (fs::path(abs_dir) / layout::kNodesDir / (node + ".log")).string();

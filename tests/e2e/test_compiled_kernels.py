@@ -2,8 +2,9 @@
 as an op, inductor_kernel::<kernel>, so a race in generated code is named at its kernel, with the
 aten ops it came from and its catalog entry, and its remedy is verified. Deterministic compiled
 programs (deterministic mode, one thread with a seeded dropout, DataLoader workers) stay
-identical, and recording changes no bits. The deterministic programs compile once, plain, into a
-cache their recorded runs load (warm_compile_cache): kernels are recorded on a hit as on a miss. Skipped where torch has no torch.compile (1.13).
+identical, and recording changes no bits. Each program compiles once, plain, into a cache its
+recorded runs load (warm_compile_cache): kernels are recorded on a hit as on a miss, and each run
+starts from its own copy of that cache. Skipped where torch has no torch.compile (1.13).
 
     cd tests/e2e && ../../.venv/bin/python -m unittest -v test_compiled_kernels
 """
@@ -30,13 +31,14 @@ class CompiledKernels(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = make_temp_dir()
-        # The deterministic programs compile once, plain, and their recorded runs load that: a
-        # cold compile is most of a minute on 2 cores. The race keeps a cache per run, as
-        # --verify-remedy's runs need: the remedy's kernels are compiled by its first run, and a
-        # run that compiles records ops one that loads does not.
+        # Each program compiles once, plain, and the recorded runs load that: a cold compile is
+        # most of a minute on 2 cores. Every run starts from its own copy of the cache, so the
+        # race's --verify-remedy runs both compile the remedy's kernels: were the cache shared,
+        # the first would compile and the second load, and a run that compiles records ops one
+        # that loads does not (a false structural divergence).
         workers = [PYTHON, SCRIPT, "--deterministic", "--workers", "2", "--dropout"]
         one_thread = [PYTHON, SCRIPT, "--threads", "1", "--dropout"]
-        compiled, plain = warm_compile_cache(cls.tmp, workers, one_thread)
+        compiled, plain = warm_compile_cache(cls.tmp, workers, one_thread, [PYTHON, SCRIPT])
         cls.plain = plain[0]
 
         def pair(name, command):
@@ -46,20 +48,20 @@ class CompiledKernels(unittest.TestCase):
                  out + ".json", "--", *command], timeout=900, env=compiled))
 
         cls.race, cls.one_thread, cls.workers = in_parallel([
-            lambda: cls.record_race([PYTHON, SCRIPT]),
+            lambda: cls.record_race([PYTHON, SCRIPT], compiled),
             pair("one-thread-dropout", one_thread),
             pair("deterministic-workers", workers),
         ])
 
     @classmethod
-    def record_race(cls, command):
+    def record_race(cls, command, env):
         """Pairs of the racing program, with --verify-remedy, until one's checksums differ."""
         tried = []
         for attempt in range(ATTEMPTS):
             out = os.path.join(cls.tmp, f"race-{attempt}")
             r = run_detaudit(["run", "--runs", "2", "--out", out, "-q", "--verify-remedy",
                               "--format", "json", "--output", out + ".json", "--", *command],
-                             timeout=900)
+                             timeout=900, env=env)
             differ = checksums(os.path.join(out, "run-0")) != checksums(os.path.join(out, "run-1"))
             tried.append((out, r, differ))
             if differ:

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "run/compile_cache.h"
 #include "run/session.h"
 #include "run_layout.h"
 #include "test_files.h"
@@ -229,11 +230,40 @@ TEST(SessionTest, TargetEnvironmentPrependsPreload) {
   EXPECT_TRUE(has("DETAUDIT_RUN_DIR=/runs/run-0"));
   EXPECT_TRUE(has("DETAUDIT_CONFIG=/runs/run-0/config.json"));
   EXPECT_TRUE(has("X=1"));
-  // Each run compiles from a fresh torch.compile cache, unless the user chose one.
-  EXPECT_TRUE(has("TORCHINDUCTOR_CACHE_DIR=/runs/run-0/compile-cache/torchinductor"));
-  c.target.env["TORCHINDUCTOR_CACHE_DIR"] = "/mine";
-  env = target_environment(c, "/h/libdetaudit_hooks.so", "/runs/run-0");
-  EXPECT_TRUE(has("TORCHINDUCTOR_CACHE_DIR=/mine"));
+}
+
+// Each run compiles from a cache of its own: a fresh one, or a copy of the one the user chose, as
+// it was, so that no run loads what another compiled. The user's cache is left as it was.
+TEST(SessionTest, EachRunStartsFromItsOwnCopyOfTheCompileCache) {
+  const std::string root = launcher_dir("compile-cache");
+  const std::string mine = root + "/mine";
+  fs::create_directories(mine + "/fxgraph/ab");
+  std::ofstream(mine + "/fxgraph/ab/entry") << "compiled";
+  auto value = [](const std::vector<std::string>& env, const std::string& var) {
+    for (const std::string& kv : env)
+      if (kv.rfind(var + "=", 0) == 0) return kv.substr(var.size() + 1);
+    return std::string("(unset)");
+  };
+  for (const std::string run : {"run-0", "run-1"}) {
+    std::vector<std::string> env = {"X=1", "TORCHINDUCTOR_CACHE_DIR=" + mine};
+    const std::string caches = root + "/" + run + "/compile-cache";
+    EXPECT_TRUE(give_run_its_compile_caches(&env, caches).empty());
+    EXPECT_EQ(value(env, "TORCHINDUCTOR_CACHE_DIR"), caches + "/torchinductor");
+    EXPECT_EQ(value(env, "TRITON_CACHE_DIR"), caches + "/triton");  // unset: a fresh one
+    std::ifstream copied(caches + "/torchinductor/fxgraph/ab/entry");
+    std::string text;
+    copied >> text;
+    EXPECT_EQ(text, "compiled");
+    // What this run compiles goes into its copy only.
+    std::ofstream(caches + "/torchinductor/fxgraph/ab/new-" + run) << run;
+  }
+  EXPECT_FALSE(fs::exists(mine + "/fxgraph/ab/new-run-0"));
+  EXPECT_FALSE(fs::exists(root + "/run-1/compile-cache/torchinductor/fxgraph/ab/new-run-0"));
+  // A chosen cache that does not exist yet: the run starts empty, and nothing is created there.
+  std::vector<std::string> env = {"TORCHINDUCTOR_CACHE_DIR=" + root + "/not-yet"};
+  EXPECT_TRUE(give_run_its_compile_caches(&env, root + "/run-2/compile-cache").empty());
+  EXPECT_EQ(value(env, "TORCHINDUCTOR_CACHE_DIR"), root + "/run-2/compile-cache/torchinductor");
+  EXPECT_FALSE(fs::exists(root + "/not-yet"));
 }
 
 // An installed layout: <lib>/detaudit/libdetaudit_preload.so above torch/<version>/: LD_PRELOAD
