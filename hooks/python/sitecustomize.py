@@ -1,6 +1,7 @@
 """Loaded at interpreter start in the programs `detaudit run` launches (it puts this folder first
 on PYTHONPATH): records the kernels torch.compile runs (compiled_kernels.py), keeps compiled
-optimizer steps marked (optimizer_steps.py), shows a sentinel each backward's loss
+optimizer steps marked (optimizer_steps.py), notes NumPy's and Python's generators at each step's
+end (python_generators.py), shows a sentinel each backward's loss
 (backward_mark.py), and stops and resumes Trainer or Lightning for `detaudit resume`
 (detaudit_resume.py). A sitecustomize this one shadows, the user's or the
 distribution's, is run too."""
@@ -28,10 +29,12 @@ finally:
         import detaudit_backward_mark
         import detaudit_compiled_kernels
         import detaudit_optimizer_steps
+        import detaudit_python_generators
         import detaudit_resume
 
         detaudit_compiled_kernels.install()
         detaudit_optimizer_steps.install()
+        detaudit_python_generators.install()
         detaudit_resume.install()
         if detaudit_backward_mark.wanted():
             detaudit_backward_mark.install()

@@ -332,9 +332,16 @@ trace::StepInfo ProcessRecorder::step_info() const {
   trace::StepInfo info;
   info.step = step();
   info.rng_cpu = step_rng_.load(std::memory_order_relaxed);
+  info.rng_numpy = numpy_rng_.load(std::memory_order_relaxed);
+  info.rng_python = python_rng_.load(std::memory_order_relaxed);
   info.intra_op_threads = uint64_t(at::get_num_threads());
   info.determinism_bits = determinism_bits();
   return info;
+}
+
+void ProcessRecorder::note_python_generators(uint64_t numpy, uint64_t python) {
+  numpy_rng_.store(numpy, std::memory_order_relaxed);
+  python_rng_.store(python, std::memory_order_relaxed);
 }
 
 void ProcessRecorder::register_thread(ThreadRecorder* t) {
@@ -489,3 +496,10 @@ void ProcessRecorder::after_fork_child() {
 }
 
 }  // namespace detaudit::hooks
+
+// Called by detaudit's Python hooks (detaudit_optimizer_steps.py, through ctypes) as each
+// optimizer step ends: the interposer is loaded RTLD_GLOBAL, so the program finds it by name.
+extern "C" __attribute__((visibility("default"))) void detaudit_note_python_generators(
+    uint64_t numpy, uint64_t python) {
+  detaudit::hooks::ProcessRecorder::instance().note_python_generators(numpy, python);
+}

@@ -111,6 +111,9 @@ class ProcessRecorder {
   // DataLoader worker, the step of the batch it is making.
   void at_top_level_op();
   trace::StepInfo step_info() const;
+  // NumPy's and Python's generators as an optimizer step ends (detaudit_note_python_generators):
+  // the next STEP record carries them.
+  void note_python_generators(uint64_t numpy, uint64_t python);
 
   void register_thread(ThreadRecorder* t);
   void unregister_thread(ThreadRecorder* t);
@@ -184,6 +187,7 @@ class ProcessRecorder {
   std::atomic<bool> step_pending_{false};
   std::atomic<bool> step_selected_{true};
   std::atomic<uint64_t> step_rng_{0};
+  std::atomic<uint64_t> numpy_rng_{0}, python_rng_{0};
   std::atomic<bool> env_written_{false};
   std::atomic<uint32_t> fork_generation_{0};
   std::atomic<Worker> worker_{Worker::kNo};  // set on the worker's main thread, read on all

@@ -375,4 +375,10 @@ void classify_resumed_data_order(FirstDivergence* fd) {
   fd->data_order = true;
 }
 
+void classify_resumed_generator(std::string detail, FirstDivergence* fd) {
+  fd->divergence_class = DivergenceClass::kRngState;
+  fd->data_order = false;
+  fd->detail = std::move(detail);
+}
+
 }  // namespace detaudit

@@ -39,5 +39,8 @@ void classify_step_level(std::string detail, FirstDivergence* fd);
 // A resumed process read a batch the other run read at an earlier step: its data loader started
 // over, data entering the program (resume.h).
 void classify_resumed_data_order(FirstDivergence* fd);
+// A resumed process drew from NumPy's or Python's generator in another state than the other run:
+// the checkpoint did not restore it (resume.h), random state.
+void classify_resumed_generator(std::string detail, FirstDivergence* fd);
 
 }  // namespace detaudit

@@ -276,6 +276,75 @@ bool missed_generator(ResumeDivergence& d) {
   return true;
 }
 
+// A stream's steps, in its own numbering; empty when it cannot be read (the diff says why).
+std::vector<trace::StepInfo> steps_of(const std::string* path) {
+  trace::TraceReader r;
+  if (!path || !r.open(*path).ok()) return {};
+  while (r.next() == trace::ReadResult::kRecord) {
+  }
+  return r.steps();
+}
+
+// The digest `field` of the step numbered `step` (`shift` subtracted), 0 where there is none.
+uint64_t digest_at(const std::vector<trace::StepInfo>& steps, uint64_t trace::StepInfo::*field,
+                   uint64_t step, uint64_t shift = 0) {
+  if (step < shift) return 0;
+  for (const trace::StepInfo& s : steps)
+    if (s.step == step - shift) return s.*field;
+  return 0;
+}
+
+// NumPy's and Python's generators, as the interposer's Python hooks note them at the end of each
+// optimizer step (trace::StepInfo): alike in both runs as the stopped process reached the resume
+// step, other after the resumed process's first step. What it drew from them there differs.
+bool missed_python_generator(ResumeDivergence& d) {
+  const std::string* through = d.through_trace();
+  auto stream = [&](const std::string& process) -> const std::string* {
+    auto it = d.selection.streams[d.rp.run].find(layout::stream_name(process, "main"));
+    return it == d.selection.streams[d.rp.run].end() ? nullptr : &it->second;
+  };
+  const auto other = steps_of(through), stopped = steps_of(stream(d.rp.continues)),
+             resumed = steps_of(stream(d.rp.process));
+  struct Generator {
+    uint64_t trace::StepInfo::*field;
+    const char* name;
+  };
+  std::vector<std::string> missed;
+  uint64_t first_a = 0, first_b = 0;
+  for (const Generator& g : {Generator{&trace::StepInfo::rng_numpy, "NumPy's generator"},
+                             Generator{&trace::StepInfo::rng_python, "Python's generator"}}) {
+    const uint64_t before = digest_at(other, g.field, d.rp.step),
+                   after = digest_at(other, g.field, d.rp.step + 1);
+    const uint64_t resumed_after = digest_at(resumed, g.field, d.rp.step + 1, d.rp.step);
+    if (before == 0 || before != digest_at(stopped, g.field, d.rp.step) || after == 0 ||
+        resumed_after == 0 || after == resumed_after)
+      continue;
+    if (missed.empty()) {
+      first_a = d.rp.run == 0 ? resumed_after : after;
+      first_b = d.rp.run == 0 ? after : resumed_after;
+    }
+    missed.push_back(g.name);
+  }
+  if (missed.empty()) return false;
+  d.rp.missing = fmt::format("{}", fmt::join(missed, " and "));
+  classify_resumed_generator(fmt::format("{} noted at the end of step {}: {:016x} vs {:016x}",
+                                         missed.front(), d.rp.step, first_a, first_b),
+                             &d.f);
+  d.f.cause = fmt::format(
+      "the checkpoint did not restore {}: its state was the same in both runs as the stopped "
+      "process reached step {}, and differs after run {}'s resumed process ran that step "
+      "({:016x} in run A, {:016x} in run B): {}'s differing input, data made outside torch, "
+      "is what was drawn from it",
+      d.rp.missing, d.rp.step, d.resumed(), first_a, first_b, d.f.op);
+  d.f.remedy =
+      "save numpy.random.get_state() and random.getstate() with the checkpoint and restore them "
+      "with numpy.random.set_state() and random.setstate() when resuming (with torch's: "
+      "torch.get_rng_state()); a Hugging Face Trainer checkpoint holds them (rng_state.pth): "
+      "resume from it; a Lightning checkpoint does not: save them in the LightningModule's "
+      "on_save_checkpoint and restore them in its on_load_checkpoint";
+  return true;
+}
+
 bool missed_hyperparameter(ResumeDivergence& d) {
   if (d.f.scalar_argument.empty()) return false;
   d.rp.missing = "a hyperparameter (a scheduler's or a GradScaler's state)";
@@ -468,8 +537,8 @@ bool name_what_was_missed(const StreamSelection& selection, const DiffReport& r,
       f->divergence_class != DivergenceClass::kInputDiffers)
     return false;
   for (bool (*missed)(ResumeDivergence&) :
-       {missed_hyperparameter, missed_parameters, missed_optimizer_state, missed_data_order,
-        missed_tensor_state, missed_running_value})
+       {missed_python_generator, missed_hyperparameter, missed_parameters, missed_optimizer_state,
+        missed_data_order, missed_tensor_state, missed_running_value})
     if (missed(d)) return true;
   return false;
 }

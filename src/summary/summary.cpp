@@ -108,6 +108,8 @@ json step_json(const trace::StepInfo& s) {
           {"order", s.order},
           {"rng_cpu", hex64(s.rng_cpu)},
           {"rng_cuda", hex64(s.rng_cuda)},
+          {"rng_numpy", hex64(s.rng_numpy)},
+          {"rng_python", hex64(s.rng_python)},
           {"intra_op_threads", s.intra_op_threads},
           {"determinism_bits", s.determinism_bits}};
 }

@@ -77,14 +77,18 @@ namespace detaudit::trace {
 inline constexpr char kMagic[3] = {'D', 'T', 'R'};
 // 6: TENSOR_NEW_SHARED; 7: END by a signal; 8: the OP record's written section; 9: a sentinel's
 // optimizer step as one record (is_step_state_record), not its ops; 10: an OP's depth says
-// whether autograd was off (kGradOffFormat)
-inline constexpr uint32_t kFormatVersion = 10;
+// whether autograd was off (kGradOffFormat); 11: a STEP holds NumPy's and Python's generators
+// (kPythonGeneratorsFormat)
+inline constexpr uint32_t kFormatVersion = 11;
 // The first format whose sentinel traces record a step's state: an older sentinel trace's
 // records do not pair with a newer one's.
 inline constexpr uint32_t kStepStateFormat = 9;
 // The first format whose OP depth carries grad-off in its low bit (depth << 1 | grad-off): the op
 // ran with autograd off (torch.no_grad, inference_mode). Older ops read as grad on.
 inline constexpr uint32_t kGradOffFormat = 10;
+// The first format whose STEP records end with the digests of NumPy's and Python's global
+// generators. Older steps read them as 0: unknown.
+inline constexpr uint32_t kPythonGeneratorsFormat = 11;
 // Format 4 lacks only TENSOR_WRITTEN: its overwrites read as reads, which can only confirm more.
 inline constexpr uint32_t kOldestReadableFormat = 4;
 inline constexpr size_t kMaxRecordBytes = 64u << 20;  // a larger length is corruption

@@ -161,6 +161,10 @@ bool TraceReader::decode(ByteReader& r, OpRecord* op) {
       step_.rng_cuda = r.u64();
       step_.intra_op_threads = r.varint();
       step_.determinism_bits = uint32_t(r.varint());
+      if (header_.version >= kPythonGeneratorsFormat) {
+        step_.rng_numpy = r.u64();
+        step_.rng_python = r.u64();
+      }
       if (steps_.size() < 1000000) steps_.push_back(step_);
       return true;
     case RecordKind::kOp: return decode_op(r, op);

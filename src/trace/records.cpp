@@ -87,6 +87,8 @@ void RecordEncoder::step(const StepInfo& s, std::string* out) {
   w.u64(s.rng_cuda);
   w.varint(s.intra_op_threads);
   w.varint(s.determinism_bits);
+  w.u64(s.rng_numpy);
+  w.u64(s.rng_python);
   finish(out);
 }
 

@@ -29,6 +29,11 @@ struct StepInfo {
   uint64_t order = 0;  // program order of the first op of the step
   uint64_t rng_cpu = 0;
   uint64_t rng_cuda = 0;
+  // NumPy's global generator (numpy.random.get_state()) and Python's (random.getstate()), as
+  // the optimizer step before this step ended: noted by detaudit's Python hooks (torch 2.x);
+  // 0 where unknown (no step before, no NumPy imported, a C++ program).
+  uint64_t rng_numpy = 0;
+  uint64_t rng_python = 0;
   uint64_t intra_op_threads = 0;
   uint32_t determinism_bits = 0;
 };

@@ -2,8 +2,8 @@
 (issue 60): `detaudit record` twice, then `detaudit diff`, as a user does.
 
 The plain loop (programs/resume_loop.py) saves everything, or leaves out torch's generator,
-the data loader's place (with and without DataLoader workers), the scheduler or the
-GradScaler. Each diff finds the resumed process, the step it resumed at from the tensors it
+NumPy's or Python's, the data loader's place (with and without DataLoader workers), the
+scheduler or the GradScaler. Each diff finds the resumed process, the step it resumed at from the tensors it
 read, and names what the checkpoint did not restore at that step; the complete checkpoint is
 identical, the resume verified. Two DDP ranks resume the same way, Hugging Face Trainer from
 its own checkpoint, and Lightning with fit(ckpt_path=...).
@@ -14,7 +14,8 @@ import os
 import shlex
 import unittest
 
-from detaudit_testlib import PYTHON, TmpDirCase, load_report, program, python_answer, run_detaudit
+from detaudit_testlib import (HAS_COMPILE, PYTHON, TORCH_VERSION, TmpDirCase, in_parallel,
+                              load_report, program, python_answer, run_detaudit)
 
 LOOP = [PYTHON, program("resume_loop.py")]
 STEPS, STOP = 6, 3
@@ -192,6 +193,48 @@ class Resume(TmpDirCase):
         self.assertEqual((resume["step"], resume["found_by"]), (STOP, "--resume-step"), resume)
         f = report["first_divergence"]
         self.assertEqual((f["stream"], f["step"]), ("r0.main~1.t-main", STOP), f)
+
+
+@unittest.skipUnless(HAS_COMPILE, f"torch {TORCH_VERSION} has no global optimizer step hooks, "
+                     "by which NumPy's and Python's generators are noted (torch 2.0+)")
+class PythonGenerators(TmpDirCase):
+    """The plain loop adding noise from NumPy's generator to each batch and scaling it by a
+    factor from Python's `random`. Neither generator is torch's: detaudit's Python hooks note
+    their states as each optimizer step ends. A checkpoint that leaves one out is named by it,
+    where the batch alone would pass for a loader started over (NumPy's noise repeats step 0's)
+    or a hyperparameter (Python's factor is a float argument)."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.flags = ["--steps", str(STEPS), "--numpy-noise", "--python-noise"]
+
+        def resumed(omit):
+            ck = os.path.join(cls.tmp, f"ck-{omit}.pt")
+            flags = cls.flags + ["--omit", omit]
+            return lambda: record_stopped_and_resumed(
+                os.path.join(cls.tmp, f"resumed-{omit}"), LOOP,
+                flags + ["--stop-at", str(STOP), "--save", ck], flags + ["--resume", ck])
+
+        cls.through, cls.numpy, cls.random = in_parallel([
+            lambda: record(os.path.join(cls.tmp, "through"), LOOP + cls.flags),
+            resumed("numpy"), resumed("random")])
+
+    def named(self, resumed, name):
+        report = diff_report(self, self.through, resumed, resumed + ".json", 1)
+        resume = report["resumes"][0]
+        self.assertEqual((resume["step"], resume["missing"]), (STOP, name), resume)
+        f = report["first_divergence"]
+        self.assertEqual((f["class"], f["step"], f["stream"]),
+                         ("rng-state", STOP, "r0.main~1.t-main"), f)
+        self.assertIn(f"the checkpoint did not restore {name}", f["cause"])
+        self.assertIn("numpy.random.get_state() and random.getstate()", f["remedy"])
+
+    def test_numpys_generator_not_saved_is_named_not_taken_for_the_data_order(self):
+        self.named(self.numpy, "NumPy's generator")
+
+    def test_pythons_generator_not_saved_is_named_not_taken_for_a_hyperparameter(self):
+        self.named(self.random, "Python's generator")
 
 
 class LoaderResume(TmpDirCase):

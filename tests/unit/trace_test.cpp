@@ -300,6 +300,54 @@ TEST(TraceTest, AnOpsDepthSaysWhetherAutogradWasOffAndOlderDepthsReadWhole) {
 }
 
 // An overwritten input is a reference that says so, and format 4, which had none, still reads.
+// A STEP carries NumPy's and Python's generators from format 11; an older one's read as unknown.
+TEST(TraceTest, AStepHoldsEachGeneratorAndOlderStepsReadTheirsAsUnknown) {
+  for (uint32_t version : {kFormatVersion, kPythonGeneratorsFormat - 1}) {
+    std::string out;
+    RecordEncoder enc;
+    StreamHeader h;
+    h.version = version;
+    enc.header(h, &out);
+    ByteWriter& w = enc.begin(RecordKind::kStep);
+    for (uint64_t field : {4, 40}) w.varint(field);  // step, order
+    w.u64(0x1111);                                   // torch's CPU generator
+    w.u64(0);                                        // CUDA's
+    for (uint64_t field : {2, 1}) w.varint(field);   // threads, determinism bits
+    if (version >= kPythonGeneratorsFormat) {
+      w.u64(0xabcd);  // NumPy's
+      w.u64(0x1234);  // Python's
+    }
+    enc.finish(&out);
+    std::string path = temp_path("python_generators.dtr");
+    write_file(path, out);
+    TraceReader r;
+    ASSERT_TRUE(r.open(path).ok()) << r.error();
+    ASSERT_EQ(r.next(), ReadResult::kRecord) << r.error();
+    const bool noted = version >= kPythonGeneratorsFormat;
+    EXPECT_EQ(r.step().step, 4u);
+    EXPECT_EQ(r.step().rng_cpu, 0x1111u);
+    EXPECT_EQ(r.step().determinism_bits, 1u);
+    EXPECT_EQ(r.step().rng_numpy, noted ? 0xabcdu : 0u) << version;
+    EXPECT_EQ(r.step().rng_python, noted ? 0x1234u : 0u) << version;
+    EXPECT_EQ(r.next(), ReadResult::kEof) << r.error();
+  }
+  // The encoder writes them.
+  std::string out;
+  RecordEncoder enc;
+  enc.header(StreamHeader{}, &out);
+  StepInfo s;
+  s.rng_numpy = 7;
+  s.rng_python = 9;
+  enc.step(s, &out);
+  std::string path = temp_path("python_generators_encoded.dtr");
+  write_file(path, out);
+  TraceReader r;
+  ASSERT_TRUE(r.open(path).ok()) << r.error();
+  ASSERT_EQ(r.next(), ReadResult::kRecord);
+  EXPECT_EQ(r.step().rng_numpy, 7u);
+  EXPECT_EQ(r.step().rng_python, 9u);
+}
+
 TEST(TraceTest, WrittenInputsAreMarkedAndFormat4StillReads) {
   for (uint32_t version : {kFormatVersion, kOldestReadableFormat}) {
     std::string out;

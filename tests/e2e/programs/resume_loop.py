@@ -4,8 +4,8 @@ in an order each epoch draws from its own seeded permutation.
 
     resume_loop.py --steps N                                   # runs through
     resume_loop.py --steps N --stop-at K --save CK             # stops after step K-1
-    resume_loop.py --steps N --resume CK [--omit rng,sampler,scheduler,scaler] [--scaler]
-                   [--workers W] [--adam]
+    resume_loop.py --steps N --resume CK [--omit rng,sampler,scheduler,scaler,numpy,random]
+                   [--scaler] [--workers W] [--adam] [--numpy-noise] [--python-noise]
 
 --omit leaves that state out of what is saved: torch's generator (dropout draws on), the data
 loader's place (the resumed loop starts its batches over), the scheduler's state (its LR); or,
@@ -13,11 +13,15 @@ with "model" and "optimizer", the resumed loop does not load the parameters or t
 state. --scaler scales the loss with a GradScaler whose scale doubles each step (torch 2.3 and
 later, on the CPU), saved unless "scaler" is left out. --workers W takes the batches from a
 DataLoader with W worker processes, its batch sampler started at the loop's place (the same
-batches as without workers). --adam steps Adam instead of SGD.
+batches as without workers). --adam steps Adam instead of SGD. --numpy-noise adds noise from
+NumPy's global generator to each batch, --python-noise scales it by a factor drawn from Python's
+`random`: each generator's state is saved unless "numpy" or "random" is left out.
 Prints the last loss.
 """
 import argparse
+import random
 
+import numpy
 import torch
 from torch import nn
 
@@ -30,10 +34,14 @@ p.add_argument("--omit", default="")
 p.add_argument("--scaler", action="store_true")
 p.add_argument("--workers", type=int, default=0)
 p.add_argument("--adam", action="store_true")
+p.add_argument("--numpy-noise", action="store_true")
+p.add_argument("--python-noise", action="store_true")
 args = p.parse_args()
 omit = set(filter(None, args.omit.split(",")))
 
 torch.manual_seed(0)
+numpy.random.seed(0)
+random.seed(0)
 torch.set_num_threads(1)
 model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.25), nn.Linear(32, 1))
 opt = (torch.optim.Adam(model.parameters(), lr=0.01) if args.adam
@@ -58,7 +66,7 @@ def batch(position):
 
 start = 0
 if args.resume:
-    ck = torch.load(args.resume)
+    ck = torch.load(args.resume, weights_only=False)  # it holds NumPy's state
     if "model" not in omit:
         model.load_state_dict(ck["model"])
     if "optimizer" not in omit:
@@ -69,6 +77,10 @@ if args.resume:
         torch.set_rng_state(ck["rng"])
     if "scaler" in ck:
         scaler.load_state_dict(ck["scaler"])
+    if "numpy" in ck:
+        numpy.random.set_state(ck["numpy"])
+    if "random" in ck:
+        random.setstate(ck["random"])
     start = ck["step"]
 
 
@@ -105,11 +117,19 @@ for step in range(start, args.steps):
             ck["rng"] = torch.get_rng_state()
         if scaler and "scaler" not in omit:
             ck["scaler"] = scaler.state_dict()
+        if "numpy" not in omit:
+            ck["numpy"] = numpy.random.get_state()
+        if "random" not in omit:
+            ck["random"] = random.getstate()
         torch.save(ck, args.save)
         break
     # A loader without its place restarts from the epoch's first batch.
     position = step - start if args.resume and "sampler" in omit else step
     x, y = next(loader) if loader is not None else batch(position)
+    if args.numpy_noise:  # an augmentation drawn from NumPy's generator
+        x = x + torch.from_numpy(numpy.random.standard_normal(x.shape).astype("float32")) * 0.01
+    if args.python_noise:  # a scale drawn from Python's
+        x = x * (1 + 0.01 * random.random())
     loss = nn.functional.mse_loss(model(x), y)
     opt.zero_grad()
     if scaler:
