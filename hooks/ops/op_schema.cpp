@@ -60,6 +60,15 @@ bool writes_no_bytes(std::string_view name) { return name == "aten::record_strea
 // Whether an argument of this type is a list (Tensor[], Tensor?[]), else one tensor.
 bool is_list(const c10::TypePtr& type) { return type->kind() == c10::TypeKind::ListType; }
 
+// Kernels that update batch norm's running statistics in training while their schemas leave
+// `running_mean` and `running_var` unmarked (`Tensor?`, not `Tensor(a!)?`): read as written.
+// Unmarked, the tensor cache took them for unchanged and recorded their first bytes at every
+// step. (`_native_batch_norm_legit` and `_batch_norm_with_update` mark theirs.)
+bool writes_unmarked_running_statistics(std::string_view name) {
+  return name == "aten::native_batch_norm" || name == "aten::cudnn_batch_norm" ||
+         name == "aten::miopen_batch_norm" || name == "aten::batch_norm_gather_stats_with_counts";
+}
+
 KnownOutput known_output(std::string_view name, std::string_view overload) {
   if (name == "aten::fill_" && overload == "Scalar") return KnownOutput::kFill;
   if (name == "aten::zero_" && overload.empty()) return KnownOutput::kZero;
@@ -138,6 +147,14 @@ void read_schema(const c10::FunctionSchema& schema, OpInfo* out) {
   const auto& args = schema.arguments();
   for (size_t i = 0; i < args.size(); ++i) {
     const c10::Argument& arg = args[i];
+    const bool unmarked_write = !arg.alias_info() &&
+                                (arg.name() == "running_mean" || arg.name() == "running_var") &&
+                                writes_unmarked_running_statistics(name);
+    if (unmarked_write && i < 64) {
+      info.writes = true;
+      info.mutable_args |= uint64_t(1) << i;
+      info.unreturned_writes.push_back({uint8_t(i), false, arg.name()});
+    }
     if (arg.alias_info() && arg.alias_info()->isWrite()) {
       info.writes = true;
       if (i < 64) info.mutable_args |= uint64_t(1) << i;

@@ -68,7 +68,7 @@ Status read_first_step(const std::string& path, FirstStep* out) {
 }
 
 // Where the resumed process's first step meets the run that ran through: that run's step, its
-// first op there to read a tensor the resumed process read (through_index, the step's first op
+// op there that reads what the resumed process read first (through_index, the step's first op
 // at step_start), and the resumed process's op that read it.
 struct Meeting {
   uint64_t step = 0, step_start = 0, through_index = 0, resumed_index = 0;
@@ -116,9 +116,13 @@ Status find_meeting(const std::string& through_path, const FirstStep& first,
   m.step = best;
   m.step_start = step_start[best];
   m.tensors = most;
-  m.through_index = UINT64_MAX;
+  // The resumed process's first such read: an op the other run ran earlier in that step (an EMA
+  // updated after the step before, counted in this one) may read the same tensor by the same op
+  // as one of the resumed process's later ops (the optimizer's add_ of a parameter).
+  m.through_index = m.resumed_index = UINT64_MAX;
   for (const auto& [key, hit] : hits)
-    if (!hit.repeated && hit.step == best && hit.index < m.through_index) {
+    if (!hit.repeated && hit.step == best &&
+        std::pair{hit.resumed_index, hit.index} < std::pair{m.resumed_index, m.through_index}) {
       m.through_index = hit.index;
       m.resumed_index = hit.resumed_index;
       m.op = hit.op;
@@ -260,22 +264,6 @@ struct ResumeDivergence {
   }
 };
 
-bool missed_generator(ResumeDivergence& d) {
-  const bool cuda = !on_cpu(d.f);
-  d.rp.missing = cuda ? "torch's CUDA generator" : "torch's CPU generator";
-  d.f.cause = fmt::format(
-      "the checkpoint did not restore {}: run {}'s {} resumed at step {} and {} drew other "
-      "random numbers (generator state {:016x} in run A, {:016x} in run B)",
-      d.rp.missing, d.resumed(), d.rp.process, d.rp.step, d.f.op, d.f.rng_a, d.f.rng_b);
-  d.f.remedy = fmt::format(
-      "save {} with the checkpoint and restore it after loading (with NumPy's and Python's: "
-      "numpy.random.get_state(), random.getstate()); a Hugging Face Trainer checkpoint holds "
-      "them: resume from it; a Lightning checkpoint does not: save them in the "
-      "LightningModule's on_save_checkpoint and restore them in its on_load_checkpoint",
-      cuda ? "torch.cuda.get_rng_state_all()" : "torch.get_rng_state()");
-  return true;
-}
-
 // A stream's steps, in its own numbering; empty when it cannot be read (the diff says why).
 std::vector<trace::StepInfo> steps_of(const std::string* path) {
   trace::TraceReader r;
@@ -292,6 +280,69 @@ uint64_t digest_at(const std::vector<trace::StepInfo>& steps, uint64_t trace::St
   for (const trace::StepInfo& s : steps)
     if (s.step == step - shift) return s.*field;
   return 0;
+}
+
+bool missed_generator(ResumeDivergence& d) {
+  const bool cuda = !on_cpu(d.f);
+  d.rp.missing = cuda ? "torch's CUDA generator" : "torch's CPU generator";
+  d.f.cause = fmt::format(
+      "the checkpoint did not restore {}: run {}'s {} resumed at step {} and {} drew other "
+      "random numbers (generator state {:016x} in run A, {:016x} in run B)",
+      d.rp.missing, d.resumed(), d.rp.process, d.rp.step, d.f.op, d.f.rng_a, d.f.rng_b);
+  d.f.remedy = fmt::format(
+      "save {} with the checkpoint and restore it after loading (with NumPy's and Python's: "
+      "numpy.random.get_state(), random.getstate()); a Hugging Face Trainer checkpoint holds "
+      "them: resume from it; a Lightning checkpoint does not: save them in the "
+      "LightningModule's on_save_checkpoint and restore them in its on_load_checkpoint",
+      cuda ? "torch.cuda.get_rng_state_all()" : "torch.get_rng_state()");
+  return true;
+}
+
+// The first step before `limit` at which an op of `path` named `op` drew with generator state
+// `rng`.
+std::optional<uint64_t> step_that_drew(const std::string& path, const std::string& op, uint64_t rng,
+                                       uint64_t limit) {
+  trace::TraceReader r;
+  if (!r.open(path).ok()) return std::nullopt;
+  while (r.next() == trace::ReadResult::kRecord) {
+    if (r.kind() != trace::RecordKind::kOp) continue;
+    const trace::OpRecord& o = r.op();
+    if (o.step >= limit) break;
+    if (o.has_rng() && o.rng == rng && r.string(o.name) == op) return o.step;
+  }
+  return std::nullopt;
+}
+
+// A random op drew in another state while torch's default generator continued exactly (its
+// state agrees after the resumed process's first step): a generator of the program's own, seeded
+// from a count the checkpoint did not carry, as a sampler's epoch.
+bool missed_own_generator(ResumeDivergence& d) {
+  const std::string* through = d.through_trace();
+  auto resumed_path = d.selection.streams[d.rp.run].find(layout::stream_name(d.rp.process, "main"));
+  if (!through || resumed_path == d.selection.streams[d.rp.run].end()) return false;
+  const bool cuda = !on_cpu(d.f);
+  const auto field = cuda ? &trace::StepInfo::rng_cuda : &trace::StepInfo::rng_cpu;
+  const uint64_t other = digest_at(steps_of(through), field, d.rp.step + 1);
+  const uint64_t resumed = digest_at(steps_of(&resumed_path->second), field, d.rp.step + 1,
+                                     d.rp.step);
+  if (other == 0 || other != resumed) return false;
+  const uint64_t drew = d.rp.run == 0 ? d.f.rng_a : d.f.rng_b;
+  const auto earlier = step_that_drew(*through, d.f.op, drew, d.rp.step);
+  d.rp.missing = "what seeds a generator of the program's own (a sampler's epoch)";
+  d.f.cause = fmt::format(
+      "the checkpoint did not restore what seeds a generator of the program's own: torch's "
+      "default generator continued exactly after run {}'s resume (its state agrees after step "
+      "{}), but {} drew with a generator in another state ({:016x} in run A, {:016x} in run "
+      "B){}: one seeded from a count that started over, as a sampler's epoch",
+      d.resumed(), d.rp.step, d.f.op, d.f.rng_a, d.f.rng_b,
+      earlier ? fmt::format(", the state run {}'s {} drew with at step {}", d.through(), d.f.op,
+                            *earlier)
+              : "");
+  d.f.remedy =
+      "save the sampler's epoch with the checkpoint and call sampler.set_epoch(epoch) when "
+      "resuming (DistributedSampler seeds its shuffle with seed + epoch); a torch.Generator the "
+      "program keeps: save its get_state() and restore it with set_state()";
+  return true;
 }
 
 // NumPy's and Python's generators, as the interposer's Python hooks note them at the end of each
@@ -422,7 +473,10 @@ bool missed_parameters(ResumeDivergence& d) {
 bool missed_data_order(ResumeDivergence& d) {
   const std::string* through = d.through_trace();
   for (const TensorPair& p : d.f.inputs) {
-    if (!p.differs || !through) continue;
+    // Data entering training: not a parameter, nor a value kept beside it (an EMA's weights).
+    if (!p.differs || !through || is_training_state(p.tensor_role) ||
+        p.tensor_role == TensorRole::kEvaluation || p.tensor_role == TensorRole::kOutsideTraining)
+      continue;
     std::optional<uint64_t> earlier = step_that_read(*through, d.resumed_side(p).digest, d.rp.step);
     if (!earlier) continue;
     d.rp.missing = "the data order";
@@ -503,11 +557,33 @@ bool missed_optimizer_state(ResumeDivergence& d) {
 }
 
 // An accumulator outside training the resumed process started again from 0.
+bool missed_counter(ResumeDivergence& d, const TensorPair& p) {
+  d.rp.missing = "a count kept in a tensor (a model buffer: BatchNorm's num_batches_tracked)";
+  d.f.cause = fmt::format(
+      "the checkpoint did not carry a count kept in a tensor: at step {}, {} counts on from 0 "
+      "in run {}'s resumed process and from {:.9g} in run {} ({}), as a model's buffers do "
+      "when its state_dict() is loaded without them (BatchNorm's num_batches_tracked, and its "
+      "running statistics with it){}",
+      d.f.step, d.f.op, d.resumed(), d.through_side(p).stats.max, d.through(), p.label(),
+      d.training_agrees(": training in train mode is the same, evaluation with the running "
+                        "statistics is not"));
+  d.f.remedy =
+      "load the model's whole state_dict(), buffers included (load_state_dict(strict=True) "
+      "says what is missing); a count of one's own: save it with the checkpoint";
+  return true;
+}
+
 bool missed_running_value(ResumeDivergence& d) {
   for (const TensorPair& p : d.f.inputs) {
     if (!p.differs || is_training_state(p.tensor_role) ||
         !zeros_against_values(d.resumed_side(p), d.through_side(p)))
       continue;
+    // Added to by what no recorded op made (a number): a count, as BatchNorm's
+    // num_batches_tracked; a sum adds what the step computed (a loss).
+    if (std::all_of(d.f.inputs.begin(), d.f.inputs.end(), [&](const TensorPair& q) {
+          return &q == &p || d.through_side(q).provenance == "external";
+        }))
+      return missed_counter(d, p);
     d.rp.missing = "a running value (an accumulator the resumed process starts from 0)";
     d.f.cause = fmt::format(
         "the checkpoint did not carry a running value: at step {}, {}'s {} is 0 in run {}'s "
@@ -528,17 +604,50 @@ bool missed_running_value(ResumeDivergence& d) {
   return false;
 }
 
+// A value outside training the run that went through carried across the resume step, which the
+// resumed process made anew: an EMA of the weights (kept with autograd off), a metric.
+bool missed_value_outside_training(ResumeDivergence& d) {
+  for (const TensorPair& p : d.f.inputs) {
+    if (!p.differs ||
+        (p.tensor_role != TensorRole::kEvaluation && p.tensor_role != TensorRole::kOutsideTraining))
+      continue;
+    const std::string* through = d.through_trace();
+    const auto writer = through ? last_writer(*through, d.through_side(p).digest, d.f.step)
+                                : std::nullopt;
+    if (!writer || writer->step >= d.f.step) continue;  // made in this step: not carried over
+    const bool grad_off = p.tensor_role == TensorRole::kEvaluation;
+    d.rp.missing = grad_off ? "a value kept outside training with autograd off (an EMA of the "
+                              "weights)"
+                            : "a value kept outside training (a metric, a running sum)";
+    d.f.cause = fmt::format(
+        "the checkpoint did not carry {}: at step {}, {}'s {} is what run {}'s resumed process "
+        "made anew, where run {} read what {} left at step {}{}",
+        d.rp.missing, d.f.step, d.f.op, p.label(), d.resumed(), d.through(), writer->op,
+        writer->step,
+        d.training_agrees(": training continues exactly, what is computed from that value "
+                          "(an EMA model's evaluation) does not"));
+    d.f.remedy =
+        "save it with the checkpoint and load it when resuming (an EMA: its own state_dict() "
+        "beside the model's, as timm's ModelEmaV3 and torch.optim.swa_utils.AveragedModel "
+        "keep it)";
+    return true;
+  }
+  return false;
+}
+
 // The state the checkpoint did not restore, as the first divergence's cause and remedy.
 bool name_what_was_missed(const StreamSelection& selection, const DiffReport& r, ResumedProcess* rp,
                           FirstDivergence* f) {
   ResumeDivergence d{selection, r, *rp, *f};
-  if (f->divergence_class == DivergenceClass::kRngState) return missed_generator(d);
+  if (f->divergence_class == DivergenceClass::kRngState)
+    return missed_own_generator(d) || missed_generator(d);
   if (f->divergence_class != DivergenceClass::kExternalInput &&
       f->divergence_class != DivergenceClass::kInputDiffers)
     return false;
   for (bool (*missed)(ResumeDivergence&) :
        {missed_python_generator, missed_hyperparameter, missed_parameters, missed_optimizer_state,
-        missed_data_order, missed_tensor_state, missed_running_value})
+        missed_data_order, missed_tensor_state, missed_running_value,
+        missed_value_outside_training})
     if (missed(d)) return true;
   return false;
 }

@@ -2,8 +2,9 @@
 (issue 60): `detaudit record` twice, then `detaudit diff`, as a user does.
 
 The plain loop (programs/resume_loop.py) saves everything, or leaves out torch's generator,
-NumPy's or Python's, the data loader's place (with and without DataLoader workers), the
-scheduler or the GradScaler. Each diff finds the resumed process, the step it resumed at from the tensors it
+the data loader's place (with and without DataLoader workers), the scheduler, the GradScaler,
+the parameters or the optimizer's state; the resume matrix's loop also NumPy's or Python's
+generator, the epoch, BatchNorm's buffers or an EMA of the weights. Each diff finds the resumed process, the step it resumed at from the tensors it
 read, and names what the checkpoint did not restore at that step; the complete checkpoint is
 identical, the resume verified. Two DDP ranks resume the same way, Hugging Face Trainer from
 its own checkpoint, and Lightning with fit(ckpt_path=...).
@@ -14,8 +15,8 @@ import os
 import shlex
 import unittest
 
-from detaudit_testlib import (HAS_COMPILE, PYTHON, TORCH_VERSION, TmpDirCase, in_parallel,
-                              load_report, program, python_answer, run_detaudit)
+from detaudit_testlib import (HAS_COMPILE, PYTHON, TORCH_VERSION, TmpDirCase, export_ops,
+                              in_parallel, load_report, program, python_answer, run_detaudit)
 
 LOOP = [PYTHON, program("resume_loop.py")]
 STEPS, STOP = 6, 3
@@ -195,46 +196,102 @@ class Resume(TmpDirCase):
         self.assertEqual((f["stream"], f["step"]), ("r0.main~1.t-main", STOP), f)
 
 
-@unittest.skipUnless(HAS_COMPILE, f"torch {TORCH_VERSION} has no global optimizer step hooks, "
-                     "by which NumPy's and Python's generators are noted (torch 2.0+)")
-class PythonGenerators(TmpDirCase):
-    """The plain loop adding noise from NumPy's generator to each batch and scaling it by a
-    factor from Python's `random`. Neither generator is torch's: detaudit's Python hooks note
-    their states as each optimizer step ends. A checkpoint that leaves one out is named by it,
-    where the batch alone would pass for a loader started over (NumPy's noise repeats step 0's)
-    or a hyperparameter (Python's factor is a float argument)."""
+_NOTES_PYTHON_GENERATORS = unittest.skipUnless(
+    HAS_COMPILE, f"torch {TORCH_VERSION} has no global optimizer step hooks, by which NumPy's and "
+    "Python's generators are noted (torch 2.0+)")
+
+
+class ResumeMatrix(TmpDirCase):
+    """The plain loop with what a checkpoint can also miss: noise from NumPy's generator on each
+    batch and a factor from Python's `random`, epochs of two batches each drawn in an order seeded
+    by the epoch, a BatchNorm, and an EMA of the weights updated after each step with autograd
+    off. One run through; one stopped and resumed run per piece left out, recorded side by side.
+    Each is named at the resume step by what it is: where the batch alone would pass for a loader
+    started over (NumPy's noise repeats step 0's), a hyperparameter (Python's factor is a float
+    argument), torch's generator (the epoch's order), a logged sum (BatchNorm's count) or the
+    data order (the EMA, which reads the weights)."""
+
+    OMIT = ["", "epoch", "buffers", "ema"] + (["numpy", "random"] if HAS_COMPILE else [])
 
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.flags = ["--steps", str(STEPS), "--numpy-noise", "--python-noise"]
+        cls.flags = ["--steps", str(STEPS), "--numpy-noise", "--python-noise",
+                     "--epoch-batches", "2", "--batchnorm", "--ema"]
 
         def resumed(omit):
-            ck = os.path.join(cls.tmp, f"ck-{omit}.pt")
+            ck = os.path.join(cls.tmp, f"ck-{omit or 'all'}.pt")
             flags = cls.flags + ["--omit", omit]
             return lambda: record_stopped_and_resumed(
-                os.path.join(cls.tmp, f"resumed-{omit}"), LOOP,
+                os.path.join(cls.tmp, f"resumed-{omit or 'all'}"), LOOP,
                 flags + ["--stop-at", str(STOP), "--save", ck], flags + ["--resume", ck])
 
-        cls.through, cls.numpy, cls.random = in_parallel([
-            lambda: record(os.path.join(cls.tmp, "through"), LOOP + cls.flags),
-            resumed("numpy"), resumed("random")])
+        runs = in_parallel([lambda: record(os.path.join(cls.tmp, "through"), LOOP + cls.flags)] +
+                           [resumed(omit) for omit in cls.OMIT])
+        cls.through, cls.resumed = runs[0], dict(zip(cls.OMIT, runs[1:]))
 
-    def named(self, resumed, name):
-        report = diff_report(self, self.through, resumed, resumed + ".json", 1)
+    def named(self, omit, missing, klass, step=STOP):
+        report = diff_report(self, self.through, self.resumed[omit],
+                             self.resumed[omit] + ".json", 1)
         resume = report["resumes"][0]
-        self.assertEqual((resume["step"], resume["missing"]), (STOP, name), resume)
+        self.assertEqual(resume["step"], STOP, resume)
+        self.assertTrue((resume["missing"] or "").startswith(missing), (resume, report["notes"]))
         f = report["first_divergence"]
-        self.assertEqual((f["class"], f["step"], f["stream"]),
-                         ("rng-state", STOP, "r0.main~1.t-main"), f)
-        self.assertIn(f"the checkpoint did not restore {name}", f["cause"])
+        self.assertEqual((f["class"], f["step"], f["stream"]), (klass, step, "r0.main~1.t-main"),
+                         f["cause"])
+        self.assertFalse(resume["verified"], resume)
+        return report, f
+
+    def test_a_complete_checkpoint_resumes_bit_for_bit(self):
+        report = diff_report(self, self.through, self.resumed[""], self.resumed[""] + ".json", 0)
+        self.assertEqual(report["verdict"], "identical", report.get("first_divergence"))
+        self.assertTrue(report["resumes"][0]["verified"], report["resumes"])
+
+    @_NOTES_PYTHON_GENERATORS
+    def test_numpys_generator_not_saved_is_named_not_taken_for_the_data_order(self):
+        _, f = self.named("numpy", "NumPy's generator", "rng-state")
+        self.assertIn("the checkpoint did not restore NumPy's generator", f["cause"])
         self.assertIn("numpy.random.get_state() and random.getstate()", f["remedy"])
 
-    def test_numpys_generator_not_saved_is_named_not_taken_for_the_data_order(self):
-        self.named(self.numpy, "NumPy's generator")
-
+    @_NOTES_PYTHON_GENERATORS
     def test_pythons_generator_not_saved_is_named_not_taken_for_a_hyperparameter(self):
-        self.named(self.random, "Python's generator")
+        _, f = self.named("random", "Python's generator", "rng-state")
+        self.assertIn("the checkpoint did not restore Python's generator", f["cause"])
+
+    def test_an_epoch_not_saved_is_named_not_taken_for_torchs_generator(self):
+        # The order of epoch 1 is drawn with a generator seeded by the epoch; torch's default
+        # generator (the dropout's) was restored and agrees after the resume step.
+        _, f = self.named("epoch", "what seeds a generator of the program's own", "rng-state")
+        self.assertEqual(f["op"], "aten::randperm", f)
+        self.assertIn("the state run A's aten::randperm drew with at step 0", f["cause"])
+        self.assertIn("sampler.set_epoch(epoch)", f["remedy"])
+
+    def test_batchnorms_buffers_not_loaded_are_named_a_count_not_a_logged_sum(self):
+        report, f = self.named("buffers", "a count kept in a tensor", "input-differs")
+        self.assertIn("num_batches_tracked", f["cause"])
+        self.assertIn("strict=True", f["remedy"])
+        # Its running statistics are a model buffer, training state: their writes are compared
+        # (their schema leaves them unmarked), so training is not the same.
+        self.assertFalse(report["training"]["identical"], report["training"])
+
+    def test_an_ema_not_saved_is_named_outside_training_not_taken_for_the_data_order(self):
+        # Updated after the optimizer's step, the EMA's ops count in the next one.
+        report, f = self.named("ema", "a value kept outside training with autograd off",
+                               "input-differs", step=STOP + 1)
+        self.assertEqual([p.get("tensor_role") for p in f["inputs"] if p["differs"]],
+                         ["evaluation"], f["inputs"])
+        self.assertTrue(report["training"]["identical"], report["training"])
+        self.assertIn("training continues exactly", f["cause"])
+        self.assertIn("its own state_dict()", f["remedy"])
+
+    def test_batchnorms_running_statistics_are_recorded_as_they_change(self):
+        # The kernel's schema does not mark them written: each step's are its own bytes.
+        ops = [o for o in export_ops(self.through) if o["name"] == "aten::native_batch_norm"]
+        self.assertEqual(len(ops), STEPS, [o["step"] for o in ops])
+        means = [o["written"]["running_mean"]["digest"] for o in ops]
+        self.assertEqual(len(set(means)), STEPS, means)
+        read = [o["inputs"][3]["digest"] for o in ops]
+        self.assertEqual(read[1:], means[:-1])
 
 
 class LoaderResume(TmpDirCase):

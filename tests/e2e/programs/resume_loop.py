@@ -4,8 +4,9 @@ in an order each epoch draws from its own seeded permutation.
 
     resume_loop.py --steps N                                   # runs through
     resume_loop.py --steps N --stop-at K --save CK             # stops after step K-1
-    resume_loop.py --steps N --resume CK [--omit rng,sampler,scheduler,scaler,numpy,random]
-                   [--scaler] [--workers W] [--adam] [--numpy-noise] [--python-noise]
+    resume_loop.py --steps N --resume CK [--omit rng,sampler,epoch,scheduler,scaler,numpy,random,
+                   buffers,ema] [--scaler] [--workers W] [--adam] [--numpy-noise]
+                   [--python-noise] [--epoch-batches B] [--batchnorm] [--ema]
 
 --omit leaves that state out of what is saved: torch's generator (dropout draws on), the data
 loader's place (the resumed loop starts its batches over), the scheduler's state (its LR); or,
@@ -16,6 +17,11 @@ DataLoader with W worker processes, its batch sampler started at the loop's plac
 batches as without workers). --adam steps Adam instead of SGD. --numpy-noise adds noise from
 NumPy's global generator to each batch, --python-noise scales it by a factor drawn from Python's
 `random`: each generator's state is saved unless "numpy" or "random" is left out.
+--epoch-batches B makes an epoch B batches (8); "epoch" left out, the resumed loop keeps its
+place in the epoch but takes the first epoch's order. --batchnorm puts a BatchNorm after the
+first layer; "buffers" left out, its running statistics are not loaded. --ema keeps an
+exponential moving average of the weights, updated after each step with autograd off and saved
+unless "ema" is left out (the resumed loop then starts it from the loaded weights).
 Prints the last loss.
 """
 import argparse
@@ -36,6 +42,9 @@ p.add_argument("--workers", type=int, default=0)
 p.add_argument("--adam", action="store_true")
 p.add_argument("--numpy-noise", action="store_true")
 p.add_argument("--python-noise", action="store_true")
+p.add_argument("--epoch-batches", type=int, default=8)
+p.add_argument("--batchnorm", action="store_true")
+p.add_argument("--ema", action="store_true")
 args = p.parse_args()
 omit = set(filter(None, args.omit.split(",")))
 
@@ -43,7 +52,8 @@ torch.manual_seed(0)
 numpy.random.seed(0)
 random.seed(0)
 torch.set_num_threads(1)
-model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.25), nn.Linear(32, 1))
+model = nn.Sequential(nn.Linear(8, 32), *([nn.BatchNorm1d(32)] if args.batchnorm else []),
+                      nn.ReLU(), nn.Dropout(0.25), nn.Linear(32, 1))
 opt = (torch.optim.Adam(model.parameters(), lr=0.01) if args.adam
        else torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
 # Its LR is a function of its own step count, which only its state_dict() carries.
@@ -52,8 +62,8 @@ sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: 0.8 ** epoch)
 scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, growth_interval=1) if args.scaler else None
 data = torch.randn(64, 8, generator=torch.Generator().manual_seed(1))
 target = torch.randn(64, 1, generator=torch.Generator().manual_seed(2))
-BATCH = 8
-PER_EPOCH = 64 // BATCH
+PER_EPOCH = args.epoch_batches
+BATCH = 64 // PER_EPOCH
 
 
 def batch(position):
@@ -68,7 +78,9 @@ start = 0
 if args.resume:
     ck = torch.load(args.resume, weights_only=False)  # it holds NumPy's state
     if "model" not in omit:
-        model.load_state_dict(ck["model"])
+        buffers = {name for name, _ in model.named_buffers()} if "buffers" in omit else set()
+        model.load_state_dict({k: v for k, v in ck["model"].items() if k not in buffers},
+                              strict=not buffers)
     if "optimizer" not in omit:
         opt.load_state_dict(ck["optimizer"])
     if "scheduler" in ck:
@@ -82,6 +94,10 @@ if args.resume:
     if "random" in ck:
         random.setstate(ck["random"])
     start = ck["step"]
+ema = [p.detach().clone() for p in model.parameters()] if args.ema else None
+if ema and args.resume and "ema" in ck:
+    for e, saved in zip(ema, ck["ema"]):
+        e.copy_(saved)
 
 
 
@@ -121,10 +137,14 @@ for step in range(start, args.steps):
             ck["numpy"] = numpy.random.get_state()
         if "random" not in omit:
             ck["random"] = random.getstate()
+        if ema and "ema" not in omit:
+            ck["ema"] = ema
         torch.save(ck, args.save)
         break
     # A loader without its place restarts from the epoch's first batch.
     position = step - start if args.resume and "sampler" in omit else step
+    if args.resume and "epoch" in omit:  # the place in the epoch, in the first epoch's order
+        position %= PER_EPOCH
     x, y = next(loader) if loader is not None else batch(position)
     if args.numpy_noise:  # an augmentation drawn from NumPy's generator
         x = x + torch.from_numpy(numpy.random.standard_normal(x.shape).astype("float32")) * 0.01
@@ -140,4 +160,8 @@ for step in range(start, args.steps):
         loss.backward()
         opt.step()
     sched.step()
+    if ema:
+        with torch.no_grad():
+            for e, p in zip(ema, model.parameters()):
+                e.mul_(0.9).add_(p, alpha=0.1)
 print(f"loss {loss.item() if loss is not None else None!r}")
