@@ -89,18 +89,25 @@ _WRITES_NO_BYTES = ("aten::record_stream.", "aten::as_strided_.", "aten::squeeze
 
 # Each schema with a mutable argument, as torch's own Python reads it: its mutable arguments,
 # and those no return aliases (a return `-> Tensor(a!)` returns `Tensor(a!) self`).
+# Batch norm kernels whose schemas leave the running statistics they update unmarked: the
+# interposer reads them as written too (hooks/ops/op_schema.cpp), and so does this.
 _EXPECTED_WRITE_SETS = r"""
 import torch
+UNMARKED = ("aten::native_batch_norm", "aten::cudnn_batch_norm", "aten::miopen_batch_norm",
+            "aten::batch_norm_gather_stats_with_counts")
 for s in torch._C._jit_get_all_schemas():
     mutable = [i for i, a in enumerate(s.arguments)
-               if a.alias_info is not None and a.alias_info.is_write]
+               if (a.alias_info is not None and a.alias_info.is_write) or
+               (s.name in UNMARKED and a.alias_info is None and
+                a.name in ("running_mean", "running_var"))]
     if not mutable:
         continue
     returned = set()
     for r in s.returns:
         if r.alias_info is not None and r.alias_info.is_write:
             returned |= set(r.alias_info.before_set)
-    unreturned = [i for i in mutable if not set(s.arguments[i].alias_info.before_set) & returned]
+    unreturned = [i for i in mutable if s.arguments[i].alias_info is None or
+                  not set(s.arguments[i].alias_info.before_set) & returned]
     print(f"{s.name}.{s.overload_name}\t{','.join(map(str, mutable))}\t"
           f"{','.join(map(str, unreturned))}")
 """
