@@ -604,6 +604,33 @@ bool missed_running_value(ResumeDivergence& d) {
   return false;
 }
 
+// A batch the resumed process took from DataLoader workers, not one the other run read earlier:
+// the loader made at the resume started its workers' generators over (each is seeded from the
+// loader's base seed), so what its Dataset draws there (an augmentation) is drawn anew.
+bool missed_worker_draws(ResumeDivergence& d) {
+  if (d.rp.workers.empty()) return false;
+  for (const TensorPair& p : d.f.inputs) {
+    if (!p.differs ||
+        (p.tensor_role != TensorRole::kBatch && p.tensor_role != TensorRole::kUnknown))
+      continue;
+    d.rp.missing = "what the DataLoader's workers draw (their generators started over)";
+    d.f.cause = fmt::format(
+        "the checkpoint did not restore what the DataLoader's workers draw: at step {}, run {}'s "
+        "resumed process read a batch from its workers ({}) that differs from run {}'s and is "
+        "none run {} read before ({} {}): a loader made at the resume seeds its workers' "
+        "generators anew, so what the Dataset draws in them (an augmentation) is drawn anew",
+        d.f.step, d.resumed(), fmt::join(d.rp.workers, ", "), d.through(), d.through(), d.f.op,
+        p.label());
+    d.f.remedy =
+        "draw what __getitem__ draws from a generator seeded by the sample (torch.Generator()"
+        ".manual_seed(seed + epoch * len(dataset) + index)), or save and restore the loader "
+        "itself (torchdata's StatefulDataLoader; with persistent_workers=True its workers keep "
+        "their generators across epochs, which only its state carries)";
+    return true;
+  }
+  return false;
+}
+
 // A value outside training the run that went through carried across the resume step, which the
 // resumed process made anew: an EMA of the weights (kept with autograd off), a metric.
 bool missed_value_outside_training(ResumeDivergence& d) {
@@ -646,8 +673,8 @@ bool name_what_was_missed(const StreamSelection& selection, const DiffReport& r,
     return false;
   for (bool (*missed)(ResumeDivergence&) :
        {missed_python_generator, missed_hyperparameter, missed_parameters, missed_optimizer_state,
-        missed_data_order, missed_tensor_state, missed_running_value,
-        missed_value_outside_training})
+        missed_data_order, missed_tensor_state, missed_running_value, missed_value_outside_training,
+        missed_worker_draws})
     if (missed(d)) return true;
   return false;
 }

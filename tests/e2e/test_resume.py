@@ -305,7 +305,8 @@ class LoaderResume(TmpDirCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.flags = ["--steps", str(STEPS), "--workers", "2"] + (
+        # Each sample's noise drawn from a generator seeded by its index: it resumes exactly.
+        cls.flags = ["--steps", str(STEPS), "--workers", "2", "--augment", "seeded"] + (
             ["--scaler"] if _HAS_CPU_SCALER else [])
         cls.through = record(os.path.join(cls.tmp, "through"), LOOP + cls.flags)
 
@@ -347,6 +348,32 @@ class LoaderResume(TmpDirCase):
         self.assertIn("aten::_amp_update_scale_", f["cause"])
         self.assertIn("scaler.load_state_dict()", f["remedy"])
         self.assertEqual(report["spread"]["parameters_diverged"], [], report["spread"])
+
+
+class WorkerDraws(TmpDirCase):
+    """The loader with 2 workers whose Dataset draws each sample's noise from the worker's own
+    generator: a loader made at the resume seeds its workers anew, and no checkpoint holds
+    their generators. What the resumed process read is named as what the workers draw."""
+
+    def test_an_augmentation_drawn_in_the_workers_is_named(self):
+        flags = ["--steps", str(STEPS), "--workers", "2", "--augment", "drawn"]
+        ck = os.path.join(self.tmp, "ck.pt")
+        through, resumed = in_parallel([
+            lambda: record(os.path.join(self.tmp, "through"), LOOP + flags),
+            lambda: record_stopped_and_resumed(os.path.join(self.tmp, "resumed"), LOOP,
+                                               flags + ["--stop-at", str(STOP), "--save", ck],
+                                               flags + ["--resume", ck])])
+        report = diff_report(self, through, resumed, os.path.join(self.tmp, "drawn.json"), 1)
+        resume = report["resumes"][0]
+        self.assertEqual(resume["step"], STOP, resume)
+        self.assertTrue(resume["missing"].startswith("what the DataLoader's workers draw"),
+                        resume)
+        f = report["first_divergence"]
+        self.assertEqual((f["step"], f["stream"]), (STOP, "r0.main~1.t-main"), f)
+        self.assertEqual([p.get("tensor_role") for p in f["inputs"] if p["differs"]], ["batch"],
+                         f["inputs"])
+        self.assertIn("seeds its workers' generators anew", f["cause"])
+        self.assertIn("StatefulDataLoader", f["remedy"])
 
 
 class DdpResume(TmpDirCase):

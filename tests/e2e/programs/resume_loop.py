@@ -7,6 +7,7 @@ in an order each epoch draws from its own seeded permutation.
     resume_loop.py --steps N --resume CK [--omit rng,sampler,epoch,scheduler,scaler,numpy,random,
                    buffers,ema] [--scaler] [--workers W] [--adam] [--numpy-noise]
                    [--python-noise] [--epoch-batches B] [--batchnorm] [--ema]
+                   [--augment drawn|seeded]
 
 --omit leaves that state out of what is saved: torch's generator (dropout draws on), the data
 loader's place (the resumed loop starts its batches over), the scheduler's state (its LR); or,
@@ -22,6 +23,9 @@ place in the epoch but takes the first epoch's order. --batchnorm puts a BatchNo
 first layer; "buffers" left out, its running statistics are not loaded. --ema keeps an
 exponential moving average of the weights, updated after each step with autograd off and saved
 unless "ema" is left out (the resumed loop then starts it from the loaded weights).
+--augment adds noise to each sample in the Dataset, with --workers in the workers: "drawn"
+from the worker's own generator (which no checkpoint holds: a loader made anew starts its
+workers' generators over), "seeded" from a generator seeded by the sample's index.
 Prints the last loss.
 """
 import argparse
@@ -45,6 +49,7 @@ p.add_argument("--python-noise", action="store_true")
 p.add_argument("--epoch-batches", type=int, default=8)
 p.add_argument("--batchnorm", action="store_true")
 p.add_argument("--ema", action="store_true")
+p.add_argument("--augment", choices=["drawn", "seeded"])
 args = p.parse_args()
 omit = set(filter(None, args.omit.split(",")))
 
@@ -114,12 +119,24 @@ class PlaceSampler(torch.utils.data.Sampler):
             yield perm[k * BATCH:(k + 1) * BATCH].tolist()
 
 
+class Augmented(torch.utils.data.Dataset):
+    """The samples with noise added, drawn per --augment."""
+
+    def __len__(self):
+        return len(data)
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(1000 + i) if args.augment == "seeded" else None
+        return data[i] + 0.01 * torch.randn(8, generator=g), target[i]
+
+
 loader = None
 if args.workers:
     # Its own generator for the workers' seeds: an iterator made after the global generator
     # was restored must not draw from it.
     loader = iter(torch.utils.data.DataLoader(
-        torch.utils.data.TensorDataset(data, target), num_workers=args.workers,
+        Augmented() if args.augment else torch.utils.data.TensorDataset(data, target),
+        num_workers=args.workers,
         batch_sampler=PlaceSampler(0 if args.resume and "sampler" in omit else start),
         generator=torch.Generator().manual_seed(7)))
 
