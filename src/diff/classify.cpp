@@ -116,8 +116,8 @@ bool classify_data_order(const TensorDesc* ta, const OpSource& sa, const TensorD
     // Each run's tensor is one the other run made too: a Python shuffle of samples, an
     // unseeded sampler.
     fd->divergence_class = DivergenceClass::kExternalInput;
-    fd->data_order = true;
-    fd->detail = fmt::format(
+    fd->evidence.data_order = true;
+    fd->evidence.detail = fmt::format(
         "input {} is, in both runs, an earlier op's output that agreed, but a different one: "
         "the same tensors in a different selection or order{}",
         input, made_where(seen, ta->digest, tb->digest, sa, sb));
@@ -131,9 +131,9 @@ bool classify_data_order(const TensorDesc* ta, const OpSource& sa, const TensorD
       !SeenOutputs::has(seen.b, base_a->digest) || !SeenOutputs::has(seen.a, base_b->digest))
     return false;
   fd->divergence_class = DivergenceClass::kExternalInput;
-  fd->data_order = true;
-  fd->data_order_through_view = true;
-  fd->detail = fmt::format(
+  fd->evidence.data_order = true;
+  fd->evidence.data_order_through_view = true;
+  fd->evidence.detail = fmt::format(
       "input {} is, in both runs, a view of an earlier op's output that agreed, but of a "
       "different one: the same tensors, created or picked in a different order{}",
       input, made_where(seen, base_a->digest, base_b->digest, sa, sb));
@@ -156,26 +156,26 @@ void classify_differing_input(const BufferedOp& a, const OpSource& sa, const Buf
   if ((ext || compiled) && is_cpu_generator_state(ta)) {
     // torch.compile saves and restores the RNG around tracing; users save it too.
     fd->divergence_class = DivergenceClass::kRngState;
-    fd->detail = fmt::format(
+    fd->evidence.detail = fmt::format(
         "input {} is a CPU generator's state (torch.get_rng_state(), 5056 bytes): the "
         "generator was seeded or consumed differently before this op",
         first_diff_input);
     return;
   }
-  if (compiled && !fd->compiled_region.empty()) {
+  if (compiled && !fd->evidence.compiled_region.empty()) {
     // The region's own recorded inputs matched (it would have diverged first otherwise): the
     // difference arose inside it, in kernels the dispatcher never sees.
     fd->divergence_class = DivergenceClass::kNondeterministicOp;
-    fd->arose_in_compiled_region = true;
-    fd->detail = fmt::format(
+    fd->evidence.arose_in_compiled_region = true;
+    fd->evidence.detail = fmt::format(
         "input {} was made inside the compiled region {}, whose recorded inputs matched: the "
         "difference arose in its kernels, which run below the dispatcher and are not recorded",
-        first_diff_input, fd->compiled_region);
+        first_diff_input, fd->evidence.compiled_region);
     return;
   }
   if (changed_elsewhere(ta, ra) || changed_elsewhere(tb, rb)) {
     fd->divergence_class = DivergenceClass::kSharedMemory;
-    fd->detail = fmt::format(
+    fd->evidence.detail = fmt::format(
         "input {} is in shared memory and changed since this process last read or wrote it, "
         "with no write of its own: another process wrote it",
         first_diff_input);
@@ -189,7 +189,7 @@ void classify_differing_input(const BufferedOp& a, const OpSource& sa, const Buf
   if (uninit && (filled_outside_recorded_ops(oa, fd->op, ra, in) ||
                  filled_outside_recorded_ops(ob, sb.name_of(ob), rb, in))) {
     fd->divergence_class = DivergenceClass::kExternalInput;
-    fd->detail = fmt::format(
+    fd->evidence.detail = fmt::format(
         "input {} is an empty-family buffer filled outside the recorded ops (e.g. "
         "torch.tensor from Python data, a numpy copy), and what was written differs",
         first_diff_input);
@@ -203,15 +203,16 @@ void classify_differing_input(const BufferedOp& a, const OpSource& sa, const Buf
     fd->divergence_class = DivergenceClass::kExternalInput;
     // A 0-dim external tensor is how a Python number reaches an op (a wrapped scalar).
     if (ta && tb && ta->sizes.empty() && tb->sizes.empty() && ta->has_stats() && tb->has_stats())
-      fd->scalar_argument = fmt::format("{:.17g} vs {:.17g}", ta->stats.min, tb->stats.min);
+      fd->evidence.scalar_argument = fmt::format("{:.17g} vs {:.17g}", ta->stats.min,
+                                                 tb->stats.min);
   } else {
     fd->divergence_class = DivergenceClass::kInputDiffers;
   }
-  fd->detail = fmt::format("input {} differs; it is {}", first_diff_input, origin);
+  fd->evidence.detail = fmt::format("input {} differs; it is {}", first_diff_input, origin);
   if (uninit && ta && ta->base_id >= 0) {
     const std::string by = sa.allocated_by(ta->base_id);
     if (!by.empty())
-      fd->detail = fmt::format(
+      fd->evidence.detail = fmt::format(
           "input {} differs: bytes {} returned uninitialized, read before "
           "any op wrote them",
           first_diff_input, by);
@@ -226,23 +227,24 @@ void classify_same_inputs(const BufferedOp& a, const OpSource& sa, const Buffere
   const trace::TraceReader& rb = sb.reader();
   const trace::OpRecord& oa = a.rec;
   const trace::OpRecord& ob = b.rec;
-  if (fd->args_differ) {
+  if (fd->evidence.args_differ) {
     // The same tensors in: the differing value came from outside torch, a Python scalar.
     fd->divergence_class = DivergenceClass::kExternalInput;
-    fd->scalar_argument = first_differing_value(oa.inputs, ra, ob.inputs, rb);
-    fd->detail = fmt::format(
+    fd->evidence.scalar_argument = first_differing_value(oa.inputs, ra, ob.inputs, rb);
+    fd->evidence.detail = fmt::format(
         "same tensor inputs, a non-tensor argument differs ({}): a value "
         "computed outside torch",
-        fd->scalar_argument.empty() ? "in a list" : fd->scalar_argument);
+        fd->evidence.scalar_argument.empty() ? "in a list" : fd->evidence.scalar_argument);
     return;
   }
   if (a.collective && a.received) {
     fd->divergence_class = DivergenceClass::kRemoteInput;
-    fd->received_through = fmt::format("{} #{} of group {}", fd->op, a.coll.seq, a.coll.group);
-    fd->detail = fmt::format(
+    fd->evidence.received_through = fmt::format("{} #{} of group {}", fd->op, a.coll.seq,
+                                                a.coll.group);
+    fd->evidence.detail = fmt::format(
         "this rank's inputs to {} agree, what it received differs: another of the group's {} "
         "ranks sent different data",
-        fd->received_through, a.coll.group_size);
+        fd->evidence.received_through, a.coll.group_size);
     return;
   }
   // Inputs hashed the same when the op began, and one is in shared memory: another process
@@ -255,7 +257,7 @@ void classify_same_inputs(const BufferedOp& a, const OpSource& sa, const Buffere
       t = ra.tensor(t->base_id);
     if (!t || t->sharing == trace::Sharing::kNone || oa.input_written(i)) continue;
     fd->divergence_class = DivergenceClass::kSharedMemory;
-    fd->detail = fmt::format(
+    fd->evidence.detail = fmt::format(
         "identical inputs when the op began, different outputs: input {} is in shared memory, "
         "which another process can write while the op reads it",
         i);
@@ -263,12 +265,14 @@ void classify_same_inputs(const BufferedOp& a, const OpSource& sa, const Buffere
   }
   fd->divergence_class = DivergenceClass::kNondeterministicOp;
   if (oa.results_hash != ob.results_hash) {
-    fd->detail = fmt::format("identical inputs and arguments, a different scalar return ({})",
-                             first_differing_value(oa.outputs, ra, ob.outputs, rb));
+    fd->evidence.detail = fmt::format(
+        "identical inputs and arguments, a different scalar return ({})",
+        first_differing_value(oa.outputs, ra, ob.outputs, rb));
     return;
   }
-  fd->detail = oa.is_random() ? "identical inputs, arguments and generator state, different outputs"
-                              : "identical inputs and arguments, different outputs";
+  fd->evidence.detail = oa.is_random()
+                            ? "identical inputs, arguments and generator state, different outputs"
+                            : "identical inputs and arguments, different outputs";
 }
 
 }  // namespace
@@ -288,13 +292,13 @@ void classify_divergence(const BufferedOp& a, const OpSource& sa, const Buffered
   fd->order_b = ob.order;
   fd->offset_a = oa.offset;
   fd->offset_b = ob.offset;
-  fd->is_random = oa.is_random();
-  fd->rng_a = oa.rng;
-  fd->rng_b = ob.rng;
-  fd->args_differ = oa.args_hash != ob.args_hash;
+  fd->evidence.is_random = oa.is_random();
+  fd->evidence.rng_a = oa.rng;
+  fd->evidence.rng_b = ob.rng;
+  fd->evidence.args_differ = oa.args_hash != ob.args_hash;
 
   const int first_diff_input = pair_tensors(a, sa, b, sb, fd);
-  output_deltas(oa, ra, ob, rb, gate, &fd->magnitude);
+  output_deltas(oa, ra, ob, rb, gate, &fd->evidence.magnitude);
 
   const trace::StepInfo* step_a = sa.step_info(oa.step);
   const trace::StepInfo* step_b = sb.step_info(ob.step);
@@ -305,14 +309,14 @@ void classify_divergence(const BufferedOp& a, const OpSource& sa, const Buffered
                                         (!oa.has_rng() && step_rng_differs));
   if (rng_differs) {
     fd->divergence_class = DivergenceClass::kRngState;
-    fd->detail = oa.has_rng()
-                     ? fmt::format("random op with different generator state: {:016x} vs {:016x}",
+    fd->evidence.detail =
+        oa.has_rng() ? fmt::format("random op with different generator state: {:016x} vs {:016x}",
                                    oa.rng, ob.rng)
                      : fmt::format("random op in a step whose RNG state differs at its start");
     return;
   }
   if (a.compiled_region != BufferedOp::kNoRegion)
-    fd->compiled_region = std::string(ra.string(a.compiled_region));
+    fd->evidence.compiled_region = std::string(ra.string(a.compiled_region));
   if (first_diff_input >= 0)
     classify_differing_input(a, sa, b, sb, first_diff_input, seen, fd);
   else
@@ -346,12 +350,12 @@ std::optional<CatalogRef> catalog_ref(const Catalog* catalog, const OpFacts& fac
 
 void classify_structural(std::string detail, FirstDivergence* fd) {
   fd->divergence_class = DivergenceClass::kStructural;
-  fd->detail = std::move(detail);
+  fd->evidence.detail = std::move(detail);
 }
 
 void classify_shared_writer(int input, FirstDivergence* fd) {
   fd->divergence_class = DivergenceClass::kSharedMemory;
-  fd->detail = fmt::format(
+  fd->evidence.detail = fmt::format(
       "input {} is in shared memory, written outside this process: another recorded process "
       "writes it",
       input);
@@ -359,26 +363,26 @@ void classify_shared_writer(int input, FirstDivergence* fd) {
 
 void classify_under_torch_builds(const std::vector<EnvDifference>& env, FirstDivergence* fd) {
   if (fd->divergence_class != DivergenceClass::kNondeterministicOp ||
-      fd->arose_in_compiled_region || !torch_builds_differ(env))
+      fd->evidence.arose_in_compiled_region || !torch_builds_differ(env))
     return;
   fd->divergence_class = DivergenceClass::kTorchBuild;
-  fd->detail += ", under another torch build";
+  fd->evidence.detail += ", under another torch build";
 }
 
 void classify_step_level(std::string detail, FirstDivergence* fd) {
   fd->divergence_class = DivergenceClass::kStepLevel;
-  fd->detail = std::move(detail);
+  fd->evidence.detail = std::move(detail);
 }
 
 void classify_resumed_data_order(FirstDivergence* fd) {
   fd->divergence_class = DivergenceClass::kExternalInput;
-  fd->data_order = true;
+  fd->evidence.data_order = true;
 }
 
 void classify_resumed_generator(std::string detail, FirstDivergence* fd) {
   fd->divergence_class = DivergenceClass::kRngState;
-  fd->data_order = false;
-  fd->detail = std::move(detail);
+  fd->evidence.data_order = false;
+  fd->evidence.detail = std::move(detail);
 }
 
 }  // namespace detaudit

@@ -279,8 +279,8 @@ class StreamComparator {
     for (Candidate& c : open_) {
       if (!reads_differing_bytes(c, a.rec, ra, b.rec, rb)) continue;
       if (!c.confirmed)
-        c.fd.confirmed_by = fmt::format("read by {} (op #{}, step {})", a_->name_of(a.rec), a.index,
-                                        a.rec.step);
+        c.fd.evidence.confirmed_by = fmt::format("read by {} (op #{}, step {})", a_->name_of(a.rec),
+                                                 a.index, a.rec.step);
       c.confirmed = true;
       if (!read_from) read_from = &c;
     }
@@ -289,9 +289,9 @@ class StreamComparator {
     for (Candidate& c : open_) {
       if (c.need_depth < 0 || int64_t(a.rec.depth) != c.need_depth) continue;
       c.fd.chain.insert(c.fd.chain.begin(), std::string(a_->name_of(a.rec)));
-      if (!c.fd.catalog && c.fd.divergence_class != DivergenceClass::kStructural &&
-          !c.fd.arose_in_compiled_region && !c.fd.data_order)
-        c.fd.catalog = catalog_ref(options_.catalog, facts(a, *a_), &c.rejected);
+      if (!c.fd.explanation.catalog && c.fd.divergence_class != DivergenceClass::kStructural &&
+          !c.fd.evidence.arose_in_compiled_region && !c.fd.evidence.data_order)
+        c.fd.explanation.catalog = catalog_ref(options_.catalog, facts(a, *a_), &c.rejected);
       --c.need_depth;
       if (differ) track_outputs(a, b, &c, /*enclosing=*/true);
       if (!enclosed) enclosed = &c;
@@ -352,11 +352,11 @@ class StreamComparator {
     fd.process = process_;
     fd.rank = out_->rank;
     classify_divergence(a, *a_, b, *b_, options_.gate, &fd, &seen_);
-    if (fd.data_order && fingerprint_a_) {
+    if (fd.evidence.data_order && fingerprint_a_) {
       auto seed = fingerprint_a_->find("env.PYTHONHASHSEED");
       auto python = fingerprint_a_->find("python");
-      fd.hash_seed_unset = seed != fingerprint_a_->end() && seed->second == "null" &&
-                           python != fingerprint_a_->end() && python->second == "true";
+      fd.evidence.hash_seed_unset = seed != fingerprint_a_->end() && seed->second == "null" &&
+                                    python != fingerprint_a_->end() && python->second == "true";
     }
     if (a.rec.scope_path != UINT32_MAX)
       fd.scope_path = trace::without_optimizer_step_label(a_->reader().string(a.rec.scope_path));
@@ -364,8 +364,8 @@ class StreamComparator {
     fd.chain = {fd.op};
     // Not the op that read the region's output, nor one handed other tensors: the catalog
     // would explain the wrong kernel.
-    if (!fd.arose_in_compiled_region && !fd.data_order)
-      fd.catalog = catalog_ref(options_.catalog, facts(a, *a_), &c.rejected);
+    if (!fd.evidence.arose_in_compiled_region && !fd.evidence.data_order)
+      fd.explanation.catalog = catalog_ref(options_.catalog, facts(a, *a_), &c.rejected);
     c.need_depth = int64_t(a.rec.depth) - 1;
     track_outputs(a, b, &c);
     // A differing scalar return went to Python: read there.
@@ -396,7 +396,7 @@ class StreamComparator {
   void confirm(Candidate* c, const char* why) {
     if (c->confirmed) return;
     c->confirmed = true;
-    c->fd.confirmed_by = why;
+    c->fd.evidence.confirmed_by = why;
   }
   void confirm_open(const char* why) {
     for (Candidate& c : open_)
@@ -697,8 +697,8 @@ class StreamComparator {
       fd.order_a = d.order_a;
       fd.order_b = d.order_b;
       classify_structural(d.detail, &fd);
-      fd.nested = shape.nested;
-      fd.same_values = d.values && d.values->same_bits();
+      fd.evidence.nested = shape.nested;
+      fd.evidence.same_values = d.values && d.values->same_bits();
       // The enclosing ops are common to both runs and end later: collect them as they come.
       Candidate& c = open_.emplace_back();
       c.fd = std::move(fd);

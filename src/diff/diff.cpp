@@ -306,7 +306,7 @@ void at_step_level(FirstDivergence* f) {
       !(step_state && (f->divergence_class == DivergenceClass::kExternalInput ||
                        f->divergence_class == DivergenceClass::kInputDiffers)))
     return;
-  const bool read_differs = std::any_of(f->inputs.begin(), f->inputs.end(),
+  const bool read_differs = std::any_of(f->evidence.inputs.begin(), f->evidence.inputs.end(),
                                         [](const TensorPair& p) { return p.differs; });
   const std::string finding =
       !step_state ? fmt::format("step {}'s {} differs", f->step,
@@ -321,15 +321,15 @@ void at_step_level(FirstDivergence* f) {
       "both runs were recorded with --sentinel (each step's end only): the ops that made it "
       "were not recorded";
   // Another torch build stays the likeliest cause, named as before.
-  f->cause = f->divergence_class == DivergenceClass::kTorchBuild
-                 ? fmt::format("{}; {}", f->cause, unseen)
-                 : fmt::format("{}; {}", finding, unseen);
+  f->explanation.cause = f->divergence_class == DivergenceClass::kTorchBuild
+                             ? fmt::format("{}; {}", f->explanation.cause, unseen)
+                             : fmt::format("{}; {}", finding, unseen);
   classify_step_level(finding, f);
-  f->remedy = fmt::format(
+  f->explanation.remedy = fmt::format(
       "record steps {}-{} of both in full (--steps {}-{}, without --sentinel) and diff them to "
       "find the op",
       f->step ? f->step - 1 : 0, f->step, f->step ? f->step - 1 : 0, f->step);
-  f->catalog.reset();
+  f->explanation.catalog.reset();
 }
 
 }  // namespace
@@ -382,16 +382,17 @@ Status explain_first(const std::string* trace_a, const std::vector<EnvDifference
 
 void note_training_identical(DiffReport* r) {
   // A resume's cause may say it already.
-  if (!r->training.identical || r->first->cause.find("training is the same") != std::string::npos)
+  if (!r->training.identical ||
+      r->first->explanation.cause.find("training is the same") != std::string::npos)
     return;
   bool evaluation = false;
-  for (const auto* side : {&r->first->inputs, &r->first->outputs})
+  for (const auto* side : {&r->first->evidence.inputs, &r->first->evidence.outputs})
     for (const TensorPair& p : *side)
       evaluation |= p.differs && p.tensor_role == TensorRole::kEvaluation;
-  r->first->cause += evaluation
-                         ? "; what differs is an evaluation's, computed with autograd off, "
-                           "and reaches no parameter, gradient or optimizer state"
-                         : "; what differs reaches no parameter, gradient or optimizer state";
+  r->first->explanation.cause +=
+      evaluation ? "; what differs is an evaluation's, computed with autograd off, "
+                   "and reaches no parameter, gradient or optimizer state"
+                 : "; what differs reaches no parameter, gradient or optimizer state";
 }
 
 void finish_report(const trace::RunDirectory& run_a, const trace::RunDirectory& run_b,
@@ -506,8 +507,8 @@ bool training_identical(const DiffReport& r) {
   bool replicas_disagree = false;
   for (const ReplicaCheck& c : r.replicas) replicas_disagree |= c.divergence.has_value();
   const TrainingCheck& t = r.training;
-  return r.verdict == Verdict::kDivergent && r.first && r.first->training.known &&
-         !r.first->training.reaches && t.writes_compared > 0 && t.divergent_writes == 0 &&
+  return r.verdict == Verdict::kDivergent && r.first && r.first->evidence.training.known &&
+         !r.first->evidence.training.reaches && t.writes_compared > 0 && t.divergent_writes == 0 &&
          r.parameters.empty() && r.structural_count == 0 && !replicas_disagree;
 }
 

@@ -220,7 +220,7 @@ int pair_tensors(const BufferedOp& a, const OpSource& sa, const BufferedOp& b, c
                  side_of(ta, ra), side_of(tb, rb), ""};
     if (written) p.a.origin = p.b.origin = "not read: the op overwrites it";
     if (p.differs && first_diff_input < 0) first_diff_input = int(i);
-    fd->inputs.push_back(std::move(p));
+    fd->evidence.inputs.push_back(std::move(p));
   }
   for (size_t i = 0; i < std::max(oa.output_tensors.size(), ob.output_tensors.size()); ++i) {
     const TensorDesc* ta = i < oa.output_tensors.size() ? ra.tensor(oa.output_tensors[i]) : nullptr;
@@ -232,7 +232,7 @@ int pair_tensors(const BufferedOp& a, const OpSource& sa, const BufferedOp& b, c
     // An output's origin is the op itself; only say so when it is not plain.
     for (TensorSide* side : {&p.a, &p.b})
       if (side->origin == "output of an earlier op") side->origin.clear();
-    fd->outputs.push_back(std::move(p));
+    fd->evidence.outputs.push_back(std::move(p));
   }
   return first_diff_input;
 }
@@ -245,7 +245,7 @@ std::string kernel_origin(const trace::OpRecord& op, const trace::TraceReader& r
 }
 
 bool on_cpu(const FirstDivergence& fd) {
-  for (const auto* v : {&fd.outputs, &fd.inputs})
+  for (const auto* v : {&fd.evidence.outputs, &fd.evidence.inputs})
     for (const TensorPair& p : *v)
       if (p.a.present && p.a.device.rfind("cpu", 0) != 0) return false;
   return true;

@@ -109,7 +109,7 @@ const EnvDifference* find_cuda_env(const std::vector<EnvDifference>& env) {
 
 // The first CUDA device among the op's tensors ("cuda:0"), or "".
 std::string cuda_device_of(const FirstDivergence& fd) {
-  for (const auto* v : {&fd.inputs, &fd.outputs})
+  for (const auto* v : {&fd.evidence.inputs, &fd.evidence.outputs})
     for (const TensorPair& p : *v)
       if (p.a.present && p.a.device.rfind("cuda", 0) == 0) return p.a.device;
   return "";
@@ -147,31 +147,35 @@ bool explain_nondeterministic(const std::vector<EnvDifference>& env, bool on_cpu
   const EnvDifference* det = find_env_containing(env, {"determinism."});
   const EnvDifference* cuda = on_cpu ? nullptr : find_cuda_env(env);
   if (threads && on_cpu) {
-    fd->cause = describe(*threads);
-    fd->remedy =
+    fd->explanation.cause = describe(*threads);
+    fd->explanation.remedy =
         "run every time with the same intra-op thread count "
         "(torch.set_num_threads / OMP_NUM_THREADS)";
   } else if (det) {
-    fd->cause = describe(*det);
-    fd->remedy = "use the same determinism settings in every run";
+    fd->explanation.cause = describe(*det);
+    fd->explanation.remedy = "use the same determinism settings in every run";
   } else if (cuda) {
-    fd->cause = describe(*gpu_suspect(env, *fd, cuda));
+    fd->explanation.cause = describe(*gpu_suspect(env, *fd, cuda));
     if (const std::string lib = gpu_library_of(*fd); !lib.empty())
-      fd->cause += fmt::format(
+      fd->explanation.cause += fmt::format(
           "; {} is computed by {}, whose kernels are chosen by GPU model "
           "and library version",
           fd->op, lib);
-    fd->remedy = cuda->key.rfind("env.", 0) == 0
-                     ? "set the CUDA libraries' environment variables the same in every run"
-                     : "compare runs on the same GPU model (architecture and SM count), driver "
-                       "and CUDA, cuDNN, cuBLAS and NCCL versions: GPU kernels reproduce bit "
-                       "for bit only there";
-  } else if (fd->catalog) {
-    fd->cause = fmt::format("{} is a known nondeterministic op ({}): {}", fd->catalog->op,
-                            fd->catalog->id, fd->catalog->condition);
+    fd->explanation.remedy =
+        cuda->key.rfind("env.", 0) == 0
+            ? "set the CUDA libraries' environment variables the same in every run"
+            : "compare runs on the same GPU model (architecture and SM count), driver "
+              "and CUDA, cuDNN, cuBLAS and NCCL versions: GPU kernels reproduce bit "
+              "for bit only there";
+  } else if (fd->explanation.catalog) {
+    fd->explanation.cause = fmt::format("{} is a known nondeterministic op ({}): {}",
+                                        fd->explanation.catalog->op, fd->explanation.catalog->id,
+                                        fd->explanation.catalog->condition);
   } else {
-    fd->cause = "the op gave different outputs for identical inputs; it is not in the catalog";
-    fd->remedy = "enable use_deterministic_algorithms(True) and check which kernel alerts";
+    fd->explanation.cause =
+        "the op gave different outputs for identical inputs; it is not in the catalog";
+    fd->explanation.remedy =
+        "enable use_deterministic_algorithms(True) and check which kernel alerts";
   }
   return true;
 }
@@ -187,68 +191,71 @@ bool explain_rng(const std::vector<EnvDifference>& env, bool, FirstDivergence* f
       break;
     }
   const std::string device = cuda_device_of(*fd);
-  fd->cause = seed ? describe(*seed)
-              : device.empty()
-                  ? "the random generator was seeded or consumed differently before this op"
-                  : fmt::format(
-                        "the default CUDA generator of {} (its seed and Philox offset) "
-                        "was seeded or consumed differently before this op",
-                        device);
-  fd->remedy = device.empty()
-                   ? "seed every generator at program start (torch.manual_seed, random.seed, "
-                     "np.random.seed) and consume random numbers in the same order"
-                   : "seed every generator at program start: torch.manual_seed(s) seeds the "
-                     "CPU's and every CUDA device's (C++: at::manual_seed), and consume random "
-                     "numbers in the same order";
+  fd->explanation.cause =
+      seed             ? describe(*seed)
+      : device.empty() ? "the random generator was seeded or consumed differently before this op"
+                       : fmt::format(
+                             "the default CUDA generator of {} (its seed and Philox offset) "
+                             "was seeded or consumed differently before this op",
+                             device);
+  fd->explanation.remedy =
+      device.empty() ? "seed every generator at program start (torch.manual_seed, random.seed, "
+                       "np.random.seed) and consume random numbers in the same order"
+                     : "seed every generator at program start: torch.manual_seed(s) seeds the "
+                       "CPU's and every CUDA device's (C++: at::manual_seed), and consume random "
+                       "numbers in the same order";
   return true;
 }
 
 // Data entering the program differs: the data order, a Python value, a DataLoader worker.
 bool explain_external(const std::vector<EnvDifference>& env, bool, FirstDivergence* fd) {
   const EnvDifference* hash = find_env(env, {"env.PYTHONHASHSEED"});
-  fd->cause = hash ? describe(*hash)
-                   : "data entering the program (data loading, from_blob, numpy, another "
-                     "thread) differs";
-  fd->remedy =
+  fd->explanation.cause =
+      hash ? describe(*hash)
+           : "data entering the program (data loading, from_blob, numpy, another "
+             "thread) differs";
+  fd->explanation.remedy =
       "make the input pipeline deterministic: seed samplers, shuffles and DataLoader "
       "workers (worker_init_fn, generator=torch.Generator().manual_seed(s))";
-  if (!hash && fd->data_order) {
-    fd->cause =
+  if (!hash && fd->evidence.data_order) {
+    fd->explanation.cause =
         "the data order differs: the same samples were selected or ordered "
         "differently (a shuffle by Python's random, an unseeded sampler)";
-    fd->remedy =
+    fd->explanation.remedy =
         "seed the order: random.seed(s) before a Python shuffle, and DataLoader("
         "generator=torch.Generator().manual_seed(s)) for its sampler";
-    if (fd->hash_seed_unset) {
-      fd->cause += ", or a set iterated in hash order: PYTHONHASHSEED is unset in both runs";
-      fd->remedy += "; iterate sorted(names), not a set, or run with PYTHONHASHSEED=0";
+    if (fd->evidence.hash_seed_unset) {
+      fd->explanation.cause +=
+          ", or a set iterated in hash order: PYTHONHASHSEED is unset in both runs";
+      fd->explanation.remedy += "; iterate sorted(names), not a set, or run with PYTHONHASHSEED=0";
     }
   }
-  if (!hash && fd->data_order_through_view) {
-    fd->cause = fd->hash_seed_unset
-                    ? "tensors were created or picked in another order: likely Python's hash "
-                      "randomization, as PYTHONHASHSEED is unset in both runs and iterating a "
-                      "set of names (or a dict built from one) orders them anew in each process"
-                    : "tensors were created or picked in another order: the same values reach "
-                      "this op through views of different tensors";
-    fd->remedy =
+  if (!hash && fd->evidence.data_order_through_view) {
+    fd->explanation.cause =
+        fd->evidence.hash_seed_unset
+            ? "tensors were created or picked in another order: likely Python's hash "
+              "randomization, as PYTHONHASHSEED is unset in both runs and iterating a "
+              "set of names (or a dict built from one) orders them anew in each process"
+            : "tensors were created or picked in another order: the same values reach "
+              "this op through views of different tensors";
+    fd->explanation.remedy =
         "create and pick tensors in a fixed order: iterate sorted(names), not a set; "
         "or run with PYTHONHASHSEED=0. If a shuffle picks them, seed it (random.seed)";
   }
-  if (!hash && !fd->scalar_argument.empty()) {
-    fd->cause = fmt::format(
+  if (!hash && !fd->evidence.scalar_argument.empty()) {
+    fd->explanation.cause = fmt::format(
         "a Python value passed to the op differs ({}): drawn from an "
         "unseeded generator (random, numpy) or from the clock",
-        fd->scalar_argument);
-    fd->remedy =
+        fd->evidence.scalar_argument);
+    fd->explanation.remedy =
         "seed Python's and NumPy's generators (random.seed, np.random.seed) or draw "
         "the value from a seeded torch.Generator";
   }
-  if (!hash && !fd->batch_read_by.empty()) {
-    fd->cause =
+  if (!hash && !fd->evidence.batch_read_by.empty()) {
+    fd->explanation.cause =
         "data made in a DataLoader worker differs: what the Dataset drew from outside "
         "torch (NumPy, random, a file) or an unseeded worker";
-    fd->remedy =
+    fd->explanation.remedy =
         "seed what __getitem__ draws from in each worker: worker_init_fn seeding "
         "numpy and random from torch.initial_seed(), and no generator created "
         "unseeded in the Dataset (np.random.default_rng(seed))";
@@ -258,12 +265,13 @@ bool explain_external(const std::vector<EnvDifference>& env, bool, FirstDivergen
 
 // Another process wrote the bytes through shared memory.
 bool explain_shared_memory(const std::vector<EnvDifference>&, bool, FirstDivergence* fd) {
-  fd->cause =
+  fd->explanation.cause =
       "another process wrote these bytes through shared memory (share_memory_(), "
       "Hogwild training): whose update lands first, and what each process reads, "
       "follows timing";
-  if (!fd->shared_writer.empty()) fd->cause += "; written by " + fd->shared_writer;
-  fd->remedy =
+  if (!fd->evidence.shared_writer.empty())
+    fd->explanation.cause += "; written by " + fd->evidence.shared_writer;
+  fd->explanation.remedy =
       "for a reproducible run, do not share parameters between training processes "
       "(one copy each, averaged in a fixed order), or serialise the writers: a "
       "torch.multiprocessing Lock around each optimizer step, taken in a fixed order";
@@ -272,10 +280,10 @@ bool explain_shared_memory(const std::vector<EnvDifference>&, bool, FirstDiverge
 
 // Another rank sent the difference, and its origin was not recorded.
 bool explain_remote_input(const std::vector<EnvDifference>&, bool, FirstDivergence* fd) {
-  fd->cause =
+  fd->explanation.cause =
       "another rank sent different data into this collective, and no stream of that "
       "rank recorded where it diverged";
-  fd->remedy =
+  fd->explanation.remedy =
       "record every rank (--ranks all) so the diff can follow the collective to the "
       "rank where the difference began";
   return true;
@@ -283,19 +291,19 @@ bool explain_remote_input(const std::vector<EnvDifference>&, bool, FirstDivergen
 
 // Memory of the empty family was read; FSDP's unwritten shards named as such.
 bool explain_uninitialized(const std::vector<EnvDifference>&, bool, FirstDivergence* fd) {
-  fd->cause = "an op read memory returned by the empty family (uninitialized)";
-  fd->remedy =
+  fd->explanation.cause = "an op read memory returned by the empty family (uninitialized)";
+  fd->explanation.remedy =
       "initialise the buffer (torch.zeros) or enable deterministic mode with "
       "fill_uninitialized_memory=True";
   // FSDP2 gathers sharded parameters: garbage there is a parameter no initialiser wrote.
   const bool fsdp_parameter = fd->scope_path.find("FSDP::") != std::string::npos ||
                               (!fd->chain.empty() && fd->chain.front().rfind("fsdp::", 0) == 0);
   if (fsdp_parameter) {
-    fd->cause =
+    fd->explanation.cause =
         "FSDP gathered a parameter shard that no op wrote: memory from the empty "
         "family, as module.to_empty() leaves every parameter until something "
         "initialises it";
-    fd->remedy =
+    fd->explanation.remedy =
         "after model.to_empty(), initialise every parameter: reset_parameters() "
         "must reach each submodule (or load a checkpoint); "
         "torch.use_deterministic_algorithms(True) only fills the garbage with NaN";
@@ -309,29 +317,30 @@ bool explain_structural(const std::vector<EnvDifference>& env, bool, FirstDiverg
   const EnvDifference* ver = find_torch_build(env);
   const EnvDifference* threads = find_env(env, {"intra_op_threads", "step.intra_op_threads",
                                                 "env.OMP_NUM_THREADS", "env.MKL_NUM_THREADS"});
-  if (fd->nested && threads && !ver) {
+  if (fd->evidence.nested && threads && !ver) {
     // Same ops at every level both runs share; only kernels' internal ops differ, as a
     // parallel reduction's per-thread buffers do with another thread count.
-    fd->cause = describe(*threads);
-    fd->remedy =
+    fd->explanation.cause = describe(*threads);
+    fd->explanation.remedy =
         "run every time with the same intra-op thread count "
         "(torch.set_num_threads / OMP_NUM_THREADS): parallel kernels split their "
         "work, and allocate and combine partial results, by thread count";
     return false;
   }
-  if (fd->same_values && !ver) {
-    fd->cause =
+  if (fd->evidence.same_values && !ver) {
+    fd->explanation.cause =
         "the runs ran other ops for the same values (a refactor, or another decomposition): "
         "every value the replaced ops hand on is equal bit for bit";
-    fd->remedy =
+    fd->explanation.remedy =
         "nothing to fix if the change was meant; `detaudit diff --fail-on tolerance` passes "
         "such regions and fails where values moved";
     return true;
   }
-  fd->cause = ver ? describe(*ver)
-                  : "the runs executed different ops, shapes or arguments (control flow or "
-                    "configuration differs)";
-  fd->remedy =
+  fd->explanation.cause =
+      ver ? describe(*ver)
+          : "the runs executed different ops, shapes or arguments (control flow or "
+            "configuration differs)";
+  fd->explanation.remedy =
       "make control flow independent of unseeded state; compare runs of the same "
       "program, configuration and PyTorch build";
   return true;
@@ -339,10 +348,11 @@ bool explain_structural(const std::vector<EnvDifference>& env, bool, FirstDiverg
 
 // An input made outside the aligned ops differs.
 bool explain_input_differs(const std::vector<EnvDifference>&, bool, FirstDivergence* fd) {
-  fd->cause =
+  fd->explanation.cause =
       "an input produced outside the aligned ops differs (an earlier divergence in "
       "another stream, or an unrecorded write)";
-  fd->remedy = "look at the other streams' divergences and at in-place writes by unrecorded ops";
+  fd->explanation.remedy =
+      "look at the other streams' divergences and at in-place writes by unrecorded ops";
   return true;
 }
 
@@ -355,13 +365,14 @@ bool explain_torch_build(const std::vector<EnvDifference>& env, bool on_cpu, Fir
                                  ? fmt::format("torch {} in run A, {} in run B", build->a, build->b)
                                  : fmt::format("two builds of one torch version (commit {} vs {})",
                                                build->a, build->b);
-  fd->cause = fmt::format("the torch build differs ({}); {} is computed by {}", builds, fd->op,
-                          lib.what);
+  fd->explanation.cause = fmt::format("the torch build differs ({}); {} is computed by {}", builds,
+                                      fd->op, lib.what);
   if (lib.version)
-    fd->cause += fmt::format(", {} in run A and {} in run B", lib.version->a, lib.version->b);
+    fd->explanation.cause += fmt::format(", {} in run A and {} in run B", lib.version->a,
+                                         lib.version->b);
   else
-    fd->cause += ", whose code can change between builds";
-  fd->remedy =
+    fd->explanation.cause += ", whose code can change between builds";
+  fd->explanation.remedy =
       "to test reproducibility, compare runs of one torch build; across builds, bits are not "
       "expected to match: gate on a tolerance (--fail-on tolerance with --ulp N or --rtol) and "
       "read where the numerics first leave it";
@@ -392,12 +403,12 @@ bool torch_builds_differ(const std::vector<EnvDifference>& env) {
 }
 
 void explain_cause(const std::vector<EnvDifference>& env, FirstDivergence* fd) {
-  if (fd->arose_in_compiled_region) {
-    fd->cause = fmt::format(
+  if (fd->evidence.arose_in_compiled_region) {
+    fd->explanation.cause = fmt::format(
         "a kernel inside the torch.compile region {} (inductor-generated, not "
         "recorded) gave different results for the same inputs",
-        fd->compiled_region);
-    fd->remedy =
+        fd->evidence.compiled_region);
+    fd->explanation.remedy =
         "torch.use_deterministic_algorithms(True) before compiling; to name the op, "
         "audit again without compilation: --env TORCHDYNAMO_DISABLE=1";
     return;
@@ -406,10 +417,11 @@ void explain_cause(const std::vector<EnvDifference>& env, FirstDivergence* fd) {
   for (const ClassExplanation& e : kExplanations)
     if (fd->divergence_class == e.divergence_class) explain = e.explain;
   if (!explain(env, on_cpu(*fd), fd)) return;
-  if (fd->catalog && fd->remedy.empty()) fd->remedy = fd->catalog->remedy;
-  if (fd->catalog && fd->divergence_class == DivergenceClass::kNondeterministicOp &&
-      fd->remedy != fd->catalog->remedy)
-    fd->remedy += "; catalog: " + fd->catalog->remedy;
+  if (fd->explanation.catalog && fd->explanation.remedy.empty())
+    fd->explanation.remedy = fd->explanation.catalog->remedy;
+  if (fd->explanation.catalog && fd->divergence_class == DivergenceClass::kNondeterministicOp &&
+      fd->explanation.remedy != fd->explanation.catalog->remedy)
+    fd->explanation.remedy += "; catalog: " + fd->explanation.catalog->remedy;
 }
 
 }  // namespace detaudit

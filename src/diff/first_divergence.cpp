@@ -52,7 +52,7 @@ void trace_to_worker(const std::map<std::string, std::string>& streams_a,
                      const std::map<std::string, const FirstDivergence*>& firsts,
                      FirstDivergence* first) {
   if (first->divergence_class != DivergenceClass::kExternalInput) return;
-  for (const TensorPair& in : first->inputs) {
+  for (const TensorPair& in : first->evidence.inputs) {
     if (!in.differs || !in.a.present || in.a.uninitialized) continue;
     for (const auto& [name, head] : heads) {
       if (!head.dataloader_worker || parent_process(head.process) != first->process) continue;
@@ -61,8 +61,8 @@ void trace_to_worker(const std::map<std::string, std::string>& streams_a,
       auto path = streams_a.find(name);
       if (path == streams_a.end() || !find_output_digest(path->second, in.a.digest)) continue;
       FirstDivergence made = *worker_first->second;
-      made.batch_read_by = fmt::format("{} at {} (op #{}, step {})", first->stream, first->op,
-                                       first->index, first->step);
+      made.evidence.batch_read_by = fmt::format("{} at {} (op #{}, step {})", first->stream,
+                                                first->op, first->index, first->step);
       *first = std::move(made);
       return;
     }
@@ -71,7 +71,7 @@ void trace_to_worker(const std::map<std::string, std::string>& streams_a,
 
 // The first divergence's first differing input is in shared memory.
 bool reads_shared_memory(const FirstDivergence& f) {
-  for (const TensorPair& p : f.inputs)
+  for (const TensorPair& p : f.evidence.inputs)
     if (p.differs) return p.a.in_shared_memory || p.b.in_shared_memory;
   return false;
 }
@@ -93,14 +93,14 @@ uint64_t elements_spanned(const TensorSide& t) {
 void find_shared_writer(const std::map<std::string, std::string>& streams_a,
                         const std::map<std::string, StreamHead>& heads, FirstDivergence* first) {
   const bool external_there = first->divergence_class == DivergenceClass::kExternalInput &&
-                              !first->data_order && first->batch_read_by.empty() &&
-                              reads_shared_memory(*first);
+                              !first->evidence.data_order &&
+                              first->evidence.batch_read_by.empty() && reads_shared_memory(*first);
   if (first->divergence_class != DivergenceClass::kSharedMemory && !external_there) return;
   // The differing input, else (identical when the op began) the first one in shared memory.
   const TensorPair* in = nullptr;
-  for (const TensorPair& p : first->inputs)
+  for (const TensorPair& p : first->evidence.inputs)
     if (p.differs && p.a.present && !in) in = &p;
-  for (const TensorPair& p : first->inputs)
+  for (const TensorPair& p : first->evidence.inputs)
     if (p.a.in_shared_memory && !in) in = &p;
   if (!in) return;
   const uint64_t numel = elements_spanned(in->a);
@@ -118,8 +118,8 @@ void find_shared_writer(const std::map<std::string, std::string>& streams_a,
         if (!t || t->sharing == trace::Sharing::kNone || t->numel() != numel ||
             trace::dtype_name(t->dtype) != in->a.dtype)
           continue;
-        first->shared_writer = fmt::format("{} at {} (step {})", name, r.string(r.op().name),
-                                           r.op().step);
+        first->evidence.shared_writer = fmt::format("{} at {} (step {})", name,
+                                                    r.string(r.op().name), r.op().step);
         if (external_there) classify_shared_writer(in->index, first);
         return;
       }
@@ -150,8 +150,8 @@ void add_spread(const std::vector<const FirstDivergence*>& candidates, FirstDive
                      return std::pair(x->rank, x->step) < std::pair(y->rank, y->step);
                    });
   for (const FirstDivergence* c : reached)
-    first->propagated_through.push_back(
-        fmt::format("{} to rank {}, step {}", c->received_through, c->rank, c->step));
+    first->evidence.propagated_through.push_back(
+        fmt::format("{} to rank {}, step {}", c->evidence.received_through, c->rank, c->step));
 }
 
 const FirstDivergence* choose_first(const std::vector<const FirstDivergence*>& candidates,
@@ -189,9 +189,9 @@ std::string why_no_first(const std::vector<const FirstDivergence*>& candidates, 
     return fmt::format("{} divergent ops were counted, but no stream held a first divergence", ops);
   std::vector<std::string> each;
   for (const FirstDivergence* c : candidates)
-    each.push_back(fmt::format("rank {} step {} {} ({}{}{})", c->rank, c->step, c->op,
-                               c->divergence_class, c->received_through.empty() ? "" : " at ",
-                               c->received_through));
+    each.push_back(fmt::format(
+        "rank {} step {} {} ({}{}{})", c->rank, c->step, c->op, c->divergence_class,
+        c->evidence.received_through.empty() ? "" : " at ", c->evidence.received_through));
   return fmt::format(
       "every candidate follows another through a collective, so none came first: "
       "{}",

@@ -48,7 +48,7 @@ json candidate_json(const FirstDivergence& f) {
           {"step", f.step},
           {"order_a", f.order_a},
           {"class", divergence_class_name(f.divergence_class)},
-          {"received_through", f.received_through},
+          {"received_through", f.evidence.received_through},
           {"before", collectives_json(f.collectives_before)},
           {"after", collectives_json(f.collectives_after)}};
 }
@@ -62,7 +62,7 @@ FirstDivergence candidate_from(const json& j) {
   f.order_a = j.at("order_a").get<uint64_t>();
   if (!parse_divergence_class(j.at("class").get<std::string>(), &f.divergence_class))
     throw std::invalid_argument("unknown divergence class " + j.at("class").dump());
-  f.received_through = j.at("received_through").get<std::string>();
+  f.evidence.received_through = j.at("received_through").get<std::string>();
   f.collectives_before = collectives_from(j.at("before"));
   f.collectives_after = collectives_from(j.at("after"));
   return f;

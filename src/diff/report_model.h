@@ -218,6 +218,7 @@ struct SentinelFinding {
 };
 
 struct FirstDivergence {
+  // Where it is: the comparator's, as it finds the first divergent op (first_divergence.h).
   std::string stream, process;
   int64_t rank = 0;
   uint64_t step = 0;
@@ -237,55 +238,67 @@ struct FirstDivergence {
   uint64_t index = 0;  // position of the op in run A's stream (0-based)
   uint64_t order_a = 0, order_b = 0;
   uint64_t offset_a = 0, offset_b = 0;
-  DivergenceClass divergence_class = DivergenceClass::kNone;
-  std::string detail;  // one line of evidence
-  // Why it counts: what read the differing bytes first ("read by aten::mul (op #15, step 0)"),
-  // or why the diff could not rule a read out ("not overwritten before the stream ended").
-  std::string confirmed_by;
-  bool nested = false;  // structural: every differing op is inside ops both runs ran
-  // structural: other ops for the same values, every value they hand on equal bit for bit
-  bool same_values = false;
-  bool args_differ = false;
-  bool is_random = false;
-  uint64_t rng_a = 0, rng_b = 0;
-  std::vector<TensorPair> inputs, outputs;
-  std::vector<StatsDelta> magnitude;
-  std::optional<CatalogRef> catalog;
-  std::string cause;  // the likely cause, when one is named
-  std::string remedy;
-  // The torch.compile region that ran last in this step before the op, if any: where a
-  // difference in a "compiled" input arose.
-  std::string compiled_region;
-  bool arose_in_compiled_region = false;  // the differing input was that region's output
-  // Made in a DataLoader worker: where the consumer read the batch ("r0.main.t-main at
-  // aten::linear (op #12, step 0)"); empty otherwise.
-  std::string batch_read_by;
-  // external-input from a non-tensor argument: its values in A and B ("0.5 vs 0.25").
-  std::string scalar_argument;
-  // external-input: the differing input is a different one of the same recorded tensors.
-  bool data_order = false;
-  bool data_order_through_view = false;  // the differing input is a view of such an output
-  bool hash_seed_unset = false;  // PYTHONHASHSEED unset in run A's Python process (data order)
-  // shared-memory: another recorded process's first write into shared memory of the input's
-  // geometry, "r0.main.1.t-main at aten::add_ (op #40, step 0)"; empty if none was recorded.
-  std::string shared_writer;
   // The collectives of its stream around it, by process group: the last one before it (or the
   // op itself) and the first one from it on, by sequence number. They order divergences of
   // different ranks: one that precedes a collective its rank joined happened before one that
   // follows the same collective on another rank.
   std::map<uint64_t, uint64_t> collectives_before, collectives_after;
-  // remote-input: the collective that received the different data ("c10d::allreduce_ #12 of
-  // group 0").
-  std::string received_through;
-  // Where the difference went from here: the collectives through which other ranks received it
-  // ("c10d::allreduce_ #12 of group 0 to rank 0, step 1").
-  std::vector<std::string> propagated_through;
-  // Whether a path from its differing tensors reaches a training-state write, from run A's data
-  // flow (roles.h); known once that stream was read for it.
-  struct Training {
-    bool known = false;
-    bool reaches = false;
-  } training;
+
+  // What the records show of it: the tensors paired, and what was found about them
+  // (evidence.h, first_divergence.h, roles.h).
+  struct Evidence {
+    std::string detail;  // one line of evidence
+    // Why it counts: what read the differing bytes first ("read by aten::mul (op #15, step
+    // 0)"), or why the diff could not rule a read out ("not overwritten before the stream
+    // ended").
+    std::string confirmed_by;
+    bool nested = false;  // structural: every differing op is inside ops both runs ran
+    // structural: other ops for the same values, every value they hand on equal bit for bit
+    bool same_values = false;
+    bool args_differ = false;
+    bool is_random = false;
+    uint64_t rng_a = 0, rng_b = 0;
+    std::vector<TensorPair> inputs, outputs;
+    std::vector<StatsDelta> magnitude;
+    // The torch.compile region that ran last in this step before the op, if any: where a
+    // difference in a "compiled" input arose.
+    std::string compiled_region;
+    bool arose_in_compiled_region = false;  // the differing input was that region's output
+    // Made in a DataLoader worker: where the consumer read the batch ("r0.main.t-main at
+    // aten::linear (op #12, step 0)"); empty otherwise.
+    std::string batch_read_by;
+    // external-input from a non-tensor argument: its values in A and B ("0.5 vs 0.25").
+    std::string scalar_argument;
+    // external-input: the differing input is a different one of the same recorded tensors.
+    bool data_order = false;
+    bool data_order_through_view = false;  // the differing input is a view of such an output
+    bool hash_seed_unset = false;  // PYTHONHASHSEED unset in run A's Python process (data order)
+    // shared-memory: another recorded process's first write into shared memory of the input's
+    // geometry, "r0.main.1.t-main at aten::add_ (op #40, step 0)"; empty if none was recorded.
+    std::string shared_writer;
+    // remote-input: the collective that received the different data ("c10d::allreduce_ #12 of
+    // group 0").
+    std::string received_through;
+    // Where the difference went from here: the collectives through which other ranks received
+    // it ("c10d::allreduce_ #12 of group 0 to rank 0, step 1").
+    std::vector<std::string> propagated_through;
+    // Whether a path from its differing tensors reaches a training-state write, from run A's
+    // data flow (roles.h); known once that stream was read for it.
+    struct Training {
+      bool known = false;
+      bool reaches = false;
+    } training;
+  } evidence;
+
+  // What kind it is: classify.h's, the one place that sets it.
+  DivergenceClass divergence_class = DivergenceClass::kNone;
+
+  // Why, and what to change: read from the class and the evidence (explain.h, resume.h).
+  struct Explanation {
+    std::optional<CatalogRef> catalog;
+    std::string cause;  // the likely cause, when one is named
+    std::string remedy;
+  } explanation;
 };
 
 // Whether the differences reach the training state: parameters, gradients, optimizer state and

@@ -285,11 +285,12 @@ uint64_t digest_at(const std::vector<trace::StepInfo>& steps, uint64_t trace::St
 bool missed_generator(ResumeDivergence& d) {
   const bool cuda = !on_cpu(d.f);
   d.rp.missing = cuda ? "torch's CUDA generator" : "torch's CPU generator";
-  d.f.cause = fmt::format(
+  d.f.explanation.cause = fmt::format(
       "the checkpoint did not restore {}: run {}'s {} resumed at step {} and {} drew other "
       "random numbers (generator state {:016x} in run A, {:016x} in run B)",
-      d.rp.missing, d.resumed(), d.rp.process, d.rp.step, d.f.op, d.f.rng_a, d.f.rng_b);
-  d.f.remedy = fmt::format(
+      d.rp.missing, d.resumed(), d.rp.process, d.rp.step, d.f.op, d.f.evidence.rng_a,
+      d.f.evidence.rng_b);
+  d.f.explanation.remedy = fmt::format(
       "save {} with the checkpoint and restore it after loading (with NumPy's and Python's: "
       "numpy.random.get_state(), random.getstate()); a Hugging Face Trainer checkpoint holds "
       "them: resume from it; a Lightning checkpoint does not: save them in the "
@@ -326,19 +327,19 @@ bool missed_own_generator(ResumeDivergence& d) {
   const uint64_t resumed = digest_at(steps_of(&resumed_path->second), field, d.rp.step + 1,
                                      d.rp.step);
   if (other == 0 || other != resumed) return false;
-  const uint64_t drew = d.rp.run == 0 ? d.f.rng_a : d.f.rng_b;
+  const uint64_t drew = d.rp.run == 0 ? d.f.evidence.rng_a : d.f.evidence.rng_b;
   const auto earlier = step_that_drew(*through, d.f.op, drew, d.rp.step);
   d.rp.missing = "what seeds a generator of the program's own (a sampler's epoch)";
-  d.f.cause = fmt::format(
+  d.f.explanation.cause = fmt::format(
       "the checkpoint did not restore what seeds a generator of the program's own: torch's "
       "default generator continued exactly after run {}'s resume (its state agrees after step "
       "{}), but {} drew with a generator in another state ({:016x} in run A, {:016x} in run "
       "B){}: one seeded from a count that started over, as a sampler's epoch",
-      d.resumed(), d.rp.step, d.f.op, d.f.rng_a, d.f.rng_b,
+      d.resumed(), d.rp.step, d.f.op, d.f.evidence.rng_a, d.f.evidence.rng_b,
       earlier ? fmt::format(", the state run {}'s {} drew with at step {}", d.through(), d.f.op,
                             *earlier)
               : "");
-  d.f.remedy =
+  d.f.explanation.remedy =
       "save the sampler's epoch with the checkpoint and call sampler.set_epoch(epoch) when "
       "resuming (DistributedSampler seeds its shuffle with seed + epoch); a torch.Generator the "
       "program keeps: save its get_state() and restore it with set_state()";
@@ -381,13 +382,13 @@ bool missed_python_generator(ResumeDivergence& d) {
   classify_resumed_generator(fmt::format("{} noted at the end of step {}: {:016x} vs {:016x}",
                                          missed.front(), d.rp.step, first_a, first_b),
                              &d.f);
-  d.f.cause = fmt::format(
+  d.f.explanation.cause = fmt::format(
       "the checkpoint did not restore {}: its state was the same in both runs as the stopped "
       "process reached step {}, and differs after run {}'s resumed process ran that step "
       "({:016x} in run A, {:016x} in run B): {}'s differing input, data made outside torch, "
       "is what was drawn from it",
       d.rp.missing, d.rp.step, d.resumed(), first_a, first_b, d.f.op);
-  d.f.remedy =
+  d.f.explanation.remedy =
       "save numpy.random.get_state() and random.getstate() with the checkpoint and restore them "
       "with numpy.random.set_state() and random.setstate() when resuming (with torch's: "
       "torch.get_rng_state()); a Hugging Face Trainer checkpoint holds them (rng_state.pth): "
@@ -397,13 +398,13 @@ bool missed_python_generator(ResumeDivergence& d) {
 }
 
 bool missed_hyperparameter(ResumeDivergence& d) {
-  if (d.f.scalar_argument.empty()) return false;
+  if (d.f.evidence.scalar_argument.empty()) return false;
   d.rp.missing = "a hyperparameter (a scheduler's or a GradScaler's state)";
-  d.f.cause = fmt::format(
+  d.f.explanation.cause = fmt::format(
       "the checkpoint did not restore a hyperparameter: at step {}, after run {}'s resume, {} "
       "took {} (run A vs run B)",
-      d.f.step, d.resumed(), d.f.op, d.f.scalar_argument);
-  d.f.remedy =
+      d.f.step, d.resumed(), d.f.op, d.f.evidence.scalar_argument);
+  d.f.explanation.remedy =
       "save the scheduler's and the GradScaler's state_dict() with the checkpoint and load "
       "them when resuming, with the optimizer's";
   return true;
@@ -458,12 +459,12 @@ bool missed_parameters(ResumeDivergence& d) {
   const std::set<std::string> parameters = parameters_read_after(*through, d.rp.step - 1);
   if (parameters.empty() || first_step_reads(resumed->second, parameters) > 0) return false;
   d.rp.missing = "the parameters";
-  d.f.cause = fmt::format(
+  d.f.explanation.cause = fmt::format(
       "the checkpoint's parameters were not loaded as saved: run {} read {} tensor(s) at step "
       "{} that its optimizer wrote at step {}, and run {}'s resumed process read none of them "
       "(not loaded, or changed at load: a dtype cast, an EMA saved in their place)",
       d.through(), parameters.size(), d.rp.step, d.rp.step - 1, d.resumed());
-  d.f.remedy =
+  d.f.explanation.remedy =
       "load the model's state_dict() from the checkpoint before the first step, in the dtype it "
       "was saved in; keep an EMA apart from the weights it averages, and save both";
   return true;
@@ -472,7 +473,7 @@ bool missed_parameters(ResumeDivergence& d) {
 // A batch the run that went through read at an earlier step.
 bool missed_data_order(ResumeDivergence& d) {
   const std::string* through = d.through_trace();
-  for (const TensorPair& p : d.f.inputs) {
+  for (const TensorPair& p : d.f.evidence.inputs) {
     // Data entering training: not a parameter, nor a value kept beside it (an EMA's weights).
     if (!p.differs || !through || is_training_state(p.tensor_role) ||
         p.tensor_role == TensorRole::kEvaluation || p.tensor_role == TensorRole::kOutsideTraining)
@@ -481,11 +482,11 @@ bool missed_data_order(ResumeDivergence& d) {
     if (!earlier) continue;
     d.rp.missing = "the data order";
     classify_resumed_data_order(&d.f);
-    d.f.cause = fmt::format(
+    d.f.explanation.cause = fmt::format(
         "the checkpoint did not restore the data order: run {}'s step {} read the batch run {} "
         "read at step {} ({} {}): its data loader started over",
         d.resumed(), d.f.step, d.through(), *earlier, d.f.op, p.label());
-    d.f.remedy =
+    d.f.explanation.remedy =
         "save the sampler's epoch and how many batches the epoch consumed with the checkpoint, "
         "and skip them when resuming (Hugging Face Trainer does unless ignore_data_skip is set; "
         "torchdata's StatefulDataLoader saves its place)";
@@ -498,7 +499,7 @@ bool missed_data_order(ResumeDivergence& d) {
 // (aten::_amp_update_scale_), or another state kept in a tensor.
 bool missed_tensor_state(ResumeDivergence& d) {
   const std::string* through = d.through_trace();
-  for (const TensorPair& p : d.f.inputs) {
+  for (const TensorPair& p : d.f.evidence.inputs) {
     const TensorSide &resumed = d.resumed_side(p), &other = d.through_side(p);
     if (!through || !p.differs || !one_element(resumed) || !one_element(other) ||
         zeros_against_values(resumed, other))
@@ -507,7 +508,7 @@ bool missed_tensor_state(ResumeDivergence& d) {
     if (!writer) continue;
     const bool scaler = writer->op == "aten::_amp_update_scale_";
     d.rp.missing = scaler ? "the GradScaler's scale" : "a state held in a one-element tensor";
-    d.f.cause = fmt::format(
+    d.f.explanation.cause = fmt::format(
         "the checkpoint did not restore {}: at step {}, {}'s {} is {:.9g} in run {}'s resumed "
         "process and {:.9g} in run {}, as {} left it {}{}",
         scaler ? "the GradScaler's state" : "a state held in a one-element tensor", d.f.step,
@@ -517,13 +518,14 @@ bool missed_tensor_state(ResumeDivergence& d) {
                                    "unscaled), but the scale decides which steps an overflow "
                                    "skips"
                                  : ""));
-    d.f.remedy = scaler ? "save scaler.state_dict() with the checkpoint and call "
-                          "scaler.load_state_dict() when resuming (a Hugging Face Trainer "
-                          "checkpoint holds it: resume from it)"
-                        : fmt::format(
-                              "save the tensor {} writes with the checkpoint, and load "
-                              "it when resuming",
-                              writer->op);
+    d.f.explanation.remedy = scaler
+                                 ? "save scaler.state_dict() with the checkpoint and call "
+                                   "scaler.load_state_dict() when resuming (a Hugging Face Trainer "
+                                   "checkpoint holds it: resume from it)"
+                                 : fmt::format(
+                                       "save the tensor {} writes with the checkpoint, and load "
+                                       "it when resuming",
+                                       writer->op);
     return true;
   }
   return false;
@@ -533,13 +535,13 @@ bool missed_tensor_state(ResumeDivergence& d) {
 // made anew: the optimizer's state_dict() was not loaded.
 bool missed_optimizer_state(ResumeDivergence& d) {
   const TensorPair* state = nullptr;
-  for (const auto* pairs : {&d.f.inputs, &d.f.outputs})
+  for (const auto* pairs : {&d.f.evidence.inputs, &d.f.evidence.outputs})
     for (const TensorPair& p : *pairs)
       if (!state && p.differs && p.tensor_role == TensorRole::kOptimizerState) state = &p;
   if (!state) return false;
   const TensorSide &resumed = d.resumed_side(*state), &through = d.through_side(*state);
   d.rp.missing = "the optimizer's state";
-  d.f.cause = fmt::format(
+  d.f.explanation.cause = fmt::format(
       "the checkpoint did not restore the optimizer's state: {}'s state (what only its steps "
       "write and read: step counts, moments) started anew in run {}'s resumed process at step "
       "{}{}; {} of the optimizer's {} written tensors diverged from there",
@@ -549,7 +551,7 @@ bool missed_optimizer_state(ResumeDivergence& d) {
                         resumed.stats.max, through.stats.max, d.through())
           : "",
       d.report.parameters.size(), d.report.parameters_tracked);
-  d.f.remedy =
+  d.f.explanation.remedy =
       "save optimizer.state_dict() with the checkpoint and call optimizer.load_state_dict() "
       "when resuming (a Hugging Face Trainer checkpoint holds it, as does Lightning's: resume "
       "from it, not from the model's weights alone)";
@@ -559,7 +561,7 @@ bool missed_optimizer_state(ResumeDivergence& d) {
 // An accumulator outside training the resumed process started again from 0.
 bool missed_counter(ResumeDivergence& d, const TensorPair& p) {
   d.rp.missing = "a count kept in a tensor (a model buffer: BatchNorm's num_batches_tracked)";
-  d.f.cause = fmt::format(
+  d.f.explanation.cause = fmt::format(
       "the checkpoint did not carry a count kept in a tensor: at step {}, {} counts on from 0 "
       "in run {}'s resumed process and from {:.9g} in run {} ({}), as a model's buffers do "
       "when its state_dict() is loaded without them (BatchNorm's num_batches_tracked, and its "
@@ -567,32 +569,33 @@ bool missed_counter(ResumeDivergence& d, const TensorPair& p) {
       d.f.step, d.f.op, d.resumed(), d.through_side(p).stats.max, d.through(), p.label(),
       d.training_agrees(": training in train mode is the same, evaluation with the running "
                         "statistics is not"));
-  d.f.remedy =
+  d.f.explanation.remedy =
       "load the model's whole state_dict(), buffers included (load_state_dict(strict=True) "
       "says what is missing); a count of one's own: save it with the checkpoint";
   return true;
 }
 
 bool missed_running_value(ResumeDivergence& d) {
-  for (const TensorPair& p : d.f.inputs) {
+  for (const TensorPair& p : d.f.evidence.inputs) {
     if (!p.differs || is_training_state(p.tensor_role) ||
         !zeros_against_values(d.resumed_side(p), d.through_side(p)))
       continue;
     // Added to by what no recorded op made (a number): a count, as BatchNorm's
     // num_batches_tracked; a sum adds what the step computed (a loss).
-    if (std::all_of(d.f.inputs.begin(), d.f.inputs.end(), [&](const TensorPair& q) {
-          return &q == &p || d.through_side(q).provenance == "external";
-        }))
+    if (std::all_of(d.f.evidence.inputs.begin(), d.f.evidence.inputs.end(),
+                    [&](const TensorPair& q) {
+                      return &q == &p || d.through_side(q).provenance == "external";
+                    }))
       return missed_counter(d, p);
     d.rp.missing = "a running value (an accumulator the resumed process starts from 0)";
-    d.f.cause = fmt::format(
+    d.f.explanation.cause = fmt::format(
         "the checkpoint did not carry a running value: at step {}, {}'s {} is 0 in run {}'s "
         "resumed process and {:.9g} in run {}, which kept adding to it (a loss summed for "
         "logging, as Trainer's tr_loss){}",
         d.f.step, d.f.op, p.label(), d.resumed(), d.through_side(p).stats.max, d.through(),
         d.training_agrees(": training is the same, what is computed from that value (a logged "
                           "loss) is not"));
-    d.f.remedy = fmt::format(
+    d.f.explanation.remedy = fmt::format(
         "{}save the running value with the checkpoint, or reset it where the run that went "
         "through would (at each logging step)",
         d.report.training.identical
@@ -609,19 +612,19 @@ bool missed_running_value(ResumeDivergence& d) {
 // loader's base seed), so what its Dataset draws there (an augmentation) is drawn anew.
 bool missed_worker_draws(ResumeDivergence& d) {
   if (d.rp.workers.empty()) return false;
-  for (const TensorPair& p : d.f.inputs) {
+  for (const TensorPair& p : d.f.evidence.inputs) {
     if (!p.differs ||
         (p.tensor_role != TensorRole::kBatch && p.tensor_role != TensorRole::kUnknown))
       continue;
     d.rp.missing = "what the DataLoader's workers draw (their generators started over)";
-    d.f.cause = fmt::format(
+    d.f.explanation.cause = fmt::format(
         "the checkpoint did not restore what the DataLoader's workers draw: at step {}, run {}'s "
         "resumed process read a batch from its workers ({}) that differs from run {}'s and is "
         "none run {} read before ({} {}): a loader made at the resume seeds its workers' "
         "generators anew, so what the Dataset draws in them (an augmentation) is drawn anew",
         d.f.step, d.resumed(), fmt::join(d.rp.workers, ", "), d.through(), d.through(), d.f.op,
         p.label());
-    d.f.remedy =
+    d.f.explanation.remedy =
         "draw what __getitem__ draws from a generator seeded by the sample (torch.Generator()"
         ".manual_seed(seed + epoch * len(dataset) + index)), or save and restore the loader "
         "itself (torchdata's StatefulDataLoader; with persistent_workers=True its workers keep "
@@ -634,7 +637,7 @@ bool missed_worker_draws(ResumeDivergence& d) {
 // A value outside training the run that went through carried across the resume step, which the
 // resumed process made anew: an EMA of the weights (kept with autograd off), a metric.
 bool missed_value_outside_training(ResumeDivergence& d) {
-  for (const TensorPair& p : d.f.inputs) {
+  for (const TensorPair& p : d.f.evidence.inputs) {
     if (!p.differs ||
         (p.tensor_role != TensorRole::kEvaluation && p.tensor_role != TensorRole::kOutsideTraining))
       continue;
@@ -646,14 +649,14 @@ bool missed_value_outside_training(ResumeDivergence& d) {
     d.rp.missing = grad_off ? "a value kept outside training with autograd off (an EMA of the "
                               "weights)"
                             : "a value kept outside training (a metric, a running sum)";
-    d.f.cause = fmt::format(
+    d.f.explanation.cause = fmt::format(
         "the checkpoint did not carry {}: at step {}, {}'s {} is what run {}'s resumed process "
         "made anew, where run {} read what {} left at step {}{}",
         d.rp.missing, d.f.step, d.f.op, p.label(), d.resumed(), d.through(), writer->op,
         writer->step,
         d.training_agrees(": training continues exactly, what is computed from that value "
                           "(an EMA model's evaluation) does not"));
-    d.f.remedy =
+    d.f.explanation.remedy =
         "save it with the checkpoint and load it when resuming (an EMA: its own state_dict() "
         "beside the model's, as timm's ModelEmaV3 and torch.optim.swa_utils.AveragedModel "
         "keep it)";
@@ -864,7 +867,7 @@ bool same_values_reordered(const TensorPair& p) {
 // Every differing tensor of the op: the same values in another order; the first of them.
 const TensorPair* reordered_evidence(const FirstDivergence& f) {
   const TensorPair* first = nullptr;
-  for (const auto* pairs : {&f.inputs, &f.outputs})
+  for (const auto* pairs : {&f.evidence.inputs, &f.evidence.outputs})
     for (const TensorPair& p : *pairs) {
       if (!p.differs) continue;
       if (!same_values_reordered(p)) return nullptr;

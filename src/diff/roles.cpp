@@ -200,9 +200,9 @@ std::vector<RoleTracker::Answer> RoleTracker::answers(const std::vector<Watched>
 
 Status find_roles(const std::string& path_a, FirstDivergence* fd) {
   uint64_t inputs = 0, outputs = 0;
-  for (const TensorPair& p : fd->inputs)
+  for (const TensorPair& p : fd->evidence.inputs)
     if (p.differs && p.index < 64) inputs |= uint64_t(1) << p.index;
-  for (const TensorPair& p : fd->outputs)
+  for (const TensorPair& p : fd->evidence.outputs)
     if (p.differs && p.index < 64) outputs |= uint64_t(1) << p.index;
   trace::TraceReader r;
   if (Status s = r.open(path_a); !s.ok()) return s;
@@ -213,17 +213,17 @@ Status find_roles(const std::string& path_a, FirstDivergence* fd) {
   if (!roles.watched()) return Status();
   const auto in = roles.inputs(), out = roles.outputs();
   size_t k = 0;
-  fd->training.known = true;
-  for (TensorPair& p : fd->inputs)
+  fd->evidence.training.known = true;
+  for (TensorPair& p : fd->evidence.inputs)
     if (p.differs && p.index < 64 && k < in.size()) {
       p.tensor_role = in[k].role;
-      fd->training.reaches |= in[k++].reaches_training;
+      fd->evidence.training.reaches |= in[k++].reaches_training;
     }
   k = 0;
-  for (TensorPair& p : fd->outputs)
+  for (TensorPair& p : fd->evidence.outputs)
     if (p.differs && p.index < 64 && k < out.size()) {
       p.tensor_role = out[k].role;
-      fd->training.reaches |= out[k++].reaches_training;
+      fd->evidence.training.reaches |= out[k++].reaches_training;
     }
   return Status();
 }

@@ -358,20 +358,22 @@ std::string first_divergence_card(const FirstDivergence& f) {
   row("position", fmt::format("op #{} of stream <code>{}</code> (order {} / {})", f.index,
                               esc(f.stream), f.order_a, f.order_b));
   row("class", fmt::format("<span class=\"class\">{}</span> {}",
-                           esc(divergence_class_name(f.divergence_class)), esc(f.detail)));
-  if (!f.confirmed_by.empty()) row("counts", esc(f.confirmed_by));
-  if (!f.batch_read_by.empty())
-    row("batch", "made in this DataLoader worker, read by " + esc(f.batch_read_by));
-  if (!f.received_through.empty()) row("received", "through " + esc(f.received_through));
+                           esc(divergence_class_name(f.divergence_class)), esc(f.evidence.detail)));
+  if (!f.evidence.confirmed_by.empty()) row("counts", esc(f.evidence.confirmed_by));
+  if (!f.evidence.batch_read_by.empty())
+    row("batch", "made in this DataLoader worker, read by " + esc(f.evidence.batch_read_by));
+  if (!f.evidence.received_through.empty())
+    row("received", "through " + esc(f.evidence.received_through));
   for (const std::string& p : spread_lines(f)) row("spread", "propagated through " + esc(p));
-  if (!f.compiled_region.empty())
-    row("region", esc(f.compiled_region) + " (torch.compile, opaque)");
-  if (f.is_random)
-    row("rng", fmt::format("<code>{:016x}</code> vs <code>{:016x}</code>", f.rng_a, f.rng_b));
-  if (!f.cause.empty()) row("cause", esc(f.cause));
-  row("remedy", esc(f.remedy));
-  if (f.catalog) {
-    const CatalogRef& c = *f.catalog;
+  if (!f.evidence.compiled_region.empty())
+    row("region", esc(f.evidence.compiled_region) + " (torch.compile, opaque)");
+  if (f.evidence.is_random)
+    row("rng", fmt::format("<code>{:016x}</code> vs <code>{:016x}</code>", f.evidence.rng_a,
+                           f.evidence.rng_b));
+  if (!f.explanation.cause.empty()) row("cause", esc(f.explanation.cause));
+  row("remedy", esc(f.explanation.remedy));
+  if (f.explanation.catalog) {
+    const CatalogRef& c = *f.explanation.catalog;
     std::string v = fmt::format("<code>{}</code> ({}): {}", esc(c.id), esc(c.op), esc(c.condition));
     if (!c.conditions_met.empty())
       v += "<br>conditions met: " + esc(fmt::format("{}", fmt::join(c.conditions_met, "; ")));
@@ -381,16 +383,16 @@ std::string first_divergence_card(const FirstDivergence& f) {
     row("catalog", v);
   }
   s += "</table>";
-  if (!f.inputs.empty() || !f.outputs.empty()) {
+  if (!f.evidence.inputs.empty() || !f.evidence.outputs.empty()) {
     s += "<h2>Tensors</h2><table><tr><th>tensor</th><th></th><th>run A</th><th>run B</th></tr>";
-    s += tensor_rows(f.inputs);
-    s += tensor_rows(f.outputs);
+    s += tensor_rows(f.evidence.inputs);
+    s += tensor_rows(f.evidence.outputs);
     s += "</table>";
   }
-  if (!f.magnitude.empty()) {
+  if (!f.evidence.magnitude.empty()) {
     s += "<h2>Magnitude (B - A)</h2><table><tr><th>tensor</th><th>min</th><th>max</th>"
          "<th>mean</th><th>l2</th><th>within tolerance</th></tr>";
-    for (const StatsDelta& d : f.magnitude)
+    for (const StatsDelta& d : f.evidence.magnitude)
       s += d.has_stats
                ? fmt::format(
                      "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"

@@ -72,11 +72,11 @@ std::string short_digest(const std::string& hex) { return hex.substr(0, 12); }
 std::vector<std::string> spread_lines(const FirstDivergence& f) {
   constexpr size_t kShown = 8;
   std::vector<std::string> out;
-  for (size_t i = 0; i < f.propagated_through.size() && i < kShown; ++i)
-    out.push_back(f.propagated_through[i]);
-  if (f.propagated_through.size() > kShown)
+  for (size_t i = 0; i < f.evidence.propagated_through.size() && i < kShown; ++i)
+    out.push_back(f.evidence.propagated_through[i]);
+  if (f.evidence.propagated_through.size() > kShown)
     out.push_back(fmt::format("... and {} more (every one in the JSON report)",
-                              f.propagated_through.size() - kShown));
+                              f.evidence.propagated_through.size() - kShown));
   return out;
 }
 
@@ -345,32 +345,40 @@ json report_to_json(const DiffReport& r) {
                                                       {"tensors", f.optimizer_tensors},
                                                       {"text", stepping_optimizer(f)}}},
         {"kernel_origin", f.kernel_origin.empty() ? json(nullptr) : json(f.kernel_origin)},
-        {"batch_read_by", f.batch_read_by.empty() ? json(nullptr) : json(f.batch_read_by)},
-        {"received_through", f.received_through.empty() ? json(nullptr) : json(f.received_through)},
-        {"propagated_through", f.propagated_through},
-        {"scalar_argument", f.scalar_argument.empty() ? json(nullptr) : json(f.scalar_argument)},
-        {"data_order", f.data_order},
-        {"data_order_through_view", f.data_order_through_view},
-        {"hash_seed_unset", f.hash_seed_unset},
-        {"shared_writer", f.shared_writer.empty() ? json(nullptr) : json(f.shared_writer)},
+        {"batch_read_by",
+         f.evidence.batch_read_by.empty() ? json(nullptr) : json(f.evidence.batch_read_by)},
+        {"received_through",
+         f.evidence.received_through.empty() ? json(nullptr) : json(f.evidence.received_through)},
+        {"propagated_through", f.evidence.propagated_through},
+        {"scalar_argument",
+         f.evidence.scalar_argument.empty() ? json(nullptr) : json(f.evidence.scalar_argument)},
+        {"data_order", f.evidence.data_order},
+        {"data_order_through_view", f.evidence.data_order_through_view},
+        {"hash_seed_unset", f.evidence.hash_seed_unset},
+        {"shared_writer",
+         f.evidence.shared_writer.empty() ? json(nullptr) : json(f.evidence.shared_writer)},
         {"index", f.index},
         {"order", {{"a", f.order_a}, {"b", f.order_b}}},
         {"offset", {{"a", f.offset_a}, {"b", f.offset_b}}},
         {"class", divergence_class_name(f.divergence_class)},
-        {"detail", f.detail},
-        {"confirmed_by", f.confirmed_by.empty() ? json(nullptr) : json(f.confirmed_by)},
-        {"args_differ", f.args_differ},
-        {"random", f.is_random},
-        {"cause", f.cause.empty() ? json(nullptr) : json(f.cause)},
-        {"remedy", f.remedy},
-        {"compiled_region", f.compiled_region.empty() ? json(nullptr) : json(f.compiled_region)},
-        {"inputs", pairs_json(f.inputs)},
-        {"outputs", pairs_json(f.outputs)},
-        {"reaches_training", f.training.known ? json(f.training.reaches) : json(nullptr)}};
-    if (f.is_random)
-      fd["rng"] = {{"a", fmt::format("{:016x}", f.rng_a)}, {"b", fmt::format("{:016x}", f.rng_b)}};
+        {"detail", f.evidence.detail},
+        {"confirmed_by",
+         f.evidence.confirmed_by.empty() ? json(nullptr) : json(f.evidence.confirmed_by)},
+        {"args_differ", f.evidence.args_differ},
+        {"random", f.evidence.is_random},
+        {"cause", f.explanation.cause.empty() ? json(nullptr) : json(f.explanation.cause)},
+        {"remedy", f.explanation.remedy},
+        {"compiled_region",
+         f.evidence.compiled_region.empty() ? json(nullptr) : json(f.evidence.compiled_region)},
+        {"inputs", pairs_json(f.evidence.inputs)},
+        {"outputs", pairs_json(f.evidence.outputs)},
+        {"reaches_training",
+         f.evidence.training.known ? json(f.evidence.training.reaches) : json(nullptr)}};
+    if (f.evidence.is_random)
+      fd["rng"] = {{"a", fmt::format("{:016x}", f.evidence.rng_a)},
+                   {"b", fmt::format("{:016x}", f.evidence.rng_b)}};
     json mag = json::array();
-    for (const StatsDelta& d : f.magnitude)
+    for (const StatsDelta& d : f.evidence.magnitude)
       mag.push_back({{"tensor", d.tensor},
                      {"has_stats", d.has_stats},
                      {"delta",
@@ -385,8 +393,8 @@ json report_to_json(const DiffReport& r) {
                      {"ulps", json_number(d.ulps)},
                      {"within_tolerance", d.within_tolerance}});
     fd["magnitude"] = mag;
-    if (f.catalog) {
-      const CatalogRef& c = *f.catalog;
+    if (f.explanation.catalog) {
+      const CatalogRef& c = *f.explanation.catalog;
       fd["catalog"] = {{"id", c.id},
                        {"op", c.op},
                        {"condition", c.condition},

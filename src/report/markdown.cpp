@@ -69,21 +69,22 @@ std::string render_markdown(const DiffReport& r) {
       out += fmt::format("| stepped by | {} |\n", md_escape(stepping_optimizer(f)));
     if (!f.kernel_origin.empty())
       out += fmt::format("| generated from | {} |\n", md_escape(f.kernel_origin));
-    if (!f.batch_read_by.empty())
-      out += fmt::format("| batch read by | {} |\n", md_escape(f.batch_read_by));
-    if (!f.received_through.empty())
-      out += fmt::format("| received through | {} |\n", md_escape(f.received_through));
+    if (!f.evidence.batch_read_by.empty())
+      out += fmt::format("| batch read by | {} |\n", md_escape(f.evidence.batch_read_by));
+    if (!f.evidence.received_through.empty())
+      out += fmt::format("| received through | {} |\n", md_escape(f.evidence.received_through));
     for (const std::string& p : spread_lines(f))
       out += fmt::format("| propagated through | {} |\n", md_escape(p));
     out += fmt::format("| position | op #{} of `{}` |\n| class | {} |\n| detail | {} |\n", f.index,
-                       f.stream, f.divergence_class, md_escape(f.detail));
-    if (!f.confirmed_by.empty()) out += fmt::format("| counts | {} |\n", md_escape(f.confirmed_by));
+                       f.stream, f.divergence_class, md_escape(f.evidence.detail));
+    if (!f.evidence.confirmed_by.empty())
+      out += fmt::format("| counts | {} |\n", md_escape(f.evidence.confirmed_by));
     out += fmt::format("| catalog | {} |\n| cause | {} |\n| remedy | {} |\n\n",
-                       f.catalog ? md_escape(f.catalog->id) : "-", md_escape(f.cause),
-                       md_escape(f.remedy));
-    if (!f.inputs.empty() || !f.outputs.empty()) {
+                       f.explanation.catalog ? md_escape(f.explanation.catalog->id) : "-",
+                       md_escape(f.explanation.cause), md_escape(f.explanation.remedy));
+    if (!f.evidence.inputs.empty() || !f.evidence.outputs.empty()) {
       out += "| tensor | differs | run A | run B |\n|---|---|---|---|\n";
-      for (const auto* ps : {&f.inputs, &f.outputs})
+      for (const auto* ps : {&f.evidence.inputs, &f.evidence.outputs})
         for (const TensorPair& p : *ps)
           out += fmt::format("| {} | {} | {} | {} |\n", p.label(), p.differs ? "**yes**" : "no",
                              cell(p.a), cell(p.b));

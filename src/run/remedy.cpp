@@ -85,7 +85,9 @@ RemedySettings remedy_settings(const FirstDivergence& f, const Catalog* catalog,
   why_not->clear();
   const DivergenceClass cls = f.divergence_class;
   if (cls == DivergenceClass::kNondeterministicOp) {
-    const CatalogEntry* e = catalog && f.catalog ? catalog->find(f.catalog->id) : nullptr;
+    const CatalogEntry* e = catalog && f.explanation.catalog
+                                ? catalog->find(f.explanation.catalog->id)
+                                : nullptr;
     // A kernel with a deterministic path takes it in deterministic mode; one without (a CPU
     // reduction split across threads) is deterministic on one thread.
     if (e)
@@ -96,17 +98,17 @@ RemedySettings remedy_settings(const FirstDivergence& f, const Catalog* catalog,
       *why_not = fmt::format(
           "{} has no deterministic implementation and no setting removes its "
           "nondeterminism ({})",
-          f.op, f.remedy.empty() ? e->remedy : f.remedy);
+          f.op, f.explanation.remedy.empty() ? e->remedy : f.explanation.remedy);
   } else if (cls == DivergenceClass::kRngState) {
     s.seed = 0;
-  } else if (cls == DivergenceClass::kExternalInput && f.hash_seed_unset) {
+  } else if (cls == DivergenceClass::kExternalInput && f.evidence.hash_seed_unset) {
     s.env["PYTHONHASHSEED"] = "0";
-  } else if (cls == DivergenceClass::kExternalInput && f.batch_read_by.empty() &&
-             f.scalar_argument.empty()) {
+  } else if (cls == DivergenceClass::kExternalInput && f.evidence.batch_read_by.empty() &&
+             f.evidence.scalar_argument.empty()) {
     s.seed = 0;  // an unseeded shuffle or augmentation: run seeds random, NumPy and torch
   } else {
     *why_not = fmt::format("{}: the remedy is a change to the program ({})", cls,
-                           f.remedy.empty() ? "see the report" : f.remedy);
+                           f.explanation.remedy.empty() ? "see the report" : f.explanation.remedy);
   }
   return s;
 }

@@ -27,7 +27,7 @@ std::string l2_change(const TensorPair& t) {
 void describe_first(const FirstDivergence& f, SentinelFinding* s) {
   s->step = f.step;
   s->first = fmt::format("{} {} ({})", f.stream, f.op, f.phase);
-  for (const auto* side : {&f.inputs, &f.outputs})
+  for (const auto* side : {&f.evidence.inputs, &f.evidence.outputs})
     for (const TensorPair& t : *side)
       if (t.differs)
         s->tensors.push_back(fmt::format("{} {} {}: {}", t.label(), t.a.dtype,
@@ -209,17 +209,17 @@ void keep_step_level_finding(SentinelFinding s, const Catalog* catalog, const st
   // its class and cause said so no better than "external". The step is what is known.
   FirstDivergence& f = *report->first;
   std::string which = "an output";
-  for (const auto* side : {&f.inputs, &f.outputs})
+  for (const auto* side : {&f.evidence.inputs, &f.evidence.outputs})
     for (const TensorPair& t : *side)
       if (t.differs && which == "an output") which = t.label();
   classify_step_level(
       fmt::format("{} differs in the sentinel runs, not in the full recording", which), &f);
-  f.cause = fmt::format(
+  f.explanation.cause = fmt::format(
       "step {}'s {} differs, made by ops the sentinel does not record; recorded in full, that "
       "step did not differ again",
       f.step, f.phase == "optimizer" ? "optimizer input or update" : "loss");
-  f.remedy = remedy;
-  f.catalog.reset();
+  f.explanation.remedy = remedy;
+  f.explanation.catalog.reset();
 }
 
 }  // namespace

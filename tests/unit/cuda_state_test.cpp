@@ -122,15 +122,17 @@ TEST(CudaStateTest, ACudaDropoutWithAnotherGeneratorStateIsRngState) {
   DiffReport r = diff(a, b);
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->op, "aten::native_dropout");
-  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kRngState) << r.first->detail;
-  EXPECT_TRUE(r.first->is_random);
-  EXPECT_EQ(r.first->rng_a, 0x1111u);
-  EXPECT_EQ(r.first->rng_b, 0x2222u);
-  ASSERT_FALSE(r.first->outputs.empty());
-  EXPECT_EQ(r.first->outputs[0].a.device, "cuda:0");
+  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kRngState) << r.first->evidence.detail;
+  EXPECT_TRUE(r.first->evidence.is_random);
+  EXPECT_EQ(r.first->evidence.rng_a, 0x1111u);
+  EXPECT_EQ(r.first->evidence.rng_b, 0x2222u);
+  ASSERT_FALSE(r.first->evidence.outputs.empty());
+  EXPECT_EQ(r.first->evidence.outputs[0].a.device, "cuda:0");
   // The cause names the generator the kernel drew from, and the remedy seeds it.
-  EXPECT_NE(r.first->cause.find("CUDA generator of cuda:0"), std::string::npos) << r.first->cause;
-  EXPECT_NE(r.first->remedy.find("CUDA device"), std::string::npos) << r.first->remedy;
+  EXPECT_NE(r.first->explanation.cause.find("CUDA generator of cuda:0"), std::string::npos)
+      << r.first->explanation.cause;
+  EXPECT_NE(r.first->explanation.remedy.find("CUDA device"), std::string::npos)
+      << r.first->explanation.remedy;
 }
 
 TEST(CudaStateTest, ACudaDropoutWithTheSameGeneratorStateIsNotRngState) {
@@ -141,7 +143,8 @@ TEST(CudaStateTest, ACudaDropoutWithTheSameGeneratorStateIsNotRngState) {
   DiffReport r = diff(a, b);
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->op, "aten::native_dropout");
-  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kNondeterministicOp) << r.first->detail;
+  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kNondeterministicOp)
+      << r.first->evidence.detail;
 }
 
 // --- the GPU, its libraries and settings as the cause -------------------------------------------
@@ -202,8 +205,9 @@ TEST(CudaStateTest, ACudnnVersionDifferenceIsNamedAsTheCause) {
   EXPECT_EQ(r.environment[0].key, "cuda.cudnn_version");
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->divergence_class, DivergenceClass::kNondeterministicOp);
-  EXPECT_EQ(r.first->cause, "cuda.cudnn_version differs: 91002 vs 90100");
-  EXPECT_NE(r.first->remedy.find("cuDNN"), std::string::npos) << r.first->remedy;
+  EXPECT_EQ(r.first->explanation.cause, "cuda.cudnn_version differs: 91002 vs 90100");
+  EXPECT_NE(r.first->explanation.remedy.find("cuDNN"), std::string::npos)
+      << r.first->explanation.remedy;
 }
 
 TEST(CudaStateTest, EachGpuAndLibraryFieldIsNamedAsTheCause) {
@@ -232,7 +236,8 @@ TEST(CudaStateTest, EachGpuAndLibraryFieldIsNamedAsTheCause) {
   for (const auto& [key, change] : cases) {
     DiffReport r = diff_with_env("cuda_field", change);
     ASSERT_TRUE(r.first) << key;
-    EXPECT_EQ(r.first->cause.rfind(key + " differs: ", 0), 0u) << key << ": " << r.first->cause;
+    EXPECT_EQ(r.first->explanation.cause.rfind(key + " differs: ", 0), 0u)
+        << key << ": " << r.first->explanation.cause;
   }
 }
 
@@ -242,8 +247,10 @@ TEST(CudaStateTest, WhetherCudaWasUpWhenTheFingerprintWasWrittenIsNotACause) {
     j["cuda"] = {{"built", true}, {"initialized", false}, {"available", nullptr}};
   });
   ASSERT_TRUE(r.first);
-  EXPECT_EQ(r.first->cause.find("cuda.initialized"), std::string::npos) << r.first->cause;
-  EXPECT_EQ(r.first->cause.find("cuda.available"), std::string::npos) << r.first->cause;
+  EXPECT_EQ(r.first->explanation.cause.find("cuda.initialized"), std::string::npos)
+      << r.first->explanation.cause;
+  EXPECT_EQ(r.first->explanation.cause.find("cuda.available"), std::string::npos)
+      << r.first->explanation.cause;
 }
 
 TEST(CudaStateTest, AGpuDifferenceIsNotTheCauseOfACpuOpsDifference) {
@@ -251,7 +258,8 @@ TEST(CudaStateTest, AGpuDifferenceIsNotTheCauseOfACpuOpsDifference) {
       "cuda_field_cpu_op", [](nlohmann::json& j) { j["cuda"]["cudnn_version"] = 90100; },
       /*on_gpu=*/false);
   ASSERT_TRUE(r.first);
-  EXPECT_EQ(r.first->cause.find("cudnn_version"), std::string::npos) << r.first->cause;
+  EXPECT_EQ(r.first->explanation.cause.find("cudnn_version"), std::string::npos)
+      << r.first->explanation.cause;
 }
 
 }  // namespace

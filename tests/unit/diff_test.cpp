@@ -149,17 +149,17 @@ TEST(DiffTest, NondeterministicOpWithCatalogEntry) {
   EXPECT_EQ(f.phase, "backward");
   EXPECT_EQ(f.chain, (std::vector<std::string>{"IndexBackward0", "aten::index_put_",
                                                "aten::_index_put_impl_"}));
-  ASSERT_TRUE(f.catalog);
-  EXPECT_EQ(f.catalog->id, "index-put-accumulate-cpu");
-  EXPECT_FALSE(f.remedy.empty());
+  ASSERT_TRUE(f.explanation.catalog);
+  EXPECT_EQ(f.explanation.catalog->id, "index-put-accumulate-cpu");
+  EXPECT_FALSE(f.explanation.remedy.empty());
   EXPECT_EQ(gate_exit_code(r), ExitCode::kDivergent);
   // Spread: the gradient ops of step 1, then the parameter from step 1 on.
   EXPECT_EQ(r.divergent_ops_per_step.count(0), 0u);
   EXPECT_GE(r.divergent_ops_per_step[1], 3u);
   ASSERT_EQ(r.parameters.size(), 1u);
   EXPECT_EQ(r.parameters[0].first_step, 1u);
-  ASSERT_FALSE(f.magnitude.empty());
-  EXPECT_TRUE(f.magnitude[0].has_stats);
+  ASSERT_FALSE(f.evidence.magnitude.empty());
+  EXPECT_TRUE(f.evidence.magnitude[0].has_stats);
 }
 
 // Two sentinel runs of format 9: per step, the loss and the optimizer step's state record (its
@@ -203,11 +203,11 @@ TEST(DiffTest, ASentinelsStepStateRecordNamesItsStepAndWhichHalfDiffers) {
     EXPECT_EQ(f.op, "Optimizer.step#SGD.step");
     EXPECT_EQ(f.step, 2u);
     EXPECT_EQ(f.divergence_class, DivergenceClass::kStepLevel);
-    EXPECT_EQ(f.detail, gradients_differ
-                            ? "step 2's gradients differ (what its optimizer step read)"
-                            : "step 2's optimizer update differs: the same gradients in, other "
-                              "parameters or state out");
-    EXPECT_NE(f.remedy.find("--steps 1-2"), std::string::npos) << f.remedy;
+    EXPECT_EQ(f.evidence.detail,
+              gradients_differ ? "step 2's gradients differ (what its optimizer step read)"
+                               : "step 2's optimizer update differs: the same gradients in, other "
+                                 "parameters or state out");
+    EXPECT_NE(f.explanation.remedy.find("--steps 1-2"), std::string::npos) << f.explanation.remedy;
     // Each tensor the step leaves is a parameter, first divergent at step 2 (the first
     // divergence's own step, though later steps' differences were open before it settled).
     ASSERT_EQ(r.parameters.size(), 2u);
@@ -223,7 +223,8 @@ TEST(DiffTest, AccumulateFalseIsNotTheCpuAtomicsEntry) {
   DiffReport r = diff(c);
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->divergence_class, DivergenceClass::kNondeterministicOp);
-  EXPECT_TRUE(!r.first->catalog || r.first->catalog->id != "index-put-accumulate-cpu");
+  EXPECT_TRUE(!r.first->explanation.catalog ||
+              r.first->explanation.catalog->id != "index-put-accumulate-cpu");
 }
 
 TEST(DiffTest, RngState) {
@@ -235,7 +236,7 @@ TEST(DiffTest, RngState) {
   EXPECT_EQ(r.first->divergence_class, DivergenceClass::kRngState);
   EXPECT_EQ(r.first->op, "aten::bernoulli_");
   EXPECT_EQ(r.first->step, 2u);
-  EXPECT_NE(r.first->rng_a, r.first->rng_b);
+  EXPECT_NE(r.first->evidence.rng_a, r.first->evidence.rng_b);
 }
 
 TEST(DiffTest, PythonHashSeedIsNotNamedAsTheRngCause) {
@@ -250,7 +251,8 @@ TEST(DiffTest, PythonHashSeedIsNotNamedAsTheRngCause) {
   DiffReport r = diff(c);
   ASSERT_TRUE(r.first);
   ASSERT_EQ(r.first->divergence_class, DivergenceClass::kRngState);
-  EXPECT_EQ(r.first->cause.find("PYTHONHASHSEED"), std::string::npos) << r.first->cause;
+  EXPECT_EQ(r.first->explanation.cause.find("PYTHONHASHSEED"), std::string::npos)
+      << r.first->explanation.cause;
 }
 
 TEST(DiffTest, ExternalInput) {
@@ -263,9 +265,9 @@ TEST(DiffTest, ExternalInput) {
   EXPECT_EQ(r.first->op, "aten::addmm");
   EXPECT_EQ(r.first->chain, (std::vector<std::string>{"aten::linear", "aten::addmm"}));
   EXPECT_EQ(r.first->step, 1u);
-  ASSERT_FALSE(r.first->inputs.empty());
-  EXPECT_TRUE(r.first->inputs[0].differs);
-  EXPECT_EQ(r.first->inputs[0].a.provenance, "external");
+  ASSERT_FALSE(r.first->evidence.inputs.empty());
+  EXPECT_TRUE(r.first->evidence.inputs[0].differs);
+  EXPECT_EQ(r.first->evidence.inputs[0].a.provenance, "external");
 }
 
 TEST(DiffTest, UninitializedMemory) {
@@ -340,8 +342,8 @@ TEST(DiffTest, ThreadCountDifferenceIsNamedAsCause) {
   EXPECT_EQ(r.environment[0].key, "intra_op_threads");
   for (const EnvDifference& d : r.environment) EXPECT_NE(d.key, "pid");
   ASSERT_TRUE(r.first);
-  EXPECT_NE(r.first->cause.find("intra_op_threads differs: 1 vs 2"), std::string::npos)
-      << r.first->cause;
+  EXPECT_NE(r.first->explanation.cause.find("intra_op_threads differs: 1 vs 2"), std::string::npos)
+      << r.first->explanation.cause;
 }
 
 TEST(DiffTest, IdenticalEnvironmentsGiveNoDifferences) {
@@ -513,8 +515,8 @@ TEST(DiffTest, EmptyBufferFilledOutsideRecordedOpsIsExternalInput) {
   ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->op, "aten::detach_");
-  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kExternalInput) << r.first->detail;
-  EXPECT_NE(r.first->detail.find("filled outside the recorded ops"), std::string::npos);
+  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kExternalInput) << r.first->evidence.detail;
+  EXPECT_NE(r.first->evidence.detail.find("filled outside the recorded ops"), std::string::npos);
 }
 
 // What the recorder writes for torch.compile: the region's record (its inputs), then a reader
@@ -546,11 +548,13 @@ TEST(DiffTest, DifferenceMadeInsideACompiledRegionIsLocalizedToIt) {
   ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->op, "aten::mse_loss");
-  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kNondeterministicOp) << r.first->detail;
-  EXPECT_EQ(r.first->compiled_region, "CompiledFunction");
-  EXPECT_TRUE(r.first->arose_in_compiled_region);
-  EXPECT_FALSE(r.first->catalog) << "the reader's catalog entry would explain the wrong kernel";
-  EXPECT_NE(r.first->remedy.find("TORCHDYNAMO_DISABLE=1"), std::string::npos);
+  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kNondeterministicOp)
+      << r.first->evidence.detail;
+  EXPECT_EQ(r.first->evidence.compiled_region, "CompiledFunction");
+  EXPECT_TRUE(r.first->evidence.arose_in_compiled_region);
+  EXPECT_FALSE(r.first->explanation.catalog)
+      << "the reader's catalog entry would explain the wrong kernel";
+  EXPECT_NE(r.first->explanation.remedy.find("TORCHDYNAMO_DISABLE=1"), std::string::npos);
   ASSERT_EQ(r.streams.size(), 1u);
   EXPECT_EQ(r.streams[0].compiled_regions, std::vector<std::string>{"CompiledFunction"});
 }
@@ -564,8 +568,8 @@ TEST(DiffTest, ADifferentGeneratorStateIsRngState) {
   ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->op, "aten::clone");
-  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kRngState) << r.first->detail;
-  EXPECT_NE(r.first->detail.find("get_rng_state"), std::string::npos);
+  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kRngState) << r.first->evidence.detail;
+  EXPECT_NE(r.first->evidence.detail.find("get_rng_state"), std::string::npos);
 }
 
 TEST(DiffTest, UninitializedValuesPassedThroughStayUninitializedMemory) {
@@ -624,10 +628,11 @@ TEST(DiffTest, KernelInternalOpsDifferingWithTheThreadCountNameTheThreads) {
   ASSERT_TRUE(r.first);
   const FirstDivergence& f = *r.first;
   EXPECT_EQ(f.divergence_class, DivergenceClass::kStructural);
-  EXPECT_TRUE(f.nested);
+  EXPECT_TRUE(f.evidence.nested);
   EXPECT_EQ(f.chain, (std::vector<std::string>{"aten::sum", "aten::sum", "aten::empty"}));
-  EXPECT_NE(f.cause.find("intra_op_threads differs: 1 vs 2"), std::string::npos) << f.cause;
-  EXPECT_NE(f.remedy.find("thread"), std::string::npos) << f.remedy;
+  EXPECT_NE(f.explanation.cause.find("intra_op_threads differs: 1 vs 2"), std::string::npos)
+      << f.explanation.cause;
+  EXPECT_NE(f.explanation.remedy.find("thread"), std::string::npos) << f.explanation.remedy;
   EXPECT_EQ(r.structural_count, 1u);
   EXPECT_GE(r.divergent_ops, 2u);  // the sums and what follows are still compared
 }
@@ -641,8 +646,9 @@ TEST(DiffTest, TopLevelStructuralDifferenceDoesNotBlameTheThreads) {
   DiffReport r = diff(c);
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->divergence_class, DivergenceClass::kStructural);
-  EXPECT_FALSE(r.first->nested);
-  EXPECT_EQ(r.first->cause.find("intra_op_threads"), std::string::npos) << r.first->cause;
+  EXPECT_FALSE(r.first->evidence.nested);
+  EXPECT_EQ(r.first->explanation.cause.find("intra_op_threads"), std::string::npos)
+      << r.first->explanation.cause;
 }
 
 TEST(DiffTest, StructuralDetailNamesTheOutermostExtraOps) {
@@ -896,8 +902,8 @@ TEST(DiffTest, ScalarReturnsAreCompared) {
   ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->op, "aten::_local_scalar_dense");
-  EXPECT_NE(r.first->detail.find("scalar return (0.5 vs 0.25)"), std::string::npos)
-      << r.first->detail;
+  EXPECT_NE(r.first->evidence.detail.find("scalar return (0.5 vs 0.25)"), std::string::npos)
+      << r.first->evidence.detail;
   ASSERT_TRUE(diff_runs(a.path(), c.path(), o, &r).ok());
   EXPECT_EQ(r.verdict, Verdict::kIdentical);
 }
@@ -931,7 +937,7 @@ TEST(DiffTest, CollectiveRecordsAttachToTheirOpWhereverTheWorkCompleted) {
   DiffOptions o;
   DiffReport r;
   ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
-  EXPECT_EQ(r.verdict, Verdict::kIdentical) << (r.first ? r.first->detail : "");
+  EXPECT_EQ(r.verdict, Verdict::kIdentical) << (r.first ? r.first->evidence.detail : "");
   ASSERT_TRUE(diff_runs(a.path(), c.path(), o, &r).ok());
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->op, "c10d::allreduce_");
@@ -973,8 +979,8 @@ TEST(DiffTest, ARaceOnOneRankIsTheOriginOfWhatAnotherReceived) {
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->rank, 1);
   EXPECT_EQ(r.first->op, "aten::index_add");
-  EXPECT_EQ(r.first->confirmed_by, "read by c10d::allreduce_ (op #1, step 0)");
-  EXPECT_EQ(r.first->propagated_through,
+  EXPECT_EQ(r.first->evidence.confirmed_by, "read by c10d::allreduce_ (op #1, step 0)");
+  EXPECT_EQ(r.first->evidence.propagated_through,
             std::vector<std::string>{"c10d::allreduce_ #1 of group 0 to rank 0, step 0"});
 }
 
@@ -1076,7 +1082,7 @@ TEST(DiffTest, ADifferenceReadBeforeItIsOverwrittenIsTheFirstDivergence) {
                             overwrite_case(5, read_then_zeroed));
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->op, "aten::index_add_");
-  EXPECT_EQ(r.first->confirmed_by, "read by aten::sum (op #1, step 0)");
+  EXPECT_EQ(r.first->evidence.confirmed_by, "read by aten::sum (op #1, step 0)");
   EXPECT_EQ(r.unread_differences, 0u);
   EXPECT_EQ(gate_exit_code(r), ExitCode::kDivergent);
 }
@@ -1093,7 +1099,7 @@ TEST(DiffTest, AReadThroughAViewConfirms) {
   DiffReport r = diff_cases("view", overwrite_case(4, viewed(9)), overwrite_case(5, viewed(10)));
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->op, "aten::index_add_");
-  EXPECT_EQ(r.first->confirmed_by, "read by aten::sum (op #1, step 0)");
+  EXPECT_EQ(r.first->evidence.confirmed_by, "read by aten::sum (op #1, step 0)");
 }
 
 TEST(DiffTest, APartialOverwriteOrAResizeLeavesTheDifferenceCounted) {
@@ -1117,7 +1123,7 @@ TEST(DiffTest, ADifferenceNeverOverwrittenCountsAtTheStreamsEnd) {
   DiffReport r = diff_cases("kept", overwrite_case(4, kept), overwrite_case(5, kept));
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->op, "aten::index_add_");
-  EXPECT_EQ(r.first->confirmed_by, "not overwritten before the stream ended");
+  EXPECT_EQ(r.first->evidence.confirmed_by, "not overwritten before the stream ended");
 }
 
 // index_put_ hashes its output again after _index_put_impl_ wrote it: the same bytes under a
@@ -1143,7 +1149,7 @@ TEST(DiffTest, AnEnclosingOpsNewIdForTheSameBytesIsFollowed) {
     return b;
   };
   DiffReport r = diff_cases("nested", nested(4), nested(5));
-  EXPECT_EQ(r.verdict, Verdict::kIdentical) << (r.first ? r.first->confirmed_by : "");
+  EXPECT_EQ(r.verdict, Verdict::kIdentical) << (r.first ? r.first->evidence.confirmed_by : "");
   EXPECT_EQ(r.unread_differences, 1u);
   ASSERT_TRUE(r.first_unread);
   EXPECT_EQ(r.first_unread->op, "aten::_index_put_impl_");
@@ -1167,7 +1173,7 @@ TEST(DiffTest, AnEarlierUnreadDifferenceYieldsToALaterReadOne) {
   DiffReport r = diff_cases("two", overwrite_case(4, two(11)), overwrite_case(5, two(12)));
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->index, 1u);
-  EXPECT_EQ(r.first->confirmed_by, "read by aten::sum (op #3, step 0)");
+  EXPECT_EQ(r.first->evidence.confirmed_by, "read by aten::sum (op #3, step 0)");
   EXPECT_EQ(r.unread_differences, 1u);
   EXPECT_EQ(r.divergent_ops, 2u);  // the second index_add_ and the sum, not the first
 }
@@ -1193,7 +1199,7 @@ TEST(DiffTest, ABufferStillFillingInOneRunIsNotComparedWithItsContentsInTheOther
     return b;
   };
   DiffReport r = diff_cases("filling", run(kInFlight), run(9));
-  EXPECT_EQ(r.verdict, Verdict::kIdentical) << (r.first ? r.first->detail : "");
+  EXPECT_EQ(r.verdict, Verdict::kIdentical) << (r.first ? r.first->evidence.detail : "");
   // Contents on both sides are still compared.
   EXPECT_EQ(diff_cases("filled", run(9), run(7)).verdict, Verdict::kDivergent);
 }
@@ -1230,7 +1236,7 @@ TEST(DiffTest, AViewOfAnIdenticalSlotOfADifferingBufferDoesNotConfirm) {
                  overwrite_case(5, differing_slot(10)));
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->op, "aten::index_add_");
-  EXPECT_EQ(r.first->confirmed_by, "read by c10d::_allgather_base_ (op #1, step 0)");
+  EXPECT_EQ(r.first->evidence.confirmed_by, "read by c10d::_allgather_base_ (op #1, step 0)");
 }
 
 // A C++ program's optimizer reads p.grad() as a tensor the recorder could not link to the
@@ -1250,7 +1256,7 @@ TEST(DiffTest, AnUnlinkedTensorHoldingTheDifferingBytesInBothRunsIsARead) {
   DiffReport r = diff_cases("alias", overwrite_case(4, cloned(4)), overwrite_case(5, cloned(5)));
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->op, "aten::index_add_");
-  EXPECT_EQ(r.first->confirmed_by, "read by aten::clone (op #1, step 0)");
+  EXPECT_EQ(r.first->evidence.confirmed_by, "read by aten::clone (op #1, step 0)");
   EXPECT_EQ(r.unread_differences, 0u);
 }
 
@@ -1272,10 +1278,10 @@ TEST(DiffTest, BytesAnotherProcessWroteThroughSharedMemoryAreSharedMemory) {
                             hogwild(3, trace::Sharing::kChangedElsewhere));
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->divergence_class, DivergenceClass::kSharedMemory);
-  EXPECT_NE(r.first->detail.find("changed since this process last read or wrote it"),
+  EXPECT_NE(r.first->evidence.detail.find("changed since this process last read or wrote it"),
             std::string::npos)
-      << r.first->detail;
-  EXPECT_NE(r.first->remedy.find("do not share parameters"), std::string::npos);
+      << r.first->evidence.detail;
+  EXPECT_NE(r.first->explanation.remedy.find("do not share parameters"), std::string::npos);
 
   // The same bytes when it began, different outputs: written while the op read them.
   auto during = [](uint8_t out) {
@@ -1535,9 +1541,9 @@ TEST(DiffTest, ManyRanksComparedOnManyThreadsGiveTheReportOfOne) {
     EXPECT_EQ(r->first->rank, 5);
     EXPECT_EQ(r->first->op, "aten::index_add");
     EXPECT_EQ(r->first->step, 2u);
-    EXPECT_EQ(r->first->propagated_through.size(), 7u);
+    EXPECT_EQ(r->first->evidence.propagated_through.size(), 7u);
   }
-  EXPECT_EQ(one.first->propagated_through, four.first->propagated_through);
+  EXPECT_EQ(one.first->evidence.propagated_through, four.first->evidence.propagated_through);
   EXPECT_EQ(one.divergent_ops, four.divergent_ops);
   EXPECT_EQ(one.ops_compared, four.ops_compared);
   ASSERT_EQ(one.streams.size(), four.streams.size());
@@ -1605,9 +1611,9 @@ TEST(PartialDiffTest, MergedPartsGiveTheWholeDiffsVerdict) {
   EXPECT_EQ(merged.first->stream, whole.first->stream);
   EXPECT_EQ(merged.first->index, whole.first->index);
   EXPECT_EQ(merged.first->divergence_class, whole.first->divergence_class);
-  EXPECT_EQ(merged.first->propagated_through, whole.first->propagated_through);
-  EXPECT_EQ(merged.first->cause, whole.first->cause);
-  EXPECT_EQ(merged.first->remedy, whole.first->remedy);
+  EXPECT_EQ(merged.first->evidence.propagated_through, whole.first->evidence.propagated_through);
+  EXPECT_EQ(merged.first->explanation.cause, whole.first->explanation.cause);
+  EXPECT_EQ(merged.first->explanation.remedy, whole.first->explanation.remedy);
   EXPECT_EQ(merged.divergent_ops, whole.divergent_ops);
   EXPECT_EQ(merged.ops_compared, whole.ops_compared);
   ASSERT_EQ(merged.replicas.size(), 2u);

@@ -115,13 +115,16 @@ TEST(NumericsTest, AnotherTorchBuildIsNamedWithTheLibraryThatComputesTheOp) {
   ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->op, "aten::mm");
-  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kTorchBuild) << r.first->detail;
-  EXPECT_NE(r.first->cause.find("torch 2.13.0 in run A, 1.13.0 in run B"), std::string::npos)
-      << r.first->cause;
-  EXPECT_NE(r.first->cause.find("the BLAS library (a CPU GEMM), mkl in run A and generic in run B"),
+  EXPECT_EQ(r.first->divergence_class, DivergenceClass::kTorchBuild) << r.first->evidence.detail;
+  EXPECT_NE(r.first->explanation.cause.find("torch 2.13.0 in run A, 1.13.0 in run B"),
             std::string::npos)
-      << r.first->cause;
-  EXPECT_EQ(r.first->cause.find("allow_bf16"), std::string::npos) << r.first->cause;
+      << r.first->explanation.cause;
+  EXPECT_NE(r.first->explanation.cause.find(
+                "the BLAS library (a CPU GEMM), mkl in run A and generic in run B"),
+            std::string::npos)
+      << r.first->explanation.cause;
+  EXPECT_EQ(r.first->explanation.cause.find("allow_bf16"), std::string::npos)
+      << r.first->explanation.cause;
   EXPECT_NE(render_report(r, ReportFormat::kJson, false).find("\"torch-build\""),
             std::string::npos);
 
@@ -308,9 +311,10 @@ TEST(NumericsTest, OtherOpsForTheSameValuesAreMatchedByWhatTheyHandOn) {
   DiffReport strict = diff_refactor("refactor_same", same, GateConfig{});
   ASSERT_TRUE(strict.first);
   EXPECT_EQ(strict.first->divergence_class, DivergenceClass::kStructural);
-  EXPECT_TRUE(strict.first->same_values);
-  EXPECT_NE(strict.first->cause.find("other ops for the same values"), std::string::npos)
-      << strict.first->cause;
+  EXPECT_TRUE(strict.first->evidence.same_values);
+  EXPECT_NE(strict.first->explanation.cause.find("other ops for the same values"),
+            std::string::npos)
+      << strict.first->explanation.cause;
   ASSERT_EQ(strict.structural.size(), 2u);
   ASSERT_TRUE(strict.structural[0].values);
   EXPECT_EQ(strict.structural[0].values->handed_on, 2u) << "linear's in A, add's in B";
@@ -333,7 +337,7 @@ TEST(NumericsTest, AReplacedRegionWhoseValuesMovedIsWhereNumericsChanged) {
   DiffReport within = diff_refactor("refactor_within", moved, gate);
   ASSERT_TRUE(within.structural.size() && within.structural[0].values);
   EXPECT_EQ(within.structural[0].values->within, 2u);
-  EXPECT_FALSE(within.first->same_values);
+  EXPECT_FALSE(within.first->evidence.same_values);
   EXPECT_EQ(gate_exit_code(within), ExitCode::kIdentical);
 
   gate.ulp = 1;
@@ -392,11 +396,13 @@ TEST(NumericsTest, AGpuOpIsTiedToItsGpuModelAndTheLibraryThatComputesIt) {
   ASSERT_TRUE(r.first);
   EXPECT_EQ(r.first->divergence_class, DivergenceClass::kNondeterministicOp);
   // The op's own GPU (cuda:1) named, not only the first CUDA difference listed.
-  EXPECT_NE(r.first->cause.find("cuda.devices.1.name differs"), std::string::npos)
-      << r.first->cause;
-  EXPECT_NE(r.first->cause.find("aten::mm is computed by cuBLAS (a GPU GEMM)"), std::string::npos)
-      << r.first->cause;
-  EXPECT_NE(r.first->remedy.find("same GPU model"), std::string::npos) << r.first->remedy;
+  EXPECT_NE(r.first->explanation.cause.find("cuda.devices.1.name differs"), std::string::npos)
+      << r.first->explanation.cause;
+  EXPECT_NE(r.first->explanation.cause.find("aten::mm is computed by cuBLAS (a GPU GEMM)"),
+            std::string::npos)
+      << r.first->explanation.cause;
+  EXPECT_NE(r.first->explanation.remedy.find("same GPU model"), std::string::npos)
+      << r.first->explanation.remedy;
 
   // The same GPUs, another cuBLAS: the library's version is the suspect.
   a.env("r0.main", gpu_env("NVIDIA A100-SXM4-80GB", 108, "12.9.1"));
@@ -404,8 +410,8 @@ TEST(NumericsTest, AGpuOpIsTiedToItsGpuModelAndTheLibraryThatComputesIt) {
   DiffReport lib;
   ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &lib).ok());
   ASSERT_TRUE(lib.first);
-  EXPECT_NE(lib.first->cause.find("cuda.cublas_version differs"), std::string::npos)
-      << lib.first->cause;
+  EXPECT_NE(lib.first->explanation.cause.find("cuda.cublas_version differs"), std::string::npos)
+      << lib.first->explanation.cause;
 }
 
 }  // namespace

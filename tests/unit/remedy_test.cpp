@@ -15,7 +15,7 @@ FirstDivergence divergence(DivergenceClass cls) {
   FirstDivergence f;
   f.divergence_class = cls;
   f.op = "aten::_index_put_impl_";
-  f.remedy = "initialise it";
+  f.explanation.remedy = "initialise it";
   return f;
 }
 
@@ -36,8 +36,8 @@ TEST(RemedyTest, CatalogEntriesNameTheirSettings) {
       Catalog::load(std::string(DETAUDIT_SOURCE_DIR) + "/configs/catalog.json", &catalog).ok());
   auto for_entry = [&](const std::string& id) {
     FirstDivergence f = divergence(DivergenceClass::kNondeterministicOp);
-    f.catalog = CatalogRef{};
-    f.catalog->id = id;
+    f.explanation.catalog = CatalogRef{};
+    f.explanation.catalog->id = id;
     std::string why;
     return remedy_settings(f, &catalog, &why).flags();
   };
@@ -53,7 +53,7 @@ TEST(RemedyTest, RandomStateIsASeedAndDataOrderAHashSeed) {
   EXPECT_EQ(remedy_settings(divergence(DivergenceClass::kRngState), nullptr, &why).flags(),
             "--seed 0");
   FirstDivergence order = divergence(DivergenceClass::kExternalInput);
-  order.hash_seed_unset = true;
+  order.evidence.hash_seed_unset = true;
   RemedySettings s = remedy_settings(order, nullptr, &why);
   EXPECT_EQ(s.flags(), "--env PYTHONHASHSEED=0");
   Config c;

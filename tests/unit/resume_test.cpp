@@ -78,7 +78,8 @@ TEST(ResumeTest, TheResumeStepIsFoundAndTheResumedPartIsCompared) {
   b.add_stream("r0.main.t-main", through(4));
   b.add_stream("r0.main~1.t-main", resumed(4, 6));
   DiffReport r = diff(a, b);
-  EXPECT_EQ(r.verdict, Verdict::kIdentical) << (r.first ? r.first->detail : r.notes.front());
+  EXPECT_EQ(r.verdict, Verdict::kIdentical)
+      << (r.first ? r.first->evidence.detail : r.notes.front());
   ASSERT_EQ(r.resumes.size(), 1u);
   const ResumedProcess& rp = r.resumes[0];
   EXPECT_EQ(rp.run, 1);
@@ -176,7 +177,7 @@ struct FreshLayout {
     f.stream = res.summary.name;
     f.step = 3;
     f.op = "c10d::allreduce_";
-    TensorPair& p = f.inputs.emplace_back();
+    TensorPair& p = f.evidence.inputs.emplace_back();
     p.role = "input";
     p.differs = true;
     for (auto [side, stats, digest] : {std::tuple{&p.a, a_stats, "aa"}, {&p.b, b_stats, "bb"}}) {

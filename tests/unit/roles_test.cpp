@@ -232,10 +232,11 @@ TEST(RolesTest, AnEvaluationThatDiffersFailsTheDefaultGateAndPassesTheTrainingGa
     ASSERT_TRUE(r.first.has_value());
     EXPECT_EQ(r.first->step, 0u);
     EXPECT_EQ(r.first->op, "aten::linear");
-    EXPECT_EQ(r.first->outputs.at(0).tensor_role, TensorRole::kEvaluation);
+    EXPECT_EQ(r.first->evidence.outputs.at(0).tensor_role, TensorRole::kEvaluation);
     EXPECT_TRUE(r.training.identical);
-    EXPECT_NE(r.first->cause.find("an evaluation's, computed with autograd off"), std::string::npos)
-        << r.first->cause;
+    EXPECT_NE(r.first->explanation.cause.find("an evaluation's, computed with autograd off"),
+              std::string::npos)
+        << r.first->explanation.cause;
     EXPECT_EQ(gate_exit_code(r),
               std::string(gate) == "training" ? ExitCode::kIdentical : ExitCode::kDivergent);
   }
@@ -336,16 +337,16 @@ TEST(RolesTest, ALoggedSumAloneDiffersAndTheTrainingGatePassesOnIt) {
     ASSERT_TRUE(r.first.has_value());
     EXPECT_EQ(r.first->step, 0u);
     EXPECT_EQ(r.first->op, "aten::add_");
-    EXPECT_EQ(r.first->inputs.at(0).tensor_role, TensorRole::kOutsideTraining);
-    EXPECT_TRUE(r.first->training.known);
-    EXPECT_FALSE(r.first->training.reaches);
+    EXPECT_EQ(r.first->evidence.inputs.at(0).tensor_role, TensorRole::kOutsideTraining);
+    EXPECT_TRUE(r.first->evidence.training.known);
+    EXPECT_FALSE(r.first->evidence.training.reaches);
     EXPECT_TRUE(r.training.identical);
     EXPECT_EQ(r.training.divergent_writes, 0u);
     EXPECT_EQ(r.training.divergent_outside, 3u);  // the sum at each step
     EXPECT_EQ(r.training.writes_compared, 1u);    // the weight, a position of each step's writes
-    EXPECT_NE(r.first->cause.find("reaches no parameter, gradient or optimizer state"),
+    EXPECT_NE(r.first->explanation.cause.find("reaches no parameter, gradient or optimizer state"),
               std::string::npos)
-        << r.first->cause;
+        << r.first->explanation.cause;
     EXPECT_EQ(gate_exit_code(r),
               std::string(gate) == "training" ? ExitCode::kIdentical : ExitCode::kDivergent);
   }
@@ -356,7 +357,7 @@ TEST(RolesTest, AGradientThatDiffersFailsTheTrainingGate) {
   ASSERT_EQ(r.verdict, Verdict::kDivergent);
   ASSERT_TRUE(r.first.has_value());
   EXPECT_EQ(r.first->step, 1u);
-  EXPECT_TRUE(r.first->training.reaches);
+  EXPECT_TRUE(r.first->evidence.training.reaches);
   EXPECT_FALSE(r.training.identical);
   EXPECT_GT(r.training.divergent_writes, 0u);
   EXPECT_EQ(gate_exit_code(r), ExitCode::kDivergent);
@@ -375,7 +376,7 @@ TEST(RolesTest, AMergedDiffOfPartsSaysTheTrainingStateAsTheWholeDiffDoes) {
   ASSERT_TRUE(s.ok()) << s.message();
   ASSERT_EQ(r.verdict, Verdict::kDivergent);
   ASSERT_TRUE(r.first.has_value());
-  EXPECT_EQ(r.first->inputs.at(0).tensor_role, TensorRole::kOutsideTraining);
+  EXPECT_EQ(r.first->evidence.inputs.at(0).tensor_role, TensorRole::kOutsideTraining);
   EXPECT_TRUE(r.training.identical);
   EXPECT_EQ(r.training.divergent_outside, 3u);
   EXPECT_EQ(gate_exit_code(r), ExitCode::kIdentical);

@@ -447,9 +447,9 @@ TEST(StatsFormatTest, ToleranceGateComparesDoubles) {
   EXPECT_TRUE(tight.beyond_tolerance);
   EXPECT_EQ(gate_exit_code(tight), ExitCode::kDivergent);
   ASSERT_TRUE(tight.first.has_value());
-  ASSERT_EQ(tight.first->magnitude.size(), 1u);
-  EXPECT_NEAR(tight.first->magnitude[0].mean, 1e-7, 1e-12);
-  EXPECT_FALSE(tight.first->magnitude[0].within_tolerance);
+  ASSERT_EQ(tight.first->evidence.magnitude.size(), 1u);
+  EXPECT_NEAR(tight.first->evidence.magnitude[0].mean, 1e-7, 1e-12);
+  EXPECT_FALSE(tight.first->evidence.magnitude[0].within_tolerance);
 
   DiffReport loose = diff(1e-6);
   EXPECT_FALSE(loose.beyond_tolerance);
