@@ -11,6 +11,7 @@ const char* tensor_role_name(TensorRole role) {
     case TensorRole::kGradient: return "gradient";
     case TensorRole::kOptimizerState: return "optimizer state";
     case TensorRole::kModelBuffer: return "model buffer";
+    case TensorRole::kHyperparameter: return "hyperparameter";
     case TensorRole::kBatch: return "batch";
     case TensorRole::kRandomDraw: return "random draw";
     case TensorRole::kActivation: return "activation";
@@ -22,7 +23,8 @@ const char* tensor_role_name(TensorRole role) {
 
 bool is_training_state(TensorRole role) {
   return role == TensorRole::kParameter || role == TensorRole::kGradient ||
-         role == TensorRole::kOptimizerState || role == TensorRole::kModelBuffer;
+         role == TensorRole::kOptimizerState || role == TensorRole::kModelBuffer ||
+         role == TensorRole::kHyperparameter;
 }
 
 namespace {
@@ -67,7 +69,7 @@ void RoleTracker::see(const trace::OpRecord& op, const trace::TraceReader& r) {
   const uint8_t bit = uint8_t(
       reader_bit(op.phase) |
       (op.phase == trace::Phase::kForward && !op.grad_off ? kReadForwardGradOn : 0));
-  bool read_forward_read = false;
+  bool read_forward_read = false, read_gradient = false;
   for (size_t i = 0; i < op.input_tensors.size(); ++i) {
     const int64_t id = op.input_tensors[i];
     if (id >= next_unseen_) {
@@ -82,9 +84,11 @@ void RoleTracker::see(const trace::OpRecord& op, const trace::TraceReader& r) {
     for (int64_t seen : {id, base})
       if (Fact* f = fact(seen)) {
         read_forward_read |= (f->readers & kReadForward) != 0;
+        read_gradient |= f->maker == kBackward;
         f->readers |= bit;
       }
   }
+  const bool scaler_update = r.string(op.name) == "aten::_amp_update_scale_";
   for (size_t i = 0; i < op.output_tensors.size(); ++i) {
     const int64_t id = op.output_tensors[i];
     if (id < next_unseen_) continue;  // a version already made (an outer op's, a pass-through)
@@ -106,6 +110,9 @@ void RoleTracker::see(const trace::OpRecord& op, const trace::TraceReader& r) {
     }
     f->maker_read_parameter_candidate = read_forward_read;
     f->made_grad_off = op.grad_off;
+    f->maker_read_gradient = read_gradient;
+    // Which op wrote it, as the data flow allows: GradScaler's scale is what its update writes.
+    f->scaler_scale = op.phase == trace::Phase::kForward && scaler_update;
   }
 }
 
@@ -166,8 +173,14 @@ TensorRole RoleTracker::role_of(int64_t id, bool reaches) const {
       if (!optimizer && f->maker_read_parameter_candidate) return TensorRole::kParameter;
       return TensorRole::kOptimizerState;
     case kBackward: return TensorRole::kGradient;
-    case kForwardWrittenArgument: return TensorRole::kModelBuffer;
+    case kForwardWrittenArgument:
     case kForward:
+      if (f->scaler_scale) return TensorRole::kHyperparameter;
+      // Gradients reworked outside the passes: unscaled (GradScaler), clipped.
+      if (f->maker_read_gradient && (optimizer || backward)) return TensorRole::kGradient;
+      if (f->maker == kForwardWrittenArgument) return TensorRole::kModelBuffer;
+      if (optimizer && !forward && !backward && !f->maker_read_gradient)
+        return TensorRole::kHyperparameter;
       if (reaches) return TensorRole::kActivation;
       return f->made_grad_off ? TensorRole::kEvaluation : TensorRole::kOutsideTraining;
     case kUnseen:

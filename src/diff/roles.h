@@ -23,6 +23,9 @@ enum class TensorRole : uint8_t {
   kOptimizerState,   // written and read by the optimizer only (moments, step counters)
   kModelBuffer,      // written by the forward pass into an argument it does not return
                      // (BatchNorm's running statistics)
+  kHyperparameter,   // a scheduler's or a GradScaler's value: made outside the passes from no
+                     // gradient and read by the optimizer alone (an LR held in a tensor), or
+                     // GradScaler's scale (what aten::_amp_update_scale_ writes)
   kBatch,            // data entering the program that training reads
   kRandomDraw,       // made by an op that draws from a generator
   kActivation,       // made by the forward pass, reaching the training state
@@ -35,8 +38,8 @@ enum class TensorRole : uint8_t {
 // "parameter", "gradient", "optimizer state", ...; "" for kUnknown.
 const char* tensor_role_name(TensorRole role);
 
-// Parameters, gradients, optimizer state and model buffers: what a checkpoint must carry and a
-// resume must continue.
+// Parameters, gradients, optimizer state, model buffers and hyperparameters: what a checkpoint
+// must carry and a resume must continue.
 bool is_training_state(TensorRole role);
 
 // The op writes training state: the backward pass (gradients), the optimizer (parameters and
@@ -92,6 +95,8 @@ class RoleTracker {
     uint8_t readers = 0;
     bool maker_read_parameter_candidate = false;  // its maker also read a forward-read input
     bool made_grad_off = false;                   // its maker ran with autograd off
+    bool maker_read_gradient = false;             // its maker read what the backward pass made
+    bool scaler_scale = false;  // made by GradScaler's update (aten::_amp_update_scale_)
   };
   struct Watched {
     int64_t id = -1;

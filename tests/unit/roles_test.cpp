@@ -150,6 +150,63 @@ TEST(RolesTest, WhatAForwardOpWritesIntoAnArgumentItDoesNotReturnIsAModelBuffer)
   EXPECT_TRUE(a.outputs.at(0).reaches_training);
 }
 
+// GradScaler's loop: the loss scaled (forward), its gradient (backward), the gradient unscaled in
+// place outside the passes, the optimizer's update, then the scale updated for the next step. An
+// LR held in a tensor, set outside the passes from no gradient, is read by the optimizer alone.
+struct ScaledLoop {
+  TraceBuilder t;
+  uint64_t scaled = 0, unscale = 0, update = 0, next_scale = 0;
+
+  ScaledLoop() {
+    t.step(0);
+    auto lin = t.op("aten::linear").in_new(external(0x20)).in_new(external(0x40));
+    const int64_t weight = lin.last_id();
+    const int64_t h = lin.out_new(tensor(0x50)).done();
+    scaled = t.reserve_orders(0);
+    auto mul = t.op("aten::mul").in_ref(h).in_new(external(0x10, {}));
+    const int64_t scale = mul.last_id();
+    mul.out_new(tensor(0x51)).done();
+    const int64_t grad =
+        t.op("aten::mm", Phase::kBackward).in_ref(h).in_ref(scale).out_new(tensor(0x90)).done();
+    unscale = t.reserve_orders(0);
+    const int64_t unscaled = t.op("aten::_amp_foreach_non_finite_check_and_unscale_")
+                                 .in_ref(grad)
+                                 .written_new("self", tensor(0x91))
+                                 .done();
+    const int64_t lr =
+        t.op("aten::fill_").in_new(external(0x30, {})).out_new(tensor(0x31, {})).done();
+    update = t.reserve_orders(0);
+    t.op("aten::add_", Phase::kOptimizer)
+        .in_ref(weight)
+        .in_ref(unscaled)
+        .in_ref(lr)
+        .out_new(tensor(0x41))
+        .done();
+    next_scale = t.reserve_orders(0);
+    t.op("aten::_amp_update_scale_").in_ref(scale).out_new(tensor(0x11, {})).done();
+    t.end();
+  }
+};
+
+TEST(RolesTest, GradScalersScaleAndAnLrInATensorAreHyperparameters) {
+  ScaledLoop loop;
+  Asked scale = ask(loop.t, loop.next_scale, 0, 0b1);
+  EXPECT_EQ(scale.outputs.at(0).role, TensorRole::kHyperparameter);
+  Asked update = ask(loop.t, loop.update, 0b110, 0);
+  EXPECT_EQ(update.inputs.at(1).role, TensorRole::kHyperparameter);  // the LR
+  EXPECT_TRUE(update.inputs.at(1).reaches_training);
+  EXPECT_EQ(update.inputs.at(0).role, TensorRole::kGradient);  // the unscaled gradient
+  EXPECT_TRUE(is_training_state(TensorRole::kHyperparameter));
+  EXPECT_STREQ(tensor_role_name(TensorRole::kHyperparameter), "hyperparameter");
+}
+
+TEST(RolesTest, AGradientUnscaledOutsideThePassesIsStillAGradient) {
+  ScaledLoop loop;
+  // Written in place by a forward-phase op from the backward pass's gradient: not a buffer.
+  Asked a = ask(loop.t, loop.unscale, 0, 0b1);
+  EXPECT_EQ(a.outputs.at(0).role, TensorRole::kGradient);
+}
+
 TEST(RolesTest, ADrawFromAGeneratorIsARandomDraw) {
   Loop loop;
   Asked a = ask(loop.t, loop.mask, 0, 0b1);
