@@ -40,7 +40,8 @@ def cpu_has_md5_lanes():
 
 def comparable(records):
     """Every record, but what differs between any two runs: the stream header's pid and clock,
-    and the generator's state at step 0 (the program seeds it after its first op)."""
+    torch's generator state at step 0 (the program seeds it after its first op), and NumPy's and
+    Python's generators, which it never seeds."""
     out = []
     for r in records:
         r = dict(r)
@@ -49,6 +50,9 @@ def comparable(records):
             r.pop("unix_ns", None)
         if r["record"] == "step" and r["step"] == 0:
             r.pop("rng_cpu", None)
+        if r["record"] == "step":
+            r.pop("rng_numpy", None)
+            r.pop("rng_python", None)
         out.append(r)
     return out
 
