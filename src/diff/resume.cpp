@@ -13,6 +13,7 @@
 
 #include "diff/classify.h"
 #include "diff/environment.h"
+#include "diff/step_states.h"
 #include "run_layout.h"
 #include "trace/reader.h"
 
@@ -230,6 +231,11 @@ std::optional<Writer> last_writer(const std::string& path, const std::string& di
   return writer;
 }
 
+// Made or read beside training, reaching none of it: an evaluation's, a logged sum, an EMA.
+bool kept_outside_training(TensorRole role) {
+  return role == TensorRole::kEvaluation || role == TensorRole::kOutsideTraining;
+}
+
 bool one_element(const TensorSide& t) { return t.present && t.has_stats && t.numel() == 1; }
 
 // A tensor of zeros (a scalar included) where the other run's is not: a running value the
@@ -256,6 +262,11 @@ struct ResumeDivergence {
     auto it = selection.streams[1 - rp.run].find(f.stream);
     return it == selection.streams[1 - rp.run].end() ? nullptr : &it->second;
   }
+  // The trace of `process`'s main thread in the run that resumed (it or the one it continues).
+  const std::string* main_stream(const std::string& process) const {
+    auto it = selection.streams[rp.run].find(layout::stream_name(process, "main"));
+    return it == selection.streams[rp.run].end() ? nullptr : &it->second;
+  }
   // "; the optimizer's N written tensors all agree<tail>", when they were tracked and do.
   std::string training_agrees(std::string_view tail) const {
     if (!report.parameters.empty() || report.parameters_tracked == 0) return "";
@@ -266,11 +277,9 @@ struct ResumeDivergence {
 
 // A stream's steps, in its own numbering; empty when it cannot be read (the diff says why).
 std::vector<trace::StepInfo> steps_of(const std::string* path) {
-  trace::TraceReader r;
-  if (!path || !r.open(*path).ok()) return {};
-  while (r.next() == trace::ReadResult::kRecord) {
-  }
-  return r.steps();
+  std::vector<trace::StepInfo> steps;
+  if (path) (void)read_steps(*path, &steps);
+  return steps;
 }
 
 // The digest `field` of the step numbered `step` (`shift` subtracted), 0 where there is none.
@@ -319,13 +328,12 @@ std::optional<uint64_t> step_that_drew(const std::string& path, const std::strin
 // from a count the checkpoint did not carry, as a sampler's epoch.
 bool missed_own_generator(ResumeDivergence& d) {
   const std::string* through = d.through_trace();
-  auto resumed_path = d.selection.streams[d.rp.run].find(layout::stream_name(d.rp.process, "main"));
-  if (!through || resumed_path == d.selection.streams[d.rp.run].end()) return false;
+  const std::string* resumed_path = d.main_stream(d.rp.process);
+  if (!through || !resumed_path) return false;
   const bool cuda = !on_cpu(d.f);
   const auto field = cuda ? &trace::StepInfo::rng_cuda : &trace::StepInfo::rng_cpu;
   const uint64_t other = digest_at(steps_of(through), field, d.rp.step + 1);
-  const uint64_t resumed = digest_at(steps_of(&resumed_path->second), field, d.rp.step + 1,
-                                     d.rp.step);
+  const uint64_t resumed = digest_at(steps_of(resumed_path), field, d.rp.step + 1, d.rp.step);
   if (other == 0 || other != resumed) return false;
   const uint64_t drew = d.rp.run == 0 ? d.f.evidence.rng_a : d.f.evidence.rng_b;
   const auto earlier = step_that_drew(*through, d.f.op, drew, d.rp.step);
@@ -350,13 +358,8 @@ bool missed_own_generator(ResumeDivergence& d) {
 // optimizer step (trace::StepInfo): alike in both runs as the stopped process reached the resume
 // step, other after the resumed process's first step. What it drew from them there differs.
 bool missed_python_generator(ResumeDivergence& d) {
-  const std::string* through = d.through_trace();
-  auto stream = [&](const std::string& process) -> const std::string* {
-    auto it = d.selection.streams[d.rp.run].find(layout::stream_name(process, "main"));
-    return it == d.selection.streams[d.rp.run].end() ? nullptr : &it->second;
-  };
-  const auto other = steps_of(through), stopped = steps_of(stream(d.rp.continues)),
-             resumed = steps_of(stream(d.rp.process));
+  const auto other = steps_of(d.through_trace()), stopped = steps_of(d.main_stream(d.rp.continues)),
+             resumed = steps_of(d.main_stream(d.rp.process));
   struct Generator {
     uint64_t trace::StepInfo::*field;
     const char* name;
@@ -476,7 +479,7 @@ bool missed_data_order(ResumeDivergence& d) {
   for (const TensorPair& p : d.f.evidence.inputs) {
     // Data entering training: not a parameter, nor a value kept beside it (an EMA's weights).
     if (!p.differs || !through || is_training_state(p.tensor_role) ||
-        p.tensor_role == TensorRole::kEvaluation || p.tensor_role == TensorRole::kOutsideTraining)
+        kept_outside_training(p.tensor_role))
       continue;
     std::optional<uint64_t> earlier = step_that_read(*through, d.resumed_side(p).digest, d.rp.step);
     if (!earlier) continue;
@@ -558,7 +561,7 @@ bool missed_optimizer_state(ResumeDivergence& d) {
   return true;
 }
 
-// An accumulator outside training the resumed process started again from 0.
+// A count outside training (added to by a number) the resumed process started again from 0.
 bool missed_counter(ResumeDivergence& d, const TensorPair& p) {
   d.rp.missing = "a count kept in a tensor (a model buffer: BatchNorm's num_batches_tracked)";
   d.f.explanation.cause = fmt::format(
@@ -575,6 +578,7 @@ bool missed_counter(ResumeDivergence& d, const TensorPair& p) {
   return true;
 }
 
+// An accumulator outside training the resumed process started again from 0.
 bool missed_running_value(ResumeDivergence& d) {
   for (const TensorPair& p : d.f.evidence.inputs) {
     if (!p.differs || is_training_state(p.tensor_role) ||
@@ -638,9 +642,7 @@ bool missed_worker_draws(ResumeDivergence& d) {
 // resumed process made anew: an EMA of the weights (kept with autograd off), a metric.
 bool missed_value_outside_training(ResumeDivergence& d) {
   for (const TensorPair& p : d.f.evidence.inputs) {
-    if (!p.differs ||
-        (p.tensor_role != TensorRole::kEvaluation && p.tensor_role != TensorRole::kOutsideTraining))
-      continue;
+    if (!p.differs || !kept_outside_training(p.tensor_role)) continue;
     const std::string* through = d.through_trace();
     const auto writer = through ? last_writer(*through, d.through_side(p).digest, d.f.step)
                                 : std::nullopt;

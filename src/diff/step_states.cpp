@@ -23,6 +23,8 @@ std::map<std::string, std::string> main_streams(const std::string& run_dir) {
   return out;
 }
 
+}  // namespace
+
 Status read_steps(const std::string& path, std::vector<trace::StepInfo>* steps) {
   trace::TraceReader r;
   if (Status s = r.open(path); !s.ok()) return s;
@@ -33,8 +35,6 @@ Status read_steps(const std::string& path, std::vector<trace::StepInfo>* steps) 
   *steps = r.steps();
   return Status();
 }
-
-}  // namespace
 
 Status first_generator_difference(const std::string& run_a, const std::string& run_b,
                                   std::optional<GeneratorDifference>* out) {

@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "trace/records.h"
 #include "util/status.h"
 
 namespace detaudit {
@@ -18,6 +20,9 @@ struct GeneratorDifference {
   std::string generator;  // "cpu" or "cuda"
   uint64_t a = 0, b = 0;  // the states' digests
 };
+
+// Every STEP record of a stream, in its own numbering.
+Status read_steps(const std::string& path, std::vector<trace::StepInfo>* steps);
 
 // Compares the main threads' streams of each rank present in both runs; the earliest step over
 // all of them, from each stream's second STEP record on (its first is taken before the program

@@ -22,7 +22,8 @@ std::error_code copy_cache(const fs::path& from, const fs::path& to) {
     fs::copy(from, to, fs::copy_options::recursive | how, ec);
     if (!ec) return ec;
   }
-  fs::remove_all(to);  // a run starts from all of the cache or none of it
+  std::error_code removed;
+  fs::remove_all(to, removed);  // a run starts from all of the cache or none of it
   return ec;
 }
 
