@@ -53,10 +53,20 @@ def _digest(data):
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") or 1
 
 
+_MT19937_STATE_BYTES = 624 * 4 + 4  # numpy's mt19937_state_t: uint32_t key[624]; int pos
+
+
 def _numpy_digest():
+    # The global RandomState's MT19937 state, read in place: get_state() copies it into new
+    # objects, about 100 us a step on these hosts, this about 5.
     random = getattr(sys.modules.get("numpy"), "random", None)
     if random is None:
         return 0
+    try:
+        address = random.mtrand._rand._bit_generator.ctypes.state_address
+        return _digest(ctypes.string_at(address, _MT19937_STATE_BYTES))
+    except AttributeError:  # a NumPy laid out otherwise
+        pass
     try:
         _, keys, pos, has_gauss, gauss = random.get_state()
     except Exception:  # a NumPy whose legacy state reads otherwise: unknown
@@ -68,6 +78,8 @@ def _python_digest():
     random = sys.modules.get("random")
     if random is None:
         return 0
+    # hash() of ints and floats is the same in every process (str and bytes hashes are salted,
+    # and None's was its address before Python 3.12: not hashed).
     version, internal, gauss = random.getstate()
-    return _digest(struct.pack(f"<q{len(internal)}Qd", version, *internal,
-                               gauss if gauss is not None else float("nan")))
+    h = hash((version, internal, 0.0 if gauss is None else 1.0, gauss or 0.0))
+    return (h & 0xFFFFFFFFFFFFFFFF) or 1
