@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -141,7 +142,7 @@ int run_merge(const DiffFlags& f) {
   return emit_report(report, f, format);
 }
 
-int run_diff(const DiffFlags& f) {
+int run_diff(const DiffFlags& f, const std::function<void(DiffReport*)>& before_render = nullptr) {
   ReportFormat format;
   if (Status s = parse_report_format(f.format, &format); !s.ok()) return report_error(s);
   Catalog catalog;
@@ -166,6 +167,7 @@ int run_diff(const DiffFlags& f) {
         "--ranks compares part of the runs: give --part FILE too, and merge the parts"));
   DiffReport report;
   if (Status s = diff_runs(f.run_a, f.run_b, options, &report); !s.ok()) return report_error(s);
+  if (before_render) before_render(&report);
   if (!f.perfetto.empty())
     if (Status s = write_marked_timeline(report, f.perfetto); !s.ok()) return report_error(s);
   return emit_report(report, f, format);
@@ -230,16 +232,15 @@ void add_merge_verb(CLI::App& app, VerbAction* action) {
   cmd->callback([flags, action] { *action = [flags] { return run_merge(*flags); }; });
 }
 
-// `detaudit resume`'s diff of the run that went through and the resumed one.
-int diff_resumed_runs(const std::string& run_a, const std::string& run_b, const std::string& format,
-                      const std::string& output, const std::string& fail_on) {
+int diff_resumed_runs(const ResumedDiff& diff) {
   DiffFlags f;
-  f.run_a = run_a;
-  f.run_b = run_b;
-  f.format = format;
-  f.output = output;
-  f.fail_on = fail_on;
-  return run_diff(f);
+  f.run_a = diff.run_a;
+  f.run_b = diff.run_b;
+  f.format = diff.format;
+  f.output = diff.output;
+  f.fail_on = diff.fail_on;
+  f.resume_step = diff.resume_step;
+  return run_diff(f, diff.before_render);
 }
 
 }  // namespace detaudit::cli

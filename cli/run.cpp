@@ -329,7 +329,7 @@ int run_main(const RunArgs& args) {
     // Before the report: a sentinel's divergent step recorded in full, then its remedy tried.
     auto before_render = [&](DiffReport* report) {
       if (config.sentinel && !any_failed)
-        run::localize_divergent_step(config, options, catalog_path(), report);
+        run::localize_divergent_step(run::sentinel_pair(config, options), catalog_path(), report);
       if (args.verify_remedy && !any_failed && report->verdict == Verdict::kDivergent)
         report->remedy_verification = verify_remedies(config, options, *report);
     };
@@ -421,16 +421,29 @@ struct RecordArgs {
   std::string node;
 };
 
-int record_main(const RecordArgs& args) {
-  Config config;
-  run::RunOptions options;
-  if (int code = prepare_recording(args.run, &config, &options)) return code;
-  use_sentinel_digest(&config);
-  const std::string node = args.node.empty() ? run::default_node_name() : args.node;
+// The last line a program wrote into its log: what it said as it failed.
+std::string last_line_of(const std::string& path) {
+  std::ifstream in(path);
+  std::string line, last;
+  while (std::getline(in, line))
+    if (line.find_first_not_of(" \t\r") != std::string::npos) last = line;
+  return last;
+}
+
+// This node's part of the run in `run_dir`, its problems said; 0, or the exit code. `if_failed`:
+// what to say when the program failed, with its last line ("" for nothing more).
+int record_node(const Config& config, const run::RunOptions& options, const std::string& run_dir,
+                const std::string& node, const std::string& if_failed = "") {
   run::RunOutcome outcome;
-  if (Status s = run::execute_node_run(config, options, args.run_dir, node, &outcome); !s.ok())
+  if (Status s = run::execute_node_run(config, options, run_dir, node, &outcome); !s.ok())
     return report_error(s);
   print_run_problem(outcome, run::run_index(outcome.dir), config.select.ranks);
+  if (!outcome.result.succeeded() && !if_failed.empty()) {
+    const std::string log =
+        (std::filesystem::path(run_dir) / layout::kNodesDir / (node + ".log")).string();
+    fmt::print(stderr, "detaudit: error: {}: \"{}\" (its output: {})\n", if_failed,
+               last_line_of(log), log);
+  }
   if (int sig = run::interrupted()) {
     fmt::print(stderr, "detaudit: stopped by {}; what node {} recorded is kept in {}\n",
                run::signal_name(sig), node, outcome.dir);
@@ -441,6 +454,15 @@ int record_main(const RecordArgs& args) {
              "both runs: detaudit diff RUN_A RUN_B\n",
              node, outcome.streams.size(), outcome.dir);
   return outcome.result.succeeded() ? 0 : int(ExitCode::kTargetFailed);
+}
+
+int record_main(const RecordArgs& args) {
+  Config config;
+  run::RunOptions options;
+  if (int code = prepare_recording(args.run, &config, &options)) return code;
+  use_sentinel_digest(&config);
+  return record_node(config, options, args.run_dir,
+                     args.node.empty() ? run::default_node_name() : args.node);
 }
 
 }  // namespace
@@ -522,7 +544,8 @@ namespace {
 // `detaudit resume`: the program once through into OUT/run-0, then stopped at step K and
 // resumed from its checkpoint into OUT/run-1, then their diff. Hugging Face Trainer and
 // Lightning are stopped and resumed by the interposer's Python side (detaudit_resume.py); a
-// plain loop by the arguments its user names.
+// plain loop by the arguments its user names. Under --sentinel both record each step's state,
+// and the first step that differs is recorded again in full in both (run/sentinel.h).
 struct ResumeArgs {
   RecordArgs through;
   std::string out = "audit";
@@ -532,6 +555,53 @@ struct ResumeArgs {
   // Does training continue exactly? Values it does not read (a logged loss sum) are noted.
   std::string fail_on = "training";
 };
+
+// The program stopped at step `at`, then resumed from its checkpoint in `checkpoint`: one
+// command, two processes.
+std::vector<std::string> stopped_and_resumed(const ResumeArgs& args,
+                                             const std::vector<std::string>& stop,
+                                             const std::vector<std::string>& resume,
+                                             const std::string& checkpoint) {
+  const std::string env = fmt::format("env {}={} {}={}", layout::kEnvResumeAt, args.at,
+                                      layout::kEnvResumeCheckpoint, sh_quote(checkpoint));
+  return {"sh", "-c",
+          fmt::format("{} {}=stop {} && {} {}=resume {}", env, layout::kEnvResume, sh_words(stop),
+                      env, layout::kEnvResume, sh_words(resume))};
+}
+
+// `resume --sentinel`'s pair to localise: the run through and the stopped and resumed one,
+// recorded again with some steps in full, and compared from the resume step.
+run::SentinelPair resumed_pair(const ResumeArgs& args, const Config& through, const Config& resumed,
+                               const run::RunOptions& options) {
+  run::SentinelPair pair;
+  pair.out = args.out;
+  pair.diff.gate = through.gate;
+  pair.diff.gate.fail_on = args.fail_on;
+  pair.diff.resume_step = args.at;
+  pair.record_in_full = [through, resumed, options](const std::string& steps,
+                                                    const std::string& dir,
+                                                    std::vector<std::string>* dirs) {
+    for (const Config* side : {&through, &resumed}) {
+      Config full;
+      if (Status st = run::recorded_in_full(*side, steps, &full); !st.ok()) return st;
+      const std::string run_dir = fmt::format("{}/run-{}", dir, dirs->size());
+      std::error_code ec;
+      std::filesystem::remove_all(run_dir, ec);  // ours: inside --out
+      if (int code = record_node(full, options, run_dir, run::default_node_name()))
+        return Status::error(fmt::format("recording {} failed", run_dir), ExitCode(code));
+      dirs->push_back(run_dir);
+    }
+    return Status();
+  };
+  pair.command_from = [args](uint64_t from) {
+    std::string cmd = fmt::format("detaudit resume --at {} --steps {}- --out {}", args.at, from,
+                                  (std::filesystem::path(args.out) / "from-step").string());
+    if (!args.stop_args.empty()) cmd += " --stop-args " + sh_quote(args.stop_args);
+    if (!args.resume_args.empty()) cmd += " --resume-args " + sh_quote(args.resume_args);
+    return cmd + " -- " + sh_words(args.through.run.flags.command);
+  };
+  return pair;
+}
 
 int resume_main(ResumeArgs args) {
   const std::vector<std::string> program = args.through.run.flags.command;
@@ -553,28 +623,46 @@ int resume_main(ResumeArgs args) {
     return report_error(s);
   if (Status s = split_shell_words(args.resume_args, "--resume-args", &resume_words); !s.ok())
     return report_error(s);
+  Config through;
+  run::RunOptions options;
+  if (int code = prepare_recording(args.through.run, &through, &options)) return code;
+  use_sentinel_digest(&through);
   // Trainer's and Lightning's checkpoint at step K, in the run's directory: the resumed process
   // is pointed there, whatever path the program computes (detaudit_resume.py).
   const std::filesystem::path ckpt = std::filesystem::absolute(std::filesystem::path(args.out) /
                                                                "resume-checkpoint");
   std::filesystem::remove_all(ckpt, ec);
   std::filesystem::create_directories(ckpt, ec);
-  args.through.run_dir = args.out + "/run-0";
-  if (int code = record_main(args.through); code != 0) return code;
   std::vector<std::string> stop = program, resume = program;
   stop.insert(stop.end(), stop_words.begin(), stop_words.end());
   resume.insert(resume.end(), resume_words.begin(), resume_words.end());
-  const std::string env = fmt::format("env DETAUDIT_RESUME_AT={} DETAUDIT_RESUME_CKPT={}", args.at,
-                                      sh_quote(ckpt.string()));
-  RecordArgs resumed = args.through;
-  resumed.run_dir = args.out + "/run-1";
-  resumed.run.flags.command = {
-      "sh", "-c",
-      fmt::format("{} DETAUDIT_RESUME=stop {} && {} DETAUDIT_RESUME=resume {}", env, sh_words(stop),
-                  env, sh_words(resume))};
-  if (int code = record_main(resumed); code != 0) return code;
-  return diff_resumed_runs(args.out + "/run-0", args.out + "/run-1", args.format, args.output,
-                           args.fail_on);
+  Config resumed = through;
+  resumed.target.command = stopped_and_resumed(args, stop, resume, ckpt.string());
+  const std::string node = run::default_node_name();
+  if (int code = record_node(through, options, args.out + "/run-0", node,
+                             "the program failed running through, before any resume"))
+    return code;
+  if (int code = record_node(
+          resumed, options, args.out + "/run-1", node,
+          fmt::format("the program stopped at step {} and resumed failed; check that "
+                      "--resume-args load what --stop-args saved (exit 4)",
+                      args.at)))
+    return code;
+  ResumedDiff diff;
+  diff.run_a = args.out + "/run-0";
+  diff.run_b = args.out + "/run-1";
+  diff.format = args.format;
+  diff.output = args.output;
+  diff.fail_on = args.fail_on;
+  if (through.sentinel) {
+    // The sentinel's streams hold no read that tells the resume step: it is the one asked.
+    diff.resume_step = args.at;
+    diff.before_render = [&](DiffReport* report) {
+      run::localize_divergent_step(resumed_pair(args, through, resumed, options), catalog_path(),
+                                   report);
+    };
+  }
+  return diff_resumed_runs(diff);
 }
 
 }  // namespace
@@ -592,6 +680,9 @@ void add_resume_verb(CLI::App& app, VerbAction* action) {
       "README: \"Does my checkpoint resume exactly?\"");
   add_recording_flags(sub, &args->through.run);
   sub->add_option("--out", args->out, "directory for run-0/ (through) and run-1/ (resumed)");
+  sub->add_flag("--sentinel", args->through.run.flags.sentinel,
+                "record only each step's parameters, gradients, optimizer state and loss, then "
+                "the first step that differs in full, in both, and diff it to the op");
   sub->add_option("--at", args->at, "the step to stop at and resume from")->required();
   sub->add_option("--stop-args", args->stop_args,
                   "arguments that make the program save and stop at that step (a loop of your "

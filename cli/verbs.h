@@ -1,7 +1,9 @@
 // One function per verb: each adds its subcommand and flags, and sets the action to run.
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "util/status.h"
@@ -28,10 +30,16 @@ void add_merge_verb(CLI::App& app, VerbAction* action);
 void add_coverage_verb(CLI::App& app, VerbAction* action);
 void add_resume_verb(CLI::App& app, VerbAction* action);
 
-// The diff of run A and run B in this format (text, json, ...), to `output` or stdout, gated
-// on `fail_on` ("training": does training continue exactly?).
-int diff_resumed_runs(const std::string& run_a, const std::string& run_b, const std::string& format,
-                      const std::string& output, const std::string& fail_on);
+// `detaudit resume`'s diff of the run that went through (A) and the resumed one (B): in
+// `format` (text, json, ...), to `output` or stdout, gated on `fail_on` ("training": does
+// training continue exactly?). `resume_step`: where B resumed, when its tensors cannot tell (a
+// sentinel's). `before_render` may replace the report (a sentinel's step recorded in full).
+struct ResumedDiff {
+  std::string run_a, run_b, format, output, fail_on;
+  std::optional<uint64_t> resume_step;
+  std::function<void(DiffReport*)> before_render;
+};
+int diff_resumed_runs(const ResumedDiff& diff);
 
 // Prints "detaudit: error: <message>" and returns the status's exit code.
 int report_error(const Status& status);

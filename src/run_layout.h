@@ -38,6 +38,12 @@ inline constexpr const char* kEnvParentProcess = "DETAUDIT_PARENT_PROCESS";
 inline constexpr const char* kEnvParentRank = "DETAUDIT_PARENT_RANK";
 // The node a process's launcher recorded it for (`detaudit record`), for its fingerprint.
 inline constexpr const char* kEnvNode = "DETAUDIT_NODE";
+// `detaudit resume`: "stop" or "resume" (the process it stops at step K, the one resumed from
+// there), K, and the directory the checkpoint goes into (hooks/python/detaudit_resume.py). A
+// resumed process counts its steps from 0 but selects them by the run's count (K on).
+inline constexpr const char* kEnvResume = "DETAUDIT_RESUME";
+inline constexpr const char* kEnvResumeAt = "DETAUDIT_RESUME_AT";
+inline constexpr const char* kEnvResumeCheckpoint = "DETAUDIT_RESUME_CKPT";
 inline constexpr const char* kStreamsDir = "streams";
 inline constexpr const char* kRunJson = "run.json";
 inline constexpr const char* kConfigJson = "config.json";

@@ -50,6 +50,9 @@ ProcessRecorder& ProcessRecorder::instance() {
 
 bool ProcessRecorder::init(const std::string& run_dir, const Config& config, std::string* error) {
   config_ = config;
+  if (const char* mode = std::getenv(layout::kEnvResume); mode && std::strcmp(mode, "resume") == 0)
+    if (const char* at = std::getenv(layout::kEnvResumeAt))
+      resumed_at_ = std::strtoull(at, nullptr, 10);
   set_device_batch_cap(uint64_t(config.device_batch_mib) << 20);
   streams_dir_ = run_dir + "/" + layout::kStreamsDir;
   ::mkdir(run_dir.c_str(), 0755);
@@ -161,7 +164,7 @@ void ProcessRecorder::write_status(const std::string& text) {
 }
 
 void ProcessRecorder::refresh_step_state(uint64_t step) {
-  const bool selected = config_.select.steps.contains(step);
+  const bool selected = config_.select.steps.contains(resumed_at_ + step);
   step_selected_.store(selected, std::memory_order_relaxed);
   step_rng_.store(default_rng_digest(), std::memory_order_relaxed);
   // A worker needs its ops seen in every step: they tell which batch it is making.
@@ -181,7 +184,8 @@ void ProcessRecorder::switch_op_callback(bool on) {
 }
 
 bool ProcessRecorder::watched_step(uint64_t step) const {
-  return config_.sentinel && !(config_.full_steps && config_.full_steps->contains(step));
+  return config_.sentinel &&
+         !(config_.full_steps && config_.full_steps->contains(resumed_at_ + step));
 }
 
 bool ProcessRecorder::may_be_a_replica() {

@@ -852,6 +852,11 @@ void ThreadRecorder::on_end(const at::RecordFunction& fn) {
     begin_op(fn, f, trace::Phase::kForward);
     if (f.recorded)
       sentinel_.recorded_loss(fn.outputs()[0].toTensor().unsafeGetTensorImpl(), f.info);
+  } else if (f.recorded && f.depth == 0 && !f.info->is_random &&
+             ProcessRecorder::instance().config().sentinel && looks_like_loss(fn.outputs())) {
+    // A sentinel's step recorded in full names its loss too, so that the lean steps after it
+    // read alike whichever steps were full (a resumed process's first one).
+    sentinel_.recorded_loss(fn.outputs()[0].toTensor().unsafeGetTensorImpl(), f.info);
   }
   if (!f.recorded && f.info && f.info->writes && !f.info->metadata_only) {
     // A write we do not record still changes bytes the cache describes.

@@ -171,6 +171,9 @@ class ProcessRecorder {
 
   bool active_ = false;
   Config config_;
+  // A process `detaudit resume` resumed at step K: its step s is the run's step K + s, and
+  // the config's steps are the run's (layout::kEnvResumeAt).
+  uint64_t resumed_at_ = 0;
   std::string streams_dir_;
   long rank_ = 0;
   bool rank_known_ = false;  // from RANK/LOCAL_RANK, a spawn index or a process group

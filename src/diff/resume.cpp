@@ -291,8 +291,48 @@ uint64_t digest_at(const std::vector<trace::StepInfo>& steps, uint64_t trace::St
   return 0;
 }
 
+// A random op of a resumed process's setup (its first `setup_ops` ops) that drew from a generator
+// in state `rng`; "" when none did.
+std::string setup_draw_from(const std::string* path, uint64_t setup_ops, uint64_t rng) {
+  trace::TraceReader r;
+  if (!path || rng == 0 || !r.open(*path).ok()) return "";
+  for (uint64_t index = 0; index < setup_ops && r.next() == trace::ReadResult::kRecord;) {
+    if (r.kind() != trace::RecordKind::kOp) continue;
+    const trace::OpRecord& op = r.op();
+    if (op.step > 0) break;
+    if (op.has_rng() && op.rng == rng) return std::string(r.string(op.name));
+    ++index;
+  }
+  return "";
+}
+
+// torch's CPU generator restored, then drawn in the resumed process's setup: its state as an op
+// of the setup drew is the other run's at the resume step.
+bool drawn_after_restoring(ResumeDivergence& d) {
+  const uint64_t at_resume = digest_at(steps_of(d.through_trace()), &trace::StepInfo::rng_cpu,
+                                       d.rp.step);
+  const std::string draw = setup_draw_from(d.main_stream(d.rp.process), d.rp.setup_ops, at_resume);
+  if (draw.empty()) return false;
+  d.rp.missing =
+      "torch's CPU generator as it stood at the resume (drawn again in the resumed process's "
+      "setup)";
+  d.f.explanation.cause = fmt::format(
+      "torch's CPU generator was restored, then drawn before step {}: {} in run {}'s {}'s setup "
+      "drew from it in run {}'s state at step {} ({:016x}), so {} drew other random numbers "
+      "(generator state {:016x} in run A, {:016x} in run B); a DataLoader iterator made at the "
+      "resume draws its seed from it",
+      d.rp.step, draw, d.resumed(), d.rp.process, d.through(), d.rp.step, at_resume, d.f.op,
+      d.f.evidence.rng_a, d.f.evidence.rng_b);
+  d.f.explanation.remedy =
+      "give the DataLoader a generator of its own (DataLoader(..., generator=torch.Generator()"
+      ".manual_seed(s))), or restore torch's generator after the resumed loader's iterator is "
+      "made";
+  return true;
+}
+
 bool missed_generator(ResumeDivergence& d) {
   const bool cuda = !on_cpu(d.f);
+  if (!cuda && drawn_after_restoring(d)) return true;
   d.rp.missing = cuda ? "torch's CUDA generator" : "torch's CPU generator";
   d.f.explanation.cause = fmt::format(
       "the checkpoint did not restore {}: run {}'s {} resumed at step {} and {} drew other "

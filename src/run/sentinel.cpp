@@ -34,15 +34,6 @@ void describe_first(const FirstDivergence& f, SentinelFinding* s) {
                                          shape_string(t.a.sizes), l2_change(t)));
 }
 
-// What `detaudit run` would record from `first` on, with the program's own command.
-std::string command_from(const Config& config, uint64_t first) {
-  std::string cmd = fmt::format("detaudit run --runs 2 --steps {}- --out {}", first,
-                                (std::filesystem::path(config.out) / "from-step").string());
-  cmd += " --";
-  for (const std::string& a : config.target.command) cmd += " " + a;
-  return cmd;
-}
-
 constexpr int kMaxRounds = 3;
 
 // The earliest divergent step of a diff: its first op's, else its curve's (a sentinel diff may
@@ -53,37 +44,19 @@ std::optional<uint64_t> earliest_step(const DiffReport& r) {
   return std::nullopt;
 }
 
-// Records the program twice more in `out`: the sentinel still watching every step, steps
-// `window` in full. Returns their diff, or false with `why` set.
-bool record_window(const Config& config, const RunOptions& options, const Catalog* catalog,
-                   const std::string& window, const std::string& out, DiffReport* diff,
-                   std::vector<std::string>* dirs, std::string* why) {
-  Config full = config;
-  full.runs = 2;
-  full.out = out;
-  RangeSet steps;
-  if (Status st = RangeSet::parse(nlohmann::json(window), "record.full_steps", &steps); !st.ok()) {
+// Both runs recorded again with steps `window` in full into `out`; their diff, or false with
+// `why` set.
+bool record_window(const SentinelPair& pair, const Catalog* catalog, const std::string& window,
+                   const std::string& out, DiffReport* diff, std::vector<std::string>* dirs,
+                   std::string* why) {
+  dirs->clear();
+  if (Status st = pair.record_in_full(window, out, dirs); !st.ok()) {
     *why = st.message();
     return false;
   }
-  full.full_steps = steps;
-  // The sentinel's default xxh3 (run_main): the steps recorded in full are evidence, in md5.
-  if (!config.digest_chosen && config.digest == trace::DigestAlgo::kXxh3)
-    full.digest = trace::DigestAlgo::kMd5;
-  RunOptions again = options;
-  again.force = true;  // ours: inside --out, which this audit holds
-  dirs->clear();
-  for (int i = 0; i < 2; ++i) {
-    RunOutcome o;
-    if (Status st = execute_run(full, again, i, &o); !st.ok() || o.streams.empty()) {
-      *why = st.ok() ? fmt::format("run-{} recorded no trace", i) : st.message();
-      return false;
-    }
-    dirs->push_back(o.dir);
-  }
-  DiffOptions diff_options;
-  diff_options.gate = config.gate;
+  DiffOptions diff_options = pair.diff;
   diff_options.catalog = catalog;
+  diff_options.progress = false;
   if (Status st = diff_runs((*dirs)[0], (*dirs)[1], diff_options, diff); !st.ok()) {
     *why = st.message();
     return false;
@@ -127,13 +100,12 @@ bool find_first_step(const DiffReport& report, SentinelFinding* s) {
 // (the sentinel watches those steps too), and the window moves there. Returns the step the last
 // window ends at, `full` their diff and whether the difference came back in it; nullopt when a
 // recording failed (said in s.note).
-std::optional<uint64_t> record_until_it_parts(const Config& config, const RunOptions& options,
-                                              const Catalog* catalog, uint64_t k,
-                                              SentinelFinding* s, DiffReport* full,
+std::optional<uint64_t> record_until_it_parts(const SentinelPair& pair, const Catalog* catalog,
+                                              uint64_t k, SentinelFinding* s, DiffReport* full,
                                               std::vector<std::string>* dirs, bool* came_back) {
   for (int round = 1; round <= kMaxRounds; ++round) {
     s->full_steps = window_of(k);
-    s->full_runs = (std::filesystem::path(config.out) /
+    s->full_runs = (std::filesystem::path(pair.out) /
                     (round == 1 ? std::string("full") : fmt::format("full-{}", round)))
                        .string();
     fmt::print(stderr,
@@ -142,7 +114,7 @@ std::optional<uint64_t> record_until_it_parts(const Config& config, const RunOpt
                k, s->first, s->full_steps, s->full_runs);
     std::string why;
     *full = DiffReport{};
-    if (!record_window(config, options, catalog, s->full_steps, s->full_runs, full, dirs, &why)) {
+    if (!record_window(pair, catalog, s->full_steps, s->full_runs, full, dirs, &why)) {
       s->note = fmt::format("the full recording of step(s) {} failed: {}", s->full_steps, why);
       return std::nullopt;
     }
@@ -224,10 +196,51 @@ void keep_step_level_finding(SentinelFinding s, const Catalog* catalog, const st
 
 }  // namespace
 
-void localize_divergent_step(const Config& config, const RunOptions& options,
-                             const std::string& catalog_path, DiffReport* report) {
+Status recorded_in_full(const Config& sentinel, const std::string& steps, Config* full) {
+  *full = sentinel;
+  RangeSet window;
+  if (Status st = RangeSet::parse(nlohmann::json(steps), "record.full_steps", &window); !st.ok())
+    return st;
+  full->full_steps = window;
+  if (!sentinel.digest_chosen && sentinel.digest == trace::DigestAlgo::kXxh3)
+    full->digest = trace::DigestAlgo::kMd5;
+  return Status();
+}
+
+SentinelPair sentinel_pair(const Config& config, const RunOptions& options) {
+  SentinelPair pair;
+  pair.out = config.out;
+  pair.diff.gate = config.gate;
+  pair.record_in_full = [config, options](const std::string& steps, const std::string& dir,
+                                          std::vector<std::string>* dirs) {
+    Config full;
+    if (Status st = recorded_in_full(config, steps, &full); !st.ok()) return st;
+    full.runs = 2;
+    full.out = dir;
+    RunOptions again = options;
+    again.force = true;  // ours: inside --out, which this audit holds
+    for (int i = 0; i < 2; ++i) {
+      RunOutcome o;
+      if (Status st = execute_run(full, again, i, &o); !st.ok()) return st;
+      if (o.streams.empty()) return Status::error(fmt::format("run-{} recorded no trace", i));
+      dirs->push_back(o.dir);
+    }
+    return Status();
+  };
+  pair.command_from = [config](uint64_t from) {
+    std::string cmd = fmt::format("detaudit run --runs 2 --steps {}- --out {}", from,
+                                  (std::filesystem::path(config.out) / "from-step").string());
+    cmd += " --";
+    for (const std::string& a : config.target.command) cmd += " " + a;
+    return cmd;
+  };
+  return pair;
+}
+
+void localize_divergent_step(const SentinelPair& pair, const std::string& catalog_path,
+                             DiffReport* report) {
   SentinelFinding s;
-  s.runs = config.out;
+  s.runs = pair.out;
   s.steps_divergent = report->curve.size();
   s.divergent = report->verdict == Verdict::kDivergent || report->divergent_ops > 0;
   if (!find_first_step(*report, &s)) {
@@ -239,14 +252,14 @@ void localize_divergent_step(const Config& config, const RunOptions& options,
   DiffReport full;
   std::vector<std::string> dirs;
   bool came_back = false;
-  const std::optional<uint64_t> k = record_until_it_parts(config, options, known, s.step, &s, &full,
-                                                          &dirs, &came_back);
+  const std::optional<uint64_t> k = record_until_it_parts(pair, known, s.step, &s, &full, &dirs,
+                                                          &came_back);
   if (!k) {
     report->sentinel = std::move(s);
     return;
   }
   const uint64_t from = *k > 0 ? *k - 1 : 0;
-  s.command = command_from(config, from);
+  s.command = pair.command_from(from);
   s.came_back = came_back;
   if (came_back) return keep_op_level_report(std::move(s), std::move(full), report);
   s.note = fmt::format(
