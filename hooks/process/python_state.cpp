@@ -119,9 +119,9 @@ namespace {
 
 // The integer local `local` of the innermost frame of function `function` (whose file ends with
 // `file_suffix`, if given) on this thread's Python stack: nullopt when no such frame, -1 when the
-// local is not set yet.
-std::optional<int64_t> frame_local(const char* function, const char* file_suffix,
-                                   const char* local) {
+// local is not set yet. With `identity`, the local's object's address instead (0 when unset).
+std::optional<int64_t> frame_local(const char* function, const char* file_suffix, const char* local,
+                                   bool identity = false) {
   Gil gil;
   if (!gil.usable()) return std::nullopt;
   const Api& a = api();
@@ -143,8 +143,12 @@ std::optional<int64_t> frame_local(const char* function, const char* file_suffix
     if (match) {
       Ref locals(a.get_attr(frame, "f_locals"));
       Ref value(locals.p ? a.mapping_get(locals.p, local) : nullptr);
-      found = value.p ? a.as_long_long(value.p) : -1;
-      if (*found < -1) found = -1;
+      if (identity) {
+        found = int64_t(reinterpret_cast<intptr_t>(value.p));
+      } else {
+        found = value.p ? a.as_long_long(value.p) : -1;
+        if (*found < -1) found = -1;
+      }
       break;
     }
     PyFrame* back = a.frame_back(frame);  // a new reference
@@ -158,9 +162,14 @@ std::optional<int64_t> frame_local(const char* function, const char* file_suffix
 
 }  // namespace
 
-std::optional<int64_t> dataloader_batch() {
+std::optional<WorkerBatch> dataloader_batch() {
   // -1 before the loop's first batch.
-  return frame_local("_worker_loop", nullptr, "idx");
+  std::optional<int64_t> idx = frame_local("_worker_loop", nullptr, "idx");
+  if (!idx) return std::nullopt;
+  // Made anew at each _ResumeIteration (the next epoch of a persistent worker), while the old
+  // one is still held: consecutive epochs' fetchers are never at one address.
+  std::optional<int64_t> fetcher = frame_local("_worker_loop", nullptr, "fetcher", true);
+  return WorkerBatch{*idx, uintptr_t(fetcher.value_or(0))};
 }
 
 std::optional<int64_t> spawn_index() {

@@ -20,8 +20,14 @@ bool exiting();
 std::optional<std::string> thread_name();
 
 // In a DataLoader worker process: the index of the batch its loop is making (`idx` of
-// torch.utils.data._utils.worker._worker_loop), -1 before the first; nullopt outside a worker.
-std::optional<int64_t> dataloader_batch();
+// torch.utils.data._utils.worker._worker_loop), -1 before the first, and which epoch's it is
+// (its fetcher's address: a persistent worker makes a fetcher each epoch); nullopt outside a
+// worker.
+struct WorkerBatch {
+  int64_t index = -1;
+  uintptr_t epoch = 0;
+};
+std::optional<WorkerBatch> dataloader_batch();
 
 // In a torch.multiprocessing.spawn child: its process index (`i` of
 // torch.multiprocessing.spawn._wrap), which mp.spawn programs pass on as their rank.

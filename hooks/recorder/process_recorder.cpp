@@ -311,8 +311,19 @@ void ProcessRecorder::at_top_level_op() {
   advance_step();
 }
 
+std::optional<uint64_t> ProcessRecorder::consumer_step() const {
+  char line[40] = {};
+  const int fd = ::open(parent_progress_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  const ssize_t n = ::pread(fd, line, sizeof line - 1, 0);
+  ::close(fd);
+  unsigned long long step = 0;
+  if (n <= 0 || std::sscanf(line, "step %llu", &step) != 1) return std::nullopt;
+  return uint64_t(step);
+}
+
 void ProcessRecorder::follow_worker_batch() {
-  std::optional<int64_t> batch = python::dataloader_batch();
+  std::optional<python::WorkerBatch> batch = python::dataloader_batch();
   if (!batch) {
     // A plain fork, not a worker loop: steps as in any process.
     if (worker_ == Worker::kMaybe) {
@@ -322,13 +333,24 @@ void ProcessRecorder::follow_worker_batch() {
     return;
   }
   worker_ = Worker::kYes;
-  if (*batch >= 0) {
-    // A persistent worker starts its next epoch at batch 0 again.
-    if (*batch < worker_last_batch_) worker_epoch_offset_ += uint64_t(worker_last_batch_) + 1;
-    worker_last_batch_ = *batch;
+  if (batch->index >= 0) {
+    // A persistent worker's next epoch (a fetcher made anew) numbers its batches from 0 again.
+    // Its batch 0 is consumed in the step its consumer is at: the consumer drew the epoch's
+    // shared seed (an op) before it handed any index out.
+    const bool next_epoch = worker_epoch_ != 0 && batch->epoch != worker_epoch_;
+    if (next_epoch || batch->index < worker_last_batch_) {
+      if (std::optional<uint64_t> at = consumer_step()) {
+        worker_base_step_ = *at;
+        worker_epoch_offset_ = 0;
+      } else {
+        worker_epoch_offset_ += uint64_t(worker_last_batch_) + 1;
+      }
+    }
+    worker_last_batch_ = batch->index;
+    worker_epoch_ = batch->epoch;
   }
   const uint64_t s = worker_base_step_ + worker_epoch_offset_ +
-                     uint64_t(std::max<int64_t>(*batch, 0));
+                     uint64_t(std::max<int64_t>(batch->index, 0));
   if (s != step()) set_step(s);
 }
 
@@ -493,6 +515,8 @@ void ProcessRecorder::after_fork_child() {
     worker_base_step_ = step() + (step_pending_.exchange(false) ? 1 : 0);
     worker_epoch_offset_ = 0;
     worker_last_batch_ = -1;
+    worker_epoch_ = 0;
+    parent_progress_ = streams_dir_ + "/" + parent + layout::kProgressExt;
     optimizer_window_.store(false);
     optimizer_thread_.store(0);
     switch_op_callback(true);

@@ -167,6 +167,8 @@ class ProcessRecorder {
   void stop_lean_sentinel(const char* why);
   bool lean_step(uint64_t step) const;
   void follow_worker_batch();
+  // The step a DataLoader worker's consumer is at, from its .progress file; none if unread.
+  std::optional<uint64_t> consumer_step() const;
   std::vector<std::string> closing_status_lines(const std::string& ending);
 
   bool active_ = false;
@@ -197,6 +199,8 @@ class ProcessRecorder {
   uint64_t worker_base_step_ = 0;            // the consuming step of the worker's batch 0
   uint64_t worker_epoch_offset_ = 0;         // persistent workers: batches of earlier epochs
   int64_t worker_last_batch_ = -1;
+  uintptr_t worker_epoch_ = 0;   // the fetcher of its last batch (python::WorkerBatch)
+  std::string parent_progress_;  // a worker's: its consumer's .progress file (write_progress)
   std::mutex claim_mu_;
   std::mutex op_callback_mu_;
   std::optional<at::RecordFunctionCallback> op_callback_, marks_callback_;

@@ -104,10 +104,14 @@ void find_shared_writer(const std::map<std::string, std::string>& streams_a,
     if (p.a.in_shared_memory && !in) in = &p;
   if (!in) return;
   const uint64_t numel = elements_spanned(in->a);
+  // A resumed process's streams are paired with the other run's under both names: its own
+  // trace is not another process's.
+  const auto own = streams_a.find(first->stream);
   for (const auto& [name, head] : heads) {
     auto path = streams_a.find(name);
     // A DataLoader worker's batches are data loading, which trace_to_worker follows.
-    if (head.process == first->process || head.dataloader_worker || path == streams_a.end())
+    if (head.process == first->process || head.dataloader_worker || path == streams_a.end() ||
+        (own != streams_a.end() && path->second == own->second))
       continue;
     trace::TraceReader r;
     if (!r.open(path->second).ok()) continue;

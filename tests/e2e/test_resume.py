@@ -376,6 +376,55 @@ class WorkerDraws(TmpDirCase):
         self.assertIn("StatefulDataLoader", f["remedy"])
 
 
+class PersistentWorkers(TmpDirCase):
+    """The loader's 2 workers kept across epochs of 2 batches (persistent_workers=True, the
+    loader iterated anew each epoch), resumed at step 3, mid-epoch: in the run through the
+    workers live on from epoch 0, in the resumed process they are made anew. With each sample's
+    noise seeded by its index, the resume is bit for bit; drawn from the workers' generators,
+    which went on from epoch 0 in the run through, it is named as what the workers draw."""
+
+    AUGMENT = ["seeded", "drawn"]
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+
+        def pair(augment):
+            flags = ["--steps", str(STEPS), "--workers", "2", "--epoch-batches", "2",
+                     "--persistent", "--augment", augment]
+            ck = os.path.join(cls.tmp, f"ck-{augment}.pt")
+            return [lambda: record(os.path.join(cls.tmp, f"through-{augment}"), LOOP + flags),
+                    lambda: record_stopped_and_resumed(
+                        os.path.join(cls.tmp, f"resumed-{augment}"), LOOP,
+                        flags + ["--stop-at", str(STOP), "--save", ck], flags + ["--resume", ck])]
+
+        runs = in_parallel([job for augment in cls.AUGMENT for job in pair(augment)])
+        cls.runs = {a: (runs[2 * i], runs[2 * i + 1]) for i, a in enumerate(cls.AUGMENT)}
+
+    def diff(self, augment, expect):
+        through, resumed = self.runs[augment]
+        report = diff_report(self, through, resumed, resumed + ".json", expect)
+        self.assertEqual([(x["process"], x["step"]) for x in report["resumes"]],
+                         [("r0.main~1", STOP)], (report["resumes"], report["notes"]))
+        resume = report["resumes"][0]
+        self.assertEqual(sorted(resume["workers"]), ["r0.main.0~1", "r0.main.1~1"], resume)
+        return report, resume
+
+    def test_workers_kept_across_an_epoch_resume_bit_for_bit(self):
+        report, resume = self.diff("seeded", 0)
+        self.assertEqual(report["verdict"], "identical", report.get("first_divergence"))
+        self.assertTrue(resume["verified"], resume)
+        # Every batch of the epochs after the resume was compared where it was read.
+        self.assertGreaterEqual(report["compared"]["steps"], STEPS, report["compared"])
+
+    def test_what_kept_workers_drew_is_named(self):
+        report, resume = self.diff("drawn", 1)
+        self.assertTrue(resume["missing"].startswith("what the DataLoader's workers draw"),
+                        resume)
+        f = report["first_divergence"]
+        self.assertEqual((f["step"], f["stream"]), (STOP, "r0.main~1.t-main"), f)
+
+
 class DdpResume(TmpDirCase):
     """Two DDP ranks over gloo (programs/resume_ddp.py), each saving its own generator beside
     the shared model and optimizer. A fresh process's first iteration fills DDP's gradient

@@ -4,7 +4,11 @@ Trainer's own resume_from_checkpoint (--resume). Built from a config: no downloa
 its output_dir is a new temp dir, as in notebooks and tests: a resumed process cannot find the
 stopped one's checkpoint by its path. --evaluate logs and evaluates every 2 steps.
 
-    hf_resume.py [--out DIR] [--steps 8] [--save-at 4] [--evaluate] [--stop | --resume]
+    hf_resume.py [--out DIR] [--steps 8] [--save-at 4] [--evaluate] [--save-only-model]
+                 [--stop | --resume]
+
+--save-only-model saves checkpoints with TrainingArguments(save_only_model=True), as users do to
+save disk: the model alone, without the optimizer's, scheduler's or generators' state.
 
 Prints a checksum of the final parameters (`params sha256 ...`).
 """
@@ -36,6 +40,7 @@ def main():
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--save-at", type=int, default=4)
     ap.add_argument("--evaluate", action="store_true")
+    ap.add_argument("--save-only-model", action="store_true")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--stop", action="store_true")
     mode.add_argument("--resume", action="store_true")
@@ -54,7 +59,8 @@ def main():
     training = TrainingArguments(output_dir=out, max_steps=args.steps,
                                  per_device_train_batch_size=4, learning_rate=1e-3,
                                  save_strategy="steps", save_steps=args.save_at, report_to=[],
-                                 use_cpu=True, seed=0, disable_tqdm=True, **every)
+                                 use_cpu=True, seed=0, disable_tqdm=True,
+                                 save_only_model=args.save_only_model, **every)
     callbacks = [StopAt(args.save_at)] if args.stop else []
     trainer = Trainer(model=model, args=training, train_dataset=data,
                       eval_dataset=data[:8] if args.evaluate else None, callbacks=callbacks)

@@ -2,7 +2,10 @@
 a checkpoint like resume_loop.py: each rank saves and loads its own generator state beside the
 shared model and optimizer (tests/e2e/test_resume.py).
 
-    resume_ddp.py --steps N [--stop-at K --save PREFIX | --resume PREFIX] [--omit rng]
+    resume_ddp.py --steps N [--stop-at K --save PREFIX | --resume PREFIX] [--omit rng,optimizer]
+
+--omit rng leaves each rank's generator out of its checkpoint; "optimizer", the resumed ranks
+do not load the optimizer's state (SGD's momentum starts over).
 
 A fresh process's first iteration fills DDP's gradient bucket in parameter order, and its second
 rebuilds the bucket (a broadcast from rank 0): at the resume step each rank's all-reduce reads
@@ -35,7 +38,8 @@ def train(rank, args):
     if args.resume:
         ck = torch.load(f"{args.resume}.rank{rank}.pt")
         model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optimizer"])
+        if "optimizer" not in args.omit:
+            opt.load_state_dict(ck["optimizer"])
         if "rng" in ck:
             torch.set_rng_state(ck["rng"])
         start = ck["step"]

@@ -7,7 +7,7 @@ in an order each epoch draws from its own seeded permutation.
     resume_loop.py --steps N --resume CK [--omit rng,sampler,epoch,scheduler,scaler,numpy,random,
                    buffers,ema] [--scaler] [--workers W] [--adam] [--numpy-noise]
                    [--python-noise] [--epoch-batches B] [--batchnorm] [--ema]
-                   [--augment drawn|seeded]
+                   [--augment drawn|seeded] [--persistent]
 
 --omit leaves that state out of what is saved: torch's generator (dropout draws on), the data
 loader's place (the resumed loop starts its batches over), the scheduler's state (its LR); or,
@@ -26,6 +26,8 @@ unless "ema" is left out (the resumed loop then starts it from the loaded weight
 --augment adds noise to each sample in the Dataset, with --workers in the workers: "drawn"
 from the worker's own generator (which no checkpoint holds: a loader made anew starts its
 workers' generators over), "seeded" from a generator seeded by the sample's index.
+--persistent iterates the workers' loader anew each epoch with persistent_workers=True: its
+workers live on across the epochs, and their generators with them.
 Prints the last loss.
 """
 import argparse
@@ -50,6 +52,7 @@ p.add_argument("--epoch-batches", type=int, default=8)
 p.add_argument("--batchnorm", action="store_true")
 p.add_argument("--ema", action="store_true")
 p.add_argument("--augment", choices=["drawn", "seeded"])
+p.add_argument("--persistent", action="store_true")
 args = p.parse_args()
 omit = set(filter(None, args.omit.split(",")))
 
@@ -107,13 +110,15 @@ if ema and args.resume and "ema" in ck:
 
 
 class PlaceSampler(torch.utils.data.Sampler):
-    """The batches' indices from a place of the data on, as batch() takes them."""
+    """The batches' indices from a place of the data on, as batch() takes them; to the end of
+    that place's epoch only when `one_epoch`."""
 
-    def __init__(self, place):
-        self.place = place
+    def __init__(self, place, one_epoch=False):
+        self.place, self.one_epoch = place, one_epoch
 
     def __iter__(self):
-        for position in range(self.place, args.steps):
+        end = (self.place // PER_EPOCH + 1) * PER_EPOCH if self.one_epoch else args.steps
+        for position in range(self.place, min(end, args.steps)):
             epoch, k = divmod(position, PER_EPOCH)
             perm = torch.randperm(64, generator=torch.Generator().manual_seed(100 + epoch))
             yield perm[k * BATCH:(k + 1) * BATCH].tolist()
@@ -130,15 +135,26 @@ class Augmented(torch.utils.data.Dataset):
         return data[i] + 0.01 * torch.randn(8, generator=g), target[i]
 
 
+def by_epoch(loader, sampler, place):
+    """The batches of a loader iterated anew each epoch, from `place` on: its persistent
+    workers live on across the epochs, their generators drawn on."""
+    while place < args.steps:
+        sampler.place = place
+        yield from loader
+        place = (place // PER_EPOCH + 1) * PER_EPOCH
+
+
 loader = None
 if args.workers:
+    place = 0 if args.resume and "sampler" in omit else start
+    sampler = PlaceSampler(place, one_epoch=args.persistent)
     # Its own generator for the workers' seeds: an iterator made after the global generator
     # was restored must not draw from it.
-    loader = iter(torch.utils.data.DataLoader(
+    loader = torch.utils.data.DataLoader(
         Augmented() if args.augment else torch.utils.data.TensorDataset(data, target),
-        num_workers=args.workers,
-        batch_sampler=PlaceSampler(0 if args.resume and "sampler" in omit else start),
-        generator=torch.Generator().manual_seed(7)))
+        num_workers=args.workers, batch_sampler=sampler, persistent_workers=args.persistent,
+        generator=torch.Generator().manual_seed(7))
+    loader = by_epoch(loader, sampler, place) if args.persistent else iter(loader)
 
 loss = None
 for step in range(start, args.steps):
