@@ -673,6 +673,7 @@ class StreamComparator {
     // tolerance gate, the values decide: those a replaced region hands on, and the ops after.
     const bool replaced_alike = d.values && d.values->matched();
     if (replaced_alike) ++out_->structure_matched;
+    if (d.values && d.values->same_bits()) ++out_->structure_same_bits;
     if (options_.gate.fail_on == "tolerance" && d.values && d.values->beyond > 0) {
       out_->beyond_tolerance = true;
       note_region_numerics_change(d);

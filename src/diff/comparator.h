@@ -43,6 +43,7 @@ struct StreamResult {
   bool beyond_tolerance = false;
   bool structure_tolerated = false;          // op sequence differences the tolerance gate let pass
   uint64_t structure_matched = 0;            // replaced regions whose values handed on agree
+  uint64_t structure_same_bits = 0;          // of those, regions handing on the same bits
   std::vector<EnvDifference> step_settings;  // STEP records whose threads or flags differ
   uint64_t records_a = 0, records_b = 0, bytes = 0;
   uint64_t max_step_a = 0, max_step_b = 0;              // the largest step of each run's ops

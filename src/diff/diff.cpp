@@ -211,6 +211,7 @@ void add_stream_results(std::vector<StreamResult>* results, DiffReport* r) {
     r->beyond_tolerance = r->beyond_tolerance || res.beyond_tolerance;
     r->structure_tolerated = r->structure_tolerated || res.structure_tolerated;
     r->structure_matched += res.structure_matched;
+    r->structure_same_bits += res.structure_same_bits;
     r->ops_compared += res.summary.compared;
     r->records_a += res.records_a;
     if (res.summary.in_a && res.summary.ops_a > 0) {
@@ -490,6 +491,12 @@ Verdict verdict_of(const DiffReport& r) {
   // A sentinel pair whose steps part, where the ops that made the step were not recorded: the
   // step is the finding (run/sentinel.h).
   const bool sentinel_parted = r.sentinel && r.sentinel->divergent;
+  // Other ops in places, each handing on the same bits, and every op compared the same bits: a
+  // refactor computed what the other run did (the regions are listed, the gate passes).
+  const bool same_values = r.divergent_ops == 0 && r.structural_count > 0 &&
+                           r.structure_same_bits == r.structural_count && r.first;
+  if (same_values && !replicas_disagree && !sentinel_parted)
+    return r.incomplete && !r.gate.allow_truncated ? Verdict::kIncomplete : Verdict::kSameValues;
   if (r.divergent_ops > 0 || r.structural_count > 0 || replicas_disagree || sentinel_parted)
     // A divergence the report cannot place is no verdict a user can act on: the tool failed.
     return r.first || replicas_disagree || sentinel_parted ? Verdict::kDivergent
@@ -526,6 +533,19 @@ std::string why_no_verdict(const DiffReport& r) {
         "torch.profiler.record_function(\"detaudit::step\") (C++: detaudit/marker.h)",
         r.backward_passes);
   return "";
+}
+
+std::string gate_word(const DiffReport& r) {
+  switch (r.verdict) {
+    case Verdict::kSameValues: return "identical values (other ops)";
+    case Verdict::kDivergent:
+      if (r.gate.fail_on == "training" && r.training.identical) return "training identical";
+      if (r.gate.fail_on == "tolerance")
+        return r.beyond_tolerance ? "beyond tolerance" : "within tolerance";
+      return "divergent";
+    case Verdict::kNoVerdict: return "no verdict";
+    default: return verdict_name(r.verdict);
+  }
 }
 
 ExitCode gate_exit_code(const DiffReport& report) {

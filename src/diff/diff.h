@@ -44,6 +44,11 @@ bool training_identical(const DiffReport& report);
 // DiffReport::no_verdict, which verdict_of reads.
 std::string why_no_verdict(const DiffReport& report);
 
+// What the gate decided, as the report's first word: "identical", "identical values (other
+// ops)", "training identical", "within tolerance", "beyond tolerance", "divergent", ... It is
+// a passing word exactly when gate_exit_code is 0 (the text report prints it in capitals).
+std::string gate_word(const DiffReport& report);
+
 // 0 identical (or divergent within tolerance, or outside training under --fail-on training), 1 divergent, 5 incomplete (part of a run was
 // not compared and the gate does not allow truncation).
 ExitCode gate_exit_code(const DiffReport& report);

@@ -216,6 +216,7 @@ Status diff_part(const std::string& run_a, const std::string& run_b, const DiffO
            {"beyond_tolerance", r.beyond_tolerance},
            {"structure_tolerated", r.structure_tolerated},
            {"structure_matched", r.structure_matched},
+           {"structure_same_bits", r.structure_same_bits},
            {"training",
             {{"writes_compared", r.training.writes_compared},
              {"divergent_writes", r.training.divergent_writes},
@@ -275,6 +276,7 @@ Status read_parts(const std::vector<json>& parts, const std::vector<std::string>
       r.beyond_tolerance = r.beyond_tolerance || p.at("beyond_tolerance").get<bool>();
       r.structure_tolerated = r.structure_tolerated || p.value("structure_tolerated", false);
       r.structure_matched += p.value("structure_matched", uint64_t(0));
+      r.structure_same_bits += p.value("structure_same_bits", uint64_t(0));
       // A part of an older detaudit has none: no training write compared, the gate fails closed.
       const json t = p.value("training", json::object());
       r.training.writes_compared += t.value("writes_compared", uint64_t(0));

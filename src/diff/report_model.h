@@ -24,12 +24,23 @@ namespace detaudit {
 // nothing diverged, but the audit saw too little to say "identical" (DiffReport::no_verdict).
 // kFailed: the program failed by itself (an exit status, a crash inside an op) in both runs, and
 // what both recorded agrees, whole.
-enum class Verdict { kIdentical, kDivergent, kIncomplete, kUnexplained, kNoVerdict, kFailed };
+// kSameValues: the runs ran other ops in places, and every value those hand on, and every op
+// after them, is the same bits (a refactor such as nn.Linear against `x @ W.t() + b`).
+enum class Verdict {
+  kIdentical,
+  kSameValues,
+  kDivergent,
+  kIncomplete,
+  kUnexplained,
+  kNoVerdict,
+  kFailed
+};
 
 // "identical", "divergent", "incomplete", "unexplained": the report's and the CLI's word.
 inline const char* verdict_name(Verdict v) {
   switch (v) {
     case Verdict::kIdentical: return "identical";
+    case Verdict::kSameValues: return "identical-values";
     case Verdict::kDivergent: return "divergent";
     case Verdict::kIncomplete: return "incomplete";
     case Verdict::kUnexplained: return "unexplained";
@@ -477,6 +488,9 @@ struct DiffReport {
   bool structure_tolerated = false;
   // Op sequence differences that replaced ops with others for the same values (RegionValues).
   uint64_t structure_matched = 0;
+  // Of those, regions whose every value handed on is the same bits (RegionValues::same_bits):
+  // with nothing else differing, a refactor that computes what the other run did.
+  uint64_t structure_same_bits = 0;
   bool sentinel_runs = false;  // both runs recorded each step's end only (--sentinel)
   std::vector<EnvDifference> environment;
   std::optional<FirstDivergence> first;

@@ -413,10 +413,13 @@ std::string first_divergence_card(const FirstDivergence& f) {
 std::string render_html(const DiffReport& r) {
   std::string upper = gate_word(r);
   for (char& c : upper) c = char(std::toupper(uint8_t(c)));
+  // The banner's colour is the gate's: a pass is green whatever the verdict's name.
+  const bool passes = gate_exit_code(r) == ExitCode::kIdentical;
   std::string b = fmt::format(
       "<div class=\"banner {}\" id=\"verdict\"><strong>{}</strong> {}<small>A: {} &nbsp; B: {}"
       "</small></div><main>",
-      verdict_name(r.verdict), esc(upper), esc(one_line_verdict(r)), esc(r.run_a), esc(r.run_b));
+      passes ? "identical" : verdict_name(r.verdict), esc(upper), esc(one_line_verdict(r)),
+      esc(r.run_a), esc(r.run_b));
   if (!r.not_compared.empty()) {
     b += "<section><h2>Not compared</h2><ul>";
     for (const std::string& n : r.not_compared) b += "<li>" + esc(n) + "</li>";

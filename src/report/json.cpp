@@ -130,9 +130,13 @@ std::string outside_training(const DiffReport& r) {
                      fmt::join(r.training.outside, ", "));
 }
 
-std::string gate_word(const DiffReport& r) {
-  return r.training.identical && r.gate.fail_on == "training" ? "training identical"
-                                                              : verdict_name(r.verdict);
+// "16 ulp", "rtol 1e-05, atol 0": the gate's tolerance as given.
+static std::string tolerance_given(const GateConfig& g) {
+  std::vector<std::string> parts;
+  if (g.ulp > 0) parts.push_back(fmt::format("{:g} ulp", g.ulp));
+  if (g.rtol > 0) parts.push_back(fmt::format("rtol {:g}", g.rtol));
+  if (g.atol > 0) parts.push_back(fmt::format("atol {:g}", g.atol));
+  return parts.empty() ? "none: bit for bit" : fmt::format("{}", fmt::join(parts, ", "));
 }
 
 std::string one_line_verdict(const DiffReport& r) {
@@ -159,6 +163,18 @@ std::string one_line_verdict(const DiffReport& r) {
         "reaches none of them ({}{})",
         r.training.writes_compared, outside_training(r),
         r.training.divergent_outside > r.training.outside.size() ? ", ..." : "");
+  if (r.verdict == Verdict::kSameValues)
+    return fmt::format(
+        "identical values: {} place(s) ran other ops, each handing on the same bits, and the {} "
+        "ops compared agree bit for bit; the first at rank {} step {} {} {}",
+        r.structural_count, r.ops_compared, r.first->rank, r.first->step, r.first->phase,
+        r.first->op);
+  if (r.verdict == Verdict::kDivergent && r.gate.fail_on == "tolerance" && !r.beyond_tolerance)
+    return fmt::format(
+        "within tolerance: {} op(s) differ in their bits, none beyond the tolerance ({}); the "
+        "first at rank {} step {} {} {}",
+        r.divergent_ops + r.structural_count, tolerance_given(r.gate), r.first ? r.first->rank : 0,
+        r.first ? r.first->step : 0, r.first ? r.first->phase : "", r.first ? r.first->op : "");
   if (r.verdict == Verdict::kUnexplained)
     return fmt::format(
         "unexplained: {} divergent ops, but detaudit could not name the first: {}. "
@@ -198,6 +214,7 @@ json report_to_json(const DiffReport& r) {
   json j;
   j["schema"] = "detaudit.diff/1";
   j["verdict"] = verdict_name(r.verdict);
+  j["headline"] = gate_word(r);
   j["replicas"] = nlohmann::json::array();
   for (const ReplicaCheck& c : r.replicas) j["replicas"].push_back(replica_check_to_json(c));
   j["incomplete"] = r.incomplete;
@@ -301,7 +318,8 @@ json report_to_json(const DiffReport& r) {
                {"ulp", r.gate.ulp},
                {"beyond_tolerance", r.beyond_tolerance},
                {"structure_tolerated", r.structure_tolerated},
-               {"structure_matched", r.structure_matched}};
+               {"structure_matched", r.structure_matched},
+               {"structure_same_bits", r.structure_same_bits}};
   if (const auto& n = r.numerics_change)
     j["numerics_change"] = {{"stream", n->stream},
                             {"rank", n->rank},

@@ -26,10 +26,11 @@ std::string cell(const TensorSide& s) {
 }  // namespace
 
 std::string render_markdown(const DiffReport& r) {
-  std::string out = fmt::format(
-      "## detaudit: {}\n\n{}\n\n",
-      r.verdict == Verdict::kIdentical ? "identical" : fmt::format("**{}**", gate_word(r)),
-      md_escape(one_line_verdict(r)));
+  std::string out = fmt::format("## detaudit: {}\n\n{}\n\n",
+                                gate_exit_code(r) == ExitCode::kIdentical
+                                    ? gate_word(r)
+                                    : fmt::format("**{}**", gate_word(r)),
+                                md_escape(one_line_verdict(r)));
   for (const std::string& n : r.not_compared) out += "> not compared: " + md_escape(n) + "\n\n";
   for (const std::string& n : r.notes) out += "> note: " + md_escape(n) + "\n\n";
   for (const auto& [head, lines] : ending_lines(r)) {

@@ -32,9 +32,6 @@ std::string escape_markup(std::string_view s);
 std::string shape_string(const std::vector<int64_t>& sizes);
 std::string short_digest(const std::string& hex);  // first 12 hex digits
 std::string one_line_verdict(const DiffReport& r);
-// What the gate decided, as the headline's word: the verdict's name, or "training identical"
-// where --fail-on training passes a divergence outside training.
-std::string gate_word(const DiffReport& r);
 // "3 op(s) outside training differ: aten::add_ (step 4), ...": the divergent ops that write no
 // training state (TrainingCheck), the first few.
 std::string outside_training(const DiffReport& r);

@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cctype>
 
 #include "diff/diff.h"
 #include "report/render.h"
@@ -136,16 +137,12 @@ std::string numerics_section(const DiffReport& r, const Style& st) {
 std::string render_text(const DiffReport& r, bool color) {
   Style st{color};
   std::string out;
-  bool same = r.verdict == Verdict::kIdentical;
-  const bool training_passes = r.training.identical && r.gate.fail_on == "training";
-  same = same || training_passes;
-  const char* word = training_passes                      ? "TRAINING IDENTICAL"
-                     : same                               ? "IDENTICAL"
-                     : r.verdict == Verdict::kIncomplete  ? "INCOMPLETE"
-                     : r.verdict == Verdict::kUnexplained ? "UNEXPLAINED"
-                     : r.verdict == Verdict::kNoVerdict   ? "NO VERDICT"
-                     : r.verdict == Verdict::kFailed      ? "FAILED"
-                                                          : "DIVERGENT";
+  // The gate's word, in green exactly when it passes.
+  const bool same = gate_exit_code(r) == ExitCode::kIdentical;
+  std::string word = gate_word(r);
+  // In capitals but for a parenthesis: "IDENTICAL VALUES (other ops)".
+  const size_t plain = std::min(word.find(" ("), word.size());
+  for (size_t i = 0; i < plain; ++i) word[i] = char(std::toupper(uint8_t(word[i])));
   const bool warn = r.verdict == Verdict::kIncomplete || r.verdict == Verdict::kNoVerdict;
   out += fmt::format("{} {}\n",
                      st(same   ? "1;32"

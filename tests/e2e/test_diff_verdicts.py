@@ -223,10 +223,13 @@ class IndexPutRace(VerdictCase):
         self.assertTrue(all(m["within_tolerance"] for m in rep["first_divergence"]["magnitude"]))
         self.assertEqual(strict.returncode, 1, strict.stderr)
         self.assertTrue(strict_rep["gate"]["beyond_tolerance"])
+        # The headline is the gate's: never DIVERGENT with exit 0.
+        self.assertEqual((rep["headline"], strict_rep["headline"]),
+                         ("within tolerance", "beyond tolerance"))
         text = run_detaudit(["diff", a, b, "--fail-on", "tolerance", "--atol", "1e-3"])
         self.assertEqual(text.returncode, 0)
-        self.assertIn("DIVERGENT", text.stdout)
-        self.assertIn("within tolerance", text.stdout)
+        self.assertTrue(text.stdout.startswith("WITHIN TOLERANCE within tolerance: "), text.stdout)
+        self.assertNotIn("DIVERGENT", text.stdout)
 
     # 8. The risk report of a single run: the race's first Python run, `detaudit run --runs 1`.
     def test_single_run_risk_report(self):

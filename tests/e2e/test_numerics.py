@@ -126,8 +126,13 @@ class NumericsAcrossSettings(RecordedRuns):
     def test_a_refactor_to_other_ops_is_matched_by_the_values_it_hands_on(self):
         # `h @ W.t() + b` against nn.Linear: mm and add for addmm, in the forward and the
         # backward. Bit for bit, another op sequence; the values handed on are the same bits.
+        # It passes the default gate, its regions listed: the headline says what it is.
         code, report = self.diff("matmul")
-        self.assertEqual(code, 1)
+        self.assertEqual((code, report["verdict"], report["headline"]),
+                         (0, "identical-values", "identical values (other ops)"),
+                         report["first_divergence"])
+        self.assertEqual(report["gate"]["structure_same_bits"],
+                         report["structural_differences"]["count"])
         first = report["first_divergence"]
         self.assertEqual(first["class"], "structural", first)
         self.assertIn("other ops for the same values", first["cause"])

@@ -4,6 +4,10 @@
 
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "catalog/catalog.h"
 #include "diff/diff.h"
@@ -320,12 +324,48 @@ TEST(NumericsTest, OtherOpsForTheSameValuesAreMatchedByWhatTheyHandOn) {
   EXPECT_EQ(strict.structural[0].values->handed_on, 2u) << "linear's in A, add's in B";
   EXPECT_EQ(strict.structural[0].values->exact, 2u);
   EXPECT_EQ(strict.structure_matched, 2u);
-  // Bit for bit, another op sequence still fails; the tolerance gate asks whether values moved.
-  EXPECT_EQ(gate_exit_code(strict), ExitCode::kDivergent);
+  EXPECT_EQ(strict.structure_same_bits, 2u);
+  // Every value handed on and every op after the same bits: a refactor that computes what the
+  // other run did passes the default gate, its regions listed, and the headline says so.
+  EXPECT_EQ(strict.verdict, Verdict::kSameValues);
+  EXPECT_EQ(gate_exit_code(strict), ExitCode::kIdentical);
+  EXPECT_EQ(gate_word(strict), "identical values (other ops)");
   DiffReport tolerant = diff_refactor("refactor_same_t", same, GateConfig{"tolerance", 0, 0});
   EXPECT_TRUE(tolerant.structure_tolerated);
   EXPECT_FALSE(tolerant.numerics_change);
   EXPECT_EQ(gate_exit_code(tolerant), ExitCode::kIdentical);
+}
+
+TEST(NumericsTest, OtherOpsWhoseValuesMovedFailTheDefaultGate) {
+  // Run B's add one bit off run A's addmm: the region hands on other bits, and so does
+  // everything after it.
+  const TensorDesc moved = with_stats(0x22, -1, 1, 0.1, 10 + 10 * std::ldexp(1.0, -23));
+  DiffReport strict = diff_refactor("refactor_moved", moved, GateConfig{});
+  EXPECT_EQ(strict.verdict, Verdict::kDivergent);
+  EXPECT_EQ(strict.structure_same_bits, 0u);
+  EXPECT_EQ(gate_exit_code(strict), ExitCode::kDivergent);
+  EXPECT_EQ(gate_word(strict), "divergent");
+}
+
+// The headline never contradicts the exit code: a passing word exactly where the gate exits 0.
+TEST(NumericsTest, TheHeadlineIsTheGatesWord) {
+  const std::set<std::string> passing = {"identical", "identical values (other ops)",
+                                         "training identical", "within tolerance"};
+  const TensorDesc same = with_stats(0x21, -1, 1, 0.1, 10);
+  const TensorDesc moved = with_stats(0x22, -1, 1, 0.1, 10 + 10 * 4 * std::ldexp(1.0, -23));
+  GateConfig within{"tolerance", 0, 0}, beyond{"tolerance", 0, 0};
+  within.ulp = 16;
+  beyond.ulp = 1;
+  const std::vector<std::pair<std::string, DiffReport>> reports = {
+      {"identical values", diff_refactor("headline_same", same, GateConfig{})},
+      {"divergent", diff_refactor("headline_moved", moved, GateConfig{})},
+      {"within tolerance", diff_refactor("headline_within", moved, within)},
+      {"beyond tolerance", diff_refactor("headline_beyond", moved, beyond)}};
+  for (const auto& [expected, r] : reports) {
+    const std::string word = gate_word(r);
+    EXPECT_EQ(word.rfind(expected, 0), 0u) << word;
+    EXPECT_EQ(passing.count(word) == 1, gate_exit_code(r) == ExitCode::kIdentical) << word;
+  }
 }
 
 TEST(NumericsTest, AReplacedRegionWhoseValuesMovedIsWhereNumericsChanged) {
