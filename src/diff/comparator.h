@@ -26,6 +26,11 @@ struct StreamResult {
   // first kMaxStructural.
   std::vector<StructuralDifference> resume_step_structure;
   uint64_t resume_step_structure_count = 0;
+  // Ops of a resumed stream's resume step whose differing outputs hold the same values in
+  // another order (a fresh process lays DDP's gradient buckets out anew): not divergent. The
+  // first one: "c10d::allreduce_ (output 0: 1153 float32 values, digests 1a2b... and 3c4d...)".
+  uint64_t reordered_at_resume = 0;
+  std::string first_reordered;
   uint64_t divergent_ops = 0;
   // Of them, those that write training state and those that write none (TrainingCheck).
   uint64_t divergent_training_writes = 0, divergent_outside = 0;

@@ -430,7 +430,7 @@ Status diff_runs(const std::string& dir_a, const std::string& dir_b, const DiffO
     return s;
   note_resume_step_structure(r.resumes, compared.results, &r.notes);
   if (Status s = compare_library_pools(run_a, run_b, &selection, &r); !s.ok()) return s;
-  settle_fresh_layouts(r.library_pools, &compared.results, &r);
+  note_fresh_layouts(compared.results, &r);
   const std::vector<std::vector<StreamTail>> tails = stream_tails(compared.results, selection);
   add_stream_results(&compared.results, &r);
   if (Status s = check_replicas_of_both(run_a, run_b, compared.replica_folds, options.part, &r);

@@ -138,6 +138,39 @@ bool outputs_differ(const trace::OpRecord& a, const trace::TraceReader& ra,
   return false;
 }
 
+namespace {
+
+bool close_sum(double x, double y, double scale) {
+  return std::abs(x - y) <= 1e-9 * std::max(scale, std::numeric_limits<double>::min());
+}
+
+bool same_values_in_another_order(const TensorDesc& a, const TensorDesc& b) {
+  if (!a.has_stats() || !b.has_stats() || a.dtype != b.dtype || a.numel() != b.numel())
+    return false;
+  const trace::TensorStats &x = a.stats, &y = b.stats;
+  const double largest = std::max(std::abs(x.min), std::abs(x.max));
+  return x.min == y.min && x.max == y.max && x.nan == y.nan && x.inf == y.inf &&
+         close_sum(x.mean, y.mean, largest) && close_sum(x.l2, y.l2, x.l2);
+}
+
+}  // namespace
+
+bool outputs_reordered(const trace::OpRecord& a, const trace::TraceReader& ra,
+                       const trace::OpRecord& b, const trace::TraceReader& rb, size_t* first) {
+  if (a.results_hash != b.results_hash) return false;
+  bool any = false;
+  size_t n = std::min(a.output_tensors.size(), b.output_tensors.size());
+  for (size_t i = 0; i < n; ++i) {
+    const TensorDesc* ta = ra.tensor(a.output_tensors[i]);
+    const TensorDesc* tb = rb.tensor(b.output_tensors[i]);
+    if (!ta || !tb || !ta->has_contents() || !tb->has_contents() || ta->same_digest(*tb)) continue;
+    if (!same_values_in_another_order(*ta, *tb)) return false;
+    if (!any) *first = i;
+    any = true;
+  }
+  return any;
+}
+
 bool output_deltas(const trace::OpRecord& a, const trace::TraceReader& ra, const trace::OpRecord& b,
                    const trace::TraceReader& rb, const GateConfig& gate,
                    std::vector<StatsDelta>* out) {

@@ -16,6 +16,12 @@ namespace detaudit {
 bool outputs_differ(const trace::OpRecord& a, const trace::TraceReader& ra,
                     const trace::OpRecord& b, const trace::TraceReader& rb);
 
+// Every output whose digest differs holds the same values in another order (equal dtype, count,
+// extremes and non-finite counts; mean and l2 equal up to the order their sums were taken in),
+// and one does: a buffer laid out anew. The first such output's index in `first`.
+bool outputs_reordered(const trace::OpRecord& a, const trace::TraceReader& ra,
+                       const trace::OpRecord& b, const trace::TraceReader& rb, size_t* first);
+
 // The largest relative difference of the op's differing outputs, from their statistics (see
 // StepPoint::max_relative).
 double largest_relative_difference(const trace::OpRecord& a, const trace::TraceReader& ra,

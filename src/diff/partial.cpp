@@ -198,6 +198,9 @@ Status diff_part(const std::string& run_a, const std::string& run_b, const DiffO
   json folds = {{"a", folds_json(r.replica_folds[0])}, {"b", folds_json(r.replica_folds[1])}};
   json resumes = json::array();
   for (const ResumedProcess& rp : r.resumes) resumes.push_back(resume_json(rp));
+  json parameters = json::array();
+  for (const ParameterDivergence& d : r.parameters)
+    parameters.push_back({d.stream, d.position, d.op, d.first_step});
   *part = {{"schema", kPartSchema},
            {"run_a", fs::absolute(run_a).lexically_normal().string()},
            {"run_b", fs::absolute(run_b).lexically_normal().string()},
@@ -217,6 +220,8 @@ Status diff_part(const std::string& run_a, const std::string& run_b, const DiffO
            {"structure_tolerated", r.structure_tolerated},
            {"structure_matched", r.structure_matched},
            {"structure_same_bits", r.structure_same_bits},
+           {"parameters_tracked", r.parameters_tracked},
+           {"parameters", parameters},
            {"training",
             {{"writes_compared", r.training.writes_compared},
              {"divergent_writes", r.training.divergent_writes},
@@ -277,6 +282,10 @@ Status read_parts(const std::vector<json>& parts, const std::vector<std::string>
       r.structure_tolerated = r.structure_tolerated || p.value("structure_tolerated", false);
       r.structure_matched += p.value("structure_matched", uint64_t(0));
       r.structure_same_bits += p.value("structure_same_bits", uint64_t(0));
+      r.parameters_tracked += p.value("parameters_tracked", uint64_t(0));
+      for (const json& d : p.value("parameters", json::array()))
+        r.parameters.push_back({d.at(0).get<std::string>(), d.at(1).get<uint64_t>(),
+                                d.at(2).get<std::string>(), d.at(3).get<uint64_t>()});
       // A part of an older detaudit has none: no training write compared, the gate fails closed.
       const json t = p.value("training", json::object());
       r.training.writes_compared += t.value("writes_compared", uint64_t(0));

@@ -461,7 +461,7 @@ struct ResumedProcess {
   // Training continues exactly: verified, or only values outside training differ (TrainingCheck).
   bool training_verified = false;
   // Ops of its first step that held the same values as the other run's in another order (a
-  // buffer laid out anew: DDP's gradient buckets), not counted (settle_fresh_layouts).
+  // buffer laid out anew: DDP's gradient buckets), not counted (note_fresh_layouts).
   uint64_t reordered_ops = 0;
   // Its DataLoader workers ("r0.main.0~1"): not paired by name, their batches compared where
   // its main thread reads them.

@@ -342,7 +342,9 @@ bool missed_generator(ResumeDivergence& d) {
   d.f.explanation.remedy = fmt::format(
       "save {} with the checkpoint and restore it after loading (with NumPy's and Python's: "
       "numpy.random.get_state(), random.getstate()); a Hugging Face Trainer checkpoint holds "
-      "them: resume from it; a Lightning checkpoint does not: save them in the "
+      "them, unless saved with TrainingArguments(save_only_model=True), which leaves out the "
+      "optimizer's and scheduler's state too: resume from a full one; a Lightning checkpoint "
+      "does not: save them in the "
       "LightningModule's on_save_checkpoint and restore them in its on_load_checkpoint",
       cuda ? "torch.cuda.get_rng_state_all()" : "torch.get_rng_state()");
   return true;
@@ -887,84 +889,21 @@ void note_resume_step_structure(const std::vector<ResumedProcess>& resumes,
     }
 }
 
-namespace {
-
-bool close(double x, double y, double scale) {
-  return std::abs(x - y) <= 1e-9 * std::max(scale, std::numeric_limits<double>::min());
-}
-
-// The same values in another order: equal count, extremes and non-finite counts, and mean and
-// l2 equal up to the order their sums were taken in.
-bool same_values_reordered(const TensorPair& p) {
-  const TensorSide &a = p.a, &b = p.b;
-  if (!p.differs || !a.present || !b.present || !a.has_stats || !b.has_stats ||
-      a.dtype != b.dtype || a.numel() != b.numel())
-    return false;
-  const trace::TensorStats &x = a.stats, &y = b.stats;
-  const double largest = std::max(std::abs(x.min), std::abs(x.max));
-  return x.min == y.min && x.max == y.max && x.nan == y.nan && x.inf == y.inf &&
-         close(x.mean, y.mean, largest) && close(x.l2, y.l2, x.l2);
-}
-
-// Every differing tensor of the op: the same values in another order; the first of them.
-const TensorPair* reordered_evidence(const FirstDivergence& f) {
-  const TensorPair* first = nullptr;
-  for (const auto* pairs : {&f.evidence.inputs, &f.evidence.outputs})
-    for (const TensorPair& p : *pairs) {
-      if (!p.differs) continue;
-      if (!same_values_reordered(p)) return nullptr;
-      if (!first) first = &p;
-    }
-  return first;
-}
-
-}  // namespace
-
-void settle_fresh_layouts(const std::vector<PoolComparison>& pools,
-                          std::vector<StreamResult>* results, DiffReport* r) {
-  if (r->resumes.empty()) return;
-  uint64_t tracked = 0;
-  for (const PoolComparison& c : pools)
-    if (c.unmatched_a || c.unmatched_b) return;
-  std::vector<std::pair<StreamResult*, ResumedProcess*>> settled;
-  for (StreamResult& res : *results) {
-    tracked += res.parameters_tracked;
-    if (res.structural_count || !res.parameters.empty()) return;
-    if (res.divergent_ops == 0) continue;
+void note_fresh_layouts(const std::vector<StreamResult>& results, DiffReport* r) {
+  for (const StreamResult& res : results) {
+    if (res.reordered_at_resume == 0) continue;
     auto rp = std::find_if(r->resumes.begin(), r->resumes.end(), [&](const ResumedProcess& p) {
       return of_process(res.summary.name, p.process);
     });
-    if (rp == r->resumes.end() || !res.first || res.first->step != rp->step ||
-        res.per_step.size() != 1 || !res.per_step.count(rp->step) ||
-        !reordered_evidence(*res.first))
-      return;
-    settled.emplace_back(&res, &*rp);
-  }
-  if (settled.empty() || tracked == 0) return;
-  for (auto& [res, rp] : settled) {
-    const FirstDivergence& f = *res->first;
-    const TensorPair& p = *reordered_evidence(f);
-    const char through = rp->run == 0 ? 'B' : 'A';
+    if (rp == r->resumes.end()) continue;
     r->notes.push_back(fmt::format(
-        "{}: at step {}, the step {} resumed at, {} op(s) ({} first) held the same values as "
-        "run {}'s in another order ({}: {} {} values, equal min, max, mean and l2; digests {} and "
-        "{}): DDP fills its gradient buckets in parameter order in a fresh process's first "
-        "iteration, and in the order gradients became ready after it; the optimizer's {} written "
-        "tensors and every later op agree: not counted",
-        res->summary.name, rp->step, rp->process, res->divergent_ops, f.op, through, p.label(),
-        p.a.numel(), p.a.dtype, (rp->run == 0 ? p.a : p.b).digest,
-        (rp->run == 0 ? p.b : p.a).digest, tracked));
-    rp->reordered_ops += res->divergent_ops;
-    res->first.reset();
-    res->divergent_ops = 0;
-    res->divergent_training_writes = res->divergent_outside = 0;
-    res->outside_training.clear();
-    res->summary.divergent = 0;
-    res->per_step.clear();
-    res->curve.erase(rp->step);
-    res->numerics_change.reset();
-    res->divergent_orders.clear();
-    res->beyond_tolerance = false;
+        "{}: at step {}, the step {} resumed at, {} op(s) held the same values as run {}'s in "
+        "another order, {} first: DDP fills its gradient buckets in parameter order in a fresh "
+        "process's first iteration, and in the order gradients became ready after it: not "
+        "counted as divergent",
+        res.summary.name, rp->step, rp->process, res.reordered_at_resume, rp->run == 0 ? 'B' : 'A',
+        res.first_reordered));
+    rp->reordered_ops += res.reordered_at_resume;
   }
 }
 

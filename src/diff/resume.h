@@ -40,13 +40,11 @@ void note_resume_step_structure(const std::vector<ResumedProcess>& resumes,
                                 std::vector<std::string>* notes);
 
 // A fresh process's first step may lay a buffer out anew: DDP fills its gradient buckets in
-// parameter order in a process's first iteration. Where that is all that differs (each
-// divergent stream a resumed one whose only divergent ops are at its resume step, the first of
-// them holding the same values in another order, no optimizer write or later op differing), it
-// is said in the notes and counted on the resume (ResumedProcess::reordered_ops), not as a
-// divergence.
-void settle_fresh_layouts(const std::vector<PoolComparison>& pools,
-                          std::vector<StreamResult>* results, DiffReport* r);
+// parameter order in a process's first iteration. The comparator does not count an op of a
+// resumed stream's resume step whose differing outputs hold the same values in another order
+// (StreamResult::reordered_at_resume); this says them in the notes and counts them on the
+// resume (ResumedProcess::reordered_ops).
+void note_fresh_layouts(const std::vector<StreamResult>& results, DiffReport* r);
 
 // A first divergence in a resumed stream at its resume step: what the checkpoint did not
 // restore, as the cause, with evidence and the remedy. Marks each resumed process verified when

@@ -488,6 +488,18 @@ class DdpResume(TmpDirCase):
         self.assertGreater(spread["parameters_tracked"], 0, spread)
         self.assertEqual(spread["parameters_diverged"], [], spread)
 
+    def test_an_optimizers_state_not_loaded_is_named_past_the_buckets_laid_out_anew(self):
+        # Each resumed rank's first bucket holds the same values in another order, and SGD's
+        # momentum starts over: the bucket is said, the optimizer's state is what was missed.
+        report, resumes = self.resume("optimizer", 1)
+        f = report["first_divergence"]
+        self.assertEqual((f["step"], f["phase"]), (STOP, "optimizer"), f)
+        resumed = next(x for x in resumes.values() if f["stream"].startswith(x["process"] + "."))
+        self.assertEqual(resumed["missing"], "the optimizer's state", resumed)
+        self.assertIn("the checkpoint did not restore the optimizer's state", f["cause"])
+        for x in resumes.values():
+            self.assertGreaterEqual(x["reordered_ops"], 1, x)
+
     def test_a_rank_generator_not_saved_is_named(self):
         report, resumes = self.resume("rng", 1)
         f = report["first_divergence"]

@@ -295,6 +295,18 @@ class OneCommand(TmpDirCase):
                                                    "trainer")))
 
     @unittest.skipUnless(_HAS_TRANSFORMERS, "transformers and accelerate are not installed")
+    def test_a_trainer_checkpoint_of_the_model_only_is_named_by_what_differs_first(self):
+        # save_only_model=True leaves the generators, the optimizer and the scheduler out: the
+        # dropout of the resume step draws first.
+        report, resume = self.resume("trainer-model-only", ["--at", "4"],
+                                     TRAINER + ["--save-only-model"], 1)
+        self.assertEqual((resume["step"], resume["missing"]), (4, "torch's CPU generator"), resume)
+        f = report["first_divergence"]
+        self.assertEqual((f["class"], f["step"], f["phase"]), ("rng-state", 4, "forward"), f)
+        self.assertIn("save_only_model=True", f["remedy"])
+        self.assertFalse(report["training"]["identical"], report["training"])
+
+    @unittest.skipUnless(_HAS_TRANSFORMERS, "transformers and accelerate are not installed")
     def test_trainer_logging_and_evaluating_into_a_temp_dir_resumes_bit_for_bit(self):
         # Logged every 2 steps, its loss sum starts again at the resume step in both runs.
         report, resume = self.resume("trainer-eval", ["--at", "4"], TRAINER + ["--evaluate"], 0)

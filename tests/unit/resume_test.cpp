@@ -6,6 +6,10 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <optional>
+#include <string>
+#include <utility>
+
 #include "diff/diff.h"
 #include "report_printers.h"
 #include "trace_builder.h"
@@ -154,77 +158,80 @@ TEST(ResumeTest, OpsTheResumedProcessAloneRunsAtItsSecondStepAreNotCounted) {
   }
 }
 
-// A resumed stream whose only divergent op, at its resume step, held `b_stats` where run A's
-// held `a_stats` (settle_fresh_layouts), with the optimizer's writes tracked.
-struct FreshLayout {
-  DiffReport report;
-  std::vector<StreamResult> results;
-
-  FreshLayout(trace::TensorStats a_stats, trace::TensorStats b_stats) {
-    ResumedProcess& rp = report.resumes.emplace_back();
-    rp.process = "r0.main~1";
-    rp.continues = "r0.main";
-    rp.step = 3;
-    StreamResult& before = results.emplace_back();
-    before.summary.name = "r0.main.t-main";
-    before.parameters_tracked = 8;
-    StreamResult& res = results.emplace_back();
-    res.summary.name = "r0.main~1.t-main";
-    res.parameters_tracked = 8;
-    res.divergent_ops = res.summary.divergent = 1;
-    res.per_step[3] = 1;
-    FirstDivergence& f = res.first.emplace();
-    f.stream = res.summary.name;
-    f.step = 3;
-    f.op = "c10d::allreduce_";
-    TensorPair& p = f.evidence.inputs.emplace_back();
-    p.role = "input";
-    p.differs = true;
-    for (auto [side, stats, digest] : {std::tuple{&p.a, a_stats, "aa"}, {&p.b, b_stats, "bb"}}) {
-      side->present = side->has_stats = true;
-      side->dtype = "float32";
-      side->sizes = {321};
-      side->stats = stats;
-      side->digest = digest;
-    }
-  }
-
-  void settle() { settle_fresh_layouts({}, &results, &report); }
-};
-
-constexpr trace::TensorStats kBucket{-0.5, 0.75, 0.01, 2.5, 0, 0};
-
-TEST(ResumeTest, TheSameValuesInAnotherOrderAtTheResumeStepAreSaidNotCounted) {
-  FreshLayout l(kBucket, trace::TensorStats{-0.5, 0.75, 0.01 + 1e-12, 2.5, 0, 0});
-  l.settle();
-  EXPECT_FALSE(l.results[1].first);
-  EXPECT_EQ(l.results[1].divergent_ops, 0u);
-  EXPECT_EQ(l.report.resumes[0].reordered_ops, 1u);
-  ASSERT_EQ(l.report.notes.size(), 1u);
-  EXPECT_NE(l.report.notes[0].find("c10d::allreduce_ first) held the same values"),
-            std::string::npos)
-      << l.report.notes[0];
-  EXPECT_NE(l.report.notes[0].find("the optimizer's 16 written tensors"), std::string::npos)
-      << l.report.notes[0];
+// A gradient bucket all-reduced at each step, then the step as train_step: the bucket's bytes
+// are `bucket` (its statistics those of fill 0x30 unless `stats` says otherwise), its values
+// read back into the gradient.
+void bucketed_step(TraceBuilder& t, uint64_t step, uint8_t params_fill, uint8_t bucket,
+                   std::optional<trace::TensorStats> stats = {}) {
+  t.step(step);
+  TensorDesc out = tensor(bucket, {64});
+  out.stats = stats.value_or(tensor(0x30, {64}).stats);
+  t.op("c10d::allreduce_").in_new(tensor(0x31, {64})).out_new(out).done();
+  const int64_t w = t.op("aten::linear")
+                        .in_new(tensor(uint8_t(0x20 + step % 2)))
+                        .in_new(tensor(params_fill))
+                        .out_new(tensor(uint8_t(0x80 + params_fill)))
+                        .done();
+  t.op("aten::add_", Phase::kOptimizer)
+      .in_ref(w)
+      .in_double(-0.1)
+      .out_new(tensor(uint8_t(params_fill + 1)))
+      .done();
 }
 
-TEST(ResumeTest, OtherValuesOrADifferenceThatReachesOnAreCounted) {
-  FreshLayout other_max(kBucket, trace::TensorStats{-0.5, 0.7500001, 0.01, 2.5, 0, 0});
-  FreshLayout later(kBucket, kBucket);
-  later.results[1].per_step[4] = 1;
-  FreshLayout written(kBucket, kBucket);
-  written.results[1].parameters.push_back({"r0.main~1.t-main", 2, "aten::add_", 3});
-  FreshLayout untracked(kBucket, kBucket);
-  for (StreamResult& res : untracked.results) res.parameters_tracked = 0;
-  FreshLayout structure(kBucket, kBucket);
-  structure.results[0].structural_count = 1;
-  for (FreshLayout* l : {&other_max, &later, &written, &untracked, &structure}) {
-    l->settle();
-    EXPECT_TRUE(l->results[1].first);
-    EXPECT_EQ(l->results[1].divergent_ops, 1u);
-    EXPECT_EQ(l->report.resumes[0].reordered_ops, 0u);
-    EXPECT_TRUE(l->report.notes.empty());
+// Run A through 6 steps; run B stopped at 4 and resumed, its first bucket laid out anew
+// (`first_bucket`, with `stats`), and the optimizer's update of step `planted` other bits.
+DiffReport bucket_laid_out_anew(const std::string& name, uint8_t first_bucket,
+                                std::optional<trace::TensorStats> stats,
+                                std::optional<uint64_t> planted) {
+  RunDir a(name + "_a/run-0"), b(name + "_b/run-0");
+  TraceBuilder ta, tb, tr(0, "main~1");
+  for (uint64_t s = 0; s < 6; ++s) bucketed_step(ta, s, uint8_t(0x40 + s), 0x30);
+  for (uint64_t s = 0; s < 4; ++s) bucketed_step(tb, s, uint8_t(0x40 + s), 0x30);
+  tr.op("aten::copy_").in_new(tensor(0x02)).in_new(tensor(0x44)).done();
+  for (uint64_t s = 4; s < 6; ++s) {
+    uint8_t fill = uint8_t(0x40 + s);
+    if (planted && s == *planted) fill ^= 0x80;
+    bucketed_step(tr, s - 4, fill, s == 4 ? first_bucket : 0x30, s == 4 ? stats : std::nullopt);
   }
+  for (TraceBuilder* t : {&ta, &tb, &tr}) t->end();
+  a.add_stream("r0.main.t-main", ta);
+  b.add_stream("r0.main.t-main", tb);
+  b.add_stream("r0.main~1.t-main", tr);
+  return diff(a, b, 4);
+}
+
+TEST(ResumeTest, TheSameValuesInAnotherOrderAtTheResumeStepAreSaidNotCounted) {
+  // Other bytes, the same statistics: the bucket a fresh process fills in parameter order.
+  DiffReport r = bucket_laid_out_anew("fresh_layout", 0x35, {}, {});
+  EXPECT_EQ(r.verdict, Verdict::kIdentical) << (r.first ? r.first->op : "");
+  ASSERT_EQ(r.resumes.size(), 1u);
+  EXPECT_EQ(r.resumes[0].reordered_ops, 1u);
+  ASSERT_FALSE(r.notes.empty());
+  EXPECT_NE(r.notes.back().find("1 op(s) held the same values as run A's in another order, "
+                                "c10d::allreduce_ (output 0: 64 float32 values"),
+            std::string::npos)
+      << r.notes.back();
+}
+
+TEST(ResumeTest, ALaterDifferenceAfterABucketLaidOutAnewIsTheFirstDivergence) {
+  // The optimizer's state not restored, under DDP: the bucket laid out anew is not the first
+  // divergence, the update that differs is (each rank's bucket was: none came first).
+  DiffReport r = bucket_laid_out_anew("fresh_layout_later", 0x35, {}, 5);
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(std::make_pair(r.first->step, r.first->op),
+            std::make_pair(uint64_t(5), std::string("aten::linear")));
+  EXPECT_EQ(r.resumes[0].reordered_ops, 1u);
+}
+
+TEST(ResumeTest, OtherValuesInTheFirstBucketAreTheFirstDivergence) {
+  trace::TensorStats other = tensor(0x30, {64}).stats;
+  other.max += 1e-6;
+  DiffReport r = bucket_laid_out_anew("fresh_layout_other", 0x35, other, {});
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(std::make_pair(r.first->step, r.first->op),
+            std::make_pair(uint64_t(4), std::string("c10d::allreduce_")));
+  EXPECT_EQ(r.resumes[0].reordered_ops, 0u);
 }
 
 }  // namespace
