@@ -119,9 +119,10 @@ namespace {
 
 // The integer local `local` of the innermost frame of function `function` (whose file ends with
 // `file_suffix`, if given) on this thread's Python stack: nullopt when no such frame, -1 when the
-// local is not set yet. With `identity`, the local's object's address instead (0 when unset).
+// local is not set yet. With `also`, the address of that local's object too, into *address (0
+// when unset), from the same frame's locals.
 std::optional<int64_t> frame_local(const char* function, const char* file_suffix, const char* local,
-                                   bool identity = false) {
+                                   const char* also = nullptr, uintptr_t* address = nullptr) {
   Gil gil;
   if (!gil.usable()) return std::nullopt;
   const Api& a = api();
@@ -143,11 +144,11 @@ std::optional<int64_t> frame_local(const char* function, const char* file_suffix
     if (match) {
       Ref locals(a.get_attr(frame, "f_locals"));
       Ref value(locals.p ? a.mapping_get(locals.p, local) : nullptr);
-      if (identity) {
-        found = int64_t(reinterpret_cast<intptr_t>(value.p));
-      } else {
-        found = value.p ? a.as_long_long(value.p) : -1;
-        if (*found < -1) found = -1;
+      found = value.p ? a.as_long_long(value.p) : -1;
+      if (*found < -1) found = -1;
+      if (also && address) {
+        Ref other(locals.p ? a.mapping_get(locals.p, also) : nullptr);
+        *address = reinterpret_cast<uintptr_t>(other.p);
       }
       break;
     }
@@ -163,13 +164,13 @@ std::optional<int64_t> frame_local(const char* function, const char* file_suffix
 }  // namespace
 
 std::optional<WorkerBatch> dataloader_batch() {
-  // -1 before the loop's first batch.
-  std::optional<int64_t> idx = frame_local("_worker_loop", nullptr, "idx");
+  // -1 before the loop's first batch. Its fetcher is made anew at each _ResumeIteration (the
+  // next epoch of a persistent worker) while the old one is still held: consecutive epochs'
+  // fetchers are never at one address.
+  uintptr_t fetcher = 0;
+  std::optional<int64_t> idx = frame_local("_worker_loop", nullptr, "idx", "fetcher", &fetcher);
   if (!idx) return std::nullopt;
-  // Made anew at each _ResumeIteration (the next epoch of a persistent worker), while the old
-  // one is still held: consecutive epochs' fetchers are never at one address.
-  std::optional<int64_t> fetcher = frame_local("_worker_loop", nullptr, "fetcher", true);
-  return WorkerBatch{*idx, uintptr_t(fetcher.value_or(0))};
+  return WorkerBatch{*idx, fetcher};
 }
 
 std::optional<int64_t> spawn_index() {

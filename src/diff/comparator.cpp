@@ -247,13 +247,15 @@ class StreamComparator {
     std::vector<DivergentOp> ops;
   };
 
-  // At a resumed stream's resume step, an op whose differing outputs hold the same values in
-  // another order: a buffer a fresh process laid out anew (DDP fills its gradient buckets in
+  // At a resumed stream's resume step, a collective whose differing outputs hold the same values
+  // in another order: a buffer a fresh process laid out anew (DDP fills its gradient buckets in
   // parameter order in its first iteration), counted apart (StreamResult::reordered_at_resume).
+  // Only a collective's: a permutation drawn anew (randperm) or a batch in another order holds
+  // the same values in another order too, and is what a checkpoint missed.
   bool laid_out_anew(const BufferedOp& a, const BufferedOp& b) {
     const StreamWindow& w = limits_.window;
     size_t i = 0;
-    if (!w.resume_step || a.rec.step != *w.resume_step ||
+    if (!w.resume_step || a.rec.step != *w.resume_step || !a.collective || a.rec.is_random() ||
         !outputs_reordered(a.rec, a_->reader(), b.rec, b_->reader(), &i))
       return false;
     if (out_->reordered_at_resume++ == 0) {

@@ -40,8 +40,8 @@ void note_resume_step_structure(const std::vector<ResumedProcess>& resumes,
                                 std::vector<std::string>* notes);
 
 // A fresh process's first step may lay a buffer out anew: DDP fills its gradient buckets in
-// parameter order in a process's first iteration. The comparator does not count an op of a
-// resumed stream's resume step whose differing outputs hold the same values in another order
+// parameter order in a process's first iteration. The comparator does not count a collective of
+// a resumed stream's resume step whose differing outputs hold the same values in another order
 // (StreamResult::reordered_at_resume); this says them in the notes and counts them on the
 // resume (ResumedProcess::reordered_ops).
 void note_fresh_layouts(const std::vector<StreamResult>& results, DiffReport* r);
