@@ -242,6 +242,37 @@ Status diff_part(const std::string& run_a, const std::string& run_b, const DiffO
 
 namespace {
 
+// One part's counts, parameters and training writes added into *out.
+void add_counts(const json& p, DiffReport* out) {
+  DiffReport& r = *out;
+  r.ops_compared += p.at("ops_compared").get<uint64_t>();
+  r.steps_seen = std::max(r.steps_seen, p.value("steps_seen", uint64_t(0)));
+  r.backward_passes = std::max(r.backward_passes, p.value("backward_passes", uint64_t(0)));
+  r.optimizer_ops += p.value("optimizer_ops", uint64_t(0));
+  r.divergent_ops += p.at("divergent_ops").get<uint64_t>();
+  r.structural_count += p.at("structural_count").get<uint64_t>();
+  r.records_a += p.at("records_a").get<uint64_t>();
+  r.records_b += p.at("records_b").get<uint64_t>();
+  r.bytes_read += p.at("bytes_read").get<uint64_t>();
+  r.unread_differences += p.at("unread_differences").get<uint64_t>();
+  r.beyond_tolerance = r.beyond_tolerance || p.at("beyond_tolerance").get<bool>();
+  r.structure_tolerated = r.structure_tolerated || p.value("structure_tolerated", false);
+  r.structure_matched += p.value("structure_matched", uint64_t(0));
+  r.structure_same_bits += p.value("structure_same_bits", uint64_t(0));
+  r.parameters_tracked += p.value("parameters_tracked", uint64_t(0));
+  for (const json& d : p.value("parameters", json::array()))
+    r.parameters.push_back({d.at(0).get<std::string>(), d.at(1).get<uint64_t>(),
+                            d.at(2).get<std::string>(), d.at(3).get<uint64_t>()});
+  // A part of an older detaudit has none: no training write compared, the gate fails closed.
+  const json t = p.value("training", json::object());
+  r.training.writes_compared += t.value("writes_compared", uint64_t(0));
+  r.training.divergent_writes += t.value("divergent_writes", uint64_t(0));
+  r.training.divergent_outside += t.value("divergent_outside", uint64_t(0));
+  for (const json& o : t.value("outside", json::array()))
+    if (r.training.outside.size() < TrainingCheck::kMaxOutside)
+      r.training.outside.push_back(o.get<std::string>());
+}
+
 // Every part's counts, candidates and folds into *r, *candidates and folds; the parts must be of
 // one pair of runs, their streams not overlapping.
 Status read_parts(const std::vector<json>& parts, const std::vector<std::string>& sources,
@@ -268,32 +299,7 @@ Status read_parts(const std::vector<json>& parts, const std::vector<std::string>
           return Status::error(fmt::format(
               "{}: stream {} is in another part too; give the parts ranks that do not overlap",
               sources[i], s.get<std::string>()));
-      r.ops_compared += p.at("ops_compared").get<uint64_t>();
-      r.steps_seen = std::max(r.steps_seen, p.value("steps_seen", uint64_t(0)));
-      r.backward_passes = std::max(r.backward_passes, p.value("backward_passes", uint64_t(0)));
-      r.optimizer_ops += p.value("optimizer_ops", uint64_t(0));
-      r.divergent_ops += p.at("divergent_ops").get<uint64_t>();
-      r.structural_count += p.at("structural_count").get<uint64_t>();
-      r.records_a += p.at("records_a").get<uint64_t>();
-      r.records_b += p.at("records_b").get<uint64_t>();
-      r.bytes_read += p.at("bytes_read").get<uint64_t>();
-      r.unread_differences += p.at("unread_differences").get<uint64_t>();
-      r.beyond_tolerance = r.beyond_tolerance || p.at("beyond_tolerance").get<bool>();
-      r.structure_tolerated = r.structure_tolerated || p.value("structure_tolerated", false);
-      r.structure_matched += p.value("structure_matched", uint64_t(0));
-      r.structure_same_bits += p.value("structure_same_bits", uint64_t(0));
-      r.parameters_tracked += p.value("parameters_tracked", uint64_t(0));
-      for (const json& d : p.value("parameters", json::array()))
-        r.parameters.push_back({d.at(0).get<std::string>(), d.at(1).get<uint64_t>(),
-                                d.at(2).get<std::string>(), d.at(3).get<uint64_t>()});
-      // A part of an older detaudit has none: no training write compared, the gate fails closed.
-      const json t = p.value("training", json::object());
-      r.training.writes_compared += t.value("writes_compared", uint64_t(0));
-      r.training.divergent_writes += t.value("divergent_writes", uint64_t(0));
-      r.training.divergent_outside += t.value("divergent_outside", uint64_t(0));
-      for (const json& o : t.value("outside", json::array()))
-        if (r.training.outside.size() < TrainingCheck::kMaxOutside)
-          r.training.outside.push_back(o.get<std::string>());
+      add_counts(p, &r);
       for (const json& e : p.at("per_step"))
         r.divergent_ops_per_step[e.at(0).get<uint64_t>()] += e.at(1).get<uint64_t>();
       for (const json& e : p.at("curve")) {
