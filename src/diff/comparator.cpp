@@ -151,6 +151,7 @@ class StreamComparator {
       out_->first->collectives_after = collectives_after_;
     }
     Status s = finish(ra, rb);
+    if (!out_->first && same_values_first_) out_->first = std::move(same_values_first_);
     note_what_run_a_showed(a);
     out_->max_step_b = b.max_step();
     out_->tail_b = tail_of(b);
@@ -723,6 +724,12 @@ class StreamComparator {
       classify_structural(d.detail, &fd);
       fd.evidence.nested = shape.nested;
       fd.evidence.same_values = d.values && d.values->same_bits();
+      // Other ops for the same bits are the first divergence only if no value differs after.
+      if (fd.evidence.same_values) {
+        if (!same_values_first_) same_values_first_ = std::move(fd);
+        if (out_->structural.size() < kMaxStructural) out_->structural.push_back(std::move(d));
+        return;
+      }
       // The enclosing ops are common to both runs and end later: collect them as they come.
       Candidate& c = open_.emplace_back();
       c.fd = std::move(fd);
@@ -763,6 +770,12 @@ class StreamComparator {
     auto at = find_resync(*a_, *b_);
     size_t i = at ? at->first : a_->size();
     size_t j = at ? at->second : b_->size();
+    std::optional<MatchedRegion> region;
+    if (at && i > 0 && j > 0 && i <= kMaxMatchedRegion && j <= kMaxMatchedRegion) {
+      region = match_region(*a_, i, *b_, j, options_.gate);
+      i = region->n;
+      j = region->m;
+    }
     d.skipped_a = i;
     d.skipped_b = j;
     // The op reported is run A's first skipped op, or run B's when A skipped none.
@@ -792,8 +805,13 @@ class StreamComparator {
                              d.op_a, j, d.op_b, outermost);
     }
     if (shape.nested) d.detail += "; all inside ops both runs ran (their internal ops differ)";
-    if (at && i > 0 && j > 0 && i <= kMaxMatchedRegion && j <= kMaxMatchedRegion) {
-      d.values = match_region_values(*a_, i, *b_, j, options_.gate);
+    if (region) {
+      if (region->stretches > 1)
+        d.detail += fmt::format(
+            "; {} stretches of other ops in another order, the ops both ran between them "
+            "matched with them",
+            region->stretches);
+      d.values = std::move(region->values);
       d.detail += "; " + region_values_text(*d.values);
     }
     add_structural(std::move(d), shape);
@@ -956,6 +974,7 @@ class StreamComparator {
   static constexpr size_t kMaxOpen = 64;  // candidates open at once; more confirm the oldest
   std::deque<Candidate> open_;
   bool first_done_ = false;
+  std::optional<FirstDivergence> same_values_first_;  // the first region of other ops, same bits
   struct SeenCollective {
     uint64_t index, group, seq;
   };

@@ -134,10 +134,15 @@ void find_shared_writer(const std::map<std::string, std::string>& streams_a,
 }  // namespace
 
 const FirstDivergence* causal_first(const std::vector<const FirstDivergence*>& candidates) {
+  // Other ops that handed on the same bits are first only where no stream's values differ.
+  std::vector<const FirstDivergence*> valued;
+  for (const FirstDivergence* c : candidates)
+    if (!c->evidence.same_values) valued.push_back(c);
+  const auto& among = valued.empty() ? candidates : valued;
   const FirstDivergence* first = nullptr;
-  for (const FirstDivergence* c : candidates) {
+  for (const FirstDivergence* c : among) {
     bool preceded = false;
-    for (const FirstDivergence* o : candidates) preceded = preceded || happened_before(*o, *c);
+    for (const FirstDivergence* o : among) preceded = preceded || happened_before(*o, *c);
     if (!preceded && (!first || earlier(*c, *first))) first = c;
   }
   return first;

@@ -6,9 +6,11 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
+#include "diff/aligner.h"
 #include "diff/classify.h"
 
 namespace detaudit {
@@ -20,8 +22,14 @@ struct Value {
   uint32_t depth;
 };
 
+// The same elements, in any shape: autograd hands a bias's gradient on as sum's [1, n] in one
+// run and as a view [n] of it, read by AccumulateGrad, in the other.
+bool same_elements(const trace::TensorDesc& x, const trace::TensorDesc& y) {
+  return x.sizes == y.sizes || x.numel() == y.numel();
+}
+
 bool same_geometry(const trace::TensorDesc& x, const trace::TensorDesc& y) {
-  return x.dtype == y.dtype && x.sizes == y.sizes;
+  return x.dtype == y.dtype && same_elements(x, y);
 }
 
 bool same_bits(const trace::TensorDesc& x, const trace::TensorDesc& y) {
@@ -30,10 +38,10 @@ bool same_bits(const trace::TensorDesc& x, const trace::TensorDesc& y) {
 
 bool floating(trace::Dtype d) { return dtype_epsilon(d) > 0; }
 
-// A counterpart to compare by statistics: the same shape, and the same dtype or both floating
+// A counterpart to compare by statistics: the same elements, and the same dtype or both floating
 // (a layer computed in float64 and cast back holds its float32 values in float64).
 bool comparable(const trace::TensorDesc& x, const trace::TensorDesc& y) {
-  return x.sizes == y.sizes && (x.dtype == y.dtype || (floating(x.dtype) && floating(y.dtype)));
+  return same_elements(x, y) && (x.dtype == y.dtype || (floating(x.dtype) && floating(y.dtype)));
 }
 
 uint64_t bits_key(const trace::TensorDesc& t) {
@@ -161,6 +169,35 @@ RegionValues match_region_values(const OpSource& a, size_t n, const OpSource& b,
   match(handed_on(a, n, made_a), made_b, /*from_a=*/true, gate, &rv, &furthest_beyond);
   match(handed_on(b, m, made_b), made_a, /*from_a=*/false, gate, &rv, &furthest_beyond);
   return rv;
+}
+
+MatchedRegion match_region(const OpSource& a, size_t n, const OpSource& b, size_t m,
+                           const GateConfig& gate) {
+  MatchedRegion region{n, m, match_region_values(a, n, b, m, gate), 1};
+  if (region.values.unmatched == 0) return region;
+  const trace::OpRecord& first = a.at(0).rec;
+  auto in_step = [&](const OpSource& s, size_t k) {
+    return s.at(k).rec.step == first.step && s.at(k).rec.phase == first.phase;
+  };
+  size_t i = n, j = m;
+  for (size_t stretches = 2; stretches <= kMaxWidenedStretches; ++stretches) {
+    // Over the ops both ran, to the next that differ: they join the region.
+    while (i < a.size() && j < b.size() && in_step(a, i) && in_step(b, j) &&
+           a.at(i).key == b.at(j).key) {
+      ++i;
+      ++j;
+    }
+    if (i >= a.size() || j >= b.size() || !in_step(a, i) || !in_step(b, j)) break;
+    const auto next = find_resync(a, b, i, j);
+    if (!next || next->first > kMaxMatchedRegion || next->second > kMaxMatchedRegion) break;
+    std::tie(i, j) = *next;
+    RegionValues values = match_region_values(a, i, b, j, gate);
+    // Every value with a counterpart within the tolerance: the region is found. Short of that, a
+    // wider region only offers more values to pair by chance.
+    if (values.handed_on > 0 && values.unmatched == 0 && values.beyond == 0)
+      return MatchedRegion{i, j, std::move(values), stretches};
+  }
+  return region;
 }
 
 std::string region_values_text(const RegionValues& v) {

@@ -22,6 +22,24 @@ inline constexpr size_t kMaxMatchedRegion = 512;
 RegionValues match_region_values(const OpSource& a, size_t n, const OpSource& b, size_t m,
                                  const GateConfig& gate);
 
+// A region of other ops: run A's first n buffered ops against run B's first m, matched by the
+// values they hand on, in `stretches` stretches of other ops with the ops both runs ran between
+// them (autograd runs a refactor's gradients in another order: nn.Linear's AddmmBackward0
+// before the bias's sum, `x @ W.t() + b`'s AddBackward0 after it).
+struct MatchedRegion {
+  size_t n = 0, m = 0;
+  RegionValues values;
+  size_t stretches = 1;
+};
+
+// The region of run A's first n ops against run B's first m (where the aligner resynchronised);
+// while some value it hands on has no counterpart in the other run's region, widened over the
+// next stretches of other ops in the same step and phase, up to kMaxWidenedStretches, to the
+// first whose every value has a counterpart within the tolerance; else as the aligner found it.
+inline constexpr size_t kMaxWidenedStretches = 4;
+MatchedRegion match_region(const OpSource& a, size_t n, const OpSource& b, size_t m,
+                           const GateConfig& gate);
+
 // "the 5 values it hands on agree bit for bit", for a structural difference's detail.
 std::string region_values_text(const RegionValues& v);
 

@@ -1,7 +1,7 @@
 """Runs not meant to match bit for bit (issue 61): one training program under two torch builds
 (pip's 2.13 and Debian's 1.13), with 1 and 2 intra-op threads, with one layer's activation
 changed to another algorithm, and with its layers written as F.linear, as `h @ W.t() + b` and in
-float64, each diffed bit for bit and under a tolerance; and this run checked against a baseline
+float64, each diffed bit for bit and under a tolerance, in one process and on two DDP ranks; and this run checked against a baseline
 stored in the repository.
 
     cd build && ctest -R e2e.*test_numerics --output-on-failure
@@ -42,15 +42,21 @@ class NumericsAcrossSettings(RecordedRuns):
                 "tanh_gelu": [PYTHON, MLP, "--tanh-gelu-at", "2"],
                 "functional": [PYTHON, MLP, "--form", "functional"],
                 "matmul": [PYTHON, MLP, "--form", "matmul"],
-                "float64": [PYTHON, MLP, "--form", "float64"]}
+                "float64": [PYTHON, MLP, "--form", "float64"],
+                # Two gloo ranks under DDP (torch.multiprocessing.spawn): the backward runs the
+                # refactor's gradients in autograd's other order, between DDP's bucket copies.
+                "ddp": [PYTHON, MLP, "--ranks", "2"],
+                "ddp_matmul": [PYTHON, MLP, "--ranks", "2", "--form", "matmul"],
+                "ddp_matmul_lr": [PYTHON, MLP, "--ranks", "2", "--form", "matmul", "--lr-at", "2"],
+                "ddp_float64": [PYTHON, MLP, "--ranks", "2", "--form", "float64"]}
         if OTHER:
             jobs["other_torch"] = [OTHER[0], MLP]
         return jobs
 
-    def diff(self, b, *flags):
-        for name in ("base", b):
+    def diff(self, b, *flags, base="base"):
+        for name in (base, b):
             self.records(name)  # recorded, or the test fails saying why
-        r = run_detaudit(["diff", os.path.join(self.tmp, "base", "run-0"),
+        r = run_detaudit(["diff", os.path.join(self.tmp, base, "run-0"),
                           os.path.join(self.tmp, b, "run-0"), "--format", "json"] + list(flags))
         self.assertIn(r.returncode, (0, 1), r.stderr)
         return r.returncode, json.loads(r.stdout)
@@ -160,6 +166,39 @@ class NumericsAcrossSettings(RecordedRuns):
         self.assertIn(change["replaced_by"], ("aten::to", "aten::_to_copy"), change)
         self.assertGreater(change["output"]["ulps"], 0.5, change)
 
+
+    def test_a_refactor_under_ddp_passes_its_backward_matched_in_autograds_order(self):
+        # nn.Linear's AddmmBackward0 makes both gradients before the bias's sum and DDP's bucket
+        # copy; `h @ W.t() + b` hands the bias's on first. The final parameters agree bit for bit.
+        code, report = self.diff("ddp_matmul", base="ddp")
+        self.assertEqual((code, report["verdict"], report["headline"]),
+                         (0, "identical-values", "identical values (other ops)"),
+                         report["first_divergence"])
+        self.assertEqual(report["gate"]["structure_same_bits"],
+                         report["structural_differences"]["count"])
+        backward = [d for d in report["structural_differences"]["first"]
+                    if d["phase"] == "backward"]
+        self.assertTrue(backward, report["structural_differences"])
+        for d in backward:
+            self.assertEqual(d["values"]["exact"], d["values"]["handed_on"], d)
+            self.assertGreater(d["values"]["handed_on"], 0, d)
+
+    def test_a_learning_rate_changed_after_a_refactor_under_ddp_is_found_at_its_step(self):
+        code, report = self.diff("ddp_matmul_lr", base="ddp")
+        self.assertEqual(code, 1)
+        first = report["first_divergence"]
+        self.assertEqual((first["step"], first["phase"]), (2, "optimizer"), first)
+
+    def test_a_float64_layer_under_ddp_is_within_16_ulp_and_named_at_its_forward(self):
+        code, report = self.diff("ddp_float64", "--fail-on", "tolerance", "--ulp", "16",
+                                 base="ddp")
+        self.assertEqual(code, 0, report["gate"])
+        code, report = self.diff("ddp_float64", "--fail-on", "tolerance", "--ulp", "0.5",
+                                 base="ddp")
+        self.assertEqual(code, 1)
+        change = report["numerics_change"]
+        self.assertEqual((change["op"], change["step"], change["phase"]),
+                         ("aten::linear", 0, "forward"), change)
 
 BASELINE = os.path.join(SOURCE_DIR, "tests", "e2e", "data", "baselines", "numerics_mlp")
 

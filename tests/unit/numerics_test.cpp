@@ -392,6 +392,78 @@ TEST(NumericsTest, AReplacedRegionWhoseValuesMovedIsWhereNumericsChanged) {
   EXPECT_NE(text.find("aten::linear, replaced by aten::add in run B"), std::string::npos) << text;
 }
 
+// A refactor's backward in autograd's order (issue 82): nn.Linear's AddmmBackward0 makes both
+// gradients before the bias's sum and its bucket copy (run A); `x @ W.t() + b`'s AddBackward0
+// hands the bias's on first, its MmBackward0 after (run B). Two stretches of other ops with the
+// ops both ran between them, one region. `planted_at`: from that step on, run B's exp differs.
+TraceBuilder backward_in_order(bool matmul, int64_t planted_at = -1) {
+  TraceBuilder t;
+  const Phase bw = Phase::kBackward;
+  for (uint64_t step = 0; step < 3; ++step) {
+    t.step(step);
+    int64_t x = t.op("aten::randn", bw).out_new(tensor(0x10, {16})).done();
+    int64_t g1 = -1, g2 = -1;
+    auto gradients = [&] {
+      g1 = t.op("aten::mm", bw, 1).in_ref(x).out_new(tensor(0x31, {8})).done();
+      g2 = t.op("aten::mm", bw, 1).in_ref(x).out_new(tensor(0x32, {4})).done();
+    };
+    if (!matmul) {
+      gradients();
+      t.op("AddmmBackward0", bw).done();
+    } else {
+      t.op("AddBackward0", bw).done();
+    }
+    // The bias's gradient, [1, 2], read as [2] by the bucket copy.
+    t.op("aten::sum", bw).in_ref(x).out_new(tensor(0x33, {1, 2})).done();
+    int64_t h =
+        t.op("aten::mul", bw, 1).in_new(tensor(0x33, {2})).out_new(tensor(0x34, {2})).done();
+    for (const char* op : {"aten::neg", "aten::abs", "aten::relu", "aten::sigmoid"})
+      h = t.op(op, bw).in_ref(h).out_new(tensor(0x35, {2})).done();
+    if (matmul) {
+      gradients();
+      t.op("MmBackward0", bw).done();
+    }
+    const bool planted = matmul && planted_at >= 0 && int64_t(step) >= planted_at;
+    t.op("aten::gelu", bw).in_ref(g1).out_new(tensor(0x50, {8})).done();
+    t.op("aten::exp", bw).in_ref(g2).out_new(tensor(planted ? 0x61 : 0x60, {4})).done();
+    for (const char* op : {"aten::neg", "aten::abs", "aten::relu", "aten::sigmoid"})
+      t.op(op, bw).in_ref(h).out_new(tensor(0x70, {2})).done();
+  }
+  t.end();
+  return t;
+}
+
+DiffReport diff_backward(const std::string& name, int64_t planted_at) {
+  RunDir a(name + "/run-0"), b(name + "/run-1");
+  a.add_stream("r0.main.t0", backward_in_order(false));
+  b.add_stream("r0.main.t0", backward_in_order(true, planted_at));
+  DiffReport r;
+  EXPECT_TRUE(diff_runs(a.path(), b.path(), DiffOptions{}, &r).ok());
+  return r;
+}
+
+TEST(NumericsTest, ABackwardRefactorInAutogradsOtherOrderIsOneRegionOfTheSameBits) {
+  DiffReport r = diff_backward("backward_order", -1);
+  ASSERT_EQ(r.structural.size(), 3u) << "one region a step";
+  for (const StructuralDifference& d : r.structural) {
+    ASSERT_TRUE(d.values) << d.detail;
+    EXPECT_TRUE(d.values->same_bits()) << d.detail;
+    EXPECT_EQ(d.values->unmatched, 0u) << d.detail;
+    EXPECT_NE(d.detail.find("2 stretches of other ops"), std::string::npos) << d.detail;
+  }
+  EXPECT_EQ(r.verdict, Verdict::kSameValues);
+  EXPECT_EQ(gate_exit_code(r), ExitCode::kIdentical);
+}
+
+TEST(NumericsTest, AValueChangedAfterARefactorIsTheFirstDivergenceAtItsStep) {
+  DiffReport r = diff_backward("backward_planted", 1);
+  ASSERT_TRUE(r.first);
+  EXPECT_EQ(std::make_pair(r.first->op, r.first->step),
+            std::make_pair(std::string("aten::exp"), uint64_t(1)));
+  EXPECT_NE(r.first->divergence_class, DivergenceClass::kStructural);
+  EXPECT_EQ(gate_exit_code(r), ExitCode::kDivergent);
+}
+
 // The same torch build on two GPU models: a cuBLAS GEMM on cuda:1 reads the same inputs and
 // writes other bits.
 TraceBuilder gpu_gemm(uint8_t out) {
