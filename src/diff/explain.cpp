@@ -243,13 +243,31 @@ bool explain_external(const std::vector<EnvDifference>& env, bool, FirstDivergen
         "or run with PYTHONHASHSEED=0. If a shuffle picks them, seed it (random.seed)";
   }
   if (!hash && !fd->evidence.scalar_argument.empty()) {
-    fd->explanation.cause = fmt::format(
-        "a Python value passed to the op differs ({}): drawn from an "
-        "unseeded generator (random, numpy) or from the clock",
-        fd->evidence.scalar_argument);
-    fd->explanation.remedy =
-        "seed Python's and NumPy's generators (random.seed, np.random.seed) or draw "
-        "the value from a seeded torch.Generator";
+    // Where the value goes decides what it is: one that writes a parameter or the optimizer's
+    // state is a hyperparameter (a learning rate), set or scheduled otherwise as often as drawn.
+    const auto writes = std::find_if(
+        fd->evidence.outputs.begin(), fd->evidence.outputs.end(), [](const TensorPair& t) {
+          return t.differs && (t.tensor_role == TensorRole::kParameter ||
+                               t.tensor_role == TensorRole::kOptimizerState);
+        });
+    if (writes != fd->evidence.outputs.end()) {
+      fd->explanation.cause = fmt::format(
+          "a hyperparameter differs ({}), passed to the op that writes the {}: a learning "
+          "rate, momentum or weight decay set or scheduled otherwise in the two runs, or drawn "
+          "from an unseeded generator",
+          fd->evidence.scalar_argument, tensor_role_name(writes->tensor_role));
+      fd->explanation.remedy =
+          "give both runs the same hyperparameters: compare the optimizer's param_groups and "
+          "the scheduler's state at that step, and the config or command line each run read";
+    } else {
+      fd->explanation.cause = fmt::format(
+          "a Python value passed to the op differs ({}): drawn from an "
+          "unseeded generator (random, numpy) or from the clock",
+          fd->evidence.scalar_argument);
+      fd->explanation.remedy =
+          "seed Python's and NumPy's generators (random.seed, np.random.seed) or draw "
+          "the value from a seeded torch.Generator";
+    }
   }
   if (!hash && !fd->evidence.batch_read_by.empty()) {
     fd->explanation.cause =

@@ -317,7 +317,10 @@ class SlurmTasks(TmpDirCase):
                             for line in report["not_compared"]), report["not_compared"])
         # --ranks 0: rank 1 was never meant to be recorded, so nothing is missing.
         solo = os.path.join(self.tmp, "solo")
-        tasks = self.record_tasks(solo, port, ["--steps", "2"], flags=["--ranks", "0"])
+        # Past torch's teardown race (an unrecorded rank's abort leaves its node failed): not
+        # this test's subject.
+        tasks = self.record_tasks(solo, port, ["--steps", "2", "--exit-at-once"],
+                                  flags=["--ranks", "0"])
         for code, err in tasks:
             self.assertEqual(code, 0, err)
         self.assertIn("detaudit: run-0: rank 1 is not among the ranks chosen ([0]): not recorded",

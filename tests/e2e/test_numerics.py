@@ -188,6 +188,9 @@ class NumericsAcrossSettings(RecordedRuns):
         self.assertEqual(code, 1)
         first = report["first_divergence"]
         self.assertEqual((first["step"], first["phase"]), (2, "optimizer"), first)
+        # The value reaches a parameter: a hyperparameter, with its two values.
+        self.assertIn("a hyperparameter differs (-0.10000000000000001 vs -0.11)", first["cause"])
+        self.assertIn("param_groups", first["remedy"])
 
     def test_a_float64_layer_under_ddp_is_within_16_ulp_and_named_at_its_forward(self):
         code, report = self.diff("ddp_float64", "--fail-on", "tolerance", "--ulp", "16",
