@@ -439,5 +439,54 @@ TEST(RolesTest, AMergedDiffOfPartsSaysTheTrainingStateAsTheWholeDiffDoes) {
   EXPECT_EQ(gate_exit_code(r), ExitCode::kIdentical);
 }
 
+// A value passed to an op is named by where it goes: into the weight's update (a learning rate
+// changed at step 1) it is a hyperparameter; into an activation, a Python value drawn unseeded.
+TraceBuilder scaled_loop(double lr_at_1, double scale_at_1) {
+  TraceBuilder t;
+  int64_t weight = -1;
+  for (uint64_t step = 0; step < 2; ++step) {
+    t.step(step);
+    auto lin = t.op("aten::linear").in_new(external(uint8_t(0x20 + step)));
+    weight < 0 ? lin.in_new(external(0x40)) : lin.in_ref(weight);
+    const int64_t h = lin.out_new(tensor(uint8_t(0x50 + step))).done();
+    const bool scaled = step == 1 && scale_at_1 != 0.5;
+    const int64_t y = t.op("aten::mul")
+                          .in_ref(h)
+                          .in_double(step == 1 ? scale_at_1 : 0.5)
+                          .out_new(tensor(uint8_t(scaled ? 0x5f : 0x58 + step)))
+                          .done();
+    const int64_t grad =
+        t.op("aten::mm", Phase::kBackward).in_ref(y).out_new(tensor(uint8_t(0x90 + step))).done();
+    const double lr = step == 1 ? lr_at_1 : -0.1;
+    const bool moved = step == 1 && (lr_at_1 != -0.1 || scaled);
+    weight = t.op("aten::add_", Phase::kOptimizer)
+                 .in_ref(weight < 0 ? lin.last_id() : weight)
+                 .in_ref(grad)
+                 .in_double(lr)
+                 .out_new(tensor(uint8_t(moved ? 0x4f : 0x41 + step)))
+                 .done();
+  }
+  t.end();
+  return t;
+}
+
+std::string scalar_cause(const std::string& name, double lr_at_1, double scale_at_1) {
+  RunDir a(name + "/run-0"), b(name + "/run-1");
+  a.add_stream("r0.main.t-main", scaled_loop(-0.1, 0.5));
+  b.add_stream("r0.main.t-main", scaled_loop(lr_at_1, scale_at_1));
+  DiffReport r;
+  EXPECT_TRUE(diff_runs(a.path(), b.path(), DiffOptions{}, &r).ok());
+  EXPECT_TRUE(r.first);
+  return r.first ? r.first->explanation.cause : "";
+}
+
+TEST(RolesTest, AValuePassedToAParametersUpdateIsAHyperparameter) {
+  const std::string lr = scalar_cause("scalar_lr", -0.11, 0.5);
+  EXPECT_EQ(lr.rfind("a hyperparameter differs (-0.10000000000000001 vs -0.11)", 0), 0u) << lr;
+  EXPECT_NE(lr.find("writes the parameter"), std::string::npos) << lr;
+  const std::string drawn = scalar_cause("scalar_drawn", -0.1, 0.75);
+  EXPECT_EQ(drawn.rfind("a Python value passed to the op differs (0.5 vs 0.75)", 0), 0u) << drawn;
+}
+
 }  // namespace
 }  // namespace detaudit
