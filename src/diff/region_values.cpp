@@ -25,7 +25,7 @@ struct Value {
 // The same elements, in any shape: autograd hands a bias's gradient on as sum's [1, n] in one
 // run and as a view [n] of it, read by AccumulateGrad, in the other.
 bool same_elements(const trace::TensorDesc& x, const trace::TensorDesc& y) {
-  return x.sizes == y.sizes || x.numel() == y.numel();
+  return x.numel() == y.numel();
 }
 
 bool same_geometry(const trace::TensorDesc& x, const trace::TensorDesc& y) {
@@ -176,18 +176,18 @@ MatchedRegion match_region(const OpSource& a, size_t n, const OpSource& b, size_
   MatchedRegion region{n, m, match_region_values(a, n, b, m, gate), 1};
   if (region.values.unmatched == 0) return region;
   const trace::OpRecord& first = a.at(0).rec;
-  auto in_step = [&](const OpSource& s, size_t k) {
+  auto in_region = [&](const OpSource& s, size_t k) {
     return s.at(k).rec.step == first.step && s.at(k).rec.phase == first.phase;
   };
   size_t i = n, j = m;
   for (size_t stretches = 2; stretches <= kMaxWidenedStretches; ++stretches) {
     // Over the ops both ran, to the next that differ: they join the region.
-    while (i < a.size() && j < b.size() && in_step(a, i) && in_step(b, j) &&
+    while (i < a.size() && j < b.size() && in_region(a, i) && in_region(b, j) &&
            a.at(i).key == b.at(j).key) {
       ++i;
       ++j;
     }
-    if (i >= a.size() || j >= b.size() || !in_step(a, i) || !in_step(b, j)) break;
+    if (i >= a.size() || j >= b.size() || !in_region(a, i) || !in_region(b, j)) break;
     const auto next = find_resync(a, b, i, j);
     if (!next || next->first > kMaxMatchedRegion || next->second > kMaxMatchedRegion) break;
     std::tie(i, j) = *next;
