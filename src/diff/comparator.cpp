@@ -926,6 +926,7 @@ class StreamComparator {
           regions.push_back(std::move(name));
       }
     out_->summary.compiled_kernels = a.compiled_kernels();
+    out_->summary.compiled_kernels_b = b.compiled_kernels();
     out_->summary.ops_a = a.ops_read();
     out_->summary.ops_b = b.ops_read();
     out_->records_a = a.records_read();

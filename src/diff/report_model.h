@@ -408,8 +408,9 @@ struct StreamSummary {
   // torch.compile regions that ran (either run): opaque, a difference inside one shows only at
   // its outputs.
   std::vector<std::string> compiled_regions;
-  // Of them, the generated kernels recorded as ops (inductor_kernel::<kernel>), run A's.
+  // Of them, the generated kernel calls recorded as ops (inductor_kernel::<kernel>), by run.
   uint64_t compiled_kernels = 0;
+  uint64_t compiled_kernels_b = 0;
 };
 
 // How one recorded process of a run ended, when that was not a plain exit, or its run failed.

@@ -498,8 +498,9 @@ std::string render_html(const DiffReport& r) {
     if (!s.in_a || !s.in_b) notes += s.in_a ? "only in A " : "only in B ";
     if (s.consumer_last_step) notes += fmt::format("worker, up to step {} ", *s.consumer_last_step);
     if (!s.compiled_regions.empty())
-      notes += s.compiled_kernels ? "torch.compile regions, kernels recorded "
-                                  : "torch.compile regions (opaque) ";
+      notes += s.compiled_kernels + s.compiled_kernels_b
+                   ? "torch.compile regions, kernels recorded "
+                   : "torch.compile regions (opaque) ";
     b += fmt::format(
         "<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
         "<td>{}</td><td>{}</td><td>{}</td></tr>",

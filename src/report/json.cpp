@@ -63,6 +63,11 @@ json pairs_json(const std::vector<TensorPair>& ps) {
 
 }  // namespace
 
+std::string deviation_text(double relative, double ulps) {
+  return ulps >= 0 ? fmt::format("{:.2g} of its scale ({:.3g} ulp)", relative, ulps)
+                   : fmt::format("{:.2g} of its scale", relative);
+}
+
 std::string shape_string(const std::vector<int64_t>& sizes) {
   return fmt::format("[{}]", fmt::join(sizes, ", "));
 }
@@ -189,10 +194,16 @@ std::string one_line_verdict(const DiffReport& r) {
             c.run_dir, c.divergence->step, c.divergence->rank, c.divergence->position);
     return "divergent";
   }
+  if (const auto& n = r.numerics_change; n && r.gate.fail_on == "tolerance")
+    return fmt::format(
+        "beyond tolerance at rank {} step {} {} {}{}: {} moved {} (gate {})", n->rank, n->step,
+        n->phase, n->op, n->replaced_by.empty() ? "" : " (" + n->replaced_by + " in run B)",
+        n->tensor, deviation_text(n->output_relative, n->output_ulps), tolerance_given(r.gate));
   const FirstDivergence& f = *r.first;
+  const bool beyond = r.gate.fail_on == "tolerance" && r.beyond_tolerance;
   return fmt::format(
-      "divergent: first at rank {} step {} {} {} ({}){}", f.rank, f.step, f.phase, f.op,
-      f.divergence_class,
+      "{}: first at rank {} step {} {} {} ({}){}", beyond ? "beyond tolerance" : "divergent",
+      f.rank, f.step, f.phase, f.op, f.divergence_class,
       r.training.identical ? "; outside training: the training state is identical" : "");
 }
 
@@ -524,6 +535,7 @@ json report_to_json(const DiffReport& r) {
                        {"alignment_lost", s.alignment_lost},
                        {"compiled_regions", s.compiled_regions},
                        {"compiled_kernels", s.compiled_kernels},
+                       {"compiled_kernels_b", s.compiled_kernels_b},
                        {"consumer_last_step",
                         s.consumer_last_step ? json(*s.consumer_last_step) : json(nullptr)}});
   j["streams"] = streams;

@@ -32,6 +32,8 @@ std::string escape_markup(std::string_view s);
 std::string shape_string(const std::vector<int64_t>& sizes);
 std::string short_digest(const std::string& hex);  // first 12 hex digits
 std::string one_line_verdict(const DiffReport& r);
+// "3.1e-06 of its scale (26 ulp)": how far a tensor's statistics moved (docs/report.md).
+std::string deviation_text(double relative, double ulps);
 // "3 op(s) outside training differ: aten::add_ (step 4), ...": the divergent ops that write no
 // training state (TrainingCheck), the first few.
 std::string outside_training(const DiffReport& r);

@@ -44,12 +44,6 @@ void tensors(std::string* out, const Style& st, const std::vector<TensorPair>& p
   }
 }
 
-// "3.1e-06 of its scale (26 ulp)": how far a tensor's statistics moved (docs/report.md).
-std::string deviation_text(double relative, double ulps) {
-  return ulps >= 0 ? fmt::format("{:.2g} of its scale ({:.3g} ulp)", relative, ulps)
-                   : fmt::format("{:.2g} of its scale", relative);
-}
-
 std::string tolerance_text(const GateConfig& g) {
   std::string t = fmt::format("rtol={} atol={}", g.rtol, g.atol);
   if (g.ulp > 0) t += fmt::format(" ulp={}", g.ulp);
@@ -144,12 +138,14 @@ std::string render_text(const DiffReport& r, bool color) {
   const size_t plain = std::min(word.find(" ("), word.size());
   for (size_t i = 0; i < plain; ++i) word[i] = char(std::toupper(uint8_t(word[i])));
   const bool warn = r.verdict == Verdict::kIncomplete || r.verdict == Verdict::kNoVerdict;
-  out += fmt::format("{} {}\n",
-                     st(same   ? "1;32"
-                        : warn ? "1;33"
-                               : "1;31",
-                        word),
-                     one_line_verdict(r));
+  // The one-line verdict less the words the headline just said: "DIVERGENT first at ...".
+  std::string detail = one_line_verdict(r);
+  const std::string said = gate_word(r).substr(0, plain);
+  if (detail.rfind(said + ": ", 0) == 0)
+    detail.erase(0, said.size() + 2);
+  else if (detail.rfind(said + " ", 0) == 0)
+    detail.erase(0, said.size() + 1);
+  out += fmt::format("{} {}\n", st(same ? "1;32" : warn ? "1;33" : "1;31", word), detail);
   for (const std::string& n : r.not_compared) out += st("33", "  not compared: " + n) + "\n";
   if (const auto& u = r.first_unread)
     out += fmt::format(
@@ -215,9 +211,10 @@ std::string render_text(const DiffReport& r, bool color) {
                        r.beyond_tolerance ? "beyond tolerance (fails)" : "within tolerance");
 
   std::vector<std::string> regions;
-  uint64_t kernels = 0;
+  uint64_t kernels_a = 0, kernels_b = 0;
   for (const StreamSummary& s : r.streams) {
-    kernels += s.compiled_kernels;
+    kernels_a += s.compiled_kernels;
+    kernels_b += s.compiled_kernels_b;
     for (const std::string& name : s.compiled_regions)
       if (std::find(regions.begin(), regions.end(), name) == regions.end()) regions.push_back(name);
   }
@@ -227,11 +224,11 @@ std::string render_text(const DiffReport& r, bool color) {
           "  worker: {} compared up to step {}, the last its consumer ran (later "
           "batches were prefetched as timing allowed)\n",
           s.name, *s.consumer_last_step);
-  if (!regions.empty() && kernels)
+  if (!regions.empty() && kernels_a + kernels_b)
     out += fmt::format(
-        "  compiled: torch.compile regions ran ({}); their {} generated kernel calls in run A "
-        "were recorded as inductor_kernel::<kernel>\n",
-        fmt::join(regions, ", "), kernels);
+        "  compiled: torch.compile regions ran ({}); their generated kernel calls were recorded "
+        "as inductor_kernel::<kernel>, {} in run A and {} in run B\n",
+        fmt::join(regions, ", "), kernels_a, kernels_b);
   else if (!regions.empty())
     out += fmt::format(
         "  opaque: torch.compile regions ran ({}); the kernels inside them are not "

@@ -42,7 +42,7 @@ class RunOptions(RecordedRuns):
         r, run0 = self.runs["twice"]
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn("IDENTICAL", r.stdout)
-        self.assertRegex(r.stdout, r"identical: \d+ ops compared")
+        self.assertRegex(r.stdout, r"IDENTICAL \d+ ops compared")
         run1 = os.path.join(os.path.dirname(run0), "run-1")
         a, b = export_records(run0), export_records(run1)
         self.assertEqual(len(ops(a)), len(ops(b)))
