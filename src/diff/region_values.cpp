@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -66,6 +67,17 @@ struct Made {
   }
 };
 
+// Bytes an op copied from an input that entered the program (torch.compile's clone of the
+// generator's state): data from outside, not a value the region computed.
+bool copied_from_outside(const trace::TraceReader& r, const trace::OpRecord& op,
+                         const trace::TensorDesc& out) {
+  for (int64_t id : op.input_tensors) {
+    const trace::TensorDesc* in = r.tensor(id);
+    if (in && in->provenance() == trace::Provenance::kExternal && same_bits(*in, out)) return true;
+  }
+  return false;
+}
+
 // The values side s's first n ops made.
 Made made_in(const OpSource& s, size_t n) {
   const trace::TraceReader& r = s.reader();
@@ -75,6 +87,7 @@ Made made_in(const OpSource& s, size_t n) {
     for (int64_t id : op.output_tensors) {
       const trace::TensorDesc* t = r.tensor(id);
       if (!t || !t->has_contents() || t->digest_len == 0) continue;
+      if (copied_from_outside(r, op, *t)) continue;
       const int64_t again = made.find(*t);
       if (again < 0) {
         made.by_digest.emplace(bits_key(*t), made.values.size());
@@ -91,9 +104,13 @@ Made made_in(const OpSource& s, size_t n) {
 
 // Of those, the ones an op after them (in the buffer) reads: by digest, a read of the same
 // bytes under another tensor id (a view, a re-described tensor) included, until an op makes
-// the same bytes again (the next step's zeros are not this region's).
+// the same bytes again (the next step's zeros are not this region's). A forward value first
+// read by the backward was saved for the gradient: the region's state (native_layer_norm's
+// rstd where the one by hand keeps sqrt(var + eps), a compiled forward's buffers), compared
+// through the gradients the backward's region hands on, not here.
 std::vector<Value> handed_on(const OpSource& s, size_t n, const Made& made) {
   const trace::TraceReader& r = s.reader();
+  const bool forward = n > 0 && s.at(0).rec.phase == trace::Phase::kForward;
   std::vector<Value> out;
   std::vector<char> settled(made.values.size(), 0);
   size_t open = made.values.size();
@@ -109,8 +126,10 @@ std::vector<Value> handed_on(const OpSource& s, size_t n, const Made& made) {
     }
   };
   for (size_t k = n; k < s.size() && open > 0; ++k) {
-    take(s.at(k).rec.input_tensors, /*read=*/true);
-    take(s.at(k).rec.output_tensors, /*read=*/false);
+    const trace::OpRecord& op = s.at(k).rec;
+    const bool saved = forward && op.phase == trace::Phase::kBackward;
+    take(op.input_tensors, /*read=*/!saved);
+    take(op.output_tensors, /*read=*/false);
   }
   return out;
 }
@@ -174,28 +193,39 @@ RegionValues match_region_values(const OpSource& a, size_t n, const OpSource& b,
 MatchedRegion match_region(const OpSource& a, size_t n, const OpSource& b, size_t m,
                            const GateConfig& gate) {
   MatchedRegion region{n, m, match_region_values(a, n, b, m, gate), 1};
-  if (region.values.unmatched == 0) return region;
+  if (region.values.unmatched == 0 && region.values.beyond == 0) return region;
   const trace::OpRecord& first = a.at(0).rec;
   auto in_region = [&](const OpSource& s, size_t k) {
-    return s.at(k).rec.step == first.step && s.at(k).rec.phase == first.phase;
+    return k < s.size() && s.at(k).rec.step == first.step && s.at(k).rec.phase == first.phase;
   };
-  size_t i = n, j = m;
-  for (size_t stretches = 2; stretches <= kMaxWidenedStretches; ++stretches) {
-    // Over the ops both ran, to the next that differ: they join the region.
-    while (i < a.size() && j < b.size() && in_region(a, i) && in_region(b, j) &&
-           a.at(i).key == b.at(j).key) {
-      ++i;
-      ++j;
-    }
-    if (i >= a.size() || j >= b.size() || !in_region(a, i) || !in_region(b, j)) break;
-    const auto next = find_resync(a, b, i, j);
-    if (!next || next->first > kMaxMatchedRegion || next->second > kMaxMatchedRegion) break;
-    std::tie(i, j) = *next;
+  auto both_ran = [&](size_t i, size_t j) {
+    return in_region(a, i) && in_region(b, j) && a.at(i).key == b.at(j).key;
+  };
+  // Every value with a counterpart within the tolerance: the region is found. Short of that, a
+  // wider region only offers more values to pair by chance.
+  auto found = [&](size_t i, size_t j, size_t stretches) -> std::optional<MatchedRegion> {
     RegionValues values = match_region_values(a, i, b, j, gate);
-    // Every value with a counterpart within the tolerance: the region is found. Short of that, a
-    // wider region only offers more values to pair by chance.
     if (values.handed_on > 0 && values.unmatched == 0 && values.beyond == 0)
       return MatchedRegion{i, j, std::move(values), stretches};
+    return std::nullopt;
+  };
+  size_t i = n, j = m;
+  for (size_t stretches = 1; stretches <= kMaxWidenedStretches; ++stretches) {
+    if (stretches > 1) {
+      // Over the ops both ran, to the next that differ: they join the region.
+      while (both_ran(i, j)) ++i, ++j;
+      if (!in_region(a, i) || !in_region(b, j)) break;
+      const auto next = find_resync(a, b, i, j);
+      if (!next || next->first > kMaxMatchedRegion || next->second > kMaxMatchedRegion) break;
+      std::tie(i, j) = *next;
+      if (auto r = found(i, j, stretches)) return *r;
+    }
+    // The ops both ran after it, one by one: autograd sums a refactor's gradient contributions
+    // in another order, and only the last of the adds both ran holds the same sum. Not in the
+    // forward, where it would take in a value that left the tolerance.
+    const bool backward = first.phase == trace::Phase::kBackward;
+    for (size_t t = 0; backward && t < kMaxAbsorbedOps && both_ran(i + t, j + t); ++t)
+      if (auto r = found(i + t + 1, j + t + 1, stretches)) return *r;
   }
   return region;
 }

@@ -13,9 +13,10 @@
 
 namespace detaudit {
 
-// Regions longer than this (ops a side) are not matched: another program, not a refactor, and
-// the matching is quadratic in a region's values.
-inline constexpr size_t kMaxMatchedRegion = 512;
+// Regions longer than this (ops a side) are not matched: another program, not a refactor (a
+// compiled step's first region holds its compilation's ops too, 1,422 in the numerics matrix's
+// MLP), and the matching is quadratic in a region's values.
+inline constexpr size_t kMaxMatchedRegion = 2048;
 
 // Run A's first n buffered ops against run B's first m, each side's later buffered ops being
 // what reads their values.
@@ -33,10 +34,13 @@ struct MatchedRegion {
 };
 
 // The region of run A's first n ops against run B's first m (where the aligner resynchronised);
-// while some value it hands on has no counterpart in the other run's region, widened over the
-// next stretches of other ops in the same step and phase, up to kMaxWidenedStretches, to the
-// first whose every value has a counterpart within the tolerance; else as the aligner found it.
+// while some value it hands on has no counterpart within the tolerance in the other run's
+// region, widened over the next stretches of other ops in the same step and phase, up to
+// kMaxWidenedStretches, and in the backward over up to kMaxAbsorbedOps of the ops both ran
+// after each (a refactor's gradients summed in another order), to the first whose every value has a
+// counterpart within the tolerance; else as the aligner found it.
 inline constexpr size_t kMaxWidenedStretches = 4;
+inline constexpr size_t kMaxAbsorbedOps = 8;
 MatchedRegion match_region(const OpSource& a, size_t n, const OpSource& b, size_t m,
                            const GateConfig& gate);
 

@@ -390,6 +390,12 @@ TEST(NumericsTest, AReplacedRegionWhoseValuesMovedIsWhereNumericsChanged) {
   EXPECT_EQ(gate_exit_code(beyond), ExitCode::kDivergent);
   const std::string text = render_report(beyond, ReportFormat::kText, false);
   EXPECT_NE(text.find("aten::linear, replaced by aten::add in run B"), std::string::npos) << text;
+  // The headline says where the gate failed, once: the gate's word, then the place.
+  EXPECT_EQ(text.rfind("BEYOND TOLERANCE at rank 0 step 0 forward aten::linear (aten::add in run "
+                       "B): value handed on moved",
+                       0),
+            0u)
+      << text;
 }
 
 // A refactor's backward in autograd's order (issue 82): nn.Linear's AddmmBackward0 makes both
@@ -462,6 +468,163 @@ TEST(NumericsTest, AValueChangedAfterARefactorIsTheFirstDivergenceAtItsStep) {
             std::make_pair(std::string("aten::exp"), uint64_t(1)));
   EXPECT_NE(r.first->divergence_class, DivergenceClass::kStructural);
   EXPECT_EQ(gate_exit_code(r), ExitCode::kDivergent);
+}
+
+// A forward refactor's region and the backward that reads it (issue 82): the forward hands on
+// the same bits to the op after it. Run A's region also keeps a value for its gradient (LayerNorm's
+// rstd) that run B's, another algorithm, keeps otherwise; `compiled`: run B's region clones
+// the generator's state from outside, as torch.compile does, a value no eager op makes. The
+// backward then hands on the same gradients.
+TraceBuilder forward_region(bool by_hand, bool compiled = false) {
+  TraceBuilder t;
+  const Phase bw = Phase::kBackward;
+  for (uint64_t step = 0; step < 2; ++step) {
+    t.step(step);
+    int64_t x = t.op("aten::randn").out_new(tensor(0x10, {64})).done();
+    int64_t y, saved;
+    if (!by_hand) {
+      saved = t.op("aten::native_layer_norm", Phase::kForward, 1)
+                  .in_ref(x)
+                  .out_new(tensor(0x21, {8}))
+                  .done();
+      y = t.op("aten::layer_norm").in_ref(x).out_new(tensor(0x22, {64})).done();
+    } else {
+      int64_t m = t.op("aten::mean").in_ref(x).out_new(tensor(0x30, {8})).done();
+      saved = t.op("aten::sqrt").in_ref(m).out_new(tensor(0x31, {8})).done();
+      if (compiled)
+        t.op("aten::clone")
+            .in_new(tensor(0x32, {5056}, Provenance::kExternal, Dtype::kUInt8))
+            .out_new(tensor(0x32, {5056}, Provenance::kOutput, Dtype::kUInt8))
+            .done();
+      y = t.op("aten::div").in_ref(x).in_ref(saved).out_new(tensor(0x22, {64})).done();
+    }
+    int64_t h = t.op("aten::gelu").in_ref(y).out_new(tensor(0x50, {64})).done();
+    for (const char* op : {"aten::relu", "aten::neg", "aten::abs", "aten::exp"})
+      h = t.op(op).in_ref(h).out_new(tensor(0x60, {64})).done();
+    // The backward: each run's own gradient op reads its saved value.
+    int64_t g = t.op(by_hand ? "DivBackward0" : "NativeLayerNormBackward0", bw)
+                    .in_ref(h)
+                    .in_ref(saved)
+                    .out_new(tensor(0x70, {64}))
+                    .done();
+    for (const char* op : {"aten::neg", "aten::abs", "aten::relu", "aten::sigmoid"})
+      g = t.op(op, bw).in_ref(g).out_new(tensor(0x71, {64})).done();
+  }
+  t.end();
+  return t;
+}
+
+DiffReport diff_forward_region(const std::string& name, bool compiled) {
+  RunDir a(name + "/run-0"), b(name + "/run-1");
+  a.add_stream("r0.main.t0", forward_region(false));
+  b.add_stream("r0.main.t0", forward_region(true, compiled));
+  DiffReport r;
+  EXPECT_TRUE(diff_runs(a.path(), b.path(), DiffOptions{}, &r).ok());
+  return r;
+}
+
+TEST(NumericsTest, AValueSavedForTheGradientIsTheRegionsStateNotAValueItHandsOn) {
+  for (bool compiled : {false, true}) {
+    DiffReport r = diff_forward_region(compiled ? "saved_compiled" : "saved", compiled);
+    ASSERT_FALSE(r.structural.empty());
+    for (const StructuralDifference& d : r.structural) {
+      ASSERT_TRUE(d.values) << d.detail;
+      EXPECT_TRUE(d.values->same_bits()) << d.detail;
+      EXPECT_EQ(d.values->unmatched, 0u) << d.detail;
+    }
+    EXPECT_EQ(r.verdict, Verdict::kSameValues) << compiled;
+    EXPECT_EQ(gate_exit_code(r), ExitCode::kIdentical);
+  }
+}
+
+// A refactor's gradient contributions summed in another order (issue 82, attention against
+// scaled_dot_product_attention): each run's region hands a partial sum of its own to the add
+// both ran after it, whose sum is the same bits. `total`: that sum's bits in run B.
+TraceBuilder partial_sums(bool other, uint8_t total = 0x40) {
+  TraceBuilder t;
+  const Phase bw = Phase::kBackward;
+  for (uint64_t step = 0; step < 2; ++step) {
+    t.step(step);
+    int64_t x = t.op("aten::randn", bw).out_new(tensor(0x10, {16})).done();
+    int64_t c = t.op("aten::neg", bw).in_ref(x).out_new(tensor(0x11, {16})).done();
+    int64_t partial;
+    if (!other) {
+      partial = t.op("aten::mul", bw).in_ref(c).out_new(tensor(0x20, {16})).done();
+    } else {
+      int64_t d = t.op("aten::div", bw).in_ref(c).out_new(tensor(0x30, {16})).done();
+      partial = t.op("aten::add", bw).in_ref(d).out_new(tensor(0x31, {16})).done();
+    }
+    int64_t sum = t.op("aten::add_", bw)
+                      .in_ref(partial)
+                      .in_ref(x)
+                      .out_new(tensor(other ? total : 0x40, {16}))
+                      .done();
+    for (const char* op : {"aten::gelu", "aten::relu", "aten::abs", "aten::sigmoid"})
+      sum =
+          t.op(op, bw).in_ref(sum).out_new(tensor(other ? uint8_t(total + 1) : 0x41, {16})).done();
+  }
+  t.end();
+  return t;
+}
+
+TEST(NumericsTest, GradientsSummedInAnotherOrderAreOneRegionToTheAddWhoseSumAgrees) {
+  RunDir a("partial_sums/run-0"), b("partial_sums/run-1");
+  a.add_stream("r0.main.t0", partial_sums(false));
+  b.add_stream("r0.main.t0", partial_sums(true));
+  DiffReport r;
+  ASSERT_TRUE(diff_runs(a.path(), b.path(), DiffOptions{}, &r).ok());
+  ASSERT_EQ(r.structural.size(), 2u) << "one region a step";
+  for (const StructuralDifference& d : r.structural) {
+    ASSERT_TRUE(d.values) << d.detail;
+    EXPECT_TRUE(d.values->same_bits()) << d.detail;
+  }
+  EXPECT_EQ(r.verdict, Verdict::kSameValues);
+  EXPECT_EQ(r.divergent_ops, 0u) << "the add both ran is the region's";
+
+  // A sum that differs too is no refactor: the region, as found, fails.
+  RunDir c("partial_sums_moved/run-0"), d("partial_sums_moved/run-1");
+  c.add_stream("r0.main.t0", partial_sums(false));
+  d.add_stream("r0.main.t0", partial_sums(true, 0x50));
+  DiffReport moved;
+  ASSERT_TRUE(diff_runs(c.path(), d.path(), DiffOptions{}, &moved).ok());
+  EXPECT_EQ(moved.verdict, Verdict::kDivergent);
+  EXPECT_EQ(gate_exit_code(moved), ExitCode::kDivergent);
+}
+
+// An op both ran whose kernel allocates by thread count (issue 82: LayerNorm's backward under
+// Trainer on 1 and 2 threads): its inner resize_ differs, its outputs are the same bits.
+TraceBuilder inner_allocation(int64_t threads) {
+  TraceBuilder t;
+  const Phase bw = Phase::kBackward;
+  for (uint64_t step = 0; step < 2; ++step) {
+    t.step(step);
+    int64_t x = t.op("aten::randn", bw).out_new(tensor(0x10, {16})).done();
+    t.op("aten::resize_", bw, 1).out_new(tensor(0x00, {threads, 16})).done();
+    int64_t g =
+        t.op("aten::native_layer_norm_backward", bw).in_ref(x).out_new(tensor(0x20, {16})).done();
+    for (const char* op : {"aten::neg", "aten::abs", "aten::relu", "aten::sigmoid"})
+      g = t.op(op, bw).in_ref(g).out_new(tensor(0x21, {16})).done();
+  }
+  t.end();
+  return t;
+}
+
+TEST(NumericsTest, InnerOpsThatDifferInsideAnOpBothRanAreJudgedByItsValuesUnderATolerance) {
+  RunDir a("inner_allocation/run-0"), b("inner_allocation/run-1");
+  a.add_stream("r0.main.t0", inner_allocation(1));
+  b.add_stream("r0.main.t0", inner_allocation(2));
+  DiffOptions o;
+  DiffReport strict;
+  ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &strict).ok());
+  ASSERT_FALSE(strict.structural.empty());
+  EXPECT_EQ(gate_exit_code(strict), ExitCode::kDivergent) << "bit for bit, the ops differ";
+  o.gate = GateConfig{"tolerance", 0, 0};
+  o.gate.ulp = 16;
+  DiffReport tolerant;
+  ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &tolerant).ok());
+  EXPECT_TRUE(tolerant.structure_tolerated);
+  EXPECT_FALSE(tolerant.beyond_tolerance);
+  EXPECT_EQ(gate_exit_code(tolerant), ExitCode::kIdentical);
 }
 
 // The same torch build on two GPU models: a cuBLAS GEMM on cuda:1 reads the same inputs and
