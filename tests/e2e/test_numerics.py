@@ -1,8 +1,18 @@
-"""Runs not meant to match bit for bit (issue 61): one training program under two torch builds
-(pip's 2.13 and Debian's 1.13), with 1 and 2 intra-op threads, with one layer's activation
-changed to another algorithm, and with its layers written as F.linear, as `h @ W.t() + b` and in
-float64, each diffed bit for bit and under a tolerance, in one process and on two DDP ranks; and this run checked against a baseline
-stored in the repository.
+"""The numerics matrix (issues 61, 82): one training program changed the ways users change it,
+each pair diffed bit for bit and under a tolerance, with a known answer for each:
+
+- refactors that hand on the same bits (F.linear, `h @ W.t() + b`, the weights transposed first
+  and `b + h @ Wt`, an activation applied in a loop over chunks): IDENTICAL VALUES, exit 0;
+- refactors that move values (a float64 layer, tanh-GELU, LayerNorm by hand, attention by hand
+  against `F.scaled_dot_product_attention`, eager against torch.compile): named at their region,
+  with their ulp, and within a tolerance;
+- 1 against 2 intra-op threads, in the MLP and under Hugging Face's Trainer: the thread count
+  listed first, then the first op whose values moved;
+- torch builds (pip's 2.13 against Debian's 1.13, and against the CUDA 2.14.1 CI installs, on
+  the CPU): the versions first, then the first op whose numbers changed;
+
+in one process and on two DDP ranks; and this run checked against a baseline stored in the
+repository.
 
     cd build && ctest -R e2e.*test_numerics --output-on-failure
 """
@@ -11,47 +21,44 @@ import json
 import os
 import unittest
 
-from detaudit_testlib import (BUILD_DIR, PYTHON, SOURCE_DIR, TORCH_VERSION, RecordedRuns,
-                              comparator_only, program, run_detaudit)
+from detaudit_testlib import (BUILD_DIR, HAS_COMPILE, PYTHON, SOURCE_DIR, TORCH_VERSION,
+                              RecordedRuns, comparator_only, program, python_answer, run_detaudit)
 
 MLP = program("numerics_mlp.py")
+TRAINER = [PYTHON, program("hf_trainer.py"), "--steps", "3", "--race-from", "99"]
+HAS_SDPA = HAS_COMPILE  # F.scaled_dot_product_attention: torch 2
+HAS_TRANSFORMERS = python_answer(
+    "import importlib.util as u;print(all(u.find_spec(m) for m in ('transformers', 'accelerate')))"
+) == "True\n"
 GEMMS = {"aten::addmm", "aten::mm", "aten::linear"}
 
 
-def another_cpu_torch():
-    """The Python of another torch the interposer was built for (Debian's), or None."""
+def torch_builds():
+    """{version: (python, cuda)} of the other torch builds the interposer was built for whose
+    Python is here: Debian's 1.13, pip's CUDA 2.14.1 (tests/cuda_build.sh, on the CPU)."""
+    builds = {}
     for desc in sorted(glob.glob(os.path.join(BUILD_DIR, "lib", "detaudit", "torch", "*",
                                               "torch.txt"))):
         fields = dict(line.split("=", 1) for line in open(desc).read().splitlines() if "=" in line)
-        if fields.get("version") != TORCH_VERSION and not fields.get("cuda"):
-            python = fields.get("python") or "/usr/bin/python3"
-            if os.path.exists(python):
-                return python, fields["version"]
-    return None
+        python = fields.get("python") or "/usr/bin/python3"
+        if fields.get("version") != TORCH_VERSION and os.path.exists(python):
+            builds[fields["version"]] = (python, fields.get("cuda", ""))
+    return builds
 
 
-OTHER = another_cpu_torch()
+BUILDS = torch_builds()
+OTHER = next(((python, v) for v, (python, cuda) in BUILDS.items() if not cuda), None)
+CUDA_TORCH = next(((python, v) for v, (python, cuda) in BUILDS.items() if cuda), None)
+# CI's stage after the CUDA build (.ci/run) requires it.
+REQUIRE_CUDA_TORCH = os.environ.get("DETAUDIT_REQUIRE_CUDA_TORCH") == "1"
 
 
-@comparator_only
-class NumericsAcrossSettings(RecordedRuns):
+class PairDiffs(RecordedRuns):
+    """Diffs of a recorded job against a base job, and the answers the matrix expects."""
+
     @classmethod
     def jobs_to_record(cls):
-        jobs = {"base": [PYTHON, MLP],
-                "two_threads": [PYTHON, MLP, "--threads", "2"],
-                "tanh_gelu": [PYTHON, MLP, "--tanh-gelu-at", "2"],
-                "functional": [PYTHON, MLP, "--form", "functional"],
-                "matmul": [PYTHON, MLP, "--form", "matmul"],
-                "float64": [PYTHON, MLP, "--form", "float64"],
-                # Two gloo ranks under DDP (torch.multiprocessing.spawn): the backward runs the
-                # refactor's gradients in autograd's other order, between DDP's bucket copies.
-                "ddp": [PYTHON, MLP, "--ranks", "2"],
-                "ddp_matmul": [PYTHON, MLP, "--ranks", "2", "--form", "matmul"],
-                "ddp_matmul_lr": [PYTHON, MLP, "--ranks", "2", "--form", "matmul", "--lr-at", "2"],
-                "ddp_float64": [PYTHON, MLP, "--ranks", "2", "--form", "float64"]}
-        if OTHER:
-            jobs["other_torch"] = [OTHER[0], MLP]
-        return jobs
+        raise NotImplementedError
 
     def diff(self, b, *flags, base="base"):
         for name in (base, b):
@@ -60,6 +67,38 @@ class NumericsAcrossSettings(RecordedRuns):
                           os.path.join(self.tmp, b, "run-0"), "--format", "json"] + list(flags))
         self.assertIn(r.returncode, (0, 1), r.stderr)
         return r.returncode, json.loads(r.stdout)
+
+@comparator_only
+class NumericsAcrossSettings(PairDiffs):
+    @classmethod
+    def jobs_to_record(cls):
+        jobs = {"base": [PYTHON, MLP],
+                "two_threads": [PYTHON, MLP, "--threads", "2"],
+                "tanh_gelu": [PYTHON, MLP, "--tanh-gelu-at", "2"],
+                "functional": [PYTHON, MLP, "--form", "functional"],
+                "matmul": [PYTHON, MLP, "--form", "matmul"],
+                "float64": [PYTHON, MLP, "--form", "float64"],
+                "reordered": [PYTHON, MLP, "--form", "reordered"],
+                "unrolled": [PYTHON, MLP, "--form", "unrolled"],
+                "layernorm": [PYTHON, MLP, "--block", "layernorm"],
+                "layernorm_by_hand": [PYTHON, MLP, "--block", "layernorm-by-hand"],
+                # Two gloo ranks under DDP (torch.multiprocessing.spawn): the backward runs the
+                # refactor's gradients in autograd's other order, between DDP's bucket copies.
+                "ddp": [PYTHON, MLP, "--ranks", "2"],
+                "ddp_matmul": [PYTHON, MLP, "--ranks", "2", "--form", "matmul"],
+                "ddp_matmul_lr": [PYTHON, MLP, "--ranks", "2", "--form", "matmul", "--lr-at", "2"],
+                "ddp_float64": [PYTHON, MLP, "--ranks", "2", "--form", "float64"]}
+        if HAS_SDPA:
+            jobs["sdpa"] = [PYTHON, MLP, "--block", "sdpa"]
+            jobs["attention_by_hand"] = [PYTHON, MLP, "--block", "attention-by-hand"]
+        if HAS_COMPILE:
+            jobs["compiled"] = [PYTHON, MLP, "--compile"]
+        if HAS_TRANSFORMERS:
+            jobs["trainer"] = TRAINER + ["--threads", "1"]
+            jobs["trainer_two_threads"] = TRAINER + ["--threads", "2"]
+        if OTHER:
+            jobs["other_torch"] = [OTHER[0], MLP]
+        return jobs
 
     def test_another_torch_build_is_the_cause_and_numerics_stay_within_a_few_ulp(self):
         if not OTHER:
@@ -112,6 +151,13 @@ class NumericsAcrossSettings(RecordedRuns):
         self.assertEqual(report["verdict"], "divergent")
         self.assertIsNone(report["numerics_change"])
         self.assertFalse(report["gate"]["structure_tolerated"])
+        # The first op whose values moved: a GEMM of step 0 (its backward's, on this host), its
+        # inputs and arguments the same.
+        code, report = self.diff("two_threads")
+        first = report["first_divergence"]
+        self.assertEqual(first["step"], 0, first)
+        self.assertIn(first["op"], GEMMS, first)
+        self.assertIn("identical inputs and arguments, different outputs", first["detail"])
 
     def test_a_layer_changed_to_another_algorithm_is_named_at_that_layer(self):
         code, report = self.diff("tanh_gelu", "--fail-on", "tolerance", "--ulp", "16")
@@ -153,19 +199,16 @@ class NumericsAcrossSettings(RecordedRuns):
         self.assertTrue(report["gate"]["structure_tolerated"])
         self.assertIsNone(report["numerics_change"])
 
-    def test_a_layer_computed_in_float64_is_within_a_few_ulp_or_named_where_it_moved(self):
-        code, report = self.diff("float64", "--fail-on", "tolerance", "--ulp", "16")
-        self.assertEqual(code, 0, report["gate"])
-        self.assertGreater(report["gate"]["structure_matched"], 0)
-        code, report = self.diff("float64", "--fail-on", "tolerance", "--ulp", "0.5")
-        self.assertEqual(code, 1)
-        change = report["numerics_change"]
-        # The first layer's result: nn.Linear's in run A, the cast back to float32 in run B.
-        self.assertEqual((change["op"], change["step"], change["phase"]),
-                         ("aten::linear", 0, "forward"), change)
+    def test_layers_computed_in_float64_are_within_a_few_ulp_and_named_at_their_regions(self):
+        # Every layer in float64: the forward is one region. It hands on the logits, a fraction
+        # of an ulp apart (its activations were saved for the gradient, compared through it);
+        # the gradients its backward's region hands on move a few ulp.
+        self.assert_within("float64", 16, base="base")
+        change = self.assert_beyond_at("float64", 0.5, "aten::mm", base="base", phase="backward")
         self.assertIn(change["replaced_by"], ("aten::to", "aten::_to_copy"), change)
-        self.assertGreater(change["output"]["ulps"], 0.5, change)
-
+        # The first layer's result: nn.Linear's in run A, the cast back to float32 in run B.
+        change = self.assert_beyond_at("float64", 0.01, "aten::linear", base="base")
+        self.assertIn(change["replaced_by"], ("aten::to", "aten::_to_copy"), change)
 
     def test_a_refactor_under_ddp_passes_its_backward_matched_in_autograds_order(self):
         # nn.Linear's AddmmBackward0 makes both gradients before the bias's sum and DDP's bucket
@@ -192,16 +235,141 @@ class NumericsAcrossSettings(RecordedRuns):
         self.assertIn("a hyperparameter differs (-0.10000000000000001 vs -0.11)", first["cause"])
         self.assertIn("param_groups", first["remedy"])
 
-    def test_a_float64_layer_under_ddp_is_within_16_ulp_and_named_at_its_forward(self):
-        code, report = self.diff("ddp_float64", "--fail-on", "tolerance", "--ulp", "16",
-                                 base="ddp")
-        self.assertEqual(code, 0, report["gate"])
-        code, report = self.diff("ddp_float64", "--fail-on", "tolerance", "--ulp", "0.5",
-                                 base="ddp")
-        self.assertEqual(code, 1)
+    def test_float64_layers_under_ddp_are_within_16_ulp_and_named_at_their_forward(self):
+        self.assert_within("ddp_float64", 16, base="ddp")
+        self.assert_beyond_at("ddp_float64", 0.01, "aten::linear", base="ddp")
+
+    def assert_beyond_at(self, b, ulp, op, base, phase="forward"):
+        """Under --ulp ULP: exit 1, the change named at OP's region in step 0, beyond ULP."""
+        code, report = self.diff(b, "--fail-on", "tolerance", "--ulp", str(ulp), base=base)
+        self.assertEqual((code, report["headline"]), (1, "beyond tolerance"), report["gate"])
         change = report["numerics_change"]
-        self.assertEqual((change["op"], change["step"], change["phase"]),
-                         ("aten::linear", 0, "forward"), change)
+        self.assertEqual((change["op"], change["step"], change["phase"]), (op, 0, phase), change)
+        self.assertTrue(change["replaced_by"], change)
+        self.assertGreater(change["output"]["ulps"], ulp, change)
+        return change
+
+    def assert_within(self, b, ulp, base):
+        code, report = self.diff(b, "--fail-on", "tolerance", "--ulp", str(ulp), base=base)
+        self.assertEqual((code, report["headline"]), (0, "within tolerance"),
+                         (report["gate"], report["numerics_change"]))
+        self.assertGreater(report["gate"]["structure_matched"], 0)
+
+    def test_bit_identical_refactors_pass_the_default_gate_with_their_regions_listed(self):
+        # The weights transposed first and `b + h @ Wt`; the activations applied chunk by chunk
+        # in a Python loop and concatenated. Other ops, the same bits handed on.
+        for form in ("reordered", "unrolled"):
+            with self.subTest(form=form):
+                code, report = self.diff(form)
+                self.assertEqual((code, report["verdict"], report["headline"]),
+                                 (0, "identical-values", "identical values (other ops)"),
+                                 report["first_divergence"])
+                structural = report["structural_differences"]
+                self.assertGreater(structural["count"], 0)
+                self.assertEqual(report["gate"]["structure_same_bits"], structural["count"])
+
+    def test_layernorm_by_hand_is_named_at_its_region_with_its_ulp(self):
+        code, report = self.diff("layernorm_by_hand", base="layernorm")
+        self.assertEqual((code, report["headline"]), (1, "divergent"))
+        self.assertEqual(report["first_divergence"]["class"], "structural")
+        self.assert_within("layernorm_by_hand", 16, base="layernorm")
+        self.assert_beyond_at("layernorm_by_hand", 0.5, "aten::layer_norm", base="layernorm")
+
+    @unittest.skipUnless(HAS_SDPA, f"torch {TORCH_VERSION} has no scaled_dot_product_attention")
+    def test_attention_by_hand_against_sdpa_is_named_at_its_region_with_its_ulp(self):
+        # The attention's output moves a fraction of an ulp in its statistics (the tolerance
+        # compares statistics, docs/report.md), the first layer after it about one.
+        self.assert_within("attention_by_hand", 16, base="sdpa")
+        change = self.assert_beyond_at("attention_by_hand", 0.01,
+                                       "aten::scaled_dot_product_attention", base="sdpa")
+        self.assertLess(change["output"]["ulps"], 16, change)
+
+    @unittest.skipUnless(HAS_COMPILE, f"torch {TORCH_VERSION} has no torch.compile")
+    def test_eager_against_compiled_names_the_kernel_and_the_eager_ops_it_replaced(self):
+        code, report = self.diff("compiled")
+        self.assertEqual((code, report["headline"]), (1, "divergent"))
+        kernels = [(s["compiled_kernels"], s["compiled_kernels_b"]) for s in report["streams"]]
+        self.assertEqual(sum(a for a, _ in kernels), 0, kernels)
+        self.assertGreater(sum(b for _, b in kernels), 0, kernels)
+        self.assert_within("compiled", 16, base="base")
+        code, report = self.diff("compiled", "--fail-on", "tolerance", "--ulp", "0.5")
+        self.assertEqual((code, report["headline"]), (1, "beyond tolerance"), report["gate"])
+        change = report["numerics_change"]
+        self.assertTrue(change["replaced_by"].startswith("inductor_kernel::cpp_fused_"), change)
+        self.assertTrue(change["op"].startswith("aten::"), change)
+        self.assertEqual(change["step"], 0, change)
+        self.assertGreater(change["output"]["ulps"], 0.5, change)
+        # The text says what was recorded: the kernels, in run B.
+        r = run_detaudit(["diff", os.path.join(self.tmp, "base", "run-0"),
+                          os.path.join(self.tmp, "compiled", "run-0"), "--fail-on", "tolerance",
+                          "--ulp", "0.5"])
+        self.assertEqual(r.returncode, 1, r.stderr)
+        headline = r.stdout.splitlines()[0]
+        self.assertTrue(headline.startswith(f"BEYOND TOLERANCE at rank 0 step 0 {change['phase']} "
+                                            f"{change['op']} ({change['replaced_by']} in run B)"),
+                        headline)
+        self.assertRegex(r.stdout, r"compiled: torch.compile regions ran \(.*\); their generated "
+                         r"kernel calls were recorded as inductor_kernel::<kernel>, 0 in run A "
+                         r"and [1-9]\d* in run B")
+        self.assertNotIn("opaque:", r.stdout)
+
+    @unittest.skipUnless(HAS_TRANSFORMERS, "transformers and accelerate are not installed")
+    def test_trainer_on_two_threads_lists_the_thread_count_then_the_first_op_that_moved(self):
+        code, report = self.diff("trainer_two_threads", base="trainer")
+        self.assertEqual(report["environment_differences"][0]["key"], "intra_op_threads")
+        if report["verdict"] == "identical":  # kernels blocked alike on this host's threads
+            self.assertEqual(code, 0, report)
+            return
+        self.assertEqual(code, 1)
+        self.assertIn("intra_op_threads differs: 1 vs 2", report["first_divergence"]["cause"])
+        code, report = self.diff("trainer_two_threads", "--fail-on", "tolerance", "--ulp", "16",
+                                 base="trainer")
+        self.assertEqual((code, report["headline"]), (0, "within tolerance"),
+                         (report["gate"], report["numerics_change"]))
+        # The first op whose values moved while every input it read agreed bit for bit (a
+        # LayerNorm's backward, on this host; its kernel's inner allocations differ by thread
+        # count, which the tolerance lets pass as the op's outputs are compared).
+        code, report = self.diff("trainer_two_threads", "--fail-on", "tolerance", "--ulp", "0.5",
+                                 base="trainer")
+        self.assertEqual((code, report["headline"]), (1, "beyond tolerance"), report["gate"])
+        change = report["numerics_change"]
+        self.assertEqual((change["step"], change["input"]["tensor"]), (0, ""), change)
+
+
+@comparator_only
+class AgainstTheCudaTorch(PairDiffs):
+    """pip's CPU torch against the CUDA 2.14.1 CI installs for its CUDA build, both on the CPU:
+    the versions first, then the first op whose numbers changed, or IDENTICAL when none did.
+    CI runs it after that build (.ci/run: tests/e2e/run_one.py)."""
+
+    @classmethod
+    def jobs_to_record(cls):
+        jobs = {"base": [PYTHON, MLP]}
+        if CUDA_TORCH:
+            jobs["cuda_torch"] = [CUDA_TORCH[0], MLP]
+        return jobs
+
+    def test_the_versions_come_first_then_the_first_op_that_changed_or_identical(self):
+        if not CUDA_TORCH:
+            if REQUIRE_CUDA_TORCH:
+                self.fail("no interposer built for the CUDA torch (tests/cuda_build.sh)")
+            self.skipTest("no interposer built for the CUDA torch (tests/cuda_build.sh builds it)")
+        code, report = self.diff("cuda_torch")
+        env = report["environment_differences"]
+        ours, theirs = TORCH_VERSION.split("+")[0], CUDA_TORCH[1].split("+")[0]
+        self.assertEqual((env[0]["key"], env[0]["a"], env[0]["b"]),
+                         ("torch_version", ours, theirs), env[:3])
+        self.assertGreater(report["totals"]["ops_compared"], 0)
+        if report["verdict"] == "identical":
+            # The same CPU kernels in both builds: every op agrees bit for bit, and says so.
+            self.assertEqual(code, 0, report)
+            self.assertEqual(report["spread"]["divergent_ops"], 0, report["spread"])
+            return
+        self.assertEqual(code, 1)
+        first = report["first_divergence"]
+        self.assertEqual(first["class"], "torch-build", first)
+        self.assertIn(f"torch {ours} in run A, {theirs} in run B", first["cause"])
+
 
 BASELINE = os.path.join(SOURCE_DIR, "tests", "e2e", "data", "baselines", "numerics_mlp")
 
