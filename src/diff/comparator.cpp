@@ -696,9 +696,9 @@ class StreamComparator {
     // kernel split in two); a refactor replaces ops with others for the same values; a kernel
     // allocates by thread count inside an op both ran. With the tolerance gate, the values
     // decide: those a replaced region hands on, and the ops around and after it.
-    const bool replaced_alike = d.values && d.values->matched();
+    const bool replaced_alike = (d.values && d.values->matched()) || d.same_bits();
     if (replaced_alike) ++out_->structure_matched;
-    if (d.values && d.values->same_bits()) ++out_->structure_same_bits;
+    if (d.same_bits()) ++out_->structure_same_bits;
     if (options_.gate.fail_on == "tolerance" && d.values && d.values->beyond > 0) {
       out_->beyond_tolerance = true;
       note_region_numerics_change(d);
@@ -725,7 +725,7 @@ class StreamComparator {
       fd.order_b = d.order_b;
       classify_structural(d.detail, &fd);
       fd.evidence.nested = shape.nested;
-      fd.evidence.same_values = d.values && d.values->same_bits();
+      fd.evidence.same_values = d.same_bits();
       // Other ops for the same bits are the first divergence only if no value differs after.
       if (fd.evidence.same_values) {
         if (!same_values_first_) same_values_first_ = std::move(fd);
@@ -777,6 +777,8 @@ class StreamComparator {
       region = match_region(*a_, i, *b_, j, options_.gate);
       i = region->n;
       j = region->m;
+    } else if (at && (i > 0) != (j > 0) && i + j <= kMaxMatchedRegion) {
+      d.extra_values_read = i > 0 ? values_read_after(*a_, i) : values_read_after(*b_, j);
     }
     d.skipped_a = i;
     d.skipped_b = j;
@@ -816,6 +818,10 @@ class StreamComparator {
       d.values = std::move(region->values);
       d.detail += "; " + region_values_text(*d.values);
     }
+    if (d.extra_values_read)
+      d.detail += fmt::format(
+          "; the {} value(s) its ops make that are read after it reach the ops compared there",
+          d.extra_values_read);
     add_structural(std::move(d), shape);
     a_->pop(i);
     b_->pop(j);

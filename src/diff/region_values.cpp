@@ -9,6 +9,7 @@
 #include <string>
 #include <tuple>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "diff/aligner.h"
@@ -56,6 +57,10 @@ uint64_t bits_key(const trace::TensorDesc& t) {
 struct Made {
   std::vector<Value> values;
   std::unordered_multimap<uint64_t, size_t> by_digest;
+  // The first tensor id the region described: one described before it holds no value of its,
+  // whatever its bytes (a 0.0 the program made earlier, read after the region).
+  int64_t first_id = std::numeric_limits<int64_t>::max();
+  std::unordered_set<int64_t> ids;  // of the tensors its ops returned
 
   // The index of the value with these bits, or -1.
   int64_t find(const trace::TensorDesc& t) const {
@@ -87,6 +92,8 @@ Made made_in(const OpSource& s, size_t n) {
     for (int64_t id : op.output_tensors) {
       const trace::TensorDesc* t = r.tensor(id);
       if (!t || !t->has_contents() || t->digest_len == 0) continue;
+      made.first_id = std::min(made.first_id, id);
+      made.ids.insert(id);
       if (copied_from_outside(r, op, *t)) continue;
       const int64_t again = made.find(*t);
       if (again < 0) {
@@ -104,22 +111,32 @@ Made made_in(const OpSource& s, size_t n) {
 
 // Of those, the ones an op after them (in the buffer) reads: by digest, a read of the same
 // bytes under another tensor id (a view, a re-described tensor) included, until an op makes
-// the same bytes again (the next step's zeros are not this region's). A forward value first
-// read by the backward was saved for the gradient: the region's state (native_layer_norm's
-// rstd where the one by hand keeps sqrt(var + eps), a compiled forward's buffers), compared
-// through the gradients the backward's region hands on, not here.
+// the same bytes again (the next step's zeros are not this region's). Once an op of another
+// phase ran, only the tensors the region returned and views of them: the same bytes first seen
+// later are other data (Trainer's 0.0 its loss is summed into). A forward value first read by
+// the backward or the optimizer was saved for the gradient: the region's state
+// (native_layer_norm's rstd where the one by hand keeps sqrt(var + eps), a compiled forward's
+// buffers), compared through the gradients the backward's region hands on, not here.
 std::vector<Value> handed_on(const OpSource& s, size_t n, const Made& made) {
   const trace::TraceReader& r = s.reader();
-  const bool forward = n > 0 && s.at(0).rec.phase == trace::Phase::kForward;
+  const trace::Phase phase = n > 0 ? s.at(0).rec.phase : trace::Phase::kOther;
+  bool phase_left = false;
   std::vector<Value> out;
   std::vector<char> settled(made.values.size(), 0);
   size_t open = made.values.size();
   auto take = [&](const std::vector<int64_t>& ids, bool read) {
     for (int64_t id : ids) {
       const trace::TensorDesc* t = r.tensor(id);
-      if (!t || !t->has_contents()) continue;
-      const int64_t i = made.find(*t);
+      if (!t || !t->has_contents() || id < made.first_id) continue;
+      int64_t i = made.find(*t);
+      const bool view = t->provenance() == trace::Provenance::kView;
+      // A view of a value read in another layout (a transpose's, which no op records): its
+      // base is what the region handed on.
+      if (i < 0 && read && view)
+        if (const trace::TensorDesc* base = r.tensor(t->base_id); base && base->has_contents())
+          i = made.find(*base);
       if (i < 0 || settled[size_t(i)]) continue;
+      if (read && phase_left && !view && !made.ids.count(id)) continue;
       if (read) out.push_back(made.values[size_t(i)]);
       settled[size_t(i)] = 1;
       --open;
@@ -127,7 +144,9 @@ std::vector<Value> handed_on(const OpSource& s, size_t n, const Made& made) {
   };
   for (size_t k = n; k < s.size() && open > 0; ++k) {
     const trace::OpRecord& op = s.at(k).rec;
-    const bool saved = forward && op.phase == trace::Phase::kBackward;
+    phase_left = phase_left || op.phase != phase;
+    const bool saved = phase == trace::Phase::kForward && (op.phase == trace::Phase::kBackward ||
+                                                           op.phase == trace::Phase::kOptimizer);
     take(op.input_tensors, /*read=*/!saved);
     take(op.output_tensors, /*read=*/false);
   }
@@ -184,6 +203,7 @@ RegionValues match_region_values(const OpSource& a, size_t n, const OpSource& b,
   const Made made_a = made_in(a, n);
   const Made made_b = made_in(b, m);
   RegionValues rv;
+  rv.made = made_a.values.size() + made_b.values.size();
   bool furthest_beyond = false;
   match(handed_on(a, n, made_a), made_b, /*from_a=*/true, gate, &rv, &furthest_beyond);
   match(handed_on(b, m, made_b), made_a, /*from_a=*/false, gate, &rv, &furthest_beyond);
@@ -230,7 +250,13 @@ MatchedRegion match_region(const OpSource& a, size_t n, const OpSource& b, size_
   return region;
 }
 
+uint64_t values_read_after(const OpSource& s, size_t n) {
+  return handed_on(s, n, made_in(s, n)).size();
+}
+
 std::string region_values_text(const RegionValues& v) {
+  if (v.made == 0)
+    return "its ops return no value (autograd's nodes for views): the ops after it decide";
   if (v.handed_on == 0) return "no value its ops made is read after it";
   const uint64_t paired = v.handed_on - v.unmatched;
   std::string out;

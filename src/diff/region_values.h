@@ -44,6 +44,10 @@ inline constexpr size_t kMaxAbsorbedOps = 8;
 MatchedRegion match_region(const OpSource& a, size_t n, const OpSource& b, size_t m,
                            const GateConfig& gate);
 
+// How many values side s's first n ops make that an op after them (in the buffer) reads: for
+// ops only one run ran, whose effect the ops after them show.
+uint64_t values_read_after(const OpSource& s, size_t n);
+
 // "the 5 values it hands on agree bit for bit", for a structural difference's detail.
 std::string region_values_text(const RegionValues& v);
 

@@ -163,6 +163,7 @@ struct RegionValues {
   uint64_t within = 0;     // else within the tolerance of the nearest of its shape and dtype
   uint64_t beyond = 0;     // else beyond it
   uint64_t unmatched = 0;  // the other side's region made none of its shape
+  uint64_t made = 0;       // values both sides' ops returned; 0 for autograd's view nodes
   // The furthest of those beyond the tolerance (or within it, when none is beyond).
   double relative = 0, ulps = -1;
   std::string op_a, op_b, dtype;  // the ops that made that pair, in runs A and B
@@ -185,6 +186,15 @@ struct StructuralDifference {
   std::string detail;
   // Ops of both sides replaced by other ops (skipped_a and skipped_b > 0), realigned after.
   std::optional<RegionValues> values;
+  // Ops only one side ran (a mask built where the other run's kernel takes is_causal): how many
+  // values they make that the ops after them read. Those ops and regions are compared, so what
+  // these hand on shows there; 0 when nothing after them reads one.
+  uint64_t extra_values_read = 0;
+  // Bit for bit, the values it hands on change nothing by themselves.
+  // Or its ops return no value at all: the ops after it decide.
+  bool same_bits() const {
+    return (values && (values->same_bits() || values->made == 0)) || extra_values_read > 0;
+  }
 };
 
 struct CatalogRef {

@@ -627,6 +627,78 @@ TEST(NumericsTest, InnerOpsThatDifferInsideAnOpBothRanAreJudgedByItsValuesUnderA
   EXPECT_EQ(gate_exit_code(tolerant), ExitCode::kIdentical);
 }
 
+// A refactor's region and what reads its value after it (issue 82, Trainer's attention eager
+// against sdpa). `how`: the value read through a view no op recorded (a transpose), so in
+// other bytes; a 0.0 made by run B's region alone while the same bytes, made before the region
+// or first seen after the backward began, are read later; run A's extra op, a mask, read by its
+// region; or ops that return nothing (autograd's nodes for views).
+enum class ReadAfter { kThroughAView, kOlderBytes, kLaterBytes, kExtraMask, kNoValues };
+
+TraceBuilder read_after(bool other, ReadAfter how) {
+  TraceBuilder t;
+  for (uint64_t step = 0; step < 2; ++step) {
+    t.step(step);
+    const int64_t zero = t.op("aten::zeros").out_new(tensor(0x77, {1})).done();
+    int64_t mask = -1;
+    if (how == ReadAfter::kExtraMask && !other)
+      mask = t.op("aten::tril").out_new(tensor(0x15, {16})).done();
+    int64_t x = t.op("aten::layer_norm").out_new(tensor(0x10, {16})).done();
+    for (const char* op : {"aten::gelu", "aten::sigmoid", "aten::tanh", "aten::silu"})
+      x = t.op(op).in_ref(x).out_new(tensor(0x11, {16})).done();
+    int64_t y;
+    if (how == ReadAfter::kNoValues) {
+      t.op(other ? "ViewBackward0" : "UnsafeViewBackward0").in_ref(x).done();
+      y = x;
+    } else if (!other) {
+      auto op = t.op("aten::add");
+      op.in_ref(x);
+      if (mask >= 0) op.in_ref(mask);
+      y = op.out_new(tensor(0x40, {16})).done();
+    } else {
+      int64_t m = t.op("aten::mul").in_ref(x).out_new(tensor(0x30, {16})).done();
+      if (how == ReadAfter::kOlderBytes || how == ReadAfter::kLaterBytes)
+        t.op("aten::scalar_tensor").out_new(tensor(0x77, {1})).done();
+      y = t.op("aten::where").in_ref(m).out_new(tensor(0x40, {16})).done();
+    }
+    int64_t h = how == ReadAfter::kThroughAView
+                    ? t.op("aten::clone")
+                          .in_new(tensor(0x41, {16}, Provenance::kView), y)
+                          .out_new(tensor(0x50, {16}))
+                          .done()
+                    : t.op("aten::clone").in_ref(y).out_new(tensor(0x50, {16})).done();
+    for (const char* op : {"aten::relu", "aten::neg", "aten::abs", "aten::exp"})
+      h = t.op(op).in_ref(h).out_new(tensor(0x60, {16})).done();
+    if (how == ReadAfter::kOlderBytes) t.op("aten::add_").in_ref(zero).in_ref(h).done();
+    if (how == ReadAfter::kLaterBytes) {
+      t.op("aten::sum", Phase::kBackward).in_ref(h).out_new(tensor(0x61, {1})).done();
+      t.op("aten::add_").in_new(tensor(0x77, {1}, Provenance::kExternal)).done();
+    }
+  }
+  t.end();
+  return t;
+}
+
+TEST(NumericsTest, WhatARegionHandsOnIsReadByDataFlowNotByBytesAlone) {
+  const std::vector<std::pair<ReadAfter, const char*>> cases = {
+      {ReadAfter::kThroughAView, "view"},
+      {ReadAfter::kOlderBytes, "older"},
+      {ReadAfter::kLaterBytes, "later"},
+      {ReadAfter::kExtraMask, "mask"},
+      {ReadAfter::kNoValues, "no_values"}};
+  for (const auto& [how, name] : cases) {
+    RunDir a(std::string("read_after_") + name + "/run-0"),
+        b(std::string("read_after_") + name + "/run-1");
+    a.add_stream("r0.main.t0", read_after(false, how));
+    b.add_stream("r0.main.t0", read_after(true, how));
+    DiffReport r;
+    ASSERT_TRUE(diff_runs(a.path(), b.path(), DiffOptions{}, &r).ok());
+    ASSERT_FALSE(r.structural.empty()) << name;
+    for (const StructuralDifference& d : r.structural) EXPECT_TRUE(d.same_bits()) << d.detail;
+    EXPECT_EQ(r.verdict, Verdict::kSameValues) << name;
+    EXPECT_EQ(gate_exit_code(r), ExitCode::kIdentical) << name;
+  }
+}
+
 // The same torch build on two GPU models: a cuBLAS GEMM on cuda:1 reads the same inputs and
 // writes other bits.
 TraceBuilder gpu_gemm(uint8_t out) {
