@@ -96,6 +96,7 @@ class NumericsAcrossSettings(PairDiffs):
         if HAS_TRANSFORMERS:
             jobs["trainer"] = TRAINER + ["--threads", "1"]
             jobs["trainer_two_threads"] = TRAINER + ["--threads", "2"]
+            jobs["trainer_eager_attention"] = TRAINER + ["--threads", "1", "--attention", "eager"]
         if OTHER:
             jobs["other_torch"] = [OTHER[0], MLP]
         return jobs
@@ -334,6 +335,25 @@ class NumericsAcrossSettings(PairDiffs):
         self.assertEqual((code, report["headline"]), (1, "beyond tolerance"), report["gate"])
         change = report["numerics_change"]
         self.assertEqual((change["step"], change["input"]["tensor"]), (0, ""), change)
+
+
+    @unittest.skipUnless(HAS_TRANSFORMERS, "transformers and accelerate are not installed")
+    def test_trainer_with_eager_attention_against_sdpa_hands_on_the_same_bits(self):
+        # transformers' eager attention builds a causal mask first and runs matmul, softmax and
+        # matmul; its sdpa one calls F.scaled_dot_product_attention: other ops, the same bits
+        # (the scale, 1/sqrt(16), is a power of two), and the same final parameters.
+        code, report = self.diff("trainer_eager_attention", base="trainer")
+        self.assertEqual((code, report["verdict"], report["headline"]),
+                         (0, "identical-values", "identical values (other ops)"),
+                         report["first_divergence"])
+        structural = report["structural_differences"]
+        self.assertEqual(report["gate"]["structure_same_bits"], structural["count"])
+        details = " ".join(d["detail"] for d in structural["first"])
+        self.assertIn("aten::scaled_dot_product_attention", details)
+        self.assertIn("run B has", details, "the mask only the eager attention builds")
+        self.assertIn("read after it reach the ops compared there", details)
+        self.assertEqual(report["spread"]["divergent_ops"], 0)
+        self.assertGreater(report["totals"]["ops_compared"], 1000)
 
 
 @comparator_only

@@ -3,7 +3,11 @@ torch 2.x's CPU), built from a config (no download). From step --race-from on, t
 term over a gathered table (`table[idx]`) whose backward is CPU `index_put_` with accumulate=True
 on 2 threads: a race on float atomics, so the runs' parameters part there.
 
-    python hf_trainer.py [--steps 60] [--race-from 50] [--threads 2]
+    python hf_trainer.py [--steps 60] [--race-from 50] [--threads 2] [--attention eager|sdpa]
+
+--attention: GPT-2's attention as transformers' eager code (its causal mask built first, then
+matmul, softmax, matmul) or by `F.scaled_dot_product_attention` (transformers' default): the same
+model refactored.
 
 Prints the optimizer Trainer made (`optimizer AdamW fused=True`) and a checksum of the final
 parameters (`params sha256 ...`).
@@ -19,9 +23,10 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 class RacyGPT2(torch.nn.Module):
     """GPT-2 whose loss, from step `race_from`, adds a term over rows gathered by index."""
 
-    def __init__(self, race_from):
+    def __init__(self, race_from, attention=None):
         super().__init__()
-        config = GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=128, n_positions=32)
+        config = GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=128, n_positions=32,
+                            **({"attn_implementation": attention} if attention else {}))
         self.gpt2 = GPT2LMHeadModel(config)
         self.table = torch.nn.Parameter(torch.randn(64, 32))
         self.race_from = race_from
@@ -47,11 +52,12 @@ def main():
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--race-from", type=int, default=50)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--attention", choices=["eager", "sdpa"])
     ap.add_argument("--out", default=os.environ.get("DETAUDIT_RUN_DIR", ".") + "/trainer-out")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = RacyGPT2(args.race_from)
+    model = RacyGPT2(args.race_from, args.attention)
     data = [{"input_ids": torch.randint(0, 128, (16,)), "labels": None} for _ in range(64)]
     for d in data:
         d["labels"] = d["input_ids"].clone()
