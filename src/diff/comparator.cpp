@@ -725,7 +725,7 @@ class StreamComparator {
       fd.order_b = d.order_b;
       classify_structural(d.detail, &fd);
       fd.evidence.nested = shape.nested;
-      fd.evidence.same_values = d.same_bits();
+      fd.evidence.same_values = d.hands_on_same_bits();
       // Other ops for the same bits are the first divergence only if no value differs after.
       if (fd.evidence.same_values) {
         if (!same_values_first_) same_values_first_ = std::move(fd);

@@ -405,6 +405,12 @@ void finish_report(const trace::RunDirectory& run_a, const trace::RunDirectory& 
   r->incomplete = !r->not_compared.empty();
   r->no_verdict = why_no_verdict(*r);
   r->verdict = verdict_of(*r);
+  // Every op sequence difference left the values alone (ops only one run ran among them): the
+  // first is one of them, and its cause says so.
+  if (r->verdict == Verdict::kSameValues && r->first && !r->first->evidence.same_values) {
+    r->first->evidence.same_values = true;
+    explain_cause(r->environment, &*r->first);
+  }
   r->training.identical = training_identical(*r);
 }
 

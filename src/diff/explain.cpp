@@ -348,7 +348,8 @@ bool explain_structural(const std::vector<EnvDifference>& env, bool, FirstDiverg
   if (fd->evidence.same_values && !ver) {
     fd->explanation.cause =
         "the runs ran other ops for the same values (a refactor, or another decomposition): "
-        "every value the replaced ops hand on is equal bit for bit";
+        "every value the replaced ops hand on, and every op compared after them, is equal bit "
+        "for bit";
     fd->explanation.remedy =
         "nothing to fix if the change was meant; `detaudit diff --fail-on tolerance` passes "
         "such regions and fails where values moved";

@@ -190,11 +190,11 @@ struct StructuralDifference {
   // values they make that the ops after them read. Those ops and regions are compared, so what
   // these hand on shows there; 0 when nothing after them reads one.
   uint64_t extra_values_read = 0;
-  // Bit for bit, the values it hands on change nothing by themselves.
-  // Or its ops return no value at all: the ops after it decide.
-  bool same_bits() const {
-    return (values && (values->same_bits() || values->made == 0)) || extra_values_read > 0;
-  }
+  // What it hands on is the other run's bits, or its ops return no value at all.
+  bool hands_on_same_bits() const { return values && (values->same_bits() || values->made == 0); }
+  // Bit for bit, it changes nothing by itself: the ops after it decide. Ops only one run ran
+  // stay the first divergence if any op after them differs, as they may be why.
+  bool same_bits() const { return hands_on_same_bits() || extra_values_read > 0; }
 };
 
 struct CatalogRef {
