@@ -11,8 +11,8 @@ each pair diffed bit for bit and under a tolerance, with a known answer for each
 - torch builds (pip's 2.13 against Debian's 1.13, and against the CUDA 2.14.1 CI installs, on
   the CPU): the versions first, then the first op whose numbers changed;
 
-in one process and on two DDP ranks; and this run checked against a baseline stored in the
-repository.
+in one process, on two DDP ranks and on two FSDP2 ranks; and this run checked against a
+baseline stored in the repository.
 
     cd build && ctest -R e2e.*test_numerics --output-on-failure
 """
@@ -88,6 +88,9 @@ class NumericsAcrossSettings(PairDiffs):
                 "ddp_matmul": [PYTHON, MLP, "--ranks", "2", "--form", "matmul"],
                 "ddp_matmul_lr": [PYTHON, MLP, "--ranks", "2", "--form", "matmul", "--lr-at", "2"],
                 "ddp_float64": [PYTHON, MLP, "--ranks", "2", "--form", "float64"]}
+        if HAS_COMPILE:  # FSDP2's fully_shard: torch 2
+            jobs["fsdp"] = [PYTHON, MLP, "--ranks", "2", "--shard"]
+            jobs["fsdp_matmul"] = [PYTHON, MLP, "--ranks", "2", "--shard", "--form", "matmul"]
         if HAS_SDPA:
             jobs["sdpa"] = [PYTHON, MLP, "--block", "sdpa"]
             jobs["attention_by_hand"] = [PYTHON, MLP, "--block", "attention-by-hand"]
@@ -226,6 +229,17 @@ class NumericsAcrossSettings(PairDiffs):
         for d in backward:
             self.assertEqual(d["values"]["exact"], d["values"]["handed_on"], d)
             self.assertGreater(d["values"]["handed_on"], 0, d)
+
+    @unittest.skipUnless(HAS_COMPILE, f"torch {TORCH_VERSION} has no FSDP2")
+    def test_a_refactor_under_fsdp2_passes_between_its_all_gathers_and_reduce_scatters(self):
+        code, report = self.diff("fsdp_matmul", base="fsdp")
+        self.assertEqual((code, report["verdict"], report["headline"]),
+                         (0, "identical-values", "identical values (other ops)"),
+                         report["first_divergence"])
+        structural = report["structural_differences"]
+        self.assertEqual(report["gate"]["structure_same_bits"], structural["count"])
+        self.assertEqual({d["stream"].split(".")[0] for d in structural["first"]}, {"r0", "r1"})
+        self.assertTrue([d for d in structural["first"] if d["phase"] == "backward"], structural)
 
     def test_a_learning_rate_changed_after_a_refactor_under_ddp_is_found_at_its_step(self):
         code, report = self.diff("ddp_matmul_lr", base="ddp")

@@ -15,8 +15,8 @@ loop over the batch's chunks (`unrolled`): refactors that run other ops for the 
 (`layernorm-by-hand`), or a single-head self-attention over 8 sequences of 16 by
 `F.scaled_dot_product_attention` (`sdpa`) or written by hand (`attention-by-hand`).
 --compile: the model is wrapped in torch.compile.
---ranks 2: two gloo ranks started by torch.multiprocessing.spawn, the layers wrapped in DDP, each
-rank on its own shard. Every rank prints the MD5 of its final parameters."""
+--ranks 2: two gloo ranks started by torch.multiprocessing.spawn, the layers wrapped in DDP (or
+with --shard sharded by FSDP2's fully_shard), each rank on its own shard of the data. Every rank prints the MD5 of its final parameters."""
 import argparse
 import hashlib
 import os
@@ -37,6 +37,7 @@ p.add_argument("--form", choices=["module", "functional", "matmul", "reordered",
 p.add_argument("--block", default="none",
                choices=["none", "layernorm", "layernorm-by-hand", "sdpa", "attention-by-hand"])
 p.add_argument("--ranks", type=int, default=1)
+p.add_argument("--shard", action="store_true")
 p.add_argument("--compile", action="store_true")
 args = p.parse_args()
 
@@ -99,7 +100,11 @@ def train(rank, port=0):
     if args.ranks > 1:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=args.ranks)
-        model = torch.nn.parallel.DistributedDataParallel(net)
+        if args.shard:
+            from torch.distributed.fsdp import fully_shard
+            model = fully_shard(net)
+        else:
+            model = torch.nn.parallel.DistributedDataParallel(net)
     if args.compile:
         model = torch.compile(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -116,7 +121,8 @@ def train(rank, port=0):
         opt.step()
         print(f"rank {rank} step {step} loss {loss.item():.6f}", flush=True)
     # Through torch alone: the CUDA torch's environment has no NumPy.
-    flat = torch.cat([q.detach().flatten() for q in net.parameters()])
+    flat = torch.cat([(q.full_tensor() if hasattr(q, "full_tensor") else q).detach().flatten()
+                      for q in net.parameters()])
     final = hashlib.md5(bytes(flat.view(torch.uint8).tolist()))
     print(f"rank {rank} parameters {final.hexdigest()}", flush=True)
     if args.ranks > 1:
