@@ -229,6 +229,10 @@ MatchedRegion match_region(const OpSource& a, size_t n, const OpSource& b, size_
       return MatchedRegion{i, j, std::move(values), stretches};
     return std::nullopt;
   };
+  // Autograd sums a refactor's gradient contributions in another order: in the backward the
+  // ops both ran after a stretch join it one by one, as only the last of the adds holds the same
+  // sum. Not in the forward, where it would take in a value that left the tolerance.
+  const bool backward = first.phase == trace::Phase::kBackward;
   size_t i = n, j = m;
   for (size_t stretches = 1; stretches <= kMaxWidenedStretches; ++stretches) {
     if (stretches > 1) {
@@ -240,10 +244,6 @@ MatchedRegion match_region(const OpSource& a, size_t n, const OpSource& b, size_
       std::tie(i, j) = *next;
       if (auto r = found(i, j, stretches)) return *r;
     }
-    // The ops both ran after it, one by one: autograd sums a refactor's gradient contributions
-    // in another order, and only the last of the adds both ran holds the same sum. Not in the
-    // forward, where it would take in a value that left the tolerance.
-    const bool backward = first.phase == trace::Phase::kBackward;
     for (size_t t = 0; backward && t < kMaxAbsorbedOps && both_ran(i + t, j + t); ++t)
       if (auto r = found(i + t + 1, j + t + 1, stretches)) return *r;
   }

@@ -68,6 +68,18 @@ class PairDiffs(RecordedRuns):
         self.assertIn(r.returncode, (0, 1), r.stderr)
         return r.returncode, json.loads(r.stdout)
 
+    def assert_identical_values(self, b, base="base"):
+        """Other ops, the same bits: exit 0, `identical-values`, every region the same bits and
+        at least one listed. Returns the report."""
+        code, report = self.diff(b, base=base)
+        self.assertEqual((code, report["verdict"], report["headline"]),
+                         (0, "identical-values", "identical values (other ops)"),
+                         report["first_divergence"])
+        structural = report["structural_differences"]
+        self.assertGreater(structural["count"], 0)
+        self.assertEqual(report["gate"]["structure_same_bits"], structural["count"])
+        return report
+
 @comparator_only
 class NumericsAcrossSettings(PairDiffs):
     @classmethod
@@ -183,12 +195,7 @@ class NumericsAcrossSettings(PairDiffs):
         # `h @ W.t() + b` against nn.Linear: mm and add for addmm, in the forward and the
         # backward. Bit for bit, another op sequence; the values handed on are the same bits.
         # It passes the default gate, its regions listed: the headline says what it is.
-        code, report = self.diff("matmul")
-        self.assertEqual((code, report["verdict"], report["headline"]),
-                         (0, "identical-values", "identical values (other ops)"),
-                         report["first_divergence"])
-        self.assertEqual(report["gate"]["structure_same_bits"],
-                         report["structural_differences"]["count"])
+        report = self.assert_identical_values("matmul")
         first = report["first_divergence"]
         self.assertEqual(first["class"], "structural", first)
         self.assertIn("other ops for the same values", first["cause"])
@@ -217,12 +224,7 @@ class NumericsAcrossSettings(PairDiffs):
     def test_a_refactor_under_ddp_passes_its_backward_matched_in_autograds_order(self):
         # nn.Linear's AddmmBackward0 makes both gradients before the bias's sum and DDP's bucket
         # copy; `h @ W.t() + b` hands the bias's on first. The final parameters agree bit for bit.
-        code, report = self.diff("ddp_matmul", base="ddp")
-        self.assertEqual((code, report["verdict"], report["headline"]),
-                         (0, "identical-values", "identical values (other ops)"),
-                         report["first_divergence"])
-        self.assertEqual(report["gate"]["structure_same_bits"],
-                         report["structural_differences"]["count"])
+        report = self.assert_identical_values("ddp_matmul", base="ddp")
         backward = [d for d in report["structural_differences"]["first"]
                     if d["phase"] == "backward"]
         self.assertTrue(backward, report["structural_differences"])
@@ -232,12 +234,8 @@ class NumericsAcrossSettings(PairDiffs):
 
     @unittest.skipUnless(HAS_COMPILE, f"torch {TORCH_VERSION} has no FSDP2")
     def test_a_refactor_under_fsdp2_passes_between_its_all_gathers_and_reduce_scatters(self):
-        code, report = self.diff("fsdp_matmul", base="fsdp")
-        self.assertEqual((code, report["verdict"], report["headline"]),
-                         (0, "identical-values", "identical values (other ops)"),
-                         report["first_divergence"])
+        report = self.assert_identical_values("fsdp_matmul", base="fsdp")
         structural = report["structural_differences"]
-        self.assertEqual(report["gate"]["structure_same_bits"], structural["count"])
         self.assertEqual({d["stream"].split(".")[0] for d in structural["first"]}, {"r0", "r1"})
         self.assertTrue([d for d in structural["first"] if d["phase"] == "backward"], structural)
 
@@ -275,13 +273,7 @@ class NumericsAcrossSettings(PairDiffs):
         # in a Python loop and concatenated. Other ops, the same bits handed on.
         for form in ("reordered", "unrolled"):
             with self.subTest(form=form):
-                code, report = self.diff(form)
-                self.assertEqual((code, report["verdict"], report["headline"]),
-                                 (0, "identical-values", "identical values (other ops)"),
-                                 report["first_divergence"])
-                structural = report["structural_differences"]
-                self.assertGreater(structural["count"], 0)
-                self.assertEqual(report["gate"]["structure_same_bits"], structural["count"])
+                self.assert_identical_values(form)
 
     def test_layernorm_by_hand_is_named_at_its_region_with_its_ulp(self):
         code, report = self.diff("layernorm_by_hand", base="layernorm")
@@ -356,12 +348,8 @@ class NumericsAcrossSettings(PairDiffs):
         # transformers' eager attention builds a causal mask first and runs matmul, softmax and
         # matmul; its sdpa one calls F.scaled_dot_product_attention: other ops, the same bits
         # (the scale, 1/sqrt(16), is a power of two), and the same final parameters.
-        code, report = self.diff("trainer_eager_attention", base="trainer")
-        self.assertEqual((code, report["verdict"], report["headline"]),
-                         (0, "identical-values", "identical values (other ops)"),
-                         report["first_divergence"])
+        report = self.assert_identical_values("trainer_eager_attention", base="trainer")
         structural = report["structural_differences"]
-        self.assertEqual(report["gate"]["structure_same_bits"], structural["count"])
         details = " ".join(d["detail"] for d in structural["first"])
         self.assertIn("aten::scaled_dot_product_attention", details)
         self.assertIn("run B has", details, "the mask only the eager attention builds")

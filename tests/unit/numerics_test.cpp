@@ -52,6 +52,17 @@ const EnvDifference* find_key(const std::vector<EnvDifference>& env, const std::
   return nullptr;
 }
 
+// Run A's stream against run B's, in run directories named after `name`.
+DiffReport diff_streams(const std::string& name, const TraceBuilder& a, const TraceBuilder& b,
+                        const DiffOptions& options = DiffOptions{}) {
+  RunDir ra(name + "/run-0"), rb(name + "/run-1");
+  ra.add_stream("r0.main.t0", a);
+  rb.add_stream("r0.main.t0", b);
+  DiffReport r;
+  EXPECT_TRUE(diff_runs(ra.path(), rb.path(), options, &r).ok());
+  return r;
+}
+
 TEST(NumericsTest, TwoTorchBuildsDifferByTheLinesThatDoTheVersionFirst) {
   std::map<std::string, std::string> a, b;
   split_build_config(kBuild213, &a);
@@ -300,14 +311,9 @@ TraceBuilder refactored(bool matmul, const TensorDesc& result) {
 }
 
 DiffReport diff_refactor(const std::string& name, const TensorDesc& result, GateConfig gate) {
-  RunDir a(name + "/run-0"), b(name + "/run-1");
-  a.add_stream("r0.main.t0", refactored(false, result));
-  b.add_stream("r0.main.t0", refactored(true, result));
   DiffOptions o;
   o.gate = gate;
-  DiffReport r;
-  EXPECT_TRUE(diff_runs(a.path(), b.path(), o, &r).ok());
-  return r;
+  return diff_streams(name, refactored(false, result), refactored(true, result), o);
 }
 
 TEST(NumericsTest, OtherOpsForTheSameValuesAreMatchedByWhatTheyHandOn) {
@@ -440,12 +446,7 @@ TraceBuilder backward_in_order(bool matmul, int64_t planted_at = -1) {
 }
 
 DiffReport diff_backward(const std::string& name, int64_t planted_at) {
-  RunDir a(name + "/run-0"), b(name + "/run-1");
-  a.add_stream("r0.main.t0", backward_in_order(false));
-  b.add_stream("r0.main.t0", backward_in_order(true, planted_at));
-  DiffReport r;
-  EXPECT_TRUE(diff_runs(a.path(), b.path(), DiffOptions{}, &r).ok());
-  return r;
+  return diff_streams(name, backward_in_order(false), backward_in_order(true, planted_at));
 }
 
 TEST(NumericsTest, ABackwardRefactorInAutogradsOtherOrderIsOneRegionOfTheSameBits) {
@@ -514,18 +515,10 @@ TraceBuilder forward_region(bool by_hand, bool compiled = false) {
   return t;
 }
 
-DiffReport diff_forward_region(const std::string& name, bool compiled) {
-  RunDir a(name + "/run-0"), b(name + "/run-1");
-  a.add_stream("r0.main.t0", forward_region(false));
-  b.add_stream("r0.main.t0", forward_region(true, compiled));
-  DiffReport r;
-  EXPECT_TRUE(diff_runs(a.path(), b.path(), DiffOptions{}, &r).ok());
-  return r;
-}
-
 TEST(NumericsTest, AValueSavedForTheGradientIsTheRegionsStateNotAValueItHandsOn) {
   for (bool compiled : {false, true}) {
-    DiffReport r = diff_forward_region(compiled ? "saved_compiled" : "saved", compiled);
+    DiffReport r = diff_streams(compiled ? "saved_compiled" : "saved", forward_region(false),
+                                forward_region(true, compiled));
     ASSERT_FALSE(r.structural.empty());
     for (const StructuralDifference& d : r.structural) {
       ASSERT_TRUE(d.values) << d.detail;
@@ -568,11 +561,7 @@ TraceBuilder partial_sums(bool other, uint8_t total = 0x40) {
 }
 
 TEST(NumericsTest, GradientsSummedInAnotherOrderAreOneRegionToTheAddWhoseSumAgrees) {
-  RunDir a("partial_sums/run-0"), b("partial_sums/run-1");
-  a.add_stream("r0.main.t0", partial_sums(false));
-  b.add_stream("r0.main.t0", partial_sums(true));
-  DiffReport r;
-  ASSERT_TRUE(diff_runs(a.path(), b.path(), DiffOptions{}, &r).ok());
+  DiffReport r = diff_streams("partial_sums", partial_sums(false), partial_sums(true));
   ASSERT_EQ(r.structural.size(), 2u) << "one region a step";
   for (const StructuralDifference& d : r.structural) {
     ASSERT_TRUE(d.values) << d.detail;
@@ -582,11 +571,8 @@ TEST(NumericsTest, GradientsSummedInAnotherOrderAreOneRegionToTheAddWhoseSumAgre
   EXPECT_EQ(r.divergent_ops, 0u) << "the add both ran is the region's";
 
   // A sum that differs too is no refactor: the region, as found, fails.
-  RunDir c("partial_sums_moved/run-0"), d("partial_sums_moved/run-1");
-  c.add_stream("r0.main.t0", partial_sums(false));
-  d.add_stream("r0.main.t0", partial_sums(true, 0x50));
-  DiffReport moved;
-  ASSERT_TRUE(diff_runs(c.path(), d.path(), DiffOptions{}, &moved).ok());
+  DiffReport moved = diff_streams("partial_sums_moved", partial_sums(false),
+                                  partial_sums(true, 0x50));
   EXPECT_EQ(moved.verdict, Verdict::kDivergent);
   EXPECT_EQ(gate_exit_code(moved), ExitCode::kDivergent);
 }
@@ -610,18 +596,14 @@ TraceBuilder inner_allocation(int64_t threads) {
 }
 
 TEST(NumericsTest, InnerOpsThatDifferInsideAnOpBothRanAreJudgedByItsValuesUnderATolerance) {
-  RunDir a("inner_allocation/run-0"), b("inner_allocation/run-1");
-  a.add_stream("r0.main.t0", inner_allocation(1));
-  b.add_stream("r0.main.t0", inner_allocation(2));
-  DiffOptions o;
-  DiffReport strict;
-  ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &strict).ok());
+  DiffReport strict = diff_streams("inner_allocation", inner_allocation(1), inner_allocation(2));
   ASSERT_FALSE(strict.structural.empty());
   EXPECT_EQ(gate_exit_code(strict), ExitCode::kDivergent) << "bit for bit, the ops differ";
+  DiffOptions o;
   o.gate = GateConfig{"tolerance", 0, 0};
   o.gate.ulp = 16;
-  DiffReport tolerant;
-  ASSERT_TRUE(diff_runs(a.path(), b.path(), o, &tolerant).ok());
+  DiffReport tolerant = diff_streams("inner_allocation_t", inner_allocation(1), inner_allocation(2),
+                                     o);
   EXPECT_TRUE(tolerant.structure_tolerated);
   EXPECT_FALSE(tolerant.beyond_tolerance);
   EXPECT_EQ(gate_exit_code(tolerant), ExitCode::kIdentical);
@@ -686,12 +668,8 @@ TEST(NumericsTest, WhatARegionHandsOnIsReadByDataFlowNotByBytesAlone) {
       {ReadAfter::kExtraMask, "mask"},
       {ReadAfter::kNoValues, "no_values"}};
   for (const auto& [how, name] : cases) {
-    RunDir a(std::string("read_after_") + name + "/run-0"),
-        b(std::string("read_after_") + name + "/run-1");
-    a.add_stream("r0.main.t0", read_after(false, how));
-    b.add_stream("r0.main.t0", read_after(true, how));
-    DiffReport r;
-    ASSERT_TRUE(diff_runs(a.path(), b.path(), DiffOptions{}, &r).ok());
+    DiffReport r = diff_streams(std::string("read_after_") + name, read_after(false, how),
+                                read_after(true, how));
     ASSERT_FALSE(r.structural.empty()) << name;
     for (const StructuralDifference& d : r.structural) EXPECT_TRUE(d.same_bits()) << d.detail;
     EXPECT_EQ(r.verdict, Verdict::kSameValues) << name;
