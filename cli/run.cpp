@@ -26,8 +26,10 @@
 #include "report/render.h"
 #include "run/interposer.h"
 #include "run/remedy.h"
+#include "run/selftest.h"
 #include "run/sentinel.h"
 #include "run/session.h"
+#include "run/validate.h"
 #include "run_layout.h"
 #include "util/shell_words.h"
 
@@ -40,6 +42,8 @@ struct RunArgs {
   bool force = false;
   bool quiet = false;
   bool verify_remedy = false;
+  bool selftest = false;
+  bool validate = false;
   bool coverage = false;
   double coverage_budget_s = CoverageFlags().budget_s;
   run::RunFlags flags;
@@ -226,6 +230,23 @@ RemedyVerification verify_remedies(const Config& config, const run::RunOptions& 
   return verification;
 }
 
+// `run --selftest`'s plants and their outcomes for the report (run/selftest.h), its error said.
+SelfTest run_selftest(const Config& config, const run::RunOptions& options,
+                      const std::string& run0) {
+  Catalog catalog;
+  const bool have_catalog = Catalog::load(catalog_path(), &catalog).ok();
+  SelfTest selftest;
+  if (Status s = run::run_selftest(
+          config, options, run0, have_catalog ? &catalog : nullptr,
+          [&](const run::RunOutcome& o, int i) { print_run_problem(o, i, config.select.ranks); },
+          &selftest);
+      !s.ok()) {
+    report_error(s);
+    selftest.outcome = "FAILED: " + s.message();
+  }
+  return selftest;
+}
+
 // The config from --config and the flags, and the interposer to load; a nonzero return is the
 // exit code, the error already said.
 int prepare_recording(const RunArgs& args, Config* config, run::RunOptions* options) {
@@ -278,6 +299,10 @@ int run_main(const RunArgs& args) {
   if (int code = prepare_recording(args, &config, &options)) return code;
 
   use_sentinel_digest(&config);
+  if ((args.selftest || args.validate) && config.runs < 2)
+    return report_error(Status::error(fmt::format("{} checks a verdict: give --runs 2",
+                                                  args.selftest ? "--selftest" : "--validate"),
+                                      ExitCode::kUsage));
 
   // Before anything starts: --out is ours alone and can be written.
   run::OutLock out_lock;
@@ -332,6 +357,22 @@ int run_main(const RunArgs& args) {
         run::localize_divergent_step(run::sentinel_pair(config, options), catalog_path(), report);
       if (args.verify_remedy && !any_failed && report->verdict == Verdict::kDivergent)
         report->remedy_verification = verify_remedies(config, options, *report);
+      if (args.selftest && recorded[0]) report->selftest = run_selftest(config, options, dirs[0]);
+      if (args.validate) {
+        Validation v;
+        if (Status s = run::validate_unrecorded(
+                config, options, *report,
+                [&](const run::RunOutcome& o, int i) {
+                  print_run_problem(o, i, config.select.ranks);
+                },
+                &v);
+            !s.ok()) {
+          report_error(s);
+          v.failed = true;
+          v.outcome = "NOT VALIDATED: " + s.message();
+        }
+        report->validation = v;
+      }
     };
     code = diff_pairs(config, dirs, recorded, before_render);
   } else {
@@ -501,6 +542,14 @@ void add_run_verb(CLI::App& app, VerbAction* action) {
                 "after a divergent verdict, record 2 more runs with the first divergence's remedy "
                 "applied (--deterministic, --threads, --seed, --env) and diff them, while remedies "
                 "remain (up to 3 rounds); writes OUT/remedy.json");
+  sub->add_flag("--selftest", args->selftest,
+                "then prove the audit: for each of forward, backward and optimizer, one more run "
+                "with one element of a value an op made changed (OUT/selftest-<phase>), which the "
+                "diff must name at its op; a plant not found fails the run (exit 6)");
+  sub->add_flag("--validate", args->validate,
+                "then run the program twice more with nothing recorded and compare the final "
+                "parameters and optimizer state they leave: a divergence recording hid fails the "
+                "run (exit 6), and the sentinel's pair is tried on it (OUT/validate)");
   sub->add_flag("--coverage", args->coverage,
                 "then replay every op type of run-0 on its own inputs (detaudit coverage): one "
                 "verified nondeterministic fails the run (exit 1); the report goes to "

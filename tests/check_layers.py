@@ -34,7 +34,7 @@ ROOMS = [
     ("hooks/collectives", "c10d collectives: what a rank sends and receives"),
     ("hooks/ops", "what an op is: schema, phase, step, scopes, generator; torch's versions"),
     ("hooks/process", "what a process and its threads are: names, Python, the environment"),
-    ("hooks/capture", "replay's and coverage's side: ops' inputs captured, and the replayer"),
+    ("hooks/capture", "replay's, coverage's and the self-test's side: ops' inputs captured, the replayer, plants"),
     ("hooks/recorder", "the op path: from the callbacks to the OP records"),
     ("hooks/attach", "loading into the process: callbacks, exit and signal safety nets"),
     ("cli", "the detaudit executable, one file per verb"),

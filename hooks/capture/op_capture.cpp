@@ -35,8 +35,15 @@ CaptureTarget parse_target(const nlohmann::json& j) {
   t.thread = j.at("thread").get<std::string>();
   t.op = j.at("op").get<std::string>();
   t.occurrence = j.at("occurrence").get<uint64_t>();
-  t.inputs = j.at("inputs").get<std::vector<std::string>>();
   t.dir = j.at("dir").get<std::string>();
+  if (j.contains("plant")) {
+    const nlohmann::json& p = j["plant"];
+    t.plant = true;
+    t.plant_input = p.value("value", std::string("output")) == "input";
+    t.relative = p.value("relative", 1e-3);
+    return t;
+  }
+  t.inputs = j.at("inputs").get<std::vector<std::string>>();
   return t;
 }
 

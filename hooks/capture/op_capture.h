@@ -15,6 +15,12 @@
 // <dir>/inputs.pt, and the state of the generator the op draws from to <dir>/rng.pt, so that a
 // replay of a random op starts where the recorded one did. <dir>/capture.json says what happened,
 // in every case where the op was reached.
+//
+// A target with "plant" is `run --selftest`'s (hooks/capture/op_plant.h): the op's value is
+// changed, not its inputs saved, and its "inputs" may be left out.
+//
+//   {"process": "r0.main", "thread": "main", "op": "aten::addmm", "occurrence": 41,
+//    "plant": {"value": "output", "relative": 0.001}, "dir": "/abs/audit/selftest-forward"}
 #pragma once
 
 #include <ATen/core/Generator.h>
@@ -34,6 +40,11 @@ struct CaptureTarget {
   uint64_t occurrence = 0;
   std::vector<std::string> inputs;  // hex, "" where not compared
   std::string dir;
+  // `run --selftest`: change one element of what the op wrote ("output"), or of what it read
+  // ("input": a sentinel's step state, whose gradients the backward handed on), by `relative`.
+  bool plant = false;
+  bool plant_input = false;
+  double relative = 1e-3;
 };
 
 struct CaptureSpec {

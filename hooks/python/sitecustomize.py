@@ -28,11 +28,13 @@ finally:
     if os.environ.get("DETAUDIT_RUN_DIR"):
         import detaudit_backward_mark
         import detaudit_compiled_kernels
+        import detaudit_final_state
         import detaudit_optimizer_steps
         import detaudit_python_generators
         import detaudit_resume
 
         detaudit_compiled_kernels.install()
+        detaudit_final_state.install()
         detaudit_optimizer_steps.install()
         detaudit_python_generators.install()
         detaudit_resume.install()

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
+#include <fmt/format.h>
 #include <torch/csrc/autograd/function.h>
 #include <unistd.h>
 
@@ -322,6 +323,7 @@ void ThreadRecorder::on_start(const at::RecordFunction& fn) {
                !info.collective.defined()) {
       f.in_step_state = true;
       auto inputs = fn.inputs();
+      if (capture_spec()) plant_in_step_state(inputs, info.mutable_args);
       for (size_t i = 0; i < inputs.size(); ++i)
         sentinel_.note(inputs[i], i < 64 && (info.mutable_args >> i & 1));
     } else if (sentinel_wants(f, phase)) {
@@ -551,6 +553,10 @@ ThreadRecorder::Frame ThreadRecorder::mark_record_frame(const OpInfo& info, uint
 
 void ThreadRecorder::write_mark_record(const Frame& f, const std::vector<c10::IValue>& outputs) {
   if (f.recorded) {
+    if (f.plant >= 0) {
+      Busy busy(&busy_);
+      plant_at_end(f, outputs);
+    }
     InBuffer in_buffer = sink_.enter();
     if (in_buffer.entered()) {
       Busy busy(&busy_);
@@ -663,9 +669,8 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f, trace::Pha
   if (saw_fake_tensor_) f.recorded = false;  // torch.compile tracing, not the program's work
   saw_fake_tensor_ = false;
   // Still busy: saving the inputs runs ops of its own.
-  if (CaptureSpec* spec = capture_spec();
-      spec && f.recorded && !f.loss_candidate && !capture_done(*spec))
-    maybe_capture(*spec, fn, f);
+  if (CaptureSpec* spec = capture_spec(); spec && f.recorded && !capture_done(*spec))
+    maybe_capture(*spec, fn, f, given_inputs == nullptr && !f.loss_candidate);
   if (!f.recorded) {
     items_.resize(f.items_begin);
     bytes_.resize(f.bytes_begin);
@@ -673,8 +678,8 @@ void ThreadRecorder::begin_op(const at::RecordFunction& fn, Frame& f, trace::Pha
   }
 }
 
-void ThreadRecorder::maybe_capture(CaptureSpec& spec, const at::RecordFunction& fn,
-                                   const Frame& f) {
+void ThreadRecorder::maybe_capture(CaptureSpec& spec, const at::RecordFunction& fn, Frame& f,
+                                   bool op_arguments) {
   auto targets = spec.by_op.find(f.info->name);
   if (targets == spec.by_op.end()) return;
   const uint64_t seen = capture_seen_[f.info->name]++;
@@ -685,8 +690,89 @@ void ThreadRecorder::maybe_capture(CaptureSpec& spec, const at::RecordFunction& 
         spec.done[k].load(std::memory_order_relaxed) ||
         ProcessRecorder::instance().process_name() != t.process)
       continue;
+    if (t.plant) {
+      if (t.plant_input || spec.done[k].exchange(true)) continue;
+      spec.left.fetch_sub(1, std::memory_order_relaxed);
+      f.plant = int(k);
+      plant_watch_ = ArgumentWatch{};
+      try {
+        if (op_arguments) plant_watch_ = watch_arguments(fn);
+      } catch (const std::exception& e) {
+        report_swallowed(fn.name(), e);  // its returns and declared writes are planted in still
+      }
+      continue;
+    }
+    if (!op_arguments) continue;  // a loss begun at its end, or a mark's record: no inputs
     if (!digests) digests = input_digests_now(f);
     capture_op(spec, k, fn, *digests, generator_of(fn));
+  }
+}
+
+void ThreadRecorder::plant_at_end(const Frame& f, const std::vector<c10::IValue>& outputs) {
+  CaptureSpec& spec = *capture_spec();
+  std::vector<PlantValue> values;
+  auto add = [&values](const c10::IValue& v, const std::string& name) {
+    if (v.isTensor()) values.push_back({v.toTensor(), name});
+    if (v.isTensorList()) {
+      const std::vector<at::Tensor> list = v.toTensorList().vec();
+      for (size_t e = 0; e < list.size(); ++e)
+        values.push_back({list[e], fmt::format("{}[{}]", name, e)});
+    }
+  };
+  for (size_t i = 0; i < outputs.size(); ++i) add(outputs[i], fmt::format("output {}", i));
+  const std::vector<UnreturnedWrite>& writes = f.info->unreturned_writes;
+  std::vector<size_t> nth(writes.size(), 0);
+  for (size_t w = f.written_begin; w < f.written_end; ++w) {
+    const UnreturnedWrite& arg = writes[written_[w].write];
+    const size_t e = nth[written_[w].write]++;
+    values.push_back({at::Tensor(written_[w].impl.lock()),
+                      arg.list ? fmt::format("written argument {}[{}]", arg.name, e)
+                               : "written argument " + arg.name});
+  }
+  try {
+    for (PlantValue& v : changed_arguments(plant_watch_)) values.push_back(std::move(v));
+  } catch (const std::exception& e) {
+    report_swallowed(f.info->name.c_str(), e);  // never into libtorch; planted in the others
+  }
+  plant_watch_ = ArgumentWatch{};
+  plant_change(spec, size_t(f.plant), f.step, values);
+}
+
+void ThreadRecorder::plant_in_step_state(c10::ArrayRef<const c10::IValue> inputs,
+                                         uint64_t mutable_args) {
+  CaptureSpec& spec = *capture_spec();
+  if (capture_done(spec)) return;
+  const std::string& name = sentinel_.step_mark();
+  auto targets = spec.by_op.find(name);
+  if (targets == spec.by_op.end()) return;
+  std::vector<PlantValue> values;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (i < 64 && (mutable_args >> i & 1)) continue;  // what the step writes is its output
+    if (inputs[i].isTensor())
+      values.push_back({inputs[i].toTensor(), fmt::format("argument {}", i)});
+    if (inputs[i].isTensorList()) {
+      const std::vector<at::Tensor> list = inputs[i].toTensorList().vec();
+      for (size_t e = 0; e < list.size(); ++e)
+        values.push_back({list[e], fmt::format("argument {}[{}]", i, e)});
+    }
+  }
+  // A gradient, not a hyperparameter's scalar (momentum as a tensor): the next op may read one.
+  values.erase(std::remove_if(values.begin(), values.end(),
+                              [](const PlantValue& v) {
+                                return !v.tensor.defined() || v.tensor.numel() <= 1 ||
+                                       !v.tensor.is_floating_point();
+                              }),
+               values.end());
+  if (values.empty()) return;
+  const uint64_t next = capture_seen_[name];  // this step's record, counted when it is begun
+  for (size_t k : targets->second) {
+    const CaptureTarget& t = spec.targets[k];
+    if (!t.plant_input || t.occurrence != next || t.thread != identity_->name ||
+        ProcessRecorder::instance().process_name() != t.process || spec.done[k].exchange(true))
+      continue;
+    spec.left.fetch_sub(1, std::memory_order_relaxed);
+    Busy busy(&busy_);
+    plant_change(spec, k, ProcessRecorder::instance().step(), values);
   }
 }
 
@@ -865,6 +951,10 @@ void ThreadRecorder::on_end(const at::RecordFunction& fn) {
     forget_written_args(f);
   }
   if (f.recorded && produced_fake_tensor(fn.outputs())) f.recorded = false;
+  if (f.recorded && f.plant >= 0) {
+    Busy busy(&busy_);
+    plant_at_end(f, fn.outputs());
+  }
   // The only place this thread changes its stream buffer while the process runs: a stop
   // signal's save waits until no thread is here, then saves every buffer.
   if (f.recorded) {

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "capture/op_capture.h"
+#include "capture/op_plant.h"
 #include "collectives/collective_follower.h"
 #include "config/config.h"
 #include "digest/digest.h"
@@ -308,6 +309,8 @@ class ThreadRecorder {
     bool in_step_state = false;
     // Its arguments it may write and does not return (OpInfo::unreturned_writes), in written_.
     size_t written_begin = 0, written_end = 0;
+    // `run --selftest`: the plant target (CaptureSpec) whose value is changed as it ends, or -1.
+    int plant = -1;
   };
 
   // A tensor an op may write and does not return, taken when it starts (its inputs are gone
@@ -358,8 +361,15 @@ class ThreadRecorder {
   const Snapshot* tensor_input(const Frame& f, size_t n) const;
   // Launches the open device batches this op could change the bytes of (Launch).
   void launch_device_batches_before(const at::RecordFunction& fn, const OpInfo& info);
-  // `detaudit replay`: saves this op's inputs if it is the one the capture names.
-  void maybe_capture(CaptureSpec& spec, const at::RecordFunction& fn, const Frame& f);
+  // `detaudit replay`: saves this op's inputs if it is the one the capture names; for
+  // `run --selftest`, marks it as the one to plant in (its arguments watched when
+  // `op_arguments`: fn is the op's own, not a mark's).
+  void maybe_capture(CaptureSpec& spec, const at::RecordFunction& fn, Frame& f, bool op_arguments);
+  // `run --selftest`: the record begun in f ends: its plant, among `outputs` and what it wrote.
+  void plant_at_end(const Frame& f, const std::vector<c10::IValue>& outputs);
+  // A sentinel's step: a plant in what its op reads and does not write (a gradient, before the
+  // optimizer uses it), when the step's state record to come is the target.
+  void plant_in_step_state(c10::ArrayRef<const c10::IValue> inputs, uint64_t mutable_args);
   std::vector<std::string> input_digests_now(const Frame& f);  // waits for pending digests
 
   // Value encoding (value_encoding.cpp): inputs when an op starts, outputs when it ends.
@@ -412,7 +422,8 @@ class ThreadRecorder {
   bool compiled_region_in_step_ = false;    // tensors first seen now are likely a region's output
   std::optional<ThreadIdentity> identity_;  // asked at this thread's first op
   std::unordered_map<std::string, uint64_t> capture_seen_;  // a capture's op -> recorded here
-  std::string thread_name_;                                 // claimed with the stream file
+  ArgumentWatch plant_watch_;  // the plant target's arguments as it started
+  std::string thread_name_;    // claimed with the stream file
   // MD5 of small CPU tensors, batched and hashed on the digest thread; null for other digests.
   // Only inside the buffer (sink_.enter()), so a stop signal's save can run it when the thread
   // is out (release_held_for_save).

@@ -556,6 +556,9 @@ std::string gate_word(const DiffReport& r) {
 
 ExitCode gate_exit_code(const DiffReport& report) {
   if (report.verdict == Verdict::kUnexplained) return ExitCode::kUnexplained;
+  // A self-test that did not find its plant: nothing this audit says can be trusted.
+  if (report.selftest && !report.selftest->passed) return ExitCode::kUnexplained;
+  if (report.validation && report.validation->failed) return ExitCode::kUnexplained;
   if (report.verdict == Verdict::kFailed) return ExitCode::kTargetFailed;
   if (report.verdict == Verdict::kNoVerdict) return ExitCode::kNoVerdict;
   const bool fails = report.verdict == Verdict::kDivergent &&

@@ -218,6 +218,51 @@ struct RemedyVerification {
   std::vector<Round> rounds;
 };
 
+// `run --selftest`: a change planted in an extra run for each of forward, backward and optimizer,
+// and where the diff against run-0 first saw it (run/selftest.h).
+struct SelfTest {
+  struct Plant {
+    std::string phase;   // forward | backward | optimizer
+    std::string op;      // in run-0: its name, stream, index and step
+    std::string stream;  // run-0's
+    uint64_t index = 0, step = 0;
+    std::string run;       // the plant's run directory
+    std::string value;     // what was changed: "output 0", "written argument exp_avgs[2]"
+    bool declared = true;  // the op's schema says it writes that value
+    double before = 0, after = 0;
+    // found (at its op and step) | late (after it: a blind spot) | not-found | not-planted
+    // (the op made no value to change) | not-reached (the run took another path) | preceded
+    // (the runs differ before the plant)
+    std::string outcome;
+    std::string
+        seen_at;       // the diff's first divergence: "r0.main.t-main step 3 aten::add_ (op #812)"
+    std::string line;  // one sentence for the report
+  };
+  std::vector<Plant> plants;
+  std::vector<std::string> notes;  // phases no plant was chosen for, and why
+  bool passed = false;             // every plant made was found (late counts, named); at least one
+  std::string outcome;             // "3 of 3 plants found at their op"
+  // Each plant's outcome counts as a failure of the audit (exit 6).
+  static bool fails(const std::string& outcome) {
+    return outcome == "not-found" || outcome == "not-reached" || outcome == "preceded";
+  }
+};
+
+// `run --validate`: the program run twice more with the interposer attached and no step recorded,
+// and the final parameters and optimizer state they leave compared (run/validate.h).
+struct Validation {
+  std::string runs;        // their directory
+  bool compared = false;   // both left a final state
+  bool identical = false;  // ... and it is the same
+  uint64_t tensors = 0;    // tensors compared
+  std::string difference;  // the first that differs: "rank 0 optimizer 0 SGD....params[3]"
+  // Recording hid a divergence the unrecorded runs show; the sentinel's pair, tried then.
+  bool hidden = false;
+  std::string sentinel;  // what the sentinel's runs said: "shows it: first at step 3 ..."
+  bool failed = false;   // hidden, or not compared: a failed audit (exit 6)
+  std::string outcome;   // one line
+};
+
 // `run --sentinel`: the first divergent step, found from traces of what each step leaves
 // (parameters, gradients, optimizer state, loss), then that step recorded in full (run/sentinel.h).
 struct SentinelFinding {
@@ -536,6 +581,8 @@ struct DiffReport {
   std::vector<RunEnding> endings;
   // `run --verify-remedy`: the remedy applied as run's settings and its runs diffed (cli/run.cpp).
   std::optional<RemedyVerification> remedy_verification;
+  std::optional<SelfTest> selftest;      // `run --selftest`
+  std::optional<Validation> validation;  // `run --validate`
   std::optional<SentinelFinding> sentinel;
   std::vector<StreamSummary> streams;
   uint64_t ops_compared = 0, records_a = 0, records_b = 0, bytes_read = 0;

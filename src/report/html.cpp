@@ -430,6 +430,13 @@ std::string render_html(const DiffReport& r) {
     for (const std::string& l : lines) b += "<li>" + esc(l) + "</li>";
     b += "</ul></section>";
   }
+  for (auto [head, lines] : {selftest_lines(r), validation_lines(r)}) {
+    if (head.empty()) continue;
+    b += "<section class=\"audit-check\"><h2>Audit check</h2><p><strong>" + esc(head) +
+         "</strong></p><ul>";
+    for (const std::string& l : lines) b += "<li>" + esc(l) + "</li>";
+    b += "</ul></section>";
+  }
   if (const auto& v = r.remedy_verification) {
     b += "<section id=\"remedy\"><h2>Remedy verification</h2><p><strong>" + esc(v->outcome) +
          "</strong></p><ul>";

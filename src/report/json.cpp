@@ -221,6 +221,37 @@ json remedy_verification_to_json(const RemedyVerification& v) {
           {"rounds", rounds}};
 }
 
+json selftest_to_json(const SelfTest& t) {
+  json plants = json::array();
+  for (const SelfTest::Plant& k : t.plants)
+    plants.push_back({{"phase", k.phase},
+                      {"op", k.op},
+                      {"stream", k.stream},
+                      {"index", k.index},
+                      {"step", k.step},
+                      {"run", k.run},
+                      {"value", k.value},
+                      {"declared", k.declared},
+                      {"before", k.before},
+                      {"after", k.after},
+                      {"outcome", k.outcome},
+                      {"seen_at", k.seen_at.empty() ? json(nullptr) : json(k.seen_at)},
+                      {"line", k.line}});
+  return {{"passed", t.passed}, {"outcome", t.outcome}, {"plants", plants}, {"notes", t.notes}};
+}
+
+json validation_to_json(const Validation& v) {
+  return {{"runs", v.runs},
+          {"compared", v.compared},
+          {"identical", v.identical},
+          {"tensors", v.tensors},
+          {"difference", v.difference.empty() ? json(nullptr) : json(v.difference)},
+          {"hidden", v.hidden},
+          {"sentinel", v.sentinel.empty() ? json(nullptr) : json(v.sentinel)},
+          {"failed", v.failed},
+          {"outcome", v.outcome}};
+}
+
 json report_to_json(const DiffReport& r) {
   json j;
   j["schema"] = "detaudit.diff/1";
@@ -295,6 +326,8 @@ json report_to_json(const DiffReport& r) {
                      {"note", s->note.empty() ? json(nullptr) : json(s->note)},
                      {"command", s->command.empty() ? json(nullptr) : json(s->command)},
                      {"catalog_ops", s->catalog_ops}};
+  j["selftest"] = r.selftest ? selftest_to_json(*r.selftest) : json(nullptr);
+  j["validation"] = r.validation ? validation_to_json(*r.validation) : json(nullptr);
   j["remedy_verification"] = nullptr;
   if (r.remedy_verification)
     j["remedy_verification"] = remedy_verification_to_json(*r.remedy_verification);

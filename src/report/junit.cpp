@@ -74,6 +74,25 @@ std::string render_junit(const DiffReport& r) {
         xml_escape(text));
     ++extra;
   }
+  for (const auto& [name, check] :
+       {std::pair{"selftest", selftest_lines(r)}, std::pair{"validate", validation_lines(r)}}) {
+    const auto& [head, lines] = check;
+    if (head.empty()) continue;
+    // A plant not found, or a divergence recording hid, is a failure of its own.
+    std::string body;
+    const bool failed = std::string(name) == "selftest" ? !r.selftest->passed
+                                                        : r.validation->failed;
+    if (failed) {
+      ++failures;
+      body = fmt::format("<failure message=\"{}\"/>", xml_escape(head));
+    }
+    std::string text = head + "\n";
+    for (const std::string& l : lines) text += l + "\n";
+    body += "<system-out>" + xml_escape(text) + "</system-out>";
+    cases += fmt::format("  <testcase classname=\"detaudit\" name=\"{}\">{}</testcase>\n", name,
+                         body);
+    ++extra;
+  }
   if (const auto& v = r.remedy_verification) {
     // A remedy that did not make the runs identical is a failure of its own.
     std::string body;

@@ -43,6 +43,12 @@ std::string render_markdown(const DiffReport& r) {
     for (const std::string& l : lines) out += "> - " + md_escape(l) + "\n";
     out += "\n";
   }
+  for (auto [head, lines] : {selftest_lines(r), validation_lines(r)}) {
+    if (head.empty()) continue;
+    out += "> **" + md_escape(head) + "**\n";
+    for (const std::string& l : lines) out += "> - " + md_escape(l) + "\n";
+    out += "\n";
+  }
   if (const auto& v = r.remedy_verification) {
     out += "> **remedy " + md_escape(v->outcome) + "**\n\n";
     for (const RemedyVerification::Round& k : v->rounds)

@@ -53,6 +53,23 @@ std::string stepping_optimizer(const FirstDivergence& f) {
   return fmt::format("the {}{} of {} optimizers, {}", n, suffix, f.optimizers, what);
 }
 
+std::pair<std::string, std::vector<std::string>> selftest_lines(const DiffReport& r) {
+  if (!r.selftest) return {};
+  std::vector<std::string> lines;
+  for (const SelfTest::Plant& k : r.selftest->plants)
+    lines.push_back(fmt::format("{}: {} ({})", k.phase, k.line, k.run));
+  for (const std::string& n : r.selftest->notes) lines.push_back("not planted: " + n);
+  return {"self-test: " + r.selftest->outcome, lines};
+}
+
+std::pair<std::string, std::vector<std::string>> validation_lines(const DiffReport& r) {
+  if (!r.validation) return {};
+  std::vector<std::string> lines;
+  if (!r.validation->sentinel.empty()) lines.push_back(r.validation->sentinel);
+  lines.push_back("runs without recording: " + r.validation->runs);
+  return {"validate: " + r.validation->outcome, lines};
+}
+
 std::pair<std::string, std::vector<std::string>> sentinel_lines(const DiffReport& r) {
   if (!r.sentinel) return {};
   const SentinelFinding& s = *r.sentinel;

@@ -21,6 +21,9 @@ std::string render_text(const DiffReport& r, bool color);
 nlohmann::json report_to_json(const DiffReport& r);  // the schema of docs/report.md
 // Its "remedy_verification", which `run --verify-remedy` also writes as OUT/remedy.json.
 nlohmann::json remedy_verification_to_json(const RemedyVerification& v);
+// Its "selftest", which `run --selftest` also writes as OUT/selftest.json.
+nlohmann::json selftest_to_json(const SelfTest& t);
+nlohmann::json validation_to_json(const Validation& v);
 std::string render_junit(const DiffReport& r);
 std::string render_markdown(const DiffReport& r);
 std::string render_html(const DiffReport& r);  // self-contained: inline CSS and SVG
@@ -44,6 +47,11 @@ std::vector<std::pair<std::string, std::vector<std::string>>> ending_lines(const
 // `run --sentinel`: a headline ("sentinel: runs part at step 900 ...") and its lines; an empty
 // headline when the report has no sentinel finding.
 std::pair<std::string, std::vector<std::string>> sentinel_lines(const DiffReport& r);
+// `run --selftest`'s head ("self-test: 3 of 3 plants found at their op") and a line a plant;
+// empty when there was none.
+std::pair<std::string, std::vector<std::string>> selftest_lines(const DiffReport& r);
+// `run --validate`'s head ("validate: validated: ...") and its lines; empty when there was none.
+std::pair<std::string, std::vector<std::string>> validation_lines(const DiffReport& r);
 // The digests the streams were recorded with, "md5" or "device, md5" ("" if no stream).
 std::string digests_used(const DiffReport& r);
 // The first divergence's spread as the human formats show it: a thousand ranks' all-reduce is

@@ -186,6 +186,14 @@ std::string render_text(const DiffReport& r, bool color) {
     out += st(r.sentinel->divergent ? "33" : "32", "  " + head) + "\n";
     for (const std::string& l : lines) out += "    " + l + "\n";
   }
+  if (auto [head, lines] = selftest_lines(r); !head.empty()) {
+    out += st(r.selftest->passed ? "32" : "31", "  " + head) + "\n";
+    for (const std::string& l : lines) out += "    " + l + "\n";
+  }
+  if (auto [head, lines] = validation_lines(r); !head.empty()) {
+    out += st(r.validation->failed ? "31" : "32", "  " + head) + "\n";
+    for (const std::string& l : lines) out += "    " + l + "\n";
+  }
   if (const auto& v = r.remedy_verification) {
     out += st(v->verified ? "32" : "33", "  remedy " + v->outcome) + "\n";
     for (const RemedyVerification::Round& k : v->rounds)
