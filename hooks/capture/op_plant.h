@@ -43,6 +43,7 @@ std::vector<PlantValue> changed_arguments(const ArgumentWatch& watch);
 
 // Target `k` of the spec, reached: changes one element of the first floating-point value among
 // `values` and writes its plant.json. Once per target; never throws.
-void plant_change(CaptureSpec& spec, size_t k, uint64_t step, const std::vector<PlantValue>& values);
+void plant_change(CaptureSpec& spec, size_t k, uint64_t step,
+                  const std::vector<PlantValue>& values);
 
 }  // namespace detaudit::hooks

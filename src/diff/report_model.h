@@ -222,7 +222,8 @@ struct RemedyVerification {
 // and where the diff against run-0 first saw it (run/selftest.h).
 struct SelfTest {
   struct Plant {
-    std::string phase;   // forward | backward | optimizer
+    std::string phase;   // forward | backward | optimizer: the op's
+    std::string kind;    // the phase whose value was changed, or "silent" (run/selftest.h)
     std::string op;      // in run-0: its name, stream, index and step
     std::string stream;  // run-0's
     uint64_t index = 0, step = 0;

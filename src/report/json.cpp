@@ -225,6 +225,7 @@ json selftest_to_json(const SelfTest& t) {
   json plants = json::array();
   for (const SelfTest::Plant& k : t.plants)
     plants.push_back({{"phase", k.phase},
+                      {"kind", k.kind},
                       {"op", k.op},
                       {"stream", k.stream},
                       {"index", k.index},

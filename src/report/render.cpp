@@ -57,7 +57,7 @@ std::pair<std::string, std::vector<std::string>> selftest_lines(const DiffReport
   if (!r.selftest) return {};
   std::vector<std::string> lines;
   for (const SelfTest::Plant& k : r.selftest->plants)
-    lines.push_back(fmt::format("{}: {} ({})", k.phase, k.line, k.run));
+    lines.push_back(fmt::format("{}: {} ({})", k.kind, k.line, k.run));
   for (const std::string& n : r.selftest->notes) lines.push_back("not planted: " + n);
   return {"self-test: " + r.selftest->outcome, lines};
 }

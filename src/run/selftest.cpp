@@ -32,7 +32,9 @@ struct Made {
   std::set<std::string> inputs;      // its inputs' digests
   bool float_input = false;
   bool step_state = false;
-  uint64_t largest = 0;  // elements of its largest value
+  bool schema_op = false;         // an op of the dispatcher (an autograd node is not one)
+  bool returned_nothing = false;  // no value at all, no written section
+  uint64_t largest = 0;           // elements of its largest value
 };
 
 bool is_value(const trace::TensorDesc* t) {
@@ -56,6 +58,8 @@ Status read_made(const std::string& path, std::vector<Made>* out) {
     m.phase = std::string(trace::phase_name(op.phase));
     m.name = std::string(r.string(op.name));
     m.step_state = trace::is_step_state_record(m.name);
+    m.schema_op = op.scope == trace::Scope::kFunction;
+    m.returned_nothing = op.outputs.empty() && op.output_tensors.empty();
     for (int64_t id : op.input_tensors) {
       const trace::TensorDesc* t = r.tensor(id);
       if (!t) continue;
@@ -130,18 +134,30 @@ Status choose_plants(const std::string& run0, std::vector<PlantChoice>* plants,
     if (made[i] && ops[i].phase == "forward") steps.insert(ops[i].step);
   // One step before the last that computes: a change there has a forward after it to show up
   // in, if late.
-  const uint64_t want = steps.size() >= 2 ? *std::prev(steps.end(), 2) : steps.empty() ? 0
-                                                                                      : *steps.begin();
+  const uint64_t want = steps.size() >= 2 ? *std::prev(steps.end(), 2)
+                        : steps.empty()   ? 0
+                                          : *steps.begin();
+  std::vector<const Made*> step_states, silent;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].step_state) step_states.push_back(&ops[i]);
+    // Returned nothing, wrote nothing it declares: where a write through data_ptr hides.
+    if (leaf[i] && ops[i].schema_op && ops[i].returned_nothing && ops[i].float_input &&
+        !ops[i].step_state)
+      silent.push_back(&ops[i]);
+  }
+  auto choose = [&](const Made* m, const char* kind, bool input) {
+    PlantChoice p;
+    p.phase = m->phase;
+    p.kind = kind;
+    p.input = input;
+    Status s = replay::find_replay_target(run0, stream, m->index, &p.op);
+    if (s.ok()) plants->push_back(std::move(p));
+    return s;
+  };
   for (const char* phase : kPhases) {
-    std::vector<const Made*> makers, silent, step_states;
-    for (size_t i = 0; i < ops.size(); ++i) {
-      if (ops[i].step_state) step_states.push_back(&ops[i]);
-      if (ops[i].phase != phase) continue;
-      if (made[i]) makers.push_back(&ops[i]);
-      // Returned nothing, wrote nothing it declares: where a write through data_ptr hides.
-      if (leaf[i] && ops[i].outputs.empty() && ops[i].float_input && !ops[i].step_state)
-        silent.push_back(&ops[i]);
-    }
+    std::vector<const Made*> makers;
+    for (size_t i = 0; i < ops.size(); ++i)
+      if (made[i] && ops[i].phase == phase) makers.push_back(&ops[i]);
     // A scalar (a learning rate's copy, a loss's divisor) only where nothing larger was made.
     std::vector<const Made*> tensors;
     for (const Made* m : makers)
@@ -152,30 +168,27 @@ Status choose_plants(const std::string& run0, std::vector<PlantChoice>* plants,
       m = nearest_middle(step_states, want);  // a sentinel's: the gradients its step read
       input = true;
     }
-    if (!m) m = nearest_middle(silent, want);
     if (!m) {
-      notes->push_back(fmt::format("{}: no op of run-0's {} made a value to plant in", phase,
-                                   stream));
+      notes->push_back(
+          fmt::format("{}: no op of run-0's {} made a value to plant in", phase, stream));
       continue;
     }
-    PlantChoice p;
-    p.phase = phase;
-    p.input = input;
-    if (Status s = replay::find_replay_target(run0, stream, m->index, &p.op); !s.ok()) return s;
-    plants->push_back(std::move(p));
+    if (Status s = choose(m, phase, input); !s.ok()) return s;
   }
+  if (const Made* m = nearest_middle(silent, want))
+    if (Status s = choose(m, "silent", false); !s.ok()) return s;
   return Status();
 }
 
 json plant_spec_json(const PlantChoice& p, const std::string& dir, double relative) {
-  return {{"targets", json::array({{{"process", p.op.process},
-                                    {"thread", p.op.thread},
-                                    {"op", p.op.op},
-                                    {"occurrence", p.op.occurrence},
-                                    {"plant",
-                                     {{"value", p.input ? "input" : "output"},
-                                      {"relative", relative}}},
-                                    {"dir", dir}}})}};
+  return {
+      {"targets",
+       json::array({{{"process", p.op.process},
+                     {"thread", p.op.thread},
+                     {"op", p.op.op},
+                     {"occurrence", p.op.occurrence},
+                     {"plant", {{"value", p.input ? "input" : "output"}, {"relative", relative}}},
+                     {"dir", dir}}})}};
 }
 
 namespace {
@@ -195,6 +208,7 @@ bool precedes(const FirstDivergence& f, const PlantChoice& p) {
 SelfTest::Plant judge_plant(const PlantChoice& p, const json& planted, const DiffReport& diff) {
   SelfTest::Plant k;
   k.phase = p.phase;
+  k.kind = p.kind;
   k.op = p.op.op;
   k.stream = p.op.stream;
   k.index = p.op.index;
@@ -286,7 +300,7 @@ Status run_selftest(const Config& config, const RunOptions& options, const std::
   for (const PlantChoice& p : plants) {
     Config c = config;
     c.runs = 1;
-    c.out = (fs::path(config.out) / ("selftest-" + p.phase)).string();
+    c.out = (fs::path(config.out) / ("selftest-" + p.kind)).string();
     const std::string dir = fs::absolute(c.out).string();
     std::error_code ec;
     fs::create_directories(dir, ec);
@@ -309,7 +323,7 @@ Status run_selftest(const Config& config, const RunOptions& options, const std::
     }
     SelfTest::Plant k = judge_plant(p, read_planted(dir), diff);
     k.run = o.dir;
-    fmt::print(stderr, "detaudit: self-test: {}: {}\n", p.phase, k.line);
+    fmt::print(stderr, "detaudit: self-test: {}: {}\n", p.kind, k.line);
     out->plants.push_back(std::move(k));
   }
   summarize(out);

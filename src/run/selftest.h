@@ -27,18 +27,19 @@ class Catalog;
 namespace detaudit::run {
 
 struct PlantChoice {
-  std::string phase;        // forward | backward | optimizer
-  replay::ReplayTarget op;  // in run-0: stream, index, step, process, thread, occurrence
+  std::string phase;        // forward | backward | optimizer: the op's
+  std::string kind;         // the phase whose value it is, or "silent"
   bool input = false;       // change what it read: a sentinel step state's gradients
+  replay::ReplayTarget op;  // in run-0: stream, index, step, process, thread, occurrence
 };
 
 // From run-0's first stream (rank 0's main thread): for each phase, the middle one of the ops
 // that made a value at the step before the last recorded one, or the nearest step that has one.
 // An op made a value when it returned a floating-point tensor that no op inside it returned and
-// none of its inputs is (a view, an op returning what its kernel made, are not). A phase without
-// one is planted in an op of its that returned nothing (it may write through data_ptr); under
-// the sentinel, the backward's value is the gradients a step state read. `notes`: phases with
-// no plant, and why.
+// none of its inputs is (a view, an op returning what its kernel made, are not); under the
+// sentinel, the backward's value is the gradients a step state read. One more, "silent", where
+// a dispatcher op returned nothing and declares no write yet reads floating-point tensors: one
+// that writes through data_ptr is seen there. `notes`: phases with no plant, and why.
 Status choose_plants(const std::string& run0, std::vector<PlantChoice>* plants,
                      std::vector<std::string>* notes);
 

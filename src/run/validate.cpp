@@ -72,8 +72,8 @@ void compare_final_states(const std::vector<json>& a, const std::vector<json>& b
           ta[i]["sha256"] == tb[i]["sha256"])
         continue;
       if (v->identical)
-        v->difference = fmt::format("rank {} {}", rank,
-                                    i < ta.size() ? ta[i].value("name", "") : tb[i].value("name", ""));
+        v->difference = fmt::format(
+            "rank {} {}", rank, i < ta.size() ? ta[i].value("name", "") : tb[i].value("name", ""));
       v->identical = false;
     }
   }
@@ -114,7 +114,8 @@ Status validate_unrecorded(const Config& config, const RunOptions& options,
   v->runs = c.out;
   std::vector<std::vector<json>> states;
   for (int i = 0; i < 2; ++i) {
-    const std::string state_dir = fs::absolute(fs::path(c.out) / fmt::format("state-{}", i)).string();
+    const std::string state_dir =
+        fs::absolute(fs::path(c.out) / fmt::format("state-{}", i)).string();
     std::error_code ec;
     fs::remove_all(state_dir, ec);
     fs::create_directories(state_dir, ec);

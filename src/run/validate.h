@@ -22,8 +22,8 @@ namespace detaudit::run {
 // Two final states (final-state.r<rank>.json of each run, by rank), compared; *v's compared,
 // identical, tensors and difference set. A run with no state file, or no optimizer, is not
 // compared, and `why` says so.
-void compare_final_states(const std::vector<nlohmann::json>& a, const std::vector<nlohmann::json>& b,
-                          Validation* v, std::string* why);
+void compare_final_states(const std::vector<nlohmann::json>& a,
+                          const std::vector<nlohmann::json>& b, Validation* v, std::string* why);
 
 // Judges against the recorded verdict: hidden, failed and outcome.
 void judge_validation(const DiffReport& recorded, const std::string& why, Validation* v);
