@@ -25,8 +25,11 @@ PlantChoice plant_at(uint64_t step, uint64_t index) {
 }
 
 json planted(bool declared = true) {
-  return {{"status", "planted"}, {"value", "output 0"}, {"declared", declared},
-          {"before", 1.0},       {"after", 1.001}};
+  return {{"status", "planted"},
+          {"value", "output 0"},
+          {"declared", declared},
+          {"before", 1.0},
+          {"after", 1.001}};
 }
 
 DiffReport first_at(const std::string& stream, uint64_t step, uint64_t index,
@@ -96,10 +99,10 @@ TEST(SelfTestTest, AnOpNotReachedOrWithNothingToChange) {
 
 TEST(SelfTestTest, AllFoundPassesAndTheGateKeepsTheVerdict) {
   SelfTest t;
-  t.plants.push_back(judge_plant(plant_at(3, 40), planted(),
-                                 first_at("r0.main.t-main", 3, 40, "aten::add_")));
-  t.plants.push_back(judge_plant(plant_at(3, 40), planted(),
-                                 first_at("r0.main.t-main", 4, 41, "aten::addmm")));
+  t.plants.push_back(
+      judge_plant(plant_at(3, 40), planted(), first_at("r0.main.t-main", 3, 40, "aten::add_")));
+  t.plants.push_back(
+      judge_plant(plant_at(3, 40), planted(), first_at("r0.main.t-main", 4, 41, "aten::addmm")));
   summarize(&t);
   EXPECT_TRUE(t.passed);
   EXPECT_EQ(t.outcome, "1 of 2 plants found at their op, 1 late (a blind spot, named)");
@@ -110,10 +113,11 @@ TEST(SelfTestTest, AllFoundPassesAndTheGateKeepsTheVerdict) {
 }
 
 json state(const std::string& digest, int optimizers = 1) {
-  return {{"rank", 0},
-          {"optimizers", optimizers},
-          {"tensors", json::array({{{"name", "optimizer 0 SGD.param_groups[0].params[0]"},
-                                    {"sha256", digest}}})}};
+  return {
+      {"rank", 0},
+      {"optimizers", optimizers},
+      {"tensors",
+       json::array({{{"name", "optimizer 0 SGD.param_groups[0].params[0]"}, {"sha256", digest}}})}};
 }
 
 TEST(ValidateTest, RecordingHidTheDivergence) {
