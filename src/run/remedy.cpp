@@ -129,10 +129,10 @@ RemedyVerification::Round round_of(int round, const RemedySettings& applied,
   return k;
 }
 
-// Records the two runs of a round and diffs them; *recorded is false when one failed or
-// recorded nothing.
-Status run_round(const Config& c, const RunOptions& options, const Catalog* catalog,
-                 const RemedyRunFn& on_run, bool* recorded, DiffReport* report) {
+}  // namespace
+
+Status record_and_diff_pair(const Config& c, const RunOptions& options, const Catalog* catalog,
+                            const RemedyRunFn& on_run, bool* recorded, DiffReport* report) {
   std::vector<std::string> dirs;
   *recorded = true;
   for (int i = 0; i < 2; ++i) {
@@ -148,8 +148,6 @@ Status run_round(const Config& c, const RunOptions& options, const Catalog* cata
   diff_options.catalog = catalog;
   return diff_runs(dirs[0], dirs[1], diff_options, report);
 }
-
-}  // namespace
 
 Status verify_remedies(const Config& config, const RunOptions& options, const Catalog* catalog,
                        DiffReport report, const RemedyRunFn& on_run, RemedyVerification* out) {
@@ -181,7 +179,8 @@ Status verify_remedies(const Config& config, const RunOptions& options, const Ca
                report.first->op, report.first->divergence_class, applied.flags(), c.out);
     bool recorded = false;
     DiffReport next_report;
-    if (Status s = run_round(c, options, catalog, on_run, &recorded, &next_report); !s.ok()) {
+    if (Status s = record_and_diff_pair(c, options, catalog, on_run, &recorded, &next_report);
+        !s.ok()) {
       out->outcome = "not verified: " + s.message();
       return s;
     }

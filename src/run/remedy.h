@@ -44,6 +44,11 @@ inline constexpr int kMaxRemedyRounds = 3;
 // Told of each run recorded with a remedy, and its index (0, 1): the caller's warnings.
 using RemedyRunFn = std::function<void(const RunOutcome& outcome, int index)>;
 
+// Records runs 0 and 1 of `c` and diffs them under its gate; *recorded is false when one failed or
+// recorded nothing (then nothing is diffed). The catalog may be null.
+Status record_and_diff_pair(const Config& c, const RunOptions& options, const Catalog* catalog,
+                            const RemedyRunFn& on_run, bool* recorded, DiffReport* report);
+
 // `run --verify-remedy`: applies the first divergence's remedy as run's own settings, records two
 // more runs into OUT/remedy-<round> and diffs them, while a divergence with such a remedy remains
 // (kMaxRemedyRounds at most). Says what it found on stderr and in OUT/remedy.json (the report's

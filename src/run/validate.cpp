@@ -7,6 +7,7 @@
 #include <map>
 
 #include "diff/diff.h"
+#include "run/remedy.h"
 
 namespace detaudit::run {
 namespace {
@@ -137,22 +138,19 @@ Status validate_unrecorded(const Config& config, const RunOptions& options,
     s.sentinel = true;
     s.runs = 2;
     s.out = (fs::path(c.out) / "sentinel").string();
-    std::vector<std::string> dirs;
-    for (int i = 0; i < 2; ++i) {
-      RunOutcome o;
-      if (Status st = execute_run(s, options, i, &o); !st.ok()) return st;
-      if (on_run) on_run(o, i);
-      dirs.push_back(o.dir);
-    }
+    bool recorded = false;
     DiffReport sentinel;
-    DiffOptions diff_options;
-    diff_options.gate = config.gate;
-    if (Status st = diff_runs(dirs[0], dirs[1], diff_options, &sentinel); !st.ok()) return st;
-    v->sentinel = sentinel.first ? fmt::format("the sentinel shows it: first at {} step {} {} ({})",
-                                               sentinel.first->stream, sentinel.first->step,
-                                               sentinel.first->op, s.out)
-                                 : fmt::format("the sentinel hides it too: {} ({})",
-                                               verdict_name(sentinel.verdict), s.out);
+    if (Status st = record_and_diff_pair(s, options, nullptr, on_run, &recorded, &sentinel);
+        !st.ok())
+      return st;
+    v->sentinel = !recorded
+                      ? fmt::format("the sentinel's runs failed or recorded nothing ({})", s.out)
+                  : sentinel.first
+                      ? fmt::format("the sentinel shows it: first at {} step {} {} ({})",
+                                    sentinel.first->stream, sentinel.first->step,
+                                    sentinel.first->op, s.out)
+                      : fmt::format("the sentinel hides it too: {} ({})",
+                                    verdict_name(sentinel.verdict), s.out);
   }
   fmt::print(stderr, "detaudit: validate: {}\n", v->outcome);
   if (!v->sentinel.empty()) fmt::print(stderr, "detaudit: validate: {}\n", v->sentinel);
