@@ -411,7 +411,7 @@ void ProcessRecorder::note_lost_stream(const std::string& path, int err) {
 // What the .status says last: counters, streams lost to the disk, and how the process ended.
 std::vector<std::string> ProcessRecorder::closing_status_lines(const std::string& ending) {
   std::vector<std::string> lines = {device_digest_status(), md5_batch_status(),
-                                    torch_pool_status()};
+                                    host_known_outputs_status(), torch_pool_status()};
   {
     std::lock_guard<std::mutex> lock(lost_mu_);
     for (const std::string& lost : lost_streams_) lines.push_back("stream not recorded: " + lost);
@@ -506,6 +506,7 @@ void ProcessRecorder::after_fork_child() {
   threads_.clear();
   forget_open_batches_after_fork();
   forget_md5_batch_status();  // the .status counts this process's work
+  forget_host_known_outputs_status();
   forget_torch_pool_status();
   spread_step_states_.store(0);
   StreamWriter::instance().reset_after_fork();

@@ -46,6 +46,11 @@
 
 namespace detaudit::hooks {
 
+// The .status line of outputs a CPU digest described from their op's arguments, not read
+// (ThreadRecorder::describe_from_arguments); "" when none.
+std::string host_known_outputs_status();
+void forget_host_known_outputs_status();  // a forked child counts its own
+
 class ThreadRecorder;
 
 class ProcessRecorder {
@@ -303,6 +308,11 @@ class ThreadRecorder {
     // (OpInfo::known_output): that output is not read.
     std::shared_ptr<const PendingDigest> known_output;
     const c10::TensorImpl* known_output_of = nullptr;
+    // The same with a CPU digest: a copy's source as this op read it (its snapshot), or a
+    // fill's element, whose digest is remembered (RememberedFill).
+    int32_t copy_source_snap = -1;
+    uint8_t fill_size = 0;
+    uint8_t fill_element[16];
     // Sentinel mode: a top-level forward op, kept only if it returns what a loss looks like.
     bool loss_candidate = false;
     // Sentinel mode: an optimizer op whose tensors join the step's state (StepState).
@@ -357,6 +367,12 @@ class ThreadRecorder {
   bool enclosing_kernel_may_write_batch(size_t frame);
   // A fill's or a copy's output digest from its arguments, into f (OpInfo::known_output).
   void know_output(const at::RecordFunction& fn, Frame& f);
+  void know_output_on_host(const at::RecordFunction& fn, Frame& f);
+  // A CPU digest's output known from its op's arguments (know_output_on_host): true with *desc
+  // (and *pending) filled, not read; false where it must be read.
+  bool describe_from_arguments(const Frame& f, const at::Tensor& t, trace::TensorDesc* desc,
+                               std::shared_ptr<const PendingDigest>* pending);
+  void remember_fill(const Frame& f, const trace::TensorDesc& desc);
   // The n-th tensor among the op's captured inputs, null if none.
   const Snapshot* tensor_input(const Frame& f, size_t n) const;
   // Launches the open device batches this op could change the bytes of (Launch).
@@ -436,6 +452,18 @@ class ThreadRecorder {
   // Descriptions made while encoding a value, reused: write_new() copies into the second while
   // its caller holds the first.
   trace::TensorDesc desc_scratch_, desc_copy_;
+  // The thread's last fills' digests with a CPU digest, by dtype, element and count: programs
+  // fill alike each step (zero_ of a gradient, sum's zeros). Round robin.
+  struct RememberedFill {
+    trace::Dtype dtype = trace::Dtype::kUInt8;
+    uint8_t element[16] = {};
+    uint64_t count = 0;  // 0: empty
+    trace::TensorDesc desc;
+  };
+  static constexpr size_t kRememberedFills = 32;
+  std::vector<RememberedFill> fills_;
+  size_t next_fill_ = 0;
+  uint64_t known_outputs_ = 0;  // outputs described from their arguments (a check samples them)
 
   // By "name.overload": overloads differ (linspace is composite, linspace.out writes `out`).
   std::unordered_map<std::string, OpInfo> ops_;

@@ -424,8 +424,14 @@ void ThreadRecorder::emit_output_tensor(const at::Tensor& t, ByteWriter& w, cons
         describe_geometry(t, hasher_->length(), &desc);
         pending = f.known_output;
         sink_.totals().bytes_hashed += uint64_t(t.numel()) * uint64_t(t.element_size());
+      } else if (impl == f.known_output_of && !shared && t.numel() > 0 &&
+                 describe_from_arguments(f, t, &desc, &pending)) {
+        // Known from the op's arguments on the CPU too (a copy's source, a fill remembered):
+        // described, as the device digest counts them, though not read.
+        sink_.totals().bytes_hashed += uint64_t(t.numel()) * uint64_t(t.element_size());
       } else {
         sink_.totals().bytes_hashed += describe_contents(t, &desc, &pending, /*may_wait=*/!shared);
+        if (impl == f.known_output_of && !pending) remember_fill(f, desc);
       }
       ++sink_.totals().tensors_hashed;
       if (shared) desc.sharing = trace::Sharing::kSharedMemory;  // this op wrote it

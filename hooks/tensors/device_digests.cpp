@@ -290,6 +290,8 @@ size_t element_of(const c10::Scalar& value, uint8_t* out) {
   return sizeof v;
 }
 
+}  // namespace
+
 size_t fill_element(const c10::Scalar& value, at::ScalarType type, uint8_t* out) {
   switch (type) {
     case at::kByte: return element_of<uint8_t>(value, out);
@@ -307,8 +309,6 @@ size_t fill_element(const c10::Scalar& value, at::ScalarType type, uint8_t* out)
     default: return 0;
   }
 }
-
-}  // namespace
 
 std::shared_ptr<PendingDigest> DeviceBatch::digest_of_fill(const at::Tensor& self,
                                                            const c10::Scalar& value,

@@ -54,6 +54,10 @@ const char* launch_name(Launch why);
 // a later op; before anything could change those bytes it is launched (Launch), on the stream of
 // the ops it holds. Another thread may launch it (an op there writes what it holds, a step
 // boundary), so it has a lock; the op's own thread takes it uncontended.
+// A fill's element as fill_'s kernels store `value` in `type`, into out (16 bytes): its size, 0
+// for a dtype not listed. Throws where the value is out of the dtype's range.
+size_t fill_element(const c10::Scalar& value, at::ScalarType type, uint8_t* out);
+
 class DeviceBatch {
  public:
   DeviceBatch();   // one of the process's open batches
