@@ -11,6 +11,7 @@ source "$root/tests/stages.sh"
 "$root/tests/install_deps.sh" clang-format-14
 python3 "$root/tests/check_layers.py" --self-test
 python3 "$root/tests/check_function_length.py" --self-test
+python3 "$root/tests/bench/figures_test.py"  # the bench's regression row
 "$root/tests/check_format.sh"
 # chromium renders the HTML report for its test; python3-jsonschema checks the timeline's schema;
 # clang-14 and its runtimes build the sanitizers and libFuzzer. The benchmark's programs are not

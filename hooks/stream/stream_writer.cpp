@@ -159,6 +159,8 @@ size_t StreamWriter::write_pending() {
 }
 
 void StreamWriter::run() {
+  // Named for top, perf and the bench's time by thread (tests/bench/workloads.py).
+  pthread_setname_np(pthread_self(), "detaudit-writer");
   // Signals go to the program's threads, never here: a handler's job runs on this thread.
   sigset_t async;
   sigfillset(&async);

@@ -68,6 +68,7 @@ class DigestThread {
   explicit DigestThread(pid_t pid) : pid_(pid) {}
 
   void loop() {
+    pthread_setname_np(pthread_self(), "detaudit-md5");
     sigset_t all;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, nullptr);

@@ -227,6 +227,7 @@ def bench_workload(args, lang, workload, raw, tmp):
     modes = with_baselines(args, [m for m in MODES if m[0] in args.modes and not (m[1] in PEERS and lang == "cpp")])
     times = {name: [] for name, _ in modes}
     cpu_times = {name: [] for name, _ in modes}
+    by_thread = {name: [] for name, _ in modes}  # workloads.py's CPU ms and waits by thread
     extra = {}
     for rep in range(args.repeats):
         for name, cfg in modes:
@@ -236,6 +237,8 @@ def bench_workload(args, lang, workload, raw, tmp):
             result = run_measured(cmd, env)
             times[name].append(result["ms_per_step"])
             cpu_times[name].append(result["cpu_ms_per_step"])
+            if "cpu_ms_by_thread" in result:
+                by_thread[name].append((result["cpu_ms_by_thread"], result["waits_by_thread"]))
             if rep == 0:
                 info = {"rss_mb": peak_rss_mb(cmd, mode_env(args, cfg, run_dir + "-rss", name))}
                 if isinstance(cfg, dict) and not name.startswith("loaded, recording off"):
@@ -262,6 +265,12 @@ def bench_workload(args, lang, workload, raw, tmp):
                "min_ratio": min(times[name]) / min(times["plain"]),
                "cpu_ms": cpu, "cpu_ratio": cpu / plain_cpu, "rss_mb": info.get("rss_mb"),
                "ms_samples": times[name]}  # every repeat, to judge the noise
+        if by_thread[name]:
+            groups = sorted({g for cpu_ms, _ in by_thread[name] for g in cpu_ms})
+            row["cpu_ms_by_thread"] = {g: statistics.median(c.get(g, 0.0) for c, _ in by_thread[name])
+                                       for g in groups}
+            row["waits_by_thread"] = {g: statistics.median(w.get(g, 0) for _, w in by_thread[name])
+                                      for g in groups}
         if "bytes_hashed" in info:
             per_step = info["bytes_hashed"] / total_steps
             algo = cfg.get("digest", "md5")
@@ -380,6 +389,38 @@ def bench_diff(args, n_ops, tmp):
             "exit": os.waitstatus_to_exitcode(status)}
 
 
+FIGURES = os.path.join(HERE, "figures.json")
+REGRESSION = 1.10  # a mode this much slower than its committed ratio fails the bench
+
+
+def check_figures(rows, path, update):
+    """Each row's ratio against the committed one (figures.json, beside the bench): a row fails
+    when both its median and its fastest repeats' ratios are 10% above the committed ratio (load
+    from other guests only ever adds time, so a row slow in every repeat is slow). --update-figures
+    writes the rows' ratios instead. Returns the failing rows' lines."""
+    committed = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            committed = json.load(f)["ratios"]
+    if update:
+        committed.update({f"{r['workload']} | {r['mode']}": round(r["ratio"], 3)
+                          for r in rows if r["mode"] != "plain"})
+        with open(path, "w") as f:
+            json.dump({"about": "x plain per workload and mode, median of paired repeats; "
+                                "tests/bench/run.sh fails on a row 10% above its figure "
+                                "(docs/performance.md)", "ratios": committed}, f, indent=1,
+                      sort_keys=True)
+            f.write("\n")
+        return []
+    failing = []
+    for r in rows:
+        figure = committed.get(f"{r['workload']} | {r['mode']}")
+        if figure and min(r["ratio"], r["min_ratio"]) > figure * REGRESSION:
+            failing.append(f"| {r['workload']} | {r['mode']} | {r['ratio']:.2f} | "
+                           f"{r['min_ratio']:.2f} | {figure:.2f} |")
+    return failing
+
+
 def fmt(v, spec):
     return "-" if v is None else format(v, spec)
 
@@ -406,6 +447,10 @@ def main():
     p.add_argument("--no-diff", action="store_true")
     p.add_argument("--diff-ops", type=int, default=10_000_000)
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--figures", default=FIGURES, help="the committed ratios a run is checked "
+                   "against (default: tests/bench/figures.json)")
+    p.add_argument("--update-figures", action="store_true",
+                   help="write this run's ratios into --figures instead of checking them")
     p.add_argument("--instruction-modes", default=INSTRUCTION_MODES,
                    help="the modes --instructions counts, comma-separated (plain always)")
     p.add_argument("--instructions", action="store_true",
@@ -464,6 +509,18 @@ def main():
               f"{fmt(r.get('mb_hashed_per_step'), '.1f')} | {fmt(r.get('overhead_vs_floor'), '.2f')} | "
               f"{achieved} | {fmt(r.get('bytes_per_tensor_record'), '.1f')} | {fmt(r.get('ns_per_op'), '.0f')} | "
               f"{fmt(r.get('rss_mb'), '.0f')} |")
+    split = [r for r in rows if r.get("cpu_ms_by_thread")]
+    if split:
+        # Where the CPU time goes (Python workloads): the op's thread, detaudit's own threads, and
+        # the rest (torch's OpenMP workers, which spin between parallel regions).
+        print("\n| workload | mode | CPU ms/step: main | detaudit-writer | detaudit-md5 | other "
+              "(OpenMP) | writer sleeps/step |")
+        print("|---|---|---:|---:|---:|---:|---:|")
+        for r in split:
+            c, w = r["cpu_ms_by_thread"], r["waits_by_thread"]
+            print(f"| {r['workload']} | {r['mode']} | {c.get('main', 0):.1f} | "
+                  f"{c.get('detaudit-writer', 0):.1f} | {c.get('detaudit-md5', 0):.1f} | "
+                  f"{c.get('other', 0):.1f} | {w.get('detaudit-writer', 0):.1f} |")
     launched = [r for r in rows if r.get("launches_per_op") is not None]
     if launched:
         print("\n| workload | mode | recorded ops/step | launches per recorded op | tensors per launch "
@@ -500,6 +557,16 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"raw": raw, "rows": rows, "diff": diffs, "instructions": instructions}, f, indent=1)
+    # Baseline rows are another interposer's: not this build's figures.
+    failing = check_figures([r for r in rows if not r["mode"].endswith(BASELINE)], args.figures,
+                            args.update_figures)
+    if failing:
+        print(f"\nREGRESSION: slower than the committed figures ({args.figures}) by more than "
+              f"{REGRESSION - 1:.0%}:\n")
+        print("| workload | mode | x plain | x plain, fastest | committed |")
+        print("|---|---|---:|---:|---:|")
+        print("\n".join(failing))
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -192,6 +192,38 @@ def cpu_seconds():
     return u.ru_utime + u.ru_stime
 
 
+def thread_times():
+    """Per thread of this process: (group, CPU seconds, voluntary context switches). The group is
+    the main thread, detaudit's own threads by name (detaudit-writer, detaudit-md5), or "other"
+    (torch's OpenMP workers and any pool). CPU time from schedstat, in ns, not clock ticks."""
+    import os
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                comm = f.read().strip()
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                seconds = int(f.read().split()[0]) / 1e9
+            with open(f"/proc/self/task/{tid}/status") as f:
+                waits = next(int(l.split()[1]) for l in f if l.startswith("voluntary_ctxt_switches"))
+        except (OSError, StopIteration, ValueError):
+            continue  # ended meanwhile
+        group = ("main" if int(tid) == os.getpid() else comm if comm.startswith("detaudit-")
+                 else "other")
+        out[tid] = (group, seconds, waits)
+    return out
+
+
+def by_group(before, after, steps):
+    """CPU ms and voluntary waits (sleeps: a futex, a lock) per step, by thread group."""
+    cpu, waits = {}, {}
+    for tid, (group, seconds, switches) in after.items():
+        s0, w0 = before.get(tid, (group, 0.0, 0))[1:]
+        cpu[group] = cpu.get(group, 0.0) + 1000 * (seconds - s0) / steps
+        waits[group] = waits.get(group, 0) + (switches - w0) / steps
+    return cpu, waits
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--workload", choices=["cnn", "embed", "lstm", "gpt2", "gpt2-compiled", "hf-gpt2"],
@@ -211,19 +243,22 @@ def main():
         mode = stack.enter_context(Md5EveryOp())
     elif a.peer:
         stack, mode = debug_mode(a.peer)
+    threads0 = thread_times()
     cpu0 = cpu_seconds()
     t0 = time.perf_counter()
     for _ in range(a.steps):
         step()
     elapsed = time.perf_counter() - t0
     cpu = cpu_seconds() - cpu0
+    by_thread, waits = by_group(threads0, thread_times(), a.steps)
     stack.close()
     # DebugMode's logged calls: ops and record_function annotations alike
     calls = len(mode.logs) if a.peer in ("debugmode", "debugmode-norm") else 0
     print(json.dumps({"ms_per_step": 1000 * elapsed / a.steps,
                       "cpu_ms_per_step": 1000 * cpu / a.steps,
                       "peer_bytes_per_step": (mode.bytes / a.steps) if a.peer == "md5" else 0,
-                      "peer_calls_per_step": calls / a.steps}))
+                      "peer_calls_per_step": calls / a.steps,
+                      "cpu_ms_by_thread": by_thread, "waits_by_thread": waits}))
 
 
 if __name__ == "__main__":
