@@ -474,11 +474,7 @@ bool ThreadRecorder::describe_from_arguments(const Frame& f, const at::Tensor& t
     from = &read.desc;
     *pending = read.pending;
   } else if (f.fill_size) {
-    const trace::Dtype dtype = dtype_of(t);
-    for (const RememberedFill& r : fills_)
-      if (r.count == uint64_t(t.numel()) && r.dtype == dtype &&
-          std::memcmp(r.element, f.fill_element, f.fill_size) == 0)
-        from = &r.desc;
+    from = fills_.find(dtype_of(t), f.fill_element, f.fill_size, uint64_t(t.numel()));
     pending->reset();
   }
   if (!from) return false;
@@ -511,13 +507,8 @@ void forget_host_known_outputs_status() {
 }
 
 void ThreadRecorder::remember_fill(const Frame& f, const trace::TensorDesc& desc) {
-  if (!f.fill_size || !desc.has_contents() || desc.digest_len == 0) return;
-  if (fills_.empty()) fills_.resize(kRememberedFills);
-  RememberedFill& r = fills_[next_fill_++ % fills_.size()];
-  r.dtype = desc.dtype;
-  std::memcpy(r.element, f.fill_element, f.fill_size);
-  r.count = desc.numel();
-  r.desc = desc;
+  if (f.fill_size && desc.has_contents() && desc.digest_len != 0)
+    fills_.remember(desc.dtype, f.fill_element, f.fill_size, desc.numel(), desc);
 }
 
 bool ThreadRecorder::recording_wanted(const OpInfo& info, trace::Phase* phase) {

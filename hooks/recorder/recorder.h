@@ -41,6 +41,7 @@
 #include "stream/record_sink.h"
 #include "tensors/device_digests.h"
 #include "tensors/md5_tensor_batch.h"
+#include "tensors/remembered_fills.h"
 #include "tensors/tensor_cache.h"
 #include "trace/records.h"
 
@@ -309,7 +310,7 @@ class ThreadRecorder {
     std::shared_ptr<const PendingDigest> known_output;
     const c10::TensorImpl* known_output_of = nullptr;
     // The same with a CPU digest: a copy's source as this op read it (its snapshot), or a
-    // fill's element, whose digest is remembered (RememberedFill).
+    // fill's element, whose digest is remembered (fills_).
     int32_t copy_source_snap = -1;
     uint8_t fill_size = 0;
     uint8_t fill_element[16];
@@ -452,17 +453,7 @@ class ThreadRecorder {
   // Descriptions made while encoding a value, reused: write_new() copies into the second while
   // its caller holds the first.
   trace::TensorDesc desc_scratch_, desc_copy_;
-  // The thread's last fills' digests with a CPU digest, by dtype, element and count: programs
-  // fill alike each step (zero_ of a gradient, sum's zeros). Round robin.
-  struct RememberedFill {
-    trace::Dtype dtype = trace::Dtype::kUInt8;
-    uint8_t element[16] = {};
-    uint64_t count = 0;  // 0: empty
-    trace::TensorDesc desc;
-  };
-  static constexpr size_t kRememberedFills = 32;
-  std::vector<RememberedFill> fills_;
-  size_t next_fill_ = 0;
+  RememberedFills<trace::TensorDesc> fills_;  // a CPU digest's (describe_from_arguments)
   uint64_t known_outputs_ = 0;  // outputs described from their arguments (a check samples them)
 
   // By "name.overload": overloads differ (linspace is composite, linspace.out writes `out`).

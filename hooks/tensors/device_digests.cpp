@@ -328,18 +328,12 @@ std::shared_ptr<PendingDigest> DeviceBatch::digest_of_fill(const at::Tensor& sel
   const uint64_t count = uint64_t(self.numel());
   // Programs fill alike again and again (sum's zeros, each step): remembered, the reference's
   // 650 MB/s with statistics runs once for each.
-  if (fills_.empty()) fills_.resize(kRememberedFills);
-  uint64_t key = count * 0x9E3779B97F4A7C15ull ^ uint64_t(dtype);
-  for (size_t i = 0; i < size; ++i) key = (key ^ element[i]) * 0x100000001B3ull;
-  RememberedFill& r = fills_[size_t(key % kRememberedFills)];
-  if (r.count != count || r.dtype != dtype || std::memcmp(r.element, element, size) != 0) {
-    r.result = device_digest_of_fill(dtype, element, size, count);
-    r.dtype = dtype;
-    std::memcpy(r.element, element, size);
-    r.count = count;
-  }
+  const lanes::LaneResult* result = fills_.find(dtype, element, size, count);
+  if (!result)
+    result = &fills_.remember(dtype, element, size, count,
+                              device_digest_of_fill(dtype, element, size, count));
   auto digest = std::make_shared<PendingDigest>(dtype, with_stats);
-  digest->complete(&r.result);
+  digest->complete(result);
   g_fills_known.fetch_add(1, std::memory_order_relaxed);
   return digest;
 }

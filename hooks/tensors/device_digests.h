@@ -14,6 +14,7 @@
 
 #include "device/lane_kernel.h"
 #include "stream/pending_records.h"
+#include "tensors/remembered_fills.h"
 
 namespace detaudit::hooks {
 
@@ -49,15 +50,15 @@ enum class Launch : uint8_t {
 };
 const char* launch_name(Launch why);
 
+// A fill's element as fill_'s kernels store `value` in `type`, into out (16 bytes): its size, 0
+// for a dtype not listed. Throws where the value is out of the dtype's range.
+size_t fill_element(const c10::Scalar& value, at::ScalarType type, uint8_t* out);
+
 // One thread's open batch: the tensor versions its ops produced and read, digested in one launch
 // for many ops. It holds what it reads, so that the caching allocator cannot give that memory to
 // a later op; before anything could change those bytes it is launched (Launch), on the stream of
 // the ops it holds. Another thread may launch it (an op there writes what it holds, a step
 // boundary), so it has a lock; the op's own thread takes it uncontended.
-// A fill's element as fill_'s kernels store `value` in `type`, into out (16 bytes): its size, 0
-// for a dtype not listed. Throws where the value is out of the dtype's range.
-size_t fill_element(const c10::Scalar& value, at::ScalarType type, uint8_t* out);
-
 class DeviceBatch {
  public:
   DeviceBatch();   // one of the process's open batches
@@ -103,16 +104,7 @@ class DeviceBatch {
   friend void launch_open_batches(Launch why, long max_wait_ms);
   friend void launch_batches_holding_memory(uintptr_t begin, uintptr_t end);
 
-  // The thread's last fills, by dtype, element and count (digest_of_fill), allocated at its
-  // first: a thread_local array would not fit the static TLS block of a preloaded library.
-  struct RememberedFill {
-    trace::Dtype dtype = trace::Dtype::kUInt8;
-    uint8_t element[16] = {};
-    uint64_t count = 0;  // 0: empty
-    lanes::LaneResult result{};
-  };
-  static constexpr size_t kRememberedFills = 64;
-  std::vector<RememberedFill> fills_;
+  RememberedFills<lanes::LaneResult> fills_;  // digest_of_fill
 
   std::mutex mu_;
   int device_ = -1;
