@@ -1,6 +1,7 @@
 #include "digest/strided.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <vector>
@@ -31,7 +32,7 @@ void gather_elements(const char* src, int64_t stride, size_t n, size_t esize, ch
 }
 
 // Copies every element into out in logical (row-major) order. The inner loop runs along the
-// dimension of smallest stride, so the reads follow memory and the per-row overhead is spread
+// dimension of smallest nonzero stride, so the reads follow memory and the per-row overhead is spread
 // over the longest run (a transposed [64, 4] walks 4 runs of 64, not 64 runs of 4).
 template <typename T>
 void gather_all(const char* base, const int64_t* sizes, const int64_t* strides, size_t ndim,
@@ -39,11 +40,15 @@ void gather_all(const char* base, const int64_t* sizes, const int64_t* strides, 
   int64_t out_strides[trace::Dims::kInline];
   out_strides[ndim - 1] = 1;
   for (size_t d = ndim - 1; d > 0; --d) out_strides[d - 1] = out_strides[d] * sizes[d];
+  // A broadcast dimension (stride 0) is never the inner one while another is not: it reads one
+  // element and scatters it (an expanded bias would be copied element by element, not row by row).
+  auto reach = [&](size_t d) {
+    const int64_t a = strides[d] < 0 ? -strides[d] : strides[d];
+    return a == 0 ? INT64_MAX : a;
+  };
   size_t inner = 0;
   for (size_t d = 1; d < ndim; ++d) {
-    const int64_t a = strides[d] < 0 ? -strides[d] : strides[d];
-    const int64_t b = strides[inner] < 0 ? -strides[inner] : strides[inner];
-    if (a < b || (a == b && sizes[d] > sizes[inner])) inner = d;
+    if (reach(d) < reach(inner) || (reach(d) == reach(inner) && sizes[d] > sizes[inner])) inner = d;
   }
   const int64_t n = sizes[inner], src_step = strides[inner], dst_step = out_strides[inner];
   int64_t index[trace::Dims::kInline] = {};
@@ -53,7 +58,11 @@ void gather_all(const char* base, const int64_t* sizes, const int64_t* strides, 
   for (;;) {
     const T* s = src + src_off;
     T* o = dst + dst_off;
-    for (int64_t i = 0; i < n; ++i) o[i * dst_step] = s[i * src_step];
+    // Rows that are runs in both (a head split's [b, h, s, d] of [b, s, h, d]) copy as bytes.
+    if (src_step == 1 && dst_step == 1)
+      std::memcpy(o, s, size_t(n) * sizeof(T));
+    else
+      for (int64_t i = 0; i < n; ++i) o[i * dst_step] = s[i * src_step];
     size_t d = ndim;
     for (; d > 0; --d) {
       const size_t k = d - 1;

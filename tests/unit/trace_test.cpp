@@ -642,6 +642,11 @@ TEST(DigestTreeTest, StridedViewsDigestAsTheirLogicalBytes) {
       {"flipped columns", {6, 10}, {10, -1}, 9},
       {"every other row and column", {3, 5}, {20, 2}, 1},
       {"expanded row (zero stride)", {7, 10}, {0, 1}, 20},
+      {"expanded bias, more rows than columns", {40, 6}, {0, 1}, 0},
+      {"expanded column", {6, 40}, {1, 0}, 0},
+      {"broadcast over a middle dim", {3, 5, 8}, {8, 0, 1}, 0},
+      {"all broadcast", {4, 3}, {0, 0}, 7},
+      {"heads split from a sequence (runs in both)", {2, 4, 6, 8}, {192, 8, 32, 1}, 0},
       {"size-1 dims around a column", {1, 6, 1}, {60, 10, 1}, 9},
       {"seven dims", {2, 2, 2, 2, 2, 2, 2}, {1, 2, 4, 8, 16, 32, 64}, 0},
       // 4-byte elements go through 8x8 tiles (AVX2), with the edges element by element.
