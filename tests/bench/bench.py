@@ -59,6 +59,9 @@ MODES = [
     # and hashing it on the op's thread (the worker gets the heads alone).
     ("floor: capture only, held and hashed on another core", "capture-floor-held"),
     ("floor: capture only, hashed on the op's thread", "capture-floor-inline"),
+    # Every new tensor version read once where it lies, large ones on torch's threads: the floor
+    # for workloads of large tensors, where the modes above leave tensors over 64 KiB unread.
+    ("floor: every new tensor hashed once, no statistics", "capture-floor-inline-all"),
     ("peer: TorchDispatchMode + MD5", "md5"),
     # What a user wanting bitwise per-op hashes picks: torch.hash_tensor of inputs and outputs.
     ("peer: DebugMode hash_tensor (inputs + outputs)", "debugmode"),
@@ -70,7 +73,9 @@ PEERS = ("md5", "debugmode", "debugmode-norm")  # a string config: workloads.py 
 FLOORS = {"floor": ("libbench_callback_floor.so", {}),
           "capture-floor": ("libbench_capture_floor.so", {}),
           "capture-floor-held": ("libbench_capture_floor.so", {"DETAUDIT_BENCH_CAPTURE": "reference"}),
-          "capture-floor-inline": ("libbench_capture_floor.so", {"DETAUDIT_BENCH_CAPTURE": "inline"})}
+          "capture-floor-inline": ("libbench_capture_floor.so", {"DETAUDIT_BENCH_CAPTURE": "inline"}),
+          "capture-floor-inline-all": ("libbench_capture_floor.so",
+                                       {"DETAUDIT_BENCH_CAPTURE": "inline-all"})}
 
 
 def is_floor(mode_config):
@@ -98,8 +103,18 @@ def peak_rss_mb(cmd, env):
     return usage.ru_maxrss / 1024.0
 
 
+# Timed steps a workload runs by default: about a second of its plain steps here, since a
+# window of a few tiny-op steps moves by more than the 5% the sentinel's bar is (2026-12-08: 5 steps
+# of C++ lstm gave the sentinel 1.12x; 300 steps, three pairs, 0.97-1.05x).
+TIMED_STEPS = {"cnn": 12, "embed": 45, "lstm": 80, "gpt2": 20, "gpt2-compiled": 20, "hf-gpt2": 16}
+
+
+def timed_steps(args, workload):
+    return args.steps or TIMED_STEPS.get(workload, 5)
+
+
 def workload_cmd(args, lang, workload, peer=None, steps=None, warmup=None):
-    common = ["--workload", workload, "--steps", str(steps or args.steps),
+    common = ["--workload", workload, "--steps", str(steps or timed_steps(args, workload)),
               "--warmup", str(args.warmup if warmup is None else warmup), "--threads", "2"]
     if lang == "python":
         peer_args = ["--peer", peer] if peer else []
@@ -255,7 +270,7 @@ def bench_workload(args, lang, workload, raw, tmp):
     plain = statistics.median(times["plain"])
     plain_cpu = statistics.median(cpu_times["plain"])
     rows = []
-    total_steps = args.steps + args.warmup
+    total_steps = timed_steps(args, workload) + args.warmup
     for name, cfg in modes:
         ms = statistics.median(times[name])
         info = extra.get(name, {})
@@ -439,7 +454,7 @@ def main():
     p.add_argument("--detaudit", help="the CLI whose diff is timed (default: the build's)")
     p.add_argument("--modes", help="comma-separated mode names to run, plain always; default all")
     p.add_argument("--repeats", type=int, default=3, help="timed runs of each mode; 0: none (--instructions alone)")
-    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--steps", type=int, help="timed steps a run (default: TIMED_STEPS, about 1 s of each)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--only", default="cnn,embed,lstm,gpt2")
     p.add_argument("--langs", default="python,cpp")

@@ -9,6 +9,10 @@
 //   here);
 // - "inline": hashed on the op's thread, where it lies, as the interposer does (without its
 //   statistics, cache and records); the worker gets the heads alone.
+// - "inline-all": the same for a new tensor version of any size, one above 1 MiB in 1 MiB pieces
+//   on torch's intra-op threads, as the interposer hashes its leaves: the floor of a recorder
+//   that reads every new tensor once where it lies, for workloads of large tensors (gpt2, embed),
+//   without the statistics, the logical order of a strided view, cache, descriptions or records.
 //
 // Not a recorder. A direct-mapped table of the tensor versions already seen stands for the cache
 // the op's thread would keep (DETAUDIT_BENCH_CAPTURE_SEEN=off drops it: every small tensor
@@ -17,6 +21,7 @@
 // docs/performance.md compares them with the empty callback (callback_floor.cpp) and the
 // interposer.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <xxhash.h>
 
@@ -143,15 +148,31 @@ const bool remember_seen = [] {
   const char* v = std::getenv("DETAUDIT_BENCH_CAPTURE_SEEN");
   return !(v && std::string(v) == "off");
 }();
-enum class Bytes { kCopied, kReferred, kHashedInline };
+enum class Bytes { kCopied, kReferred, kHashedInline, kHashedInlineAll };
 const Bytes bytes_policy = [] {
   const char* set = std::getenv("DETAUDIT_BENCH_CAPTURE");
   const std::string v = set ? set : "";
-  return v == "reference" ? Bytes::kReferred
-         : v == "inline"  ? Bytes::kHashedInline
-                          : Bytes::kCopied;
+  return v == "reference"    ? Bytes::kReferred
+         : v == "inline"     ? Bytes::kHashedInline
+         : v == "inline-all" ? Bytes::kHashedInlineAll
+                             : Bytes::kCopied;
 }();
 __attribute__((tls_model("initial-exec"))) thread_local uint64_t inline_sink = 0;
+std::atomic<uint64_t> pieces_sink{0};
+
+// A span above 1 MiB in 1 MiB pieces on torch's threads; kept, so it is not optimized away.
+void hash_in_pieces(const char* p, size_t span) {
+  constexpr size_t kPiece = size_t(1) << 20;
+  const int64_t pieces = int64_t((span + kPiece - 1) / kPiece);
+  at::parallel_for(0, pieces, 1, [&](int64_t from, int64_t to) {
+    uint64_t h = 0;
+    for (int64_t i = from; i < to; ++i) {
+      const size_t at = size_t(i) * kPiece;
+      h ^= XXH3_64bits(p + at, std::min(kPiece, span - at));
+    }
+    pieces_sink.fetch_xor(h, std::memory_order_relaxed);
+  });
+}
 
 void append(const TensorHead& head) {
   tls.batch.bytes.append(reinterpret_cast<const char*>(&head), sizeof head);
@@ -194,6 +215,14 @@ void capture(const at::Tensor& t) {
     last += (sizes[d] - 1) * strides[d];
   }
   const size_t span = plain ? size_t(last + 1) * t.element_size() : 0;
+  if (bytes_policy == Bytes::kHashedInlineAll && span > 0) {
+    if (span > (size_t(1) << 20))
+      hash_in_pieces(static_cast<const char*>(t.data_ptr()), span);
+    else
+      inline_sink ^= XXH3_64bits(t.data_ptr(), span);
+    append(head);
+    return;
+  }
   if (span > kCopyBytes || t.dim() > 6) {
     append(head);
     return;
