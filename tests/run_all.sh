@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs, builds and runs every test: core unit tests, then the end-to-end tests on real
 # programs once per torch, pip's torch 2.13 and Debian's libtorch 1.13, then the sanitizer builds.
-# Each stage is timed against its budget (tests/stages.sh; the README's "Quick start").
+# Each stage is timed against its budget (tests/stages.sh; docs/testing.md, "Stages and budgets").
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # The table of stages at the end, unless a caller (.ci/run) prints its own.

@@ -2,7 +2,7 @@
 # A stage over its budget says so at once, with the longest tests of the ctest stage, and the
 # table at the end (stages_report) lists every stage with its time and budget: a runaway test is
 # seen when it lands, not when CI reaches its hard limit. Budgets are seconds on a 2-core machine
-# (the README, "Quick start"); DETAUDIT_STAGE_BUDGETS=strict makes a stage over budget fail.
+# (docs/testing.md, "Stages and budgets"); DETAUDIT_STAGE_BUDGETS=strict makes a stage over budget fail.
 #   stage NAME BUDGET_SECONDS COMMAND...
 _stages_file=${_stages_file:-$(mktemp)}
 export _stages_file
