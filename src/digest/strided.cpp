@@ -32,8 +32,8 @@ void gather_elements(const char* src, int64_t stride, size_t n, size_t esize, ch
 }
 
 // Copies every element into out in logical (row-major) order. The inner loop runs along the
-// dimension of smallest nonzero stride, so the reads follow memory and the per-row overhead is spread
-// over the longest run (a transposed [64, 4] walks 4 runs of 64, not 64 runs of 4).
+// dimension of smallest nonzero stride, so the reads follow memory and the per-row overhead is
+// spread over the longest run (a transposed [64, 4] walks 4 runs of 64, not 64 runs of 4).
 template <typename T>
 void gather_all(const char* base, const int64_t* sizes, const int64_t* strides, size_t ndim,
                 char* out) {
