@@ -26,7 +26,6 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 import time
 import unittest
 
@@ -64,7 +63,7 @@ def fence_after(lines, i):
     after its closing fence."""
     while i < len(lines) and not lines[i].startswith("```"):
         if lines[i].strip():
-            raise AssertionError(f"a docs-test mark is not followed by a fenced block (line {i + 1})")
+            raise AssertionError(f"a docs-test mark is not followed by a fenced block (line {i})")
         i += 1
     end = i + 1
     while end < len(lines) and not lines[end].startswith("```"):
@@ -94,6 +93,7 @@ def runnable_blocks(page):
             i += 1
             continue
         options = dict(kv.split("=") for kv in m.group(2).split())
+        mark_line = i + 1
         body, i = fence_after(lines, i + 1)
         if m.group(1) == "output":
             if not blocks:
@@ -107,7 +107,8 @@ def runnable_blocks(page):
                  else [0] * len(commands))
         if len(exits) != len(commands):
             raise AssertionError(f"{page}: {len(commands)} command(s) and exit={options['exit']}")
-        blocks.append(Block(page, i, commands, exits, int(options.get("retries", 1)), expected))
+        blocks.append(Block(page, mark_line, commands, exits, int(options.get("retries", 1)),
+                            expected))
     return blocks
 
 

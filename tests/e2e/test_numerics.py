@@ -215,7 +215,10 @@ class NumericsAcrossSettings(PairDiffs):
         # of an ulp apart (its activations were saved for the gradient, compared through it);
         # the gradients its backward's region hands on move a few ulp.
         self.assert_within("float64", 16, base="base")
-        change = self.assert_beyond_at("float64", 0.5, "aten::mm", base="base", phase="backward")
+        # Which region moves first past half an ulp is the host's BLAS: the backward's gradients
+        # on an AMD EPYC, the forward's logits (0.81 ulp) on an Intel Xeon's MKL (2026-12-08).
+        change = self.assert_beyond_at("float64", 0.5, ("aten::mm", "aten::linear"), base="base",
+                                       phase=("backward", "forward"))
         self.assertIn(change["replaced_by"], ("aten::to", "aten::_to_copy"), change)
         # The first layer's result: nn.Linear's in run A, the cast back to float32 in run B.
         change = self.assert_beyond_at("float64", 0.01, "aten::linear", base="base")
@@ -253,11 +256,14 @@ class NumericsAcrossSettings(PairDiffs):
         self.assert_beyond_at("ddp_float64", 0.01, "aten::linear", base="ddp")
 
     def assert_beyond_at(self, b, ulp, op, base, phase="forward"):
-        """Under --ulp ULP: exit 1, the change named at OP's region in step 0, beyond ULP."""
+        """Under --ulp ULP: exit 1, the change named at OP's region in step 0, beyond ULP. OP and
+        PHASE may be tuples of the (op, phase) pairs a host's numerics can name."""
         code, report = self.diff(b, "--fail-on", "tolerance", "--ulp", str(ulp), base=base)
         self.assertEqual((code, report["headline"]), (1, "beyond tolerance"), report["gate"])
         change = report["numerics_change"]
-        self.assertEqual((change["op"], change["step"], change["phase"]), (op, 0, phase), change)
+        pairs = list(zip(op, phase)) if isinstance(op, tuple) else [(op, phase)]
+        self.assertIn((change["op"], change["phase"]), pairs, change)
+        self.assertEqual(change["step"], 0, change)
         self.assertTrue(change["replaced_by"], change)
         self.assertGreater(change["output"]["ulps"], ulp, change)
         return change
@@ -329,7 +335,9 @@ class NumericsAcrossSettings(PairDiffs):
             return
         self.assertEqual(code, 1)
         self.assertIn("intra_op_threads differs: 1 vs 2", report["first_divergence"]["cause"])
-        code, report = self.diff("trainer_two_threads", "--fail-on", "tolerance", "--ulp", "16",
+        # Within 64 ulp, as another torch build: fused AdamW's step 1 moved 22.5 ulp from a
+        # gradient 3.1 ulp apart on an Intel Xeon's MKL, under 16 on an AMD EPYC (2026-12-08).
+        code, report = self.diff("trainer_two_threads", "--fail-on", "tolerance", "--ulp", "64",
                                  base="trainer")
         self.assertEqual((code, report["headline"]), (0, "within tolerance"),
                          (report["gate"], report["numerics_change"]))
