@@ -45,7 +45,7 @@ Hasher& thread_hasher(DigestAlgo algo) {
 // A lane pass's time in serial MD5s of the same bytes, for 8 lanes or fewer and for 16. A pass
 // costs about the same however many of its lanes carry leaves, so a few leaves on idle threads
 // are done sooner one by one. Measured once per process (about 0.2 ms), as it depends on the
-// CPU: 2.4 on the AVX-512 host of docs/performance.md's fourth round.
+// CPU: 2.4 on an AVX-512 host (2026-11-25, `git show 8326e54:docs/performance.md`, fourth round).
 double lane_pass_cost(size_t used) {
   static const std::array<double, 2> cost = [] {
     constexpr size_t kBytes = 16 << 10;
