@@ -13,18 +13,17 @@ import os
 import re
 import unittest
 
-from detaudit_testlib import (PYTHON, in_parallel, make_temp_dir, program, record, remove_dir,
-                              run_detaudit)
+from detaudit_testlib import PYTHON, TmpDirCase, in_parallel, program, record, run_detaudit
 
 STEPS = 4
 PLANT_STEP = 2
 BUFFER_BYTES = 64 * 512 * 4  # the filled buffer and the transposed copy, each step
 
 
-class KnownOutputs(unittest.TestCase):
+class KnownOutputs(TmpDirCase):
     @classmethod
     def setUpClass(cls):
-        cls.tmp = make_temp_dir()
+        super().setUpClass()
         cls.runs = {}
         calls = []
         for digest in ("xxh3", "md5"):
@@ -39,10 +38,6 @@ class KnownOutputs(unittest.TestCase):
                                  record(o, a, flags=["--digest", d], env=e))
                     cls.runs[key] = os.path.join(out, "run-0")
         cls.results = dict(zip(cls.runs, (r for r, _ in in_parallel(calls))))
-
-    @classmethod
-    def tearDownClass(cls):
-        remove_dir(cls.tmp)
 
     def recorded(self, key):
         r = self.results[key]
